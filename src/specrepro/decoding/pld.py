@@ -1,0 +1,58 @@
+"""`pld`: prompt-lookup decoding (Saxena 2023): draft the tokens that followed the last n-gram's earlier occurrence.
+
+Training-free. The n-gram (longest first, `max_ngram` down to `min_ngram`) is searched in the prompt and
+the generated text; the `num_pred_tokens` tokens after the match are the draft.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specrepro.config import MethodConfig, register_method_schema
+from specrepro.decoding.controllers import DraftLengthController, build_controller
+from specrepro.decoding.draft_verify import DraftVerifyDecoder
+from specrepro.decoding.sampling import Sampling
+
+
+@register_method_schema("pld")
+@dataclass
+class PLDConfig(MethodConfig):
+    name: str = "pld"
+    max_ngram: int = 3
+    min_ngram: int = 1
+    num_pred_tokens: int = 10  # draft length (the controller's start value)
+    controller: str = "fixed"  # fixed | heuristic
+    match: str = "latest"  # latest | earliest occurrence of the n-gram (transformers takes the earliest)
+
+
+def lookup_ngram(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k: int, latest: bool) -> torch.Tensor:
+    """Continuation (up to k tokens) of the last n-gram's earlier occurrence in the 1-D `tokens`, or empty."""
+    n_tokens = tokens.shape[0]
+    for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
+        windows = tokens[: n_tokens - 1].unfold(0, n, 1)  # every n-gram that has a successor
+        hits = (windows == tokens[n_tokens - n :]).all(dim=1).nonzero().flatten()
+        if hits.numel():
+            start = int(hits[-1] if latest else hits[0]) + n
+            return tokens[start : start + k]
+    return tokens[:0]
+
+
+class PLDDecoder(DraftVerifyDecoder):
+    name = "pld"
+
+    def __init__(self, model, tokenizer, cfg: PLDConfig):
+        super().__init__(model, tokenizer)
+        self.cfg = cfg
+
+    @classmethod
+    def from_config(cls, cfg: PLDConfig, target, ctx) -> "PLDDecoder":
+        return cls(target.model, target.tokenizer, cfg)
+
+    def new_controller(self) -> DraftLengthController:
+        return build_controller(self.cfg.controller, self.cfg.num_pred_tokens)
+
+    def propose(self, tokens, k, sampling: Sampling, rng, controller):
+        drafts = lookup_ngram(tokens[0], self.cfg.max_ngram, self.cfg.min_ngram, k, self.cfg.match == "latest")
+        return drafts, None  # a deterministic drafter: q is one-hot on each draft

@@ -1,0 +1,64 @@
+"""Sampling config and logits warpers (temperature, top-k, top-p), written once for every method.
+
+The warped distribution is the one a method must preserve: speculative sampling accepts against the
+warped target distribution p and the warped draft distribution q. Order as in transformers:
+temperature, then top-k, then top-p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @classmethod
+    def from_config(cls, cfg) -> "Sampling":
+        return cls(cfg.do_sample, float(cfg.temperature), int(cfg.top_k), float(cfg.top_p))
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0.0
+
+
+def warp_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Apply temperature, top-k and top-p to logits of shape (..., vocab); filtered entries become -inf."""
+    logits = logits.float() / sampling.temperature
+    if sampling.top_k > 0:
+        kth = torch.topk(logits, min(sampling.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cumulative <= (1 - sampling.top_p)
+        remove_sorted[..., -1] = False  # always keep the most likely token
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return logits
+
+
+def probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The distribution a sampling step draws from (one-hot on the argmax when greedy)."""
+    if sampling.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return warp_logits(logits, sampling).softmax(dim=-1)
+
+
+def sample(distribution: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
+    """Draw one token per row of a (..., vocab) probability tensor."""
+    flat = distribution.reshape(-1, distribution.shape[-1])
+    return torch.multinomial(flat, 1, generator=rng).view(distribution.shape[:-1])
+
+
+def next_token(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator) -> int:
+    """Pick the next token from the logits of one position: argmax when greedy, else a warped sample."""
+    if sampling.greedy:
+        return int(logits.argmax(-1))
+    return int(sample(warp_logits(logits, sampling).softmax(-1), rng))

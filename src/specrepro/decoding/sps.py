@@ -1,0 +1,76 @@
+"""`sps`: speculative decoding with a separate draft model that shares the target's tokenizer.
+
+Leviathan et al. 2023 / Chen et al. 2023: the draft proposes k tokens autoregressively (sampling from
+its warped distribution q when the run samples), the target verifies them in one forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from specrepro.config import MethodConfig, ModelConfig, register_method_schema
+from specrepro.decoding.controllers import DraftLengthController, build_controller
+from specrepro.decoding.draft_verify import DraftVerifyDecoder
+from specrepro.decoding.sampling import Sampling, probs, sample
+from specrepro.decoding.verify import crop_cache
+from specrepro.errors import SpecReproError
+
+
+@register_method_schema("sps")
+@dataclass
+class SPSConfig(MethodConfig):
+    name: str = "sps"
+    draft: ModelConfig = field(default_factory=lambda: ModelConfig(name="draft", source="artifact", id="sps_draft"))
+    k: int = 4  # draft length (the controller's start value)
+    controller: str = "fixed"  # fixed | heuristic (transformers' +2 / -1 schedule)
+    k_max: int = 16
+
+
+class SPSDecoder(DraftVerifyDecoder):
+    name = "sps"
+
+    def __init__(self, model, tokenizer, draft: torch.nn.Module, k: int, controller: str, k_max: int):
+        super().__init__(model, tokenizer)
+        if draft.config.vocab_size != model.config.vocab_size:
+            raise SpecReproError(
+                f"draft vocabulary ({draft.config.vocab_size}) differs from the target's ({model.config.vocab_size}): "
+                "sps needs a draft that shares the tokenizer"
+            )
+        self.draft = draft
+        self.k, self.controller_kind, self.k_max = k, controller, k_max
+
+    @classmethod
+    def from_config(cls, cfg: SPSConfig, target, ctx) -> "SPSDecoder":
+        draft = ctx.load_model(cfg.draft).model
+        return cls(target.model, target.tokenizer, draft, cfg.k, cfg.controller, cfg.k_max)
+
+    def new_controller(self) -> DraftLengthController:
+        return build_controller(self.controller_kind, self.k, self.k_max)
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self.draft_cache = DynamicCache(config=self.draft.config)
+        self.draft_cached = 0  # committed tokens whose KV the draft cache holds
+
+    def propose(self, tokens, k, sampling: Sampling, rng, controller):
+        step_input = tokens[:, self.draft_cached :]
+        drafts, qs = [], []
+        for _ in range(k):
+            logits = self.draft(step_input, past_key_values=self.draft_cache, logits_to_keep=1).logits[0, -1]
+            q = probs(logits, sampling)
+            token = logits.argmax(-1) if sampling.greedy else sample(q, rng)
+            drafts.append(token)
+            qs.append(q)
+            step_input = token.view(1, 1)
+            if not controller.keep_drafting(float(logits.softmax(-1).max())):
+                break
+        # the draft cache now holds the committed tokens and all drafts but the last
+        self.draft_cached = tokens.shape[1] + len(drafts) - 1
+        return torch.stack(drafts), (None if sampling.greedy else torch.stack(qs))
+
+    def after_verify(self, tokens, n_accepted):
+        # keep the draft's KV only for positions that are still committed tokens
+        self.draft_cached = min(self.draft_cached, tokens.shape[1] - 1)
+        crop_cache(self.draft_cache, self.draft_cached)

@@ -1,0 +1,80 @@
+"""Speed metrics, computed from Generations in one place (names as in docs/DESIGN.md).
+
+Inputs are generation dicts (`Generation.to_dict()`), one per decoded turn; a reference list holds
+the `ar` run's generations for the same prompts.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import fmean
+
+
+def _rate(gen: dict) -> float:
+    return len(gen["token_ids"]) / gen["wall_time"] if gen["wall_time"] > 0 else math.nan
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else math.nan
+
+
+def speed_metrics(gens: list[dict]) -> dict[str, float]:
+    """Throughput, MAT, acceptance, HM and the per-step draft/verify cost of one run."""
+    tokens = sum(len(g["token_ids"]) for g in gens)
+    wall = sum(g["wall_time"] for g in gens)
+    steps = sum(g["steps"] for g in gens)
+    committed_after_prefill = sum(sum(g["accepted"]) for g in gens)
+    drafted = sum(sum(g["drafted"]) for g in gens)
+    # tokens a step took from the draft: all it committed but the target's own bonus/correction token
+    from_drafts = sum(max(a - 1, 0) for g in gens for a in g["accepted"])
+    v_d = _ratio(from_drafts, drafted)  # acceptance rate of draft tokens
+    r_d = _ratio(from_drafts, tokens)  # share of output tokens that came from drafts
+    return {
+        "n_generations": len(gens),
+        "new_tokens": tokens,
+        "tokens_per_s": fmean(_rate(g) for g in gens) if gens else math.nan,
+        "total_tokens_per_s": _ratio(tokens, wall),
+        "wall_time": wall,
+        "steps": steps,
+        "mat": _ratio(committed_after_prefill, steps),
+        "accept_rate": v_d,
+        "draft_token_share": r_d,
+        # EESD's harmonic mean of v_d and r_d, x100 (003, Sec. 4)
+        "hm": 100 * 2 * v_d * r_d / (v_d + r_d) if drafted and (v_d + r_d) > 0 else math.nan,
+        "mean_drafted_per_step": _ratio(drafted, steps),
+        "draft_ms_per_step": 1000 * _ratio(sum(g["draft_time"] for g in gens), steps),
+        "verify_ms_per_step": 1000 * _ratio(sum(g["verify_time"] for g in gens), steps),
+    }
+
+
+def speedups(gens: list[dict], reference: list[dict]) -> dict[str, float]:
+    """Speedups against the reference (`ar`) run's generations on the same prompts and weights."""
+    method, ref = speed_metrics(gens), speed_metrics(reference)
+    ref_step_ms = ref["verify_ms_per_step"]
+    return {
+        # Spec-Bench: ratio of the mean per-sample throughputs
+        "speedup_mean": _ratio(method["tokens_per_s"], ref["tokens_per_s"]),
+        # SPACE speedup_sum: ratio of total throughputs
+        "speedup_total": _ratio(method["total_tokens_per_s"], ref["total_tokens_per_s"]),
+        # cost of a step's drafting and verification in units of one AR decoding step
+        "draft_cost": _ratio(method["draft_ms_per_step"], ref_step_ms),
+        "verify_cost": _ratio(method["verify_ms_per_step"], ref_step_ms),
+        "reference_tokens_per_s": ref["tokens_per_s"],
+    }
+
+
+def paired_speedup(gens: list[dict]) -> float:
+    """Mean per-sample ratio of method to `ar` throughput, `ar` timed right before each sample."""
+    ratios = [
+        _rate(g) / (g["ar_tokens"] / g["ar_wall_time"])
+        for g in gens
+        if g.get("ar_wall_time") and g["wall_time"] > 0
+    ]
+    return fmean(ratios) if ratios else math.nan
+
+
+def lossless(gens: list[dict], reference: list[dict]) -> float:
+    """Fraction of generations whose token ids equal the reference's (greedy runs on the same weights)."""
+    if len(gens) != len(reference) or not gens:
+        return math.nan
+    return fmean(float(g["token_ids"] == r["token_ids"]) for g, r in zip(gens, reference))

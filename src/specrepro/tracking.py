@@ -1,0 +1,146 @@
+"""Run records (local, always) and Weights & Biases (offline by default).
+
+A run directory `results/runs/<run name>/` holds:
+- `config.yaml`: the resolved config;
+- `generations.jsonl`: one line per finished sample, appended and fsync'ed as each finishes, so an
+  interrupted run resumes where it stopped (a torn last line is dropped on resume);
+- `metrics.json`: written atomically (temp file + rename) when the run is complete; its presence with
+  `"complete": true` is what marks a run as finished.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from specrepro.errors import SpecReproError
+
+log = logging.getLogger(__name__)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` so that readers see the old or the new file, never a partial one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+class RunRecord:
+    def __init__(self, run_dir: str | Path):
+        self.dir = Path(run_dir)
+        self.generations_path = self.dir / "generations.jsonl"
+        self.metrics_path = self.dir / "metrics.json"
+
+    @property
+    def complete(self) -> bool:
+        return self.metrics_path.is_file() and self.metrics().get("complete", False)
+
+    def metrics(self) -> dict:
+        return json.loads(self.metrics_path.read_text())
+
+    def start(self, cfg, resume: bool) -> list[dict]:
+        """Prepare the directory; return the rows of finished samples to resume from (none if not resuming)."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            probe = self.dir / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise SpecReproError(f"cannot write the run record to {self.dir}: {exc.strerror or exc}") from None
+        rows = self.rows() if resume else []
+        if not resume:
+            self.generations_path.unlink(missing_ok=True)
+        self.metrics_path.unlink(missing_ok=True)
+        # rewrite without a torn last line, so appends start on a clean line
+        atomic_write(self.generations_path, "".join(json.dumps(r) + "\n" for r in rows))
+        atomic_write(self.dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        return rows
+
+    def rows(self) -> list[dict]:
+        """Finished samples; a torn or corrupt trailing line (from a kill mid-write) is ignored."""
+        if not self.generations_path.is_file():
+            return []
+        rows = []
+        for line in self.generations_path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        return rows
+
+    def append(self, row: dict) -> None:
+        with open(self.generations_path, "a") as handle:
+            handle.write(json.dumps(_json_safe(row)) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def finish(self, metrics: dict) -> None:
+        atomic_write(self.metrics_path, json.dumps(_json_safe({**metrics, "complete": True}), indent=2) + "\n")
+
+
+def wandb_mode(logger_cfg) -> str:
+    """online only when asked for or when the user has logged in; offline otherwise."""
+    if logger_cfg.mode:
+        return logger_cfg.mode
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    netrc = Path.home() / ".netrc"
+    logged_in = os.environ.get("WANDB_API_KEY") or (netrc.is_file() and "api.wandb.ai" in netrc.read_text())
+    return "online" if logged_in else "offline"
+
+
+SAMPLE_COLUMNS = ["id", "new_tokens", "tokens_per_s", "accepted", "score"]
+
+
+def log_to_wandb(cfg, record: RunRecord, run_name: str, group: str | None, metrics: dict, rows: list[dict]) -> None:
+    """Log the run to W&B; a failure is reported and never touches the local record."""
+    if cfg.logger.name != "wandb":
+        return
+    try:
+        import wandb
+
+        run = wandb.init(
+            project=cfg.logger.project,
+            entity=cfg.logger.entity,
+            group=cfg.logger.group or group,
+            tags=list(cfg.logger.tags),
+            name=run_name,
+            config=OmegaConf.to_container(cfg, resolve=True),
+            dir=str(record.dir),
+            mode=wandb_mode(cfg.logger),
+            reinit="finish_previous",
+        )
+        run.summary.update({k: v for k, v in _json_safe(metrics).items() if v is not None})
+        table = wandb.Table(columns=SAMPLE_COLUMNS)
+        for row in rows:
+            for gen in (g for sample in row["samples"] for g in sample):
+                rate = len(gen["token_ids"]) / gen["wall_time"] if gen["wall_time"] else None
+                table.add_data(row["id"], len(gen["token_ids"]), rate, json.dumps(gen["accepted"]), json.dumps(row["scores"]))
+        run.log({"samples": table})
+        run.finish()
+    except Exception as exc:  # W&B must never cost the local record
+        log.warning("W&B logging failed (%s: %s); the local record in %s is complete", type(exc).__name__, exc, record.dir)

@@ -1,0 +1,32 @@
+"""Shared fixtures: tiny random LLaMAs (milliseconds per step) and the embedded model (integration)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from specrepro.config import RandomArchConfig
+from specrepro.models.loading import random_llama
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def tiny_llama(vocab_size: int = 64, seed: int = 0, num_layers: int = 2, logit_scale: float = 1.0):
+    """A tiny random LLaMA; logit_scale > 1 sharpens its next-token distributions."""
+    model = random_llama(RandomArchConfig(vocab_size=vocab_size, seed=seed, num_layers=num_layers)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    return model
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M-Instruct (converted once into the user cache)."""
+    from specrepro.models import load_model
+
+    from specrepro.config import ModelConfig
+
+    return load_model(ModelConfig(name="smollm2_135m", source="embedded"), torch.device("cpu"), torch.float32)

@@ -1,0 +1,140 @@
+"""The Decoder contract and losslessness on tiny random LLaMAs: greedy equality with `ar`, exact rollback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.controllers import FixedLength, HeuristicLength
+from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
+from specrepro.decoding.pld import PLDConfig, PLDDecoder, lookup_ngram
+from specrepro.decoding.sampling import Sampling, warp_logits
+from specrepro.decoding.sps import SPSDecoder
+from specrepro.decoding.verify import crop_cache, greedy_verify
+from tests.conftest import tiny_llama
+
+GREEDY = Sampling()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(vocab_size=64, seed=1)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return tiny_llama(vocab_size=64, seed=2, num_layers=1)
+
+
+def prompts(n=4, length=24):
+    rng = torch.Generator().manual_seed(0)
+    base = [torch.randint(3, 64, (length,), generator=rng).tolist() for _ in range(n)]
+    return base + [[5, 6, 7, 8] * 6]  # a repetitive prompt, where prompt lookup drafts a lot
+
+
+def decoders(target, draft):
+    return {
+        "pld": PLDDecoder(target, None, PLDConfig()),
+        "pld_heuristic": PLDDecoder(target, None, PLDConfig(controller="heuristic", match="earliest")),
+        "sps": SPSDecoder(target, None, draft, 4, "fixed", 16),
+        "sps_self": SPSDecoder(target, None, target, 3, "heuristic", 16),
+        "hf_plain": HFAssistedDecoder(target, None, HFAssistedConfig(mode="plain")),
+        "hf_prompt_lookup": HFAssistedDecoder(target, None, HFAssistedConfig(mode="prompt_lookup")),
+        "hf_assistant": HFAssistedDecoder(target, None, HFAssistedConfig(mode="assistant"), assistant=draft),
+    }
+
+
+@pytest.mark.parametrize("name", ["pld", "pld_heuristic", "sps", "sps_self", "hf_plain", "hf_prompt_lookup", "hf_assistant"])
+def test_greedy_equals_ar(target, draft, name):
+    decoder = decoders(target, draft)[name]
+    for prompt in prompts():
+        reference = ARDecoder(target).generate(prompt, GREEDY, 40)
+        gen = decoder.generate(prompt, GREEDY, 40)
+        assert gen.token_ids == reference.token_ids
+        assert sum(gen.accepted) + 1 == len(gen.token_ids)  # every token after prefill is committed by a step
+        assert gen.steps == len(gen.accepted) == len(gen.drafted)
+
+
+def test_ar_matches_transformers_generate(target):
+    for prompt in prompts():
+        ours = ARDecoder(target).generate(prompt, GREEDY, 30).token_ids
+        ids = torch.tensor([prompt])
+        theirs = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False)
+        assert ours == theirs[0, len(prompt) :].tolist()
+
+
+def test_drafting_methods_take_fewer_steps_when_drafts_match(target):
+    prompt = prompts()[-1]
+    ar = ARDecoder(target).generate(prompt, GREEDY, 40)
+    self_draft = SPSDecoder(target, None, target, 4, "fixed", 16).generate(prompt, GREEDY, 40)
+    assert ar.steps == 39 and ar.accepted == [1] * 39
+    assert self_draft.steps < 12  # a draft identical to the target is always accepted: 5 tokens a step
+    assert all(a == 5 for a in self_draft.accepted[:-1])
+
+
+def test_budget_and_eos_stop_generation(target):
+    prompt = prompts()[0]
+    unbounded = ARDecoder(target)
+    unbounded.eos_ids = set()
+    reference = unbounded.generate(prompt, GREEDY, 40).token_ids
+    eos = reference[10]
+    for decoder in (ARDecoder(target), SPSDecoder(target, None, target, 4, "fixed", 16), PLDDecoder(target, None, PLDConfig())):
+        decoder.eos_ids = {eos}
+        gen = decoder.generate(prompt, GREEDY, 40)
+        assert gen.token_ids == reference[: reference.index(eos) + 1]
+        decoder.eos_ids = set()
+        assert len(decoder.generate(prompt, GREEDY, 7).token_ids) == 7
+
+
+def test_max_new_tokens_must_be_positive(target):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        ARDecoder(target).generate([5, 6], GREEDY, 0)
+
+
+def test_crop_cache_restores_the_shorter_cache(target):
+    ids = torch.tensor([prompts()[0]])
+    full, short = DynamicCache(config=target.config), DynamicCache(config=target.config)
+    with torch.no_grad():
+        target(ids, past_key_values=full)
+        target(ids[:, :10], past_key_values=short)
+    crop_cache(full, 10)
+    assert full.get_seq_length() == 10
+    for a, b in zip(full.layers, short.layers):
+        torch.testing.assert_close(a.keys, b.keys)
+        torch.testing.assert_close(a.values, b.values)
+
+
+def test_greedy_verify_accepts_the_matching_prefix():
+    logits = torch.full((4, 10), -1.0)
+    for position, token in enumerate([3, 4, 9, 1]):
+        logits[position, token] = 1.0
+    assert greedy_verify(torch.tensor([3, 4, 5]), logits) == ([3, 4, 9], 2)
+    assert greedy_verify(torch.tensor([3, 4, 9]), logits) == ([3, 4, 9, 1], 3)
+    assert greedy_verify(torch.tensor([7, 4, 9]), logits) == ([3], 0)
+
+
+def test_lookup_ngram_finds_the_continuation():
+    tokens = torch.tensor([1, 2, 3, 4, 9, 1, 2, 3, 5, 7, 1, 2, 3])
+    assert lookup_ngram(tokens, 3, 1, 2, latest=True).tolist() == [5, 7]
+    assert lookup_ngram(tokens, 3, 1, 2, latest=False).tolist() == [4, 9]
+    assert lookup_ngram(torch.tensor([1, 2, 3]), 3, 1, 5, latest=True).tolist() == []
+
+
+def test_controllers():
+    assert FixedLength(4).next_length() == 4
+    heuristic = HeuristicLength(4, k_max=7)
+    heuristic.update(4, 4)
+    assert heuristic.next_length() == 6
+    heuristic.update(6, 6)
+    assert heuristic.next_length() == 7
+    heuristic.update(7, 2)
+    assert heuristic.next_length() == 6
+
+
+def test_warpers_keep_top_k_and_nucleus():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    assert torch.isinf(warp_logits(logits, Sampling(True, 1.0, 2, 1.0))[2:]).all()
+    kept = torch.isfinite(warp_logits(logits, Sampling(True, 1.0, 0, 0.7)))
+    assert kept.tolist() == [True, True, False, False]  # 0.64 < 0.7 <= 0.64 + 0.24

@@ -1,0 +1,90 @@
+"""Speculative sampling preserves the target distribution: a statistical test on a tiny vocabulary.
+
+The exact joint distribution of the first 3 sampled tokens is enumerated from the target model; N
+generations per arm (fixed seeds, so the test is deterministic) are compared with it by a chi-square
+goodness-of-fit test. Bound: the lossless arms must not be rejected at significance 1e-3; a
+deliberately wrong acceptance rule (accept every draft with q(x) > 0) must be rejected at 1e-6.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import specrepro.decoding.draft_verify as draft_verify
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.pld import PLDConfig, PLDDecoder
+from specrepro.decoding.sampling import Sampling, warp_logits
+from specrepro.decoding.sps import SPSDecoder
+from tests.conftest import tiny_llama
+
+VOCAB, LENGTH, N = 5, 3, 2000
+SAMPLING = Sampling(do_sample=True, temperature=0.9, top_k=4, top_p=1.0)
+PROMPT = [0, 3, 4, 0, 3]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return tiny_llama(VOCAB, seed=3, logit_scale=4.0), tiny_llama(VOCAB, seed=4, num_layers=1, logit_scale=4.0)
+
+
+def exact_distribution(model) -> dict[tuple, float]:
+    """P(first LENGTH tokens) under the warped target, by enumeration."""
+    def step_probs(prefix):
+        with torch.no_grad():
+            logits = model(torch.tensor([PROMPT + list(prefix)])).logits[0, -1]
+        return warp_logits(logits, SAMPLING).softmax(-1)
+
+    dist = {}
+    for seq in itertools.product(range(VOCAB), repeat=LENGTH):
+        p = 1.0
+        for i in range(LENGTH):
+            p *= float(step_probs(seq[:i])[seq[i]])
+        dist[seq] = p
+    return dist
+
+
+def p_value(decoder, exact) -> float:
+    decoder.eos_ids = set()
+    counts = Counter(tuple(decoder.generate(PROMPT, SAMPLING, LENGTH, seed=s).token_ids) for s in range(N))
+    # merge outcomes with expected count < 5 into one cell, as chi-square needs
+    big = [seq for seq, p in exact.items() if p * N >= 5]
+    observed = [counts[seq] for seq in big] + [N - sum(counts[seq] for seq in big)]
+    expected = [exact[seq] * N for seq in big] + [N - sum(exact[seq] * N for seq in big)]
+    return chisquare(observed, expected).pvalue
+
+
+def accept_whenever_draft_possible(drafts, draft_probs, target_logits, sampling, rng):
+    """A WRONG rule: accept every draft token that q gives positive mass, then a bonus token from p."""
+    p = warp_logits(target_logits, sampling).softmax(-1)
+    bonus = int(torch.multinomial(p[len(drafts)], 1, generator=rng))
+    return drafts.tolist() + [bonus], len(drafts)
+
+
+@pytest.fixture(scope="module")
+def exact(models):
+    return exact_distribution(models[0])
+
+
+def test_ar_sampling_matches_the_exact_distribution(models, exact):
+    assert p_value(ARDecoder(models[0]), exact) > 1e-3
+
+
+def test_sps_preserves_the_target_distribution(models, exact):
+    target, draft = models
+    assert p_value(SPSDecoder(target, None, draft, 2, "fixed", 4), exact) > 1e-3
+
+
+def test_pld_sampling_preserves_the_target_distribution(models, exact):
+    # one-hot drafts (q = None): accept with p(x), resample from p without x
+    assert p_value(PLDDecoder(models[0], None, PLDConfig(num_pred_tokens=2, max_ngram=2)), exact) > 1e-3
+
+
+def test_wrong_acceptance_rule_is_detected(models, exact, monkeypatch):
+    monkeypatch.setattr(draft_verify, "speculative_verify", accept_whenever_draft_possible)
+    target, draft = models
+    assert p_value(SPSDecoder(target, None, draft, 2, "fixed", 4), exact) < 1e-6
