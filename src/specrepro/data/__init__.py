@@ -1,0 +1,11 @@
+"""Bundled datasets, their loaders and prompt templates (provenance in DATA.md)."""
+
+from specrepro.data.config import DatasetConfig
+from specrepro.data.files import BUNDLED_DIR
+from specrepro.data.prompts import completion_for_scoring, render_prompt
+from specrepro.data.records import Record, gsm8k_final_answer, load_records
+
+__all__ = [
+    "BUNDLED_DIR", "DatasetConfig", "Record", "completion_for_scoring", "gsm8k_final_answer",
+    "load_records", "render_prompt",
+]

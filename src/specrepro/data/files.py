@@ -1,0 +1,129 @@
+"""Reading raw rows: bundled or local JSON/JSON-lines files (optionally gzipped) and Hugging Face Hub sets.
+
+JSON-lines files go through `datasets` (cached under ~/.cache/specrepro/datasets); whole-document JSON
+files (a list of records, or a dict of id -> record like PubMedQA) are read with the standard library.
+Every failure a user can cause becomes one SpecReproError line that names the file (and line).
+"""
+
+import contextlib
+import gzip
+import json
+import logging
+import os
+from pathlib import Path
+
+import datasets
+
+from specrepro.errors import SpecReproError
+
+BUNDLED_DIR = Path(__file__).parent / "bundled"
+HF_PREFIX = "hf:"
+
+
+def resolve_path(path: str) -> Path:
+    """The local file for `path`: absolute, bundled-relative, or cwd-relative; a missing ".gz" suffix is allowed."""
+    given = Path(path).expanduser()
+    bases = [given] if given.is_absolute() else [BUNDLED_DIR / given, Path.cwd() / given]
+    for base in bases:
+        for candidate in (base, base.with_name(base.name + ".gz")):
+            if candidate.is_file():
+                return candidate
+    looked_in = " or ".join(str(base) for base in bases)
+    raise SpecReproError(f"dataset file not found: {path} (looked for {looked_in}, with or without .gz)")
+
+
+def read_rows(path: str, hf_config: str | None = None, split: str = "test") -> list[dict]:
+    """All rows of a dataset file or Hub set, as plain dicts in file order."""
+    if path.startswith(HF_PREFIX):
+        return _read_hub(path[len(HF_PREFIX):], hf_config, split)
+    file = resolve_path(path)
+    if _suffix(file) == ".jsonl":
+        return _read_json_lines(file)
+    document = read_json_document(file)
+    if isinstance(document, dict):  # id -> record (PubMedQA), or id -> value
+        return [{"id": key, **value} if isinstance(value, dict) else {"id": key, "value": value}
+                for key, value in document.items()]
+    if not isinstance(document, list):
+        raise SpecReproError(f"{file}: expected a JSON list or dict of records, got {type(document).__name__}")
+    return document
+
+
+def read_json_document(file: Path):
+    """One JSON document (a list or a dict); a syntax error names the file and line."""
+    try:
+        with _open_text(file) as handle:
+            return json.load(handle)
+    except json.JSONDecodeError as error:
+        raise SpecReproError(f"{file}: malformed JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
+
+
+def _read_json_lines(file: Path) -> list[dict]:
+    """Rows of a JSON-lines file via `datasets`; if it refuses the file, find and name the bad line."""
+    try:
+        with _quiet_datasets():
+            table = datasets.load_dataset("json", data_files=str(file), split="train", cache_dir=str(_cache_dir()))
+        return table.to_list()
+    except Exception:  # datasets raises many kinds; reading line by line says what is wrong
+        return _parse_json_lines(file)
+
+
+def _parse_json_lines(file: Path) -> list[dict]:
+    """Rows of a JSON-lines file read line by line; the first malformed line is named in the error."""
+    rows = []
+    with _open_text(file) as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise SpecReproError(f"{file}:{line_number}: malformed JSON line: {error.msg}") from None
+            if not isinstance(row, dict):
+                raise SpecReproError(f"{file}:{line_number}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def _read_hub(hub_id: str, hf_config: str | None, split: str) -> list[dict]:
+    """Rows of a Hugging Face Hub dataset split (needs the network, or HF_HUB_OFFLINE=1 with a cached copy)."""
+    try:
+        with _quiet_datasets():
+            return datasets.load_dataset(hub_id, hf_config, split=split).to_list()
+    except Exception as error:  # offline, unknown id, bad split...: all end as one line for the user
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise SpecReproError(
+            f"could not load {HF_PREFIX}{hub_id} (config={hf_config}, split={split}) from the Hugging Face Hub: "
+            f"{reason}; offline runs can use the bundled copies listed in specrepro/data/DATA.md"
+        ) from None
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+    """Silence `datasets` progress bars and info logs, and Hub retry warnings, for the duration."""
+    bars_were_on = datasets.utils.is_progress_bar_enabled()
+    datasets_level = datasets.utils.logging.get_verbosity()
+    hub_logger = logging.getLogger("huggingface_hub")
+    hub_level = hub_logger.level
+    datasets.utils.disable_progress_bars()
+    datasets.utils.logging.set_verbosity_error()
+    hub_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hub_logger.setLevel(hub_level)
+        datasets.utils.logging.set_verbosity(datasets_level)
+        if bars_were_on:
+            datasets.utils.enable_progress_bars()
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specrepro" / "datasets"
+
+
+def _suffix(file: Path) -> str:
+    """The data suffix, looking through ".gz"."""
+    return Path(file.stem).suffix if file.suffix == ".gz" else file.suffix
+
+
+def _open_text(file: Path):
+    return gzip.open(file, "rt", encoding="utf-8") if file.suffix == ".gz" else open(file, encoding="utf-8")

@@ -1,0 +1,210 @@
+"""Prompt templates (one function per paper protocol), prompt rendering, and the cut applied before scoring.
+
+A template turns a record's first user turn (plus any exemplars in fields["shots"]) into the user text;
+later turns (MT-Bench's second question) go to the model as they are. render_prompt then wraps the turns
+in the tokenizer's chat template ("chat") or returns the text itself ("completion").
+"""
+
+import re
+from typing import Callable, Optional, Sequence
+
+from specrepro.errors import SpecReproError
+
+Template = Callable[[object, list], str]  # (record, shots as Record dicts) -> user text
+
+
+# ---- templates ----
+
+def _article_summary(record, shots) -> str:
+    """Draft & Verify (002) code: "Article: ...\\nSummary: ...\\n" per exemplar (newlines removed from its summary)."""
+    exemplars = "".join(f"Article: {s['turns'][0]}\nSummary: {_without_newlines(s['reference'])}\n" for s in shots)
+    return f"{exemplars}Article: {record.turns[0]}\nSummary:"
+
+
+def _without_newlines(text: str) -> str:
+    return text.replace("\n", "")
+
+
+def _article_summary_eesd(record, shots) -> str:
+    """EESD (003) Fig. 6: as Draft & Verify, but a blank line between exemplar and query."""
+    exemplars = "".join(f"Article: {s['turns'][0]}\nSummary: {s['reference']}\n\n" for s in shots)
+    return f"{exemplars}Article: {record.turns[0]}\nSummary:"
+
+
+def _space_summary(record, shots) -> str:
+    """SPACE (000) paper, XSum: the document, then the instruction."""
+    return f"Document: {record.turns[0]}\n Based on the previous text, provide a brief single summary"
+
+
+def _humaneval_completion(record, shots) -> str:
+    """Codex / Draft & Verify (002): the raw prompt; the model continues the function body."""
+    return record.fields["prompt"]
+
+
+def _humaneval_space(record, shots) -> str:
+    """SPACE (000) paper, HumanEval-X: an instruction line, then the prompt."""
+    return ("Complete the following python code. Do not give any explanation or testing examples, "
+            f"just complete the code.\n {record.fields['prompt']}")
+
+
+GSM8K_INSTRUCTION = 'Solve the math problem step by step. Write the final answer on the last line as "#### <number>".'
+
+
+def _gsm8k_hash_answer(record, shots) -> str:
+    """Harness default (002 and 003 give no GSM8K format): GSM8K's own "#### N" solution convention,
+    exemplars from the train file with the <<calculator>> annotations removed."""
+    exemplars = "".join(
+        f"Question: {s['turns'][0]}\nAnswer: {re.sub(r'<<[^>]*>>', '', s['fields']['answer'])}\n\n" for s in shots)
+    return f"{GSM8K_INSTRUCTION}\n\n{exemplars}Question: {record.turns[0]}\nAnswer:"
+
+
+def _gsm8k_cllm(record, shots) -> str:
+    """CLLM (004) eval/gsm8k/acc.py, prompt type "math-single"."""
+    return f"Question:\n{record.turns[0]}\nAnswer:\nLet's think step by step.\n"
+
+
+def _mbpp_tests(record, shots) -> str:
+    """MBPP paper (Austin et al. 2021) task + tests prompt; none of 000-004 evaluates MBPP (a CLLM code stand-in)."""
+    tests = "\n".join(record.fields["test_list"])
+    return f"You are an expert Python programmer, and here is your task: {record.turns[0]} " \
+           f"Your code should pass these tests:\n\n{tests}\n"
+
+
+def _pubmedqa_context(record, shots) -> str:
+    """Stand-in for SAR (001) ChatDoctor medical QA, whose template is not given: the abstract, then the question."""
+    context = "\n".join(record.fields["contexts"])
+    return f"Context: {context}\nQuestion: {record.turns[0]}\nAnswer:"
+
+
+def _spider_cllm(record, shots) -> str:
+    """CLLM (004) eval/spider/speedup.py: instruction + schema + question in "### Instruction/### Response"."""
+    schema = "".join(f"table named {table} with columns {columns}, "
+                     for table, columns in record.fields["schema"].items())
+    instruction = ("Could you translate the following question into SQL. Please only generate SQL, "
+                   f"don't include explanation in the answer. The SQL database has {schema}Question: {record.turns[0]}")
+    return f"### Instruction:\n{instruction}\n### Response:\n"
+
+
+def _sql_context(record, shots) -> str:
+    """Harness format for sql-create-context (SAR, 001, gives none): the CREATE TABLE context, then the question."""
+    return (f"Tables:\n{record.fields['context']}\n\n"
+            f"Write one SQL query that answers this question: {record.turns[0]}\nSQL:")
+
+
+def _as_is(record, shots) -> str:
+    """SPACE (000) "no prompt template"; Spec-Bench/FastChat: the question in the model's chat template."""
+    return record.turns[0]
+
+
+TEMPLATES: dict[str, dict[str, Template]] = {
+    "xsum": {"article_summary": _article_summary, "eesd": _article_summary_eesd, "space": _space_summary},
+    "cnn_dm": {"article_summary": _article_summary, "eesd": _article_summary_eesd},
+    "humaneval": {"completion": _humaneval_completion, "space": _humaneval_space},
+    "gsm8k": {"hash_answer": _gsm8k_hash_answer, "cllm": _gsm8k_cllm},
+    "mbpp": {"tests": _mbpp_tests},
+    "pubmedqa": {"context": _pubmedqa_context},
+    "spider": {"cllm": _spider_cllm},
+    "sql_context": {"schema": _sql_context},
+    "mt_bench": {"as_is": _as_is},
+    "spec_bench": {"as_is": _as_is},
+    "sharegpt": {"as_is": _as_is},
+    "alpaca": {"as_is": _as_is},
+}
+FEW_SHOT_TEMPLATES = {_article_summary, _article_summary_eesd, _gsm8k_hash_answer}
+
+
+def check_template(task: str, template: Optional[str], few_shot: int) -> None:
+    """Fail early on a template the task lacks, or exemplars the template would silently drop."""
+    choices = TEMPLATES[task]
+    if template is not None and template not in choices:
+        raise SpecReproError(f"task '{task}' has no template '{template}' (choose from {', '.join(choices)})")
+    if few_shot > 0 and _template(task, template) not in FEW_SHOT_TEMPLATES:
+        name = template or "default"
+        raise SpecReproError(f"the '{name}' template of task '{task}' takes no exemplars; set few_shot: 0")
+
+
+def _template(task: str, template: Optional[str]) -> Template:
+    """The named template, or the task's first (default) one."""
+    choices = TEMPLATES[task]
+    return choices[template] if template is not None else next(iter(choices.values()))
+
+
+# ---- rendering ----
+
+def render_prompt(record, tokenizer, cfg, history: Sequence[str] = ()) -> str:
+    """The text the model continues for user turn len(history); `history` holds its previous answers.
+
+    chat: the tokenizer's chat template (a plain "User: ...\\nAssistant:" transcript if it has none).
+    completion: the templated text itself; with history, the plain transcript (raw text has no turns).
+    """
+    turn = len(history)
+    if turn >= len(record.turns):
+        raise SpecReproError(f"record {record.id} has {len(record.turns)} turn(s); {turn} previous answers were given")
+    first_turn = _template(cfg.task, cfg.template)(record, record.fields.get("shots", []))
+    user_texts = [first_turn, *record.turns[1: turn + 1]]
+    if cfg.prompt_style == "completion" and turn == 0:
+        return user_texts[0]
+    messages = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+    for index, text in enumerate(user_texts):
+        messages.append({"role": "user", "content": text})
+        if index < turn:
+            messages.append({"role": "assistant", "content": history[index]})
+    if cfg.prompt_style == "chat" and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return plain_transcript(messages)
+
+
+ROLE_NAMES = {"system": "System", "user": "User", "assistant": "Assistant"}
+
+
+def plain_transcript(messages: list[dict]) -> str:
+    """A chat without a chat template: "User: ...\\nAssistant: ...\\nUser: ...\\nAssistant:"."""
+    lines = [f"{ROLE_NAMES[message['role']]}: {message['content']}" for message in messages]
+    return "\n".join(lines + ["Assistant:"])
+
+
+# ---- scoring ----
+
+CODEX_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(")  # Codex paper stop sequences (top level only)
+SCRIPT_STOPS = ("\nif __name__", "\nprint(")  # a whole program may define helpers; drop its demo code
+
+
+def completion_for_scoring(record, text: str, cfg) -> str:
+    """What the metric sees of a generation: `text` cut at cfg.cut_at, then per task
+    humaneval -> the program to execute (prompt + completion, or the answer's code block);
+    mbpp / spider / sql_context -> the code (the first ``` block if there is one); others -> stripped text."""
+    text = cut(text, cfg.cut_at)
+    if cfg.task == "humaneval":
+        return humaneval_program(record, text)
+    if cfg.task in ("mbpp", "spider", "sql_context"):
+        code = fenced_code(text)
+        return (text if code is None else code).strip()
+    return text.strip()
+
+
+def humaneval_program(record, completion: str) -> str:
+    """The HumanEval program to run (its test and check(entry_point) are appended by the metric).
+
+    A plain completion continues the prompt and stops at the first top-level def/class/if __name__/print(.
+    A chat answer's code block is taken as is when it defines the entry point (after the prompt, so the
+    prompt's imports hold), else as the body that continues the prompt.
+    """
+    prompt, entry_point = record.fields["prompt"], record.fields["entry_point"]
+    code = fenced_code(completion)
+    if code is None:
+        return prompt + cut(completion, CODEX_STOPS)
+    if re.search(rf"^def {re.escape(entry_point)}\(", code, re.MULTILINE):
+        return f"{prompt}\n{cut(code, SCRIPT_STOPS)}"
+    return prompt + cut(code, CODEX_STOPS)
+
+
+def cut(text: str, stops: Sequence[str]) -> str:
+    """`text` up to the earliest occurrence of any of `stops`."""
+    positions = [text.find(stop) for stop in stops if stop and stop in text]
+    return text[: min(positions)] if positions else text
+
+
+def fenced_code(text: str) -> Optional[str]:
+    """The contents of the first ``` code block (an unclosed one runs to the end), or None."""
+    match = re.search(r"```[^\n]*\n(.*?)(?:```|$)", text, re.DOTALL)
+    return match[1] if match else None

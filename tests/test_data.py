@@ -1,0 +1,274 @@
+"""Bundled datasets, loaders, prompt templates and scoring cuts (fast, offline, no model)."""
+
+import gzip
+import json
+import logging
+import re
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from specrepro.data import BUNDLED_DIR, DatasetConfig, completion_for_scoring, load_records, render_prompt
+from specrepro.data.files import read_rows
+from specrepro.errors import SpecReproError
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+DATA_MD = BUNDLED_DIR.parent / "DATA.md"
+
+# config -> (records evaluated, user turns per record, has a reference)
+EXPECTED = {
+    "gsm8k": (1319, 1, True),
+    "gsm8k_train": (7473, 1, True),
+    "humaneval": (164, 1, True),
+    "humaneval_x_python": (164, 1, True),
+    "mt_bench": (80, 2, False),
+    "xsum": (999, 1, True),  # the first article is the exemplar
+    "cnn_dm": (79, 1, True),
+    "spec_bench": (480, None, False),  # 1 or 2 turns; references only for some subtasks
+    "mbpp": (500, 1, True),
+    "pubmedqa": (500, 1, True),
+    "spider": (1034, 1, True),
+    "sql_context": (1034, 1, True),
+    "sharegpt": (981, 1, True),
+    "alpaca_eval": (805, 1, False),
+    "cllm_spider_train": (7000, 1, True),
+    "cllm_spider_validation": (200, 1, False),
+}
+
+
+def compose_dataset(name: str, *overrides: str):
+    """The `dataset` node of conf/dataset/<name>.yaml, validated against DatasetConfig like a real run."""
+    ConfigStore.instance().store(group="dataset", name="base_dataset", node=DatasetConfig)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(overrides=[f"+dataset={name}", *(f"dataset.{o}" for o in overrides)]).dataset
+
+
+def config(**values) -> DatasetConfig:
+    values.setdefault("name", "test")
+    return DatasetConfig(**values)
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer():
+    """A tiny offline tokenizer whose chat template shows roles plainly."""
+    backend = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    return tokenizer
+
+
+def test_configs_cover_expectations():
+    assert sorted(path.stem for path in (CONF_DIR / "dataset").glob("*.yaml")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_config_loads(name):
+    cfg = compose_dataset(name)
+    count, n_turns, has_reference = EXPECTED[name]
+    records = load_records(cfg)
+    assert len(records) == count
+    assert len({record.id for record in records}) == count
+    for record in records:
+        assert isinstance(record.id, str) and record.id
+        assert record.turns and all(isinstance(turn, str) and turn.strip() for turn in record.turns)
+        assert n_turns is None or len(record.turns) == n_turns
+        assert record.reference is None or isinstance(record.reference, str)
+        if has_reference:
+            assert record.reference
+    if not has_reference:
+        assert any(record.reference is None for record in records)
+    assert render_prompt(records[0], None, cfg).strip()
+
+
+def data_md_counts() -> dict[str, int]:
+    """file -> records, from the DATA.md file table."""
+    rows = re.findall(r"^\| ([\w./-]+\.(?:jsonl?|gz)) \| (\d+) \|", DATA_MD.read_text(), re.MULTILINE)
+    return {file: int(count) for file, count in rows}
+
+
+def test_data_md_lists_every_bundled_file_with_its_record_count():
+    counts = data_md_counts()
+    bundled = {str(path.relative_to(BUNDLED_DIR)) for path in BUNDLED_DIR.rglob("*") if path.is_file()
+               and "LICENSE" not in path.name}
+    assert set(counts) == bundled
+    for file, count in counts.items():
+        assert len(read_rows(str(BUNDLED_DIR / file))) == count, file
+
+
+def test_bundled_path_may_omit_gz():
+    assert len(load_records(config(path="gsm8k/test.jsonl", task="gsm8k", limit=3))) == 3
+
+
+def test_limit_takes_file_order_and_seed_shuffles_first():
+    base = dict(path="gsm8k/test.jsonl.gz", task="gsm8k")
+    everything = [record.id for record in load_records(config(**base))]
+    assert [record.id for record in load_records(config(**base, limit=5))] == everything[:5]
+    shuffled = [record.id for record in load_records(config(**base, limit=5, seed=3))]
+    assert shuffled == [record.id for record in load_records(config(**base, limit=5, seed=3))]
+    assert shuffled != everything[:5] and set(shuffled) <= set(everything)
+    assert [record.id for record in load_records(config(**base, limit=5, seed=4))] != shuffled
+
+
+def test_limit_above_set_size_is_clamped_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING):
+        records = load_records(config(path="humaneval/HumanEval.jsonl.gz", task="humaneval", limit=1000))
+    assert len(records) == 164
+    assert "limit 1000" in caplog.text and "164" in caplog.text
+
+
+@pytest.mark.parametrize("bad", [dict(limit=0), dict(limit=-3), dict(task="nope"), dict(metric="bleu"),
+                                 dict(prompt_style="fancy"), dict(template="nope"), dict(few_shot=1)])
+def test_invalid_settings_fail_clearly(bad):
+    settings = dict(path="humaneval/HumanEval.jsonl.gz", task="humaneval") | bad
+    with pytest.raises(SpecReproError):
+        load_records(config(**settings))
+
+
+def test_gsm8k_reference_is_the_final_number():
+    record = load_records(config(path="gsm8k/test.jsonl.gz", task="gsm8k", limit=1))[0]
+    assert record.reference == "18"
+    assert record.fields["answer"].endswith("#### 18")
+
+
+def test_mt_bench_has_two_turns_categories_and_gpt4_references():
+    records = load_records(compose_dataset("mt_bench"))
+    categories = {}
+    for record in records:
+        categories[record.fields["category"]] = categories.get(record.fields["category"], 0) + 1
+    assert categories == dict.fromkeys(
+        ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"], 10)
+    with_reference = [record for record in records if record.fields["reference_turns"]]
+    assert {record.fields["category"] for record in with_reference} == {"math", "reasoning", "coding"}
+    assert len(with_reference) == 30 and all(len(r.fields["reference_turns"]) == 2 for r in with_reference)
+    assert len(load_records(compose_dataset("mt_bench", "category=math"))) == 10
+
+
+def test_spec_bench_category_selects_a_subtask():
+    summaries = load_records(compose_dataset("spec_bench", "category=summarization"))
+    assert len(summaries) == 80 and all(r.turns[0].startswith("Summarize: ") and r.reference for r in summaries)
+    with pytest.raises(SpecReproError, match="translation"):
+        load_records(compose_dataset("spec_bench", "category=poetry"))
+
+
+def test_humaneval_fields_and_canonical_programs_pass():
+    for name in ("humaneval", "humaneval_x_python"):
+        cfg = compose_dataset(name, "limit=3")
+        for record in load_records(cfg):
+            assert {"prompt", "test", "entry_point", "canonical_solution"} <= set(record.fields)
+            assert "check(" not in record.fields["test"].strip().splitlines()[-1]  # the metric calls check
+            program = completion_for_scoring(record, record.fields["canonical_solution"], cfg)
+            exec(program + record.fields["test"] + f"\ncheck({record.fields['entry_point']})\n", {})
+
+
+def test_humaneval_completion_stops_like_codex_and_chat_code_blocks_are_used():
+    cfg = compose_dataset("humaneval", "limit=1")
+    record = load_records(cfg)[0]
+    body = record.fields["canonical_solution"]
+    program = completion_for_scoring(record, body + "\n\ndef unrelated():\n    pass\nprint(1)\n", cfg)
+    assert program == record.fields["prompt"] + body + "\n"
+    whole_function = f"Here you go:\n```python\ndef {record.fields['entry_point']}(numbers, threshold):\n" \
+                     "    return True\n\nprint(has_close_elements([], 1))\n```\nDone."
+    program = completion_for_scoring(record, whole_function, cfg)
+    assert program.startswith(record.fields["prompt"]) and program.rstrip().endswith("return True")
+
+
+def test_one_shot_summary_prompt_holds_the_exemplar_not_the_answer():
+    cfg = compose_dataset("xsum")
+    with gzip.open(BUNDLED_DIR / "xsum/test.jsonl.gz", "rt") as handle:
+        first = json.loads(handle.readline())
+    records = load_records(cfg)
+    assert str(first["id"]) not in {record.id for record in records}
+    record = records[0]
+    prompt = render_prompt(record, None, cfg)
+    exemplar = f"Article: {first['document']}\nSummary: {first['summary'].replace(chr(10), '')}\n"
+    assert prompt == f"{exemplar}Article: {record.turns[0]}\nSummary:"
+    assert record.reference not in prompt
+    prediction = " Police Scotland said no.\nArticle: something else"
+    assert completion_for_scoring(record, prediction, cfg) == "Police Scotland said no."
+
+
+def test_gsm8k_one_shot_uses_the_train_exemplar(chat_tokenizer):
+    cfg = compose_dataset("gsm8k", "limit=1")
+    record = load_records(cfg)[0]
+    with gzip.open(BUNDLED_DIR / "gsm8k/train.jsonl.gz", "rt") as handle:
+        exemplar = json.loads(handle.readline())
+    prompt = render_prompt(record, chat_tokenizer, cfg)
+    assert prompt.startswith("<|user|>") and prompt.endswith("<|end|><|assistant|>")
+    assert exemplar["question"] in prompt and "#### 72" in prompt and "<<" not in prompt
+    assert record.turns[0] in prompt and record.fields["answer"] not in prompt
+
+
+def test_chat_prompts_carry_history_and_fall_back_without_a_template(chat_tokenizer):
+    cfg = compose_dataset("mt_bench", "limit=1", "system_prompt=Be brief.")
+    record = load_records(cfg)[0]
+    second = render_prompt(record, chat_tokenizer, cfg, history=["FIRST ANSWER"])
+    assert second == (f"<|system|>Be brief.<|end|><|user|>{record.turns[0]}<|end|>"
+                      f"<|assistant|>FIRST ANSWER<|end|><|user|>{record.turns[1]}<|end|><|assistant|>")
+    plain = render_prompt(record, None, cfg, history=["FIRST ANSWER"])
+    assert plain == (f"System: Be brief.\nUser: {record.turns[0]}\nAssistant: FIRST ANSWER\n"
+                     f"User: {record.turns[1]}\nAssistant:")
+    with pytest.raises(SpecReproError):
+        render_prompt(record, chat_tokenizer, cfg, history=["a", "b"])
+
+
+def test_spider_prompt_follows_cllm_with_the_right_schema():
+    cfg = compose_dataset("spider", "limit=1")
+    record = load_records(cfg)[0]
+    prompt = render_prompt(record, None, cfg)
+    assert prompt.startswith("### Instruction:\nCould you translate the following question into SQL.")
+    assert "table named singer with columns ['Singer_ID', 'Name'," in prompt
+    assert prompt.endswith(f"Question: {record.turns[0]}\n### Response:\n")
+    assert completion_for_scoring(record, "```sql\nSELECT count(*) FROM singer\n```", cfg) == record.reference
+
+
+def test_pubmedqa_keeps_the_test_split():
+    records = load_records(compose_dataset("pubmedqa"))
+    test_ids = json.loads((BUNDLED_DIR / "pubmedqa/test_ground_truth.json").read_text())
+    assert {record.id for record in records} == set(test_ids)
+    assert all(record.fields["final_decision"] == test_ids[record.id] for record in records)
+
+
+def test_missing_file_error_names_the_file():
+    with pytest.raises(SpecReproError, match="no_such_set/test.jsonl"):
+        load_records(config(path="no_such_set/test.jsonl", task="gsm8k"))
+
+
+def test_malformed_json_line_error_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "a", "answer": "#### 1"}\n{"question": "b", "answer": "#### 2"}\n{"question": \n')
+    with pytest.raises(SpecReproError, match=re.escape(f"{bad}:3")):
+        load_records(config(path=str(bad), task="gsm8k"))
+
+
+def test_malformed_json_document_error_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('[\n  {"idx": 0, "instruction": "hi"},\n  {"idx": 1 "instruction": "yo"}\n]\n')
+    with pytest.raises(SpecReproError, match=re.escape(f"{bad}: malformed JSON at line 3")):
+        load_records(config(path=str(bad), task="alpaca"))
+
+
+def test_missing_field_error_names_the_field(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "a"}\n')
+    with pytest.raises(SpecReproError, match="'answer'"):
+        load_records(config(path=str(rows), task="gsm8k"))
+
+
+def test_hub_path_offline_gives_one_error_line(monkeypatch):
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    with pytest.raises(SpecReproError) as caught:
+        load_records(config(path="hf:openai/gsm8k", hf_config="main", task="gsm8k"))
+    message = str(caught.value)
+    assert "\n" not in message and "hf:openai/gsm8k" in message

