@@ -97,6 +97,18 @@ class RunConfig:
     reference: bool = True  # find (or run first) the `ar` run that speedups and `lossless` compare to
 
 
+@dataclass
+class TrainRunConfig:
+    model: Any = MISSING
+    method: Any = MISSING
+    training: Any = MISSING  # the recipe of the component `method` needs (conf/training/<method>.yaml)
+    logger: Any = MISSING
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    results_dir: str = "results"
+    artifacts_dir: str = "results/artifacts"
+    resume: bool = True  # skip a finished artifact; resume an interrupted training from its checkpoint
+
+
 _METHOD_SCHEMAS: dict[str, type] = {}
 
 
@@ -114,9 +126,12 @@ def register_configs() -> None:
     """Put every schema in Hydra's ConfigStore (idempotent)."""
     import specrepro.decoding  # noqa: F401  (methods register their schemas on import)
     from specrepro.data.config import DatasetConfig
+    from specrepro.training.sps_draft import SPSDraftTrainingConfig
 
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
+    cs.store(name="train_schema", node=TrainRunConfig)
+    cs.store(group="training", name="base_sps_draft", node=SPSDraftTrainingConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="dataset", name="base_dataset", node=DatasetConfig)
     cs.store(group="decoding", name="base_decoding", node=DecodingConfig)

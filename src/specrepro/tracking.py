@@ -10,6 +10,7 @@ A run directory `results/runs/<run name>/` holds:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -37,6 +38,12 @@ def atomic_write(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def config_hash(node) -> str:
+    """A short stable hash of a plain (JSON-able) config tree."""
+    blob = json.dumps(node, sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:8]
 
 
 def _json_safe(value):
@@ -116,24 +123,38 @@ def wandb_mode(logger_cfg) -> str:
 SAMPLE_COLUMNS = ["id", "new_tokens", "tokens_per_s", "accepted", "score"]
 
 
-def log_to_wandb(cfg, record: RunRecord, run_name: str, group: str | None, metrics: dict, rows: list[dict]) -> None:
-    """Log the run to W&B; a failure is reported and never touches the local record."""
+def wandb_init(cfg, name: str, run_dir: Path, group: str | None = None, job_type: str = "decode"):
+    """Start a W&B run for this job (None when logger=none); never raises."""
     if cfg.logger.name != "wandb":
-        return
+        return None
     try:
         import wandb
 
-        run = wandb.init(
+        return wandb.init(
             project=cfg.logger.project,
             entity=cfg.logger.entity,
             group=cfg.logger.group or group,
             tags=list(cfg.logger.tags),
-            name=run_name,
+            name=name,
+            job_type=job_type,
             config=OmegaConf.to_container(cfg, resolve=True),
-            dir=str(record.dir),
+            dir=str(run_dir),
             mode=wandb_mode(cfg.logger),
             reinit="finish_previous",
         )
+    except Exception as exc:  # W&B must never cost the local record
+        log.warning("W&B could not start (%s: %s); results are kept locally in %s", type(exc).__name__, exc, run_dir)
+        return None
+
+
+def log_to_wandb(cfg, record: RunRecord, run_name: str, group: str | None, metrics: dict, rows: list[dict]) -> None:
+    """Log a finished run to W&B: summary metrics and a per-sample table. Failures never touch the record."""
+    run = wandb_init(cfg, run_name, record.dir, group)
+    if run is None:
+        return
+    try:
+        import wandb
+
         run.summary.update({k: v for k, v in _json_safe(metrics).items() if v is not None})
         table = wandb.Table(columns=SAMPLE_COLUMNS)
         for row in rows:
@@ -144,3 +165,39 @@ def log_to_wandb(cfg, record: RunRecord, run_name: str, group: str | None, metri
         run.finish()
     except Exception as exc:  # W&B must never cost the local record
         log.warning("W&B logging failed (%s: %s); the local record in %s is complete", type(exc).__name__, exc, record.dir)
+
+
+def _wandb_log_records(path: Path):
+    """Raw records of a `.wandb` transaction log (LevelDB log format after a 7-byte W&B header)."""
+    data, pos, block, pending = path.read_bytes(), 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # block trailer padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        payload, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 1:  # FULL
+            yield payload
+        elif kind == 2:  # FIRST
+            pending = payload
+        elif kind == 3:  # MIDDLE
+            pending += payload
+        elif kind == 4:  # LAST
+            yield pending + payload
+
+
+def read_offline_wandb_summary(run_dir: str | Path) -> dict:
+    """The summary of the newest offline W&B run under `run_dir/wandb/`, read from its transaction log."""
+    from wandb.proto import wandb_internal_pb2
+
+    logs = sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))
+    if not logs:
+        raise FileNotFoundError(f"no offline W&B run under {run_dir}/wandb")
+    summary = {}
+    for raw in _wandb_log_records(logs[-1]):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "summary":
+            for item in record.summary.update:
+                summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return summary

@@ -155,13 +155,15 @@ def random_llama(arch, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
 
 
 def resolve_artifact(ref: str, artifacts_dir: str | Path) -> Path:
-    """An artifact name (a folder under the artifacts dir) or a path to a trained component."""
-    for candidate in (Path(artifacts_dir) / ref, Path(ref).expanduser()):
-        if (candidate / "config.json").is_file() or (candidate / "artifact.json").is_file():
-            return candidate
-    raise SpecReproError(
-        f"no trained artifact '{ref}' under {artifacts_dir} nor at that path: train it first with `specrepro train ...`"
-    )
+    """An artifact name (a folder under the artifacts dir, or its prefix) or a path to a trained component."""
+    from specrepro.training.artifacts import find_artifact
+
+    path = find_artifact(ref, artifacts_dir)
+    if path is None:
+        raise SpecReproError(
+            f"no trained artifact '{ref}' under {artifacts_dir} nor at that path: train it first with `specrepro train ...`"
+        )
+    return path
 
 
 def load_model(cfg, device: torch.device, dtype: torch.dtype, artifacts_dir: str | Path = "results/artifacts") -> LoadedModel:

@@ -1,0 +1,89 @@
+"""Entry points: `specrepro run ...` (decode + score + record), `specrepro train ...`, `specrepro table NAME`.
+
+`run` and `train` are Hydra apps over the configs in `conf/`; every override and `-m` multirun works.
+User errors (bad data, unreachable model, bad values) print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from specrepro.errors import SpecReproError
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+USAGE = """usage: specrepro {run,train} [hydra overrides...] | specrepro table NAME
+
+  specrepro run model=smollm2_135m method=pld dataset=gsm8k dataset.limit=20
+  specrepro run -m method=ar,sps,pld dataset=gsm8k dataset.limit=20   (a sweep; prints one table)
+  specrepro run --help                                               (Hydra's help: groups and options)"""
+POINTER_FILE = "specrepro_run.txt"  # in each Hydra job dir: the run record it wrote
+
+log = logging.getLogger("specrepro")
+
+
+def fail(message: str) -> None:
+    print(f"specrepro: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def sweep_group() -> str | None:
+    hydra_cfg = HydraConfig.get()
+    return Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else None
+
+
+def run_job(cfg: DictConfig) -> None:
+    from specrepro.runner import results_table, run
+
+    try:
+        metrics = run(cfg, group=sweep_group())
+    except SpecReproError as exc:
+        fail(str(exc))
+    output_dir = Path(HydraConfig.get().runtime.output_dir)
+    (output_dir / POINTER_FILE).write_text(str(Path(cfg.results_dir) / "runs" / metrics["run_name"]) + "\n")
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        print(results_table([metrics]))
+
+
+def train_job(cfg: DictConfig) -> None:
+    from specrepro.training import train
+
+    try:
+        path = train(cfg)
+    except SpecReproError as exc:
+        fail(str(exc))
+    print(f"artifact: {path}")
+
+
+def hydra_app(config_name: str, task, args: list[str]) -> None:
+    if not CONF_DIR.is_dir():
+        fail(f"no config directory at {CONF_DIR}: install specrepro from a source checkout (pip install -e .)")
+    from specrepro.config import register_configs
+
+    register_configs()
+    sys.argv = [f"specrepro {config_name}", *args]
+    hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(task)()
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    command, rest = args[0], args[1:]
+    if command == "run":
+        hydra_app("run", run_job, rest)
+    elif command == "train":
+        hydra_app("train", train_job, rest)
+    else:
+        fail(f"unknown command '{command}'\n{USAGE}")
+
+
+if __name__ == "__main__":
+    main()

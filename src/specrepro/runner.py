@@ -1,0 +1,231 @@
+"""The main job: decode a dataset with a method, score it, record it, compare it with its `ar` reference."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from specrepro.data import completion_for_scoring, load_records, render_prompt
+from specrepro.decoding import build_decoder
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.sampling import Sampling
+from specrepro.errors import SpecReproError
+from specrepro.metrics.quality import score_sample
+from specrepro.metrics.speed import lossless, paired_speedup, speed_metrics, speedups
+from specrepro.models import LoadedModel, ModelLoader, resolve_device, resolve_dtype
+from specrepro.tracking import RunRecord, config_hash, log_to_wandb
+
+log = logging.getLogger(__name__)
+
+# Keys that do not change what a run computes: left out of the run name's hash.
+_NOT_IN_RUN_HASH = ("logger", "results_dir", "artifacts_dir", "resume", "run_name", "reference")
+_loaded_models: dict[str, LoadedModel] = {}  # a sweep in one process loads each target once
+
+
+def run_name(cfg: DictConfig) -> str:
+    if cfg.run_name:
+        return cfg.run_name
+    content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in _NOT_IN_RUN_HASH}
+    return f"{cfg.model.name}-{cfg.method.name}-{cfg.dataset.name}-{cfg.decoding.name}-{config_hash(content)}"
+
+
+def reference_key(cfg: DictConfig) -> str:
+    """Runs with equal keys decode the same prompts on the same weights with the same decoding."""
+    content = OmegaConf.to_container(cfg, resolve=True)
+    return config_hash({k: content[k] for k in ("model", "dataset", "decoding", "hardware")})
+
+
+def validate(cfg: DictConfig) -> None:
+    if cfg.decoding.max_new_tokens <= 0:
+        raise SpecReproError(f"decoding.max_new_tokens must be positive, got {cfg.decoding.max_new_tokens}")
+    if cfg.decoding.num_samples <= 0:
+        raise SpecReproError(f"decoding.num_samples must be positive, got {cfg.decoding.num_samples}")
+    if cfg.decoding.do_sample and cfg.decoding.temperature <= 0:
+        raise SpecReproError("decoding.do_sample=true needs decoding.temperature > 0 (use decoding=greedy instead)")
+    if not 0 < cfg.decoding.top_p <= 1:
+        raise SpecReproError(f"decoding.top_p must be in (0, 1], got {cfg.decoding.top_p}")
+
+
+def load_target(cfg: DictConfig, loader: ModelLoader) -> LoadedModel:
+    key = json.dumps([OmegaConf.to_container(cfg.model, resolve=True), str(loader.device), str(loader.dtype)])
+    if key not in _loaded_models:
+        _loaded_models.clear()  # keep one target in memory
+        _loaded_models[key] = loader.load_model(cfg.model)
+    target = _loaded_models[key]
+    if target.tokenizer is None:
+        raise SpecReproError(f"model '{cfg.model.name}' has no tokenizer; set model.tokenizer (e.g. embedded)")
+    return target
+
+
+def sample_seed(cfg: DictConfig, index: int, sample: int) -> int:
+    return cfg.decoding.seed + 1000 * index + sample
+
+
+def decode_record(record, index, cfg, target, decoder, ar_decoder, sampling) -> dict:
+    """All samples (each with all turns) of one dataset record, scored."""
+    samples, prompts = [], []
+    for s in range(cfg.decoding.num_samples):
+        history: list[str] = []
+        turns = []
+        for _ in record.turns:
+            prompt = render_prompt(record, target.tokenizer, cfg.dataset, history)
+            ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            seed = sample_seed(cfg, index, s)
+            if ar_decoder is not None:
+                ar_gen = ar_decoder.generate(ids, sampling, cfg.decoding.max_new_tokens, seed)
+            gen = decoder.generate(ids, sampling, cfg.decoding.max_new_tokens, seed).to_dict()
+            gen["prompt_tokens"] = len(ids)
+            gen["seed"] = seed
+            if ar_decoder is not None:
+                gen["ar_wall_time"], gen["ar_tokens"] = ar_gen.wall_time, len(ar_gen.token_ids)
+            turns.append(gen)
+            history.append(gen["text"])
+            if s == 0:
+                prompts.append(prompt)
+        samples.append(turns)
+    # the last turn's answer is what the task metric scores
+    completions = [completion_for_scoring(record, turns[-1]["text"], cfg.dataset) for turns in samples]
+    scores = score_sample(cfg.dataset.metric, record.reference, completions, record.fields)
+    return {"id": record.id, "index": index, "prompts": prompts, "samples": samples, "scores": scores}
+
+
+def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool) -> dict:
+    gens = [g for row in rows for sample in row["samples"] for g in sample]
+    metrics = speed_metrics(gens)
+    for key in sorted({k for row in rows for k in row["scores"]}):
+        values = [row["scores"][key] for row in rows if key in row["scores"]]
+        metrics[key] = sum(values) / len(values)
+    if any("ar_wall_time" in g for g in gens):
+        metrics["speedup_paired"] = paired_speedup(gens)
+    if reference_rows is not None:
+        by_id = {row["id"]: row for row in reference_rows}
+        ref_gens = [g for row in rows for sample in by_id[row["id"]]["samples"] for g in sample]
+        metrics.update(speedups(gens, ref_gens))
+        if greedy:
+            metrics["lossless"] = lossless(gens, ref_gens)
+    return metrics
+
+
+def find_reference(cfg: DictConfig, ref_key: str) -> RunRecord | None:
+    """A complete `ar` run with the same reference key, newest first."""
+    runs = Path(cfg.results_dir) / "runs"
+    candidates = []
+    for metrics_path in runs.glob("*/metrics.json"):
+        try:
+            metrics = json.loads(metrics_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if metrics.get("complete") and metrics.get("method") == "ar" and metrics.get("reference_key") == ref_key:
+            candidates.append((metrics_path.stat().st_mtime, metrics_path.parent))
+    return RunRecord(max(candidates)[1]) if candidates else None
+
+
+def reference_config(cfg: DictConfig) -> DictConfig:
+    content = OmegaConf.to_container(cfg, resolve=True)
+    content.update(method={"name": "ar"}, run_name=None, reference=False)
+    content["timing"]["paired"] = False
+    return OmegaConf.create(content)
+
+
+def run(cfg: DictConfig, group: str | None = None) -> dict:
+    """Run one (model, method, dataset, decoding) job; return its metrics. Resumes and skips finished runs."""
+    validate(cfg)
+    name = run_name(cfg)
+    record = RunRecord(Path(cfg.results_dir) / "runs" / name)
+    if cfg.resume and record.complete:
+        log.info("run %s is already complete; skipping (resume=false to redo it)", name)
+        return record.metrics()
+    records = load_records(cfg.dataset)
+
+    ref_key = reference_key(cfg)
+    reference = None
+    if cfg.reference and cfg.method.name != "ar":
+        reference = find_reference(cfg, ref_key)
+        if reference is None:
+            log.info("no `ar` reference run for %s yet: running it first", name)
+            run(reference_config(cfg), group)
+            reference = find_reference(cfg, ref_key)
+
+    if cfg.hardware.threads:
+        torch.set_num_threads(cfg.hardware.threads)
+    loader = ModelLoader(resolve_device(cfg.hardware.device), resolve_dtype(cfg.hardware.dtype), cfg.artifacts_dir)
+    target = load_target(cfg, loader)
+    decoder = build_decoder(cfg.method, target, loader)
+    ar_decoder = ARDecoder(target.model, target.tokenizer) if cfg.timing.paired else None
+    sampling = Sampling.from_config(cfg.decoding)
+
+    rows = record.start(cfg, cfg.resume)
+    done = {row["id"] for row in rows}
+    todo = [(i, r) for i, r in enumerate(records) if r.id not in done]
+    if todo:
+        warm_up(cfg, target, [d for d in (decoder, ar_decoder) if d is not None], records[0], sampling)
+    for index, rec in tqdm(todo, desc=name, unit="sample"):
+        row = decode_record(rec, index, cfg, target, decoder, ar_decoder, sampling)
+        record.append(row)
+        rows.append(row)
+    rows.sort(key=lambda row: row["index"])
+
+    metrics = summarize(rows, reference.rows() if reference else None, Sampling.from_config(cfg.decoding).greedy)
+    metrics.update(
+        run_name=name,
+        method=cfg.method.name,
+        model=cfg.model.name,
+        dataset=cfg.dataset.name,
+        decoding=cfg.decoding.name,
+        n_samples=len(rows),
+        reference_key=ref_key,
+        reference_run=reference.dir.name if reference else None,
+        lossless_method=decoder.lossless,
+    )
+    record.finish(metrics)
+    log_to_wandb(cfg, record, name, group, metrics, rows)
+    return metrics
+
+
+def warm_up(cfg, target, decoders, record, sampling) -> None:
+    """Untimed generations on the first prompt, so one-off costs do not land on the first sample."""
+    ids = target.tokenizer(render_prompt(record, target.tokenizer, cfg.dataset, []), add_special_tokens=False)["input_ids"]
+    for _ in range(cfg.timing.warmup):
+        for decoder in decoders:
+            decoder.generate(ids, sampling, cfg.timing.warmup_tokens, seed=cfg.decoding.seed)
+
+
+TABLE_COLUMNS = [
+    ("run", "run_name", "{}"),
+    ("n", "n_samples", "{}"),
+    ("tok/s", "tokens_per_s", "{:.1f}"),
+    ("speedup_mean", "speedup_mean", "{:.2f}x"),
+    ("speedup_total", "speedup_total", "{:.2f}x"),
+    ("speedup_paired", "speedup_paired", "{:.2f}x"),
+    ("mat", "mat", "{:.2f}"),
+    ("accept_rate", "accept_rate", "{:.2f}"),
+    ("hm", "hm", "{:.1f}"),
+    ("draft_cost", "draft_cost", "{:.2f}"),
+    ("verify_cost", "verify_cost", "{:.2f}"),
+    ("lossless", "lossless", "{:.2f}"),
+]
+QUALITY_KEYS = ["gsm8k_acc", "rouge_l", "rouge_2", "pass@1", "pass@10", "mt_bench_score"]
+
+
+def results_table(all_metrics: list[dict]) -> str:
+    """A plain-text table of runs (only the columns some run has)."""
+    columns = [c for c in TABLE_COLUMNS if any(m.get(c[1]) is not None for m in all_metrics)]
+    columns += [(k, k, "{:.3f}") for k in QUALITY_KEYS if any(k in m for m in all_metrics)]
+
+    def cell(metrics, key, fmt):
+        value = metrics.get(key)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "-"
+        return fmt.format(value)
+
+    grid = [[c[0] for c in columns]] + [[cell(m, key, fmt) for _, key, fmt in columns] for m in all_metrics]
+    widths = [max(len(row[i]) for row in grid) for i in range(len(columns))]
+    lines = ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))) for row in grid]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

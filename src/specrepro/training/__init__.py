@@ -1,0 +1,71 @@
+"""`specrepro train`: train the component a method needs and publish it as an artifact."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from specrepro.models import ModelLoader, resolve_device, resolve_dtype
+from specrepro.tracking import config_hash, wandb_init
+from specrepro.training.artifacts import is_complete, publish, staging_dir
+from specrepro.training.sps_draft import train_sps_draft
+
+log = logging.getLogger(__name__)
+
+TRAINERS = {"sps_draft": train_sps_draft}
+
+
+def artifact_path(cfg) -> Path:
+    """`<artifacts_dir>/<component>-<model>-<hash of model + training config>`."""
+    content = OmegaConf.to_container(cfg, resolve=True)
+    key = config_hash({k: content[k] for k in ("model", "training")} | {"dtype": content["hardware"]["dtype"]})
+    return Path(cfg.artifacts_dir) / f"{cfg.training.component}-{cfg.model.name}-{key}"
+
+
+def train(cfg) -> Path:
+    """Train (or resume training) the configured component; return its artifact directory."""
+    final = artifact_path(cfg)
+    if cfg.resume and is_complete(final):
+        log.info("artifact %s is already trained; skipping (resume=false to retrain)", final)
+        return final
+    component = cfg.training.component
+    if component not in TRAINERS:
+        raise ValueError(f"no trainer for component '{component}'; known: {', '.join(sorted(TRAINERS))}")
+    if cfg.hardware.threads:
+        torch.set_num_threads(cfg.hardware.threads)
+    device = resolve_device(cfg.hardware.device)
+    loader = ModelLoader(device, resolve_dtype(cfg.hardware.dtype), cfg.artifacts_dir)
+    target = loader.load_model(cfg.model)
+    work_dir = Path(cfg.artifacts_dir) / ".work" / final.name
+    if not cfg.resume:
+        (work_dir / "checkpoint.pt").unlink(missing_ok=True)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    run = wandb_init(cfg, final.name, work_dir, job_type="train")
+
+    def log_metrics(metrics: dict, step: int) -> None:
+        if run is not None:
+            run.log(metrics, step=step)
+
+    component_model, metrics, history = TRAINERS[component](cfg, target, work_dir, log_metrics, device)
+    staging = staging_dir(final)
+    component_model.save_pretrained(staging)
+    if target.tokenizer is not None:
+        target.tokenizer.save_pretrained(staging)
+    publish(staging, final, {"component": component, "metrics": metrics, "history": history,
+                             "config": OmegaConf.to_container(cfg, resolve=True)})
+    if run is not None:
+        run.summary.update(metrics)
+        try:
+            import wandb
+
+            artifact = wandb.Artifact(final.name, type="model", metadata=metrics)
+            artifact.add_dir(str(final))
+            run.log_artifact(artifact)
+        except Exception as exc:
+            log.warning("W&B artifact upload failed (%s); the artifact is at %s", exc, final)
+        run.finish()
+    log.info("trained %s: %s", final, metrics)
+    return final

@@ -1,0 +1,79 @@
+"""Self-distillation data: the target model's own continuations of bundled prompts.
+
+Shared by every component trained to imitate the target (the sps draft, EESD's draft head, ...). The
+continuations are generated in left-padded batches with transformers' `generate` and cached as a
+`datasets` dataset under the artifacts dir, keyed by the target and the generation settings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from datasets import Dataset, load_from_disk
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from specrepro.data import load_records, render_prompt
+
+log = logging.getLogger(__name__)
+
+
+def prompt_texts(prompt_sets: dict, tokenizer) -> list[tuple[str, str]]:
+    """(source, rendered first-turn prompt) for every record of every configured prompt set."""
+    texts = []
+    for name, dataset_cfg in prompt_sets.items():
+        for record in load_records(dataset_cfg):
+            texts.append((name, render_prompt(record, tokenizer, dataset_cfg, [])))
+    return texts
+
+
+@torch.inference_mode()
+def generate_continuations(model, tokenizer, texts: list[str], max_new_tokens: int, batch_size: int, max_prompt_tokens: int):
+    """Greedy continuations of `texts`; returns (prompt ids, continuation ids) per text, padding removed."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stop_ids = {pad_id, tokenizer.eos_token_id}
+    device = next(model.parameters()).device
+    results = []
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths batch with little padding
+    for start in tqdm(range(0, len(order), batch_size), desc="target continuations", unit="batch"):
+        batch = [texts[i] for i in order[start : start + batch_size]]
+        encoded = [tokenizer(t, add_special_tokens=False)["input_ids"][-max_prompt_tokens:] for t in batch]
+        width = max(len(ids) for ids in encoded)
+        input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in encoded], device=device)
+        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
+        output = model.generate(input_ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=False,
+                                pad_token_id=pad_id, temperature=None, top_p=None, top_k=None)
+        for ids, row in zip(encoded, output[:, width:].tolist()):
+            stops = [i for i, tok in enumerate(row) if tok in stop_ids]
+            if stops:  # finished early: keep up to and including the first EOS, drop the padding
+                row = row[: stops[0] + 1]
+            results.append((ids, row))
+    unsorted = [None] * len(texts)
+    for position, index in enumerate(order):
+        unsorted[index] = results[position]
+    return unsorted
+
+
+def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_size: int, max_prompt_tokens: int,
+                         cache_dir: Path) -> Dataset:
+    """Rows {source, prompt_ids, continuation_ids}; generated once, then loaded from `cache_dir`."""
+    if (cache_dir / "dataset_info.json").is_file():
+        log.info("re-using target continuations from %s", cache_dir)
+        return load_from_disk(str(cache_dir))
+    sources_and_texts = prompt_texts(prompt_sets, target.tokenizer)
+    pairs = generate_continuations(target.model, target.tokenizer, [t for _, t in sources_and_texts],
+                                   max_new_tokens, batch_size, max_prompt_tokens)
+    dataset = Dataset.from_dict({
+        "source": [s for s, _ in sources_and_texts],
+        "prompt_ids": [p for p, _ in pairs],
+        "continuation_ids": [c for _, c in pairs],
+    })
+    staging = cache_dir.with_name(f".{cache_dir.name}.staging")
+    dataset.save_to_disk(str(staging))
+    (staging / "settings.json").write_text(json.dumps(OmegaConf.to_container(OmegaConf.create(
+        {"max_new_tokens": max_new_tokens, "prompt_sets": list(prompt_sets)}))))
+    staging.rename(cache_dir)
+    return load_from_disk(str(cache_dir))

@@ -1,0 +1,175 @@
+"""The draft model of `sps`: a small LLaMA with the target's tokenizer, distilled from the target.
+
+Data: the target's own greedy continuations of bundled prompts (sequence-level distillation, as in
+DistillSpec's on-policy data). Loss: cross-entropy on the continuation tokens (`ce`), or token-level
+KL(target || draft) against the target's logits computed on the fly (`kl`, costlier).
+Initialisation (`init=pca`): the tied embedding is the target's embedding projected on its top
+principal directions, so a narrow draft starts with the target's token geometry.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Dict
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specrepro.data.config import DatasetConfig
+from specrepro.training.loop import LoopConfig
+
+
+@dataclass
+class DraftArchConfig:
+    num_layers: int = 4
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    init: str = "pca"  # pca (target embedding projected to hidden_size) | random
+
+
+@dataclass
+class SPSDraftTrainingConfig:
+    component: str = "sps_draft"
+    draft: DraftArchConfig = field(default_factory=DraftArchConfig)
+    prompts: Dict[str, DatasetConfig] = field(default_factory=dict)  # prompt sets for the target's continuations
+    continuation_tokens: int = 128  # new tokens the target generates per prompt
+    generation_batch_size: int = 16
+    max_prompt_tokens: int = 384  # longer prompts keep their last tokens
+    heldout_fraction: float = 0.05  # sequences kept out of training to measure top-1 agreement
+    loss: str = "ce"  # ce (on the target's continuations) | kl (against the target's logits)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+
+
+def build_draft(target, arch: DraftArchConfig) -> LlamaForCausalLM:
+    """A LLaMA of the given shape sharing the target's vocabulary and special tokens."""
+    tc = target.config
+    config = LlamaConfig(
+        vocab_size=tc.vocab_size, hidden_size=arch.hidden_size, intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_layers, num_attention_heads=arch.num_heads, num_key_value_heads=arch.num_kv_heads,
+        max_position_embeddings=tc.max_position_embeddings, rope_parameters=getattr(tc, "rope_parameters", None),
+        rms_norm_eps=tc.rms_norm_eps, tie_word_embeddings=True,
+        bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id, pad_token_id=getattr(tc, "pad_token_id", None),
+    )
+    draft = LlamaForCausalLM(config)
+    if arch.init == "pca":
+        embedding = target.get_input_embeddings().weight.detach().float()
+        centered = embedding - embedding.mean(0, keepdim=True)
+        _, _, v = torch.linalg.svd(centered, full_matrices=False)
+        projected = embedding @ v[: arch.hidden_size].T
+        with torch.no_grad():
+            draft.get_input_embeddings().weight.copy_(projected / projected.std() * tc.initializer_range * 10)
+    elif arch.init != "random":
+        raise ValueError(f"draft init '{arch.init}' is not one of pca, random")
+    return draft
+
+
+def pack_batch(rows: list[dict], pad_id: int, device) -> dict:
+    """Right-padded prompt+continuation ids with a mask on the continuation positions to predict."""
+    seqs = [r["prompt_ids"] + r["continuation_ids"] for r in rows]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(seqs), width), dtype=torch.long)
+    target_mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, (row, seq) in enumerate(zip(rows, seqs)):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attention[i, : len(seq)] = 1
+        # position t predicts token t + 1: the positions that predict continuation tokens
+        target_mask[i, len(row["prompt_ids"]) - 1 : len(seq) - 1] = True
+    return {"input_ids": ids.to(device), "attention_mask": attention.to(device), "target_mask": target_mask.to(device)}
+
+
+def batches(rows: list[dict], loop: LoopConfig, pad_id: int, device):
+    """batch_for_step(step, micro): a deterministic function of the step (seeded epoch permutations)."""
+
+    def batch_for_step(step: int, micro: int) -> dict:
+        position = (step * loop.grad_accum + micro) * loop.batch_size
+        epoch, offset = divmod(position, len(rows))
+        order = list(range(len(rows)))
+        random.Random(loop.seed * 100003 + epoch).shuffle(order)
+        picked = [rows[order[(offset + j) % len(rows)]] for j in range(loop.batch_size)]
+        return pack_batch(picked, pad_id, device)
+
+    return batch_for_step
+
+
+def loss_fn_for(kind: str, teacher=None):
+    def loss_fn(model, batch):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        mask = batch["target_mask"]
+        labels = batch["input_ids"][:, 1:]
+        picked = logits[:, :-1][mask[:, :-1]]
+        if kind == "ce":
+            loss = F.cross_entropy(picked.float(), labels[mask[:, :-1]])
+        else:
+            with torch.no_grad():
+                teacher_logits = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            teacher_picked = teacher_logits[:, :-1][mask[:, :-1]].float()
+            loss = F.kl_div(picked.float().log_softmax(-1), teacher_picked.log_softmax(-1), log_target=True,
+                            reduction="batchmean")
+        accuracy = (picked.argmax(-1) == labels[mask[:, :-1]]).float().mean()
+        return loss, {"top1_agreement": float(accuracy)}
+
+    return loss_fn
+
+
+@torch.inference_mode()
+def top1_agreement(model, rows: list[dict], pad_id: int, device, batch_size: int = 8) -> float:
+    """Share of held-out continuation tokens where the model's argmax equals the target's token."""
+    hits = total = 0
+    for start in range(0, len(rows), batch_size):
+        batch = pack_batch(rows[start : start + batch_size], pad_id, device)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        mask = batch["target_mask"][:, :-1]
+        hits += int((logits[:, :-1].argmax(-1)[mask] == batch["input_ids"][:, 1:][mask]).sum())
+        total += int(mask.sum())
+    return hits / max(total, 1)
+
+
+def train_sps_draft(cfg, target, work_dir, log_metrics, device):
+    """Distil a draft from the target; returns (draft model, metrics for artifact.json)."""
+    from specrepro.training.distill_data import continuation_dataset
+    from specrepro.training.loop import train_loop
+
+    spec = cfg.training
+    data = continuation_dataset(target, spec.prompts, spec.continuation_tokens, spec.generation_batch_size,
+                                spec.max_prompt_tokens, work_dir.parent / f"continuations-{data_key(cfg)}")
+    rows = [row for row in data if row["continuation_ids"]]
+    random.Random(spec.loop.seed).shuffle(rows)
+    n_heldout = max(1, int(len(rows) * spec.heldout_fraction))
+    heldout, train_rows = rows[:n_heldout], rows[n_heldout:]
+    pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
+
+    torch.manual_seed(spec.loop.seed)
+    draft = build_draft(target.model, spec.draft).to(device)
+    before = top1_agreement(draft, heldout, pad_id, device)
+    teacher = target.model if spec.loss == "kl" else None
+    history = train_loop(draft, loss_fn_for(spec.loss, teacher), batches(train_rows, spec.loop, pad_id, device),
+                         spec.loop, work_dir, log_metrics, device)
+    after = top1_agreement(draft, heldout, pad_id, device)
+    metrics = {
+        "heldout_top1_agreement_before": before,
+        "heldout_top1_agreement_after": after,
+        "train_sequences": len(train_rows),
+        "heldout_sequences": len(heldout),
+        "train_tokens": sum(len(r["continuation_ids"]) for r in train_rows),
+        "draft_parameters": sum(p.numel() for p in draft.parameters()),
+        "target_parameters": sum(p.numel() for p in target.model.parameters()),
+    }
+    return draft, metrics, history
+
+
+def data_key(cfg) -> str:
+    """Continuations depend on the target and the prompt/generation settings only."""
+    from omegaconf import OmegaConf
+
+    from specrepro.tracking import config_hash
+
+    spec = cfg.training
+    return config_hash(OmegaConf.to_container(OmegaConf.create({
+        "model": cfg.model, "prompts": spec.prompts, "tokens": spec.continuation_tokens,
+        "max_prompt_tokens": spec.max_prompt_tokens, "dtype": cfg.hardware.dtype,
+    }), resolve=True))

@@ -1,0 +1,47 @@
+"""Hydra composition: every group option composes; typos and bad values fail at composition."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from specrepro.cli import CONF_DIR
+from specrepro.config import register_configs
+
+register_configs()
+
+
+def compose_run(*overrides, config="run"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name=config, overrides=list(overrides))
+
+
+@pytest.mark.parametrize("group", ["model", "method", "dataset", "decoding", "logger"])
+def test_every_option_composes(group):
+    for option in sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml")):
+        cfg = compose_run(f"{group}={option}")
+        assert cfg[group].name
+
+
+def test_train_config_follows_the_method():
+    cfg = compose_run("method=sps", config="train")
+    assert cfg.training.component == "sps_draft"
+    assert set(cfg.training.prompts) == {"gsm8k", "sharegpt", "mbpp"}
+
+
+def test_unknown_key_fails_at_composition():
+    with pytest.raises(ConfigCompositionException, match="max_new_tokns"):
+        compose_run("decoding.max_new_tokns=3")
+
+
+def test_wrong_type_fails_at_composition():
+    with pytest.raises(ConfigCompositionException, match="max_new_tokens"):
+        compose_run("decoding.max_new_tokens=many")
+
+
+def test_unknown_option_fails_at_composition():
+    with pytest.raises(ConfigCompositionException, match="method"):
+        compose_run("method=no_such_method")

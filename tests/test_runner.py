@@ -1,0 +1,92 @@
+"""The main job end to end through the CLI, on the tiny random LLaMA: records, references, resume, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specrepro.tracking import read_offline_wandb_summary
+
+FAST = ["model=tiny_random", "decoding.max_new_tokens=8", "timing.warmup_tokens=4", "hardware.threads=1"]
+
+
+def specrepro(*args, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.run([sys.executable, "-m", "specrepro.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def run_dirs(root: Path) -> dict[str, Path]:
+    return {json.loads((p / "metrics.json").read_text())["method"] + ":" + p.name: p
+            for p in (root / "results" / "runs").iterdir() if (p / "metrics.json").is_file()}
+
+
+def test_method_run_records_everything_and_finds_its_reference(tmp_path):
+    out = specrepro("run", *FAST, "method=pld", "dataset=gsm8k", "dataset.limit=3", "logger=none", cwd=tmp_path)
+    runs = run_dirs(tmp_path)
+    assert len(runs) == 2  # the ar reference was run first
+    pld_dir = next(p for k, p in runs.items() if k.startswith("pld:"))
+    metrics = json.loads((pld_dir / "metrics.json").read_text())
+    assert metrics["complete"] and metrics["n_samples"] == 3
+    assert metrics["lossless"] == 1.0
+    assert metrics["reference_run"] in {p.name for p in runs.values()}
+    for key in ("tokens_per_s", "speedup_mean", "speedup_total", "mat", "accept_rate", "gsm8k_acc"):
+        assert key in metrics
+    rows = [json.loads(line) for line in (pld_dir / "generations.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in rows] == [0, 1, 2]
+    assert (pld_dir / "config.yaml").is_file()
+    assert "speedup_mean" in out.stdout  # the results table
+
+
+def test_interrupted_run_resumes_from_finished_samples(tmp_path):
+    args = ["run", *FAST, "method=ar", "dataset=gsm8k", "dataset.limit=3", "logger=none"]
+    specrepro(*args, cwd=tmp_path)
+    run_dir = next(iter(run_dirs(tmp_path).values()))
+    lines = (run_dir / "generations.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    # simulate a kill mid-write: one finished sample, a torn line, no metrics
+    (run_dir / "metrics.json").unlink()
+    (run_dir / "generations.jsonl").write_text(lines[0] + "\n" + lines[1][:25])
+    specrepro(*args, cwd=tmp_path)
+    rows = [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in sorted(rows, key=lambda r: r["index"])] == [0, 1, 2]
+    assert rows[0] == first  # re-used, not regenerated
+    assert json.loads((run_dir / "metrics.json").read_text())["n_samples"] == 3
+
+
+def test_multirun_over_datasets_with_offline_wandb(tmp_path):
+    out = specrepro("run", "-m", *FAST, "dataset=gsm8k,humaneval,xsum,mt_bench", "dataset.limit=2",
+                    "logger=wandb", cwd=tmp_path)
+    runs = run_dirs(tmp_path)
+    assert len(runs) == 4
+    for run_dir in runs.values():
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        summary = read_offline_wandb_summary(run_dir)
+        for key in ("tokens_per_s", "mat", "n_samples"):
+            assert summary[key] == pytest.approx(metrics[key])
+    assert out.stdout.count("smollm2") == 0 and out.stdout.count("tiny_random-ar-") == 4  # one table
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("decoding.max_new_tokens=0", "max_new_tokens must be positive"),
+        ("model=llama2_7b", "meta-llama/Llama-2-7b-hf"),
+        ("dataset.path=/nonexistent/data.jsonl", "/nonexistent/data.jsonl"),
+        ("results_dir=/proc/specrepro", "cannot write the run record"),
+    ],
+)
+def test_bad_input_gives_one_line_and_nonzero_exit(tmp_path, override, message):
+    proc = specrepro("run", *FAST, "dataset.limit=1", "logger=none", override, cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("specrepro: error:")]
+    assert len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
