@@ -38,7 +38,8 @@ class SPSDraftTrainingConfig:
     prompts: Dict[str, DatasetConfig] = field(default_factory=dict)  # prompt sets for the target's continuations
     continuation_tokens: int = 128  # new tokens the target generates per prompt
     generation_batch_size: int = 16
-    max_prompt_tokens: int = 384  # longer prompts keep their last tokens
+    max_prompt_tokens: int = 256  # longer prompts keep their last tokens when generating
+    train_prompt_tokens: int = 64  # prompt tokens kept in front of each continuation for training
     heldout_fraction: float = 0.05  # sequences kept out of training to measure top-1 agreement
     loss: str = "ce"  # ce (on the target's continuations) | kl (against the target's logits)
     loop: LoopConfig = field(default_factory=LoopConfig)
@@ -67,22 +68,27 @@ def build_draft(target, arch: DraftArchConfig) -> LlamaForCausalLM:
     return draft
 
 
-def pack_batch(rows: list[dict], pad_id: int, device) -> dict:
-    """Right-padded prompt+continuation ids with a mask on the continuation positions to predict."""
-    seqs = [r["prompt_ids"] + r["continuation_ids"] for r in rows]
+def pack_batch(rows: list[dict], pad_id: int, device, prompt_tokens: int | None = None) -> dict:
+    """Right-padded prompt+continuation ids with a mask on the continuation positions to predict.
+
+    `prompt_tokens` keeps only the end of each prompt: the draft learns from local context, and the
+    sequences stay short enough to train on a CPU.
+    """
+    prompts = [r["prompt_ids"][-prompt_tokens:] if prompt_tokens else r["prompt_ids"] for r in rows]
+    seqs = [p + r["continuation_ids"] for p, r in zip(prompts, rows)]
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(seqs), width), dtype=torch.long)
     target_mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-    for i, (row, seq) in enumerate(zip(rows, seqs)):
+    for i, (prompt, seq) in enumerate(zip(prompts, seqs)):
         ids[i, : len(seq)] = torch.tensor(seq)
         attention[i, : len(seq)] = 1
         # position t predicts token t + 1: the positions that predict continuation tokens
-        target_mask[i, len(row["prompt_ids"]) - 1 : len(seq) - 1] = True
+        target_mask[i, len(prompt) - 1 : len(seq) - 1] = True
     return {"input_ids": ids.to(device), "attention_mask": attention.to(device), "target_mask": target_mask.to(device)}
 
 
-def batches(rows: list[dict], loop: LoopConfig, pad_id: int, device):
+def batches(rows: list[dict], loop: LoopConfig, pad_id: int, device, prompt_tokens: int):
     """batch_for_step(step, micro): a deterministic function of the step (seeded epoch permutations)."""
 
     def batch_for_step(step: int, micro: int) -> dict:
@@ -91,41 +97,45 @@ def batches(rows: list[dict], loop: LoopConfig, pad_id: int, device):
         order = list(range(len(rows)))
         random.Random(loop.seed * 100003 + epoch).shuffle(order)
         picked = [rows[order[(offset + j) % len(rows)]] for j in range(loop.batch_size)]
-        return pack_batch(picked, pad_id, device)
+        return pack_batch(picked, pad_id, device, prompt_tokens)
 
     return batch_for_step
 
 
+def predicted_logits(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits at the masked positions only (the vocabulary head dominates a small draft's cost) and their labels."""
+    hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    mask = batch["target_mask"][:, :-1]
+    return model.lm_head(hidden[:, :-1][mask]), batch["input_ids"][:, 1:][mask]
+
+
 def loss_fn_for(kind: str, teacher=None):
+    """ce: cross-entropy on the target's tokens; kl: KL(target || draft) on the target's logits."""
+    if kind not in ("ce", "kl"):
+        raise ValueError(f"distillation loss '{kind}' is not one of ce, kl")
+
     def loss_fn(model, batch):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        mask = batch["target_mask"]
-        labels = batch["input_ids"][:, 1:]
-        picked = logits[:, :-1][mask[:, :-1]]
+        logits, labels = predicted_logits(model, batch)
         if kind == "ce":
-            loss = F.cross_entropy(picked.float(), labels[mask[:, :-1]])
+            loss = F.cross_entropy(logits.float(), labels)
         else:
             with torch.no_grad():
-                teacher_logits = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            teacher_picked = teacher_logits[:, :-1][mask[:, :-1]].float()
-            loss = F.kl_div(picked.float().log_softmax(-1), teacher_picked.log_softmax(-1), log_target=True,
+                teacher_logits, _ = predicted_logits(teacher, batch)
+            loss = F.kl_div(logits.float().log_softmax(-1), teacher_logits.float().log_softmax(-1), log_target=True,
                             reduction="batchmean")
-        accuracy = (picked.argmax(-1) == labels[mask[:, :-1]]).float().mean()
-        return loss, {"top1_agreement": float(accuracy)}
+        return loss, {"top1_agreement": float((logits.argmax(-1) == labels).float().mean())}
 
     return loss_fn
 
 
 @torch.inference_mode()
-def top1_agreement(model, rows: list[dict], pad_id: int, device, batch_size: int = 8) -> float:
+def top1_agreement(model, rows: list[dict], pad_id: int, device, prompt_tokens: int, batch_size: int = 8) -> float:
     """Share of held-out continuation tokens where the model's argmax equals the target's token."""
     hits = total = 0
     for start in range(0, len(rows), batch_size):
-        batch = pack_batch(rows[start : start + batch_size], pad_id, device)
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        mask = batch["target_mask"][:, :-1]
-        hits += int((logits[:, :-1].argmax(-1)[mask] == batch["input_ids"][:, 1:][mask]).sum())
-        total += int(mask.sum())
+        logits, labels = predicted_logits(model, pack_batch(rows[start : start + batch_size], pad_id, device, prompt_tokens))
+        hits += int((logits.argmax(-1) == labels).sum())
+        total += labels.numel()
     return hits / max(total, 1)
 
 
@@ -145,11 +155,11 @@ def train_sps_draft(cfg, target, work_dir, log_metrics, device):
 
     torch.manual_seed(spec.loop.seed)
     draft = build_draft(target.model, spec.draft).to(device)
-    before = top1_agreement(draft, heldout, pad_id, device)
+    before = top1_agreement(draft, heldout, pad_id, device, spec.train_prompt_tokens)
     teacher = target.model if spec.loss == "kl" else None
-    history = train_loop(draft, loss_fn_for(spec.loss, teacher), batches(train_rows, spec.loop, pad_id, device),
+    history = train_loop(draft, loss_fn_for(spec.loss, teacher), batches(train_rows, spec.loop, pad_id, device, spec.train_prompt_tokens),
                          spec.loop, work_dir, log_metrics, device)
-    after = top1_agreement(draft, heldout, pad_id, device)
+    after = top1_agreement(draft, heldout, pad_id, device, spec.train_prompt_tokens)
     metrics = {
         "heldout_top1_agreement_before": before,
         "heldout_top1_agreement_after": after,

@@ -1,0 +1,60 @@
+"""Benchmark: sps and pld against ar, and our pld against transformers' prompt lookup, on the embedded model.
+
+Every method runs through the harness with `timing.paired=true`: `ar` is timed on each sample right
+before the method, in this same process, so `speedup_paired` is robust to a shared, noisy machine.
+Prints, per dataset, the paired and unpaired speedups with the MAT, acceptance, draft cost and verify cost
+behind them (cost = ms per step / ms per `ar` step), and our pld / HF prompt lookup.
+
+Run: .venv/bin/python experiments/bench_speculative.py [--limit 20] [--datasets gsm8k cnn_dm]
+The sps arm needs the trained draft: .venv/bin/specrepro train method=sps
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from hydra import compose, initialize_config_dir
+
+from specrepro.cli import CONF_DIR
+from specrepro.config import register_configs
+from specrepro.runner import results_table, run
+
+ARMS = {
+    "sps": ["method=sps"],
+    "pld": ["method=pld"],
+    "hf_pld": ["method=hf_assisted", "method.mode=prompt_lookup"],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--datasets", nargs="+", default=["gsm8k", "cnn_dm"])
+    parser.add_argument("--arms", nargs="+", default=list(ARMS))
+    parser.add_argument("--results-dir", default="results/bench")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. hardware.threads=2")
+    args = parser.parse_args()
+
+    register_configs()
+    for dataset in args.datasets:
+        rows = []
+        for arm in args.arms:
+            overrides = [*ARMS[arm], f"dataset={dataset}", f"dataset.limit={args.limit}",
+                         f"decoding.max_new_tokens={args.max_new_tokens}", "timing.paired=true", "logger=none",
+                         f"results_dir={args.results_dir}", *args.overrides]
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                cfg = compose(config_name="run", overrides=overrides)
+            metrics = run(cfg)
+            metrics["run_name"] = arm
+            rows.append(metrics)
+        print(f"\n== {dataset} ({args.limit} prompts, {args.max_new_tokens} new tokens) ==")
+        print(results_table(rows))
+        by_arm = {m["run_name"]: m for m in rows}
+        if "pld" in by_arm and "hf_pld" in by_arm:
+            ratio = by_arm["pld"]["speedup_paired"] / by_arm["hf_pld"]["speedup_paired"]
+            print(f"our pld / HF prompt lookup (paired speedups): {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The shared training loop (schedule, checkpoints, exact resume) and the sps draft trained end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specrepro.training.loop import LoopConfig, lr_lambda, train_loop
+from tests.test_runner import FAST, run_dirs, specrepro
+
+
+def regression_setup():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    data = torch.randn(64, 4), torch.randn(64, 1)
+
+    def batch_for_step(step, micro):
+        index = (step * 2 + micro) % 8
+        return {"x": data[0][index * 8 : index * 8 + 8], "y": data[1][index * 8 : index * 8 + 8]}
+
+    def loss_fn(model, batch):
+        return torch.nn.functional.mse_loss(model(batch["x"]), batch["y"]), {}
+
+    return model, loss_fn, batch_for_step
+
+
+def test_warmup_then_cosine_schedule():
+    factor = lr_lambda(LoopConfig(steps=110, warmup_steps=10, min_lr_ratio=0.1))
+    assert factor(0) == pytest.approx(0.1) and factor(9) == pytest.approx(1.0)
+    assert factor(60) == pytest.approx(0.55) and factor(110) == pytest.approx(0.1)
+
+
+def test_interrupted_training_resumes_exactly(tmp_path):
+    cfg = LoopConfig(steps=6, grad_accum=2, lr=0.1, warmup_steps=2, checkpoint_every=2, log_every=1)
+    model, loss_fn, batch_for_step = regression_setup()
+    train_loop(model, loss_fn, batch_for_step, cfg, tmp_path / "straight")
+
+    interrupted, loss_fn, batch_for_step = regression_setup()
+
+    def crash_at_step_5(step, micro):
+        if step == 4:
+            raise KeyboardInterrupt
+        return batch_for_step(step, micro)
+
+    with pytest.raises(KeyboardInterrupt):
+        train_loop(interrupted, loss_fn, crash_at_step_5, cfg, tmp_path / "resumed")
+    resumed, _, _ = regression_setup()  # a fresh process: parameters re-initialised
+    history = train_loop(resumed, loss_fn, batch_for_step, cfg, tmp_path / "resumed")
+    for a, b in zip(model.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b)
+    assert [h["step"] for h in history] == [1, 2, 3, 4, 5, 6]  # the history survives the interruption
+
+
+TINY_TRAINING = [
+    "model=tiny_random", "method=sps", "logger=none", "hardware.threads=1",
+    "training.prompts.gsm8k.limit=6", "training.prompts.sharegpt.limit=2", "training.prompts.mbpp.limit=2",
+    "training.continuation_tokens=8", "training.loop.steps=4", "training.loop.batch_size=2",
+    "training.loop.warmup_steps=1", "training.draft.num_layers=1", "training.draft.hidden_size=64",
+    "training.draft.intermediate_size=128", "training.heldout_fraction=0.2",
+]
+
+
+def test_train_sps_draft_then_decode_with_it(tmp_path):
+    out = specrepro("train", *TINY_TRAINING, cwd=tmp_path)
+    artifact = tmp_path / out.stdout.strip().splitlines()[-1].removeprefix("artifact: ")
+    metadata = json.loads((artifact / "artifact.json").read_text())
+    assert metadata["component"] == "sps_draft" and len(metadata["history"]) >= 1
+    assert 0 <= metadata["metrics"]["heldout_top1_agreement_after"] <= 1
+    again = specrepro("train", *TINY_TRAINING, cwd=tmp_path)  # finished: skipped, same artifact
+    assert again.stdout.strip().endswith(out.stdout.strip().splitlines()[-1].removeprefix("artifact: "))
+
+    specrepro("run", *FAST, "method=sps", "dataset.limit=2", "logger=none", cwd=tmp_path)
+    sps = next(p for k, p in run_dirs(tmp_path).items() if k.startswith("sps:"))
+    assert json.loads((sps / "metrics.json").read_text())["lossless"] == 1.0
