@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="+", default=["gsm8k", "cnn_dm"])
     parser.add_argument("--arms", nargs="+", default=list(ARMS))
     parser.add_argument("--results-dir", default="results/bench")
+    parser.add_argument("--artifacts-dir", default="results/artifacts")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. hardware.threads=2")
     args = parser.parse_args()
 
@@ -42,7 +43,7 @@ def main() -> None:
         for arm in args.arms:
             overrides = [*ARMS[arm], f"dataset={dataset}", f"dataset.limit={args.limit}",
                          f"decoding.max_new_tokens={args.max_new_tokens}", "timing.paired=true", "logger=none",
-                         f"results_dir={args.results_dir}", *args.overrides]
+                         f"results_dir={args.results_dir}", f"artifacts_dir={args.artifacts_dir}", *args.overrides]
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
                 cfg = compose(config_name="run", overrides=overrides)
             metrics = run(cfg)

@@ -56,6 +56,7 @@ def test_interrupted_training_resumes_exactly(tmp_path):
 TINY_TRAINING = [
     "model=tiny_random", "method=sps", "logger=none", "hardware.threads=1",
     "training.prompts.gsm8k.limit=6", "training.prompts.sharegpt.limit=2", "training.prompts.mbpp.limit=2",
+    "training.labeled.gsm8k.limit=4", "training.labeled.sharegpt.limit=2",
     "training.continuation_tokens=8", "training.loop.steps=4", "training.loop.batch_size=2",
     "training.loop.warmup_steps=1", "training.draft.num_layers=1", "training.draft.hidden_size=64",
     "training.draft.intermediate_size=128", "training.heldout_fraction=0.2",

@@ -22,7 +22,8 @@ USAGE = """usage: specrepro {run,train} [hydra overrides...] | specrepro table N
 
   specrepro run model=smollm2_135m method=pld dataset=gsm8k dataset.limit=20
   specrepro run -m method=ar,sps,pld dataset=gsm8k dataset.limit=20   (a sweep; prints one table)
-  specrepro run --help                                               (Hydra's help: groups and options)"""
+  specrepro run --help                                               (Hydra's help: groups and options)
+  specrepro table specbench_small [--results-dir results] [--source local|wandb]   (a paper table)"""
 POINTER_FILE = "specrepro_run.txt"  # in each Hydra job dir: the run record it wrote
 
 log = logging.getLogger("specrepro")
@@ -81,6 +82,13 @@ def main() -> None:
         hydra_app("run", run_job, rest)
     elif command == "train":
         hydra_app("train", train_job, rest)
+    elif command == "table":
+        from specrepro.tables import main as table_main
+
+        try:
+            table_main(rest)
+        except SpecReproError as exc:
+            fail(str(exc))
     else:
         fail(f"unknown command '{command}'\n{USAGE}")
 

@@ -88,6 +88,7 @@ class RunConfig:
     dataset: Any = MISSING
     decoding: Any = MISSING
     logger: Any = MISSING
+    judge: Any = MISSING  # MT-Bench judge (conf/judge/*): none | local | openai
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     results_dir: str = "results"
@@ -126,15 +127,21 @@ def register_configs() -> None:
     """Put every schema in Hydra's ConfigStore (idempotent)."""
     import specrepro.decoding  # noqa: F401  (methods register their schemas on import)
     from specrepro.data.config import DatasetConfig
+    from specrepro.metrics.judge import JudgeConfig
+    from specrepro.training.eesd_head import EESDHeadTrainingConfig
+    from specrepro.training.self_sd_search import SelfSDSearchConfig
     from specrepro.training.sps_draft import SPSDraftTrainingConfig
 
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     cs.store(name="train_schema", node=TrainRunConfig)
     cs.store(group="training", name="base_sps_draft", node=SPSDraftTrainingConfig)
+    cs.store(group="training", name="base_self_sd_skip_set", node=SelfSDSearchConfig)
+    cs.store(group="training", name="base_eesd_head", node=EESDHeadTrainingConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="dataset", name="base_dataset", node=DatasetConfig)
     cs.store(group="decoding", name="base_decoding", node=DecodingConfig)
     cs.store(group="logger", name="base_logger", node=LoggerConfig)
+    cs.store(group="judge", name="base_judge", node=JudgeConfig)
     for name, schema in _METHOD_SCHEMAS.items():
         cs.store(group="method", name=f"base_{name}", node=schema)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -16,6 +18,7 @@ from specrepro.decoding import build_decoder
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
+from specrepro.metrics.judge import judge_run
 from specrepro.metrics.quality import score_sample
 from specrepro.metrics.speed import lossless, paired_speedup, speed_metrics, speedups
 from specrepro.models import LoadedModel, ModelLoader, resolve_device, resolve_dtype
@@ -32,6 +35,8 @@ def run_name(cfg: DictConfig) -> str:
     if cfg.run_name:
         return cfg.run_name
     content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in _NOT_IN_RUN_HASH}
+    if content["dataset"]["metric"] != "mt_bench" or content.get("judge", {}).get("name", "none") == "none":
+        content.pop("judge", None)  # the judge changes only judged MT-Bench runs (and keeps older run names)
     return f"{cfg.model.name}-{cfg.method.name}-{cfg.dataset.name}-{cfg.decoding.name}-{config_hash(content)}"
 
 
@@ -103,8 +108,8 @@ def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool)
         metrics[key] = sum(values) / len(values)
     if any("ar_wall_time" in g for g in gens):
         metrics["speedup_paired"] = paired_speedup(gens)
-    if reference_rows is not None:
-        by_id = {row["id"]: row for row in reference_rows}
+    by_id = {row["id"]: row for row in reference_rows or []}
+    if reference_rows is not None and all(row["id"] in by_id for row in rows):
         ref_gens = [g for row in rows for sample in by_id[row["id"]]["samples"] for g in sample]
         metrics.update(speedups(gens, ref_gens))
         if greedy:
@@ -133,9 +138,30 @@ def reference_config(cfg: DictConfig) -> DictConfig:
     return OmegaConf.create(content)
 
 
+@contextmanager
+def run_lock(run_dir: Path):
+    """An exclusive lock on `<run dir>/.lock`: a second job that needs the same run waits, then finds it done."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(run_dir / ".lock", "a")
+    except OSError as exc:
+        raise SpecReproError(f"cannot write the run record to {run_dir}: {exc.strerror or exc}") from None
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, or when a killed job's process dies
+        yield
+
+
 def run(cfg: DictConfig, group: str | None = None) -> dict:
-    """Run one (model, method, dataset, decoding) job; return its metrics. Resumes and skips finished runs."""
+    """Run one (model, method, dataset, decoding) job; return its metrics. Resumes and skips finished runs.
+
+    Concurrent jobs (joblib/submitit sweeps, a re-launched sweep) that need the same run are serialised
+    by its lock."""
     validate(cfg)
+    with run_lock(Path(cfg.results_dir) / "runs" / run_name(cfg)):
+        return _run_locked(cfg, group)
+
+
+def _run_locked(cfg: DictConfig, group: str | None) -> dict:
     name = run_name(cfg)
     record = RunRecord(Path(cfg.results_dir) / "runs" / name)
     if cfg.resume and record.complete:
@@ -172,6 +198,8 @@ def run(cfg: DictConfig, group: str | None = None) -> dict:
     rows.sort(key=lambda row: row["index"])
 
     metrics = summarize(rows, reference.rows() if reference else None, Sampling.from_config(cfg.decoding).greedy)
+    if cfg.dataset.metric == "mt_bench":
+        metrics.update(judge_run(cfg, records, rows, loader, record.dir))
     metrics.update(
         run_name=name,
         method=cfg.method.name,

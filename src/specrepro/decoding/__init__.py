@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.base import Decoder, Generation
+from specrepro.decoding.eesd import EESDDecoder
 from specrepro.decoding.hf_assisted import HFAssistedDecoder
 from specrepro.decoding.pld import PLDDecoder
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.self_sd import SelfSDDecoder
 from specrepro.decoding.sps import SPSDecoder
 
 DECODERS: dict[str, type[Decoder]] = {
-    cls.name: cls for cls in (ARDecoder, SPSDecoder, PLDDecoder, HFAssistedDecoder)
+    cls.name: cls for cls in (ARDecoder, SPSDecoder, PLDDecoder, HFAssistedDecoder, EESDDecoder, SelfSDDecoder)
 }
 
 

@@ -11,11 +11,14 @@ from omegaconf import OmegaConf
 from specrepro.models import ModelLoader, resolve_device, resolve_dtype
 from specrepro.tracking import config_hash, wandb_init
 from specrepro.training.artifacts import is_complete, publish, staging_dir
+from specrepro.training.eesd_head import train_eesd_head
+from specrepro.training.self_sd_search import train_self_sd_skip_set
 from specrepro.training.sps_draft import train_sps_draft
 
 log = logging.getLogger(__name__)
 
-TRAINERS = {"sps_draft": train_sps_draft}
+TRAINERS = {"sps_draft": train_sps_draft, "eesd_head": train_eesd_head,
+            "self_sd_skip_set": train_self_sd_skip_set}
 
 
 def artifact_path(cfg) -> Path:

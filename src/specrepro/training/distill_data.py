@@ -1,14 +1,18 @@
-"""Self-distillation data: the target model's own continuations of bundled prompts.
+"""Distillation data: what the target model itself predicts, on bundled prompts.
 
-Shared by every component trained to imitate the target (the sps draft, EESD's draft head, ...). The
-continuations are generated in left-padded batches with transformers' `generate` and cached as a
-`datasets` dataset under the artifacts dir, keyed by the target and the generation settings.
+Shared by every component trained to imitate the target (the sps draft, EESD's draft head, ...):
+- on-policy: the target's own greedy continuations, generated in left-padded batches with
+  transformers' `generate`;
+- off-policy: human responses (GSM8K solutions, ShareGPT replies) labelled with the target's argmax
+  at every position by one teacher-forced forward.
+Both are cached as `datasets` datasets under the artifacts dir, keyed by the target and the settings.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import torch
@@ -75,5 +79,63 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
     dataset.save_to_disk(str(staging))
     (staging / "settings.json").write_text(json.dumps(OmegaConf.to_container(OmegaConf.create(
         {"max_new_tokens": max_new_tokens, "prompt_sets": list(prompt_sets)}))))
+    staging.rename(cache_dir)
+    return load_from_disk(str(cache_dir))
+
+
+def reference_response(record) -> str | None:
+    """The human-written answer of a record, used as off-policy text (GSM8K: the solution without calculator notes)."""
+    if "answer" in record.fields:
+        return re.sub(r"<<[^>]*>>", "", record.fields["answer"])
+    return record.reference
+
+
+@torch.inference_mode()
+def target_argmax_labels(model, rows: list[tuple[list[int], list[int]]], batch_size: int) -> list[list[int]]:
+    """The target's greedy prediction at every response position, teacher-forced on (prompt, response) pairs."""
+    device = next(model.parameters()).device
+    labels = []
+    for start in tqdm(range(0, len(rows), batch_size), desc="target labels", unit="batch"):
+        batch = rows[start : start + batch_size]
+        width = max(len(p) + len(r) for p, r in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, (prompt, response) in enumerate(batch):
+            ids[i, : len(prompt) + len(response)] = torch.tensor(prompt + response)
+            attention[i, : len(prompt) + len(response)] = 1
+        hidden = model.model(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
+        for i, (prompt, response) in enumerate(batch):
+            # position t predicts token t + 1: the positions from the prompt's last token to the response's last but one
+            positions = hidden[i, len(prompt) - 1 : len(prompt) + len(response) - 1]
+            labels.append(model.lm_head(positions).argmax(-1).tolist())
+    return labels
+
+
+def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int, batch_size: int,
+                            max_prompt_tokens: int, cache_dir: Path) -> Dataset:
+    """Rows {source, prompt_ids, continuation_ids, label_ids}: human responses labelled with the target's argmax.
+
+    Off-policy distillation data (DistillSpec): one batched teacher-forced forward per sequence gives a
+    label for every response token, far cheaper than generating the same number of tokens.
+    """
+    if (cache_dir / "dataset_info.json").is_file():
+        log.info("re-using target labels from %s", cache_dir)
+        return load_from_disk(str(cache_dir))
+    tokenizer = target.tokenizer
+    sources, pairs = [], []
+    for name, dataset_cfg in prompt_sets.items():
+        for record in load_records(dataset_cfg):
+            response = reference_response(record)
+            if not response:
+                continue
+            prompt = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
+            response_ids = tokenizer(response, add_special_tokens=False)["input_ids"][:max_response_tokens]
+            sources.append(name)
+            pairs.append((prompt[-max_prompt_tokens:], response_ids))
+    labels = target_argmax_labels(target.model, pairs, batch_size)
+    dataset = Dataset.from_dict({"source": sources, "prompt_ids": [p for p, _ in pairs],
+                                 "continuation_ids": [r for _, r in pairs], "label_ids": labels})
+    staging = cache_dir.with_name(f".{cache_dir.name}.staging")
+    dataset.save_to_disk(str(staging))
     staging.rename(cache_dir)
     return load_from_disk(str(cache_dir))

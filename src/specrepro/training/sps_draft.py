@@ -36,6 +36,9 @@ class SPSDraftTrainingConfig:
     component: str = "sps_draft"
     draft: DraftArchConfig = field(default_factory=DraftArchConfig)
     prompts: Dict[str, DatasetConfig] = field(default_factory=dict)  # prompt sets for the target's continuations
+    labeled: Dict[str, DatasetConfig] = field(default_factory=dict)  # sets whose human responses get target labels
+    labeled_response_tokens: int = 128  # response tokens kept per off-policy example
+    labeled_prompt_tokens: int = 64  # prompt tokens of context when labelling (a forward costs per token)
     continuation_tokens: int = 128  # new tokens the target generates per prompt
     generation_batch_size: int = 16
     max_prompt_tokens: int = 256  # longer prompts keep their last tokens when generating
@@ -69,7 +72,7 @@ def build_draft(target, arch: DraftArchConfig) -> LlamaForCausalLM:
 
 
 def pack_batch(rows: list[dict], pad_id: int, device, prompt_tokens: int | None = None) -> dict:
-    """Right-padded prompt+continuation ids with a mask on the continuation positions to predict.
+    """Right-padded prompt+continuation ids, the target's label at each position, and a mask of positions to learn.
 
     `prompt_tokens` keeps only the end of each prompt: the draft learns from local context, and the
     sequences stay short enough to train on a CPU.
@@ -79,13 +82,16 @@ def pack_batch(rows: list[dict], pad_id: int, device, prompt_tokens: int | None 
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(seqs), width), dtype=torch.long)
+    labels = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     target_mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-    for i, (prompt, seq) in enumerate(zip(prompts, seqs)):
+    for i, (prompt, seq, row) in enumerate(zip(prompts, seqs, rows)):
         ids[i, : len(seq)] = torch.tensor(seq)
         attention[i, : len(seq)] = 1
-        # position t predicts token t + 1: the positions that predict continuation tokens
+        # position t predicts token t + 1: from the prompt's last token to the continuation's last but one
+        labels[i, len(prompt) - 1 : len(seq) - 1] = torch.tensor(row["label_ids"])
         target_mask[i, len(prompt) - 1 : len(seq) - 1] = True
-    return {"input_ids": ids.to(device), "attention_mask": attention.to(device), "target_mask": target_mask.to(device)}
+    return {"input_ids": ids.to(device), "attention_mask": attention.to(device), "labels": labels.to(device),
+            "target_mask": target_mask.to(device)}
 
 
 def batches(rows: list[dict], loop: LoopConfig, pad_id: int, device, prompt_tokens: int):
@@ -105,8 +111,8 @@ def batches(rows: list[dict], loop: LoopConfig, pad_id: int, device, prompt_toke
 def predicted_logits(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits at the masked positions only (the vocabulary head dominates a small draft's cost) and their labels."""
     hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-    mask = batch["target_mask"][:, :-1]
-    return model.lm_head(hidden[:, :-1][mask]), batch["input_ids"][:, 1:][mask]
+    mask = batch["target_mask"]
+    return model.lm_head(hidden[mask]), batch["labels"][mask]
 
 
 def loss_fn_for(kind: str, teacher=None):
@@ -141,16 +147,23 @@ def top1_agreement(model, rows: list[dict], pad_id: int, device, prompt_tokens: 
 
 def train_sps_draft(cfg, target, work_dir, log_metrics, device):
     """Distil a draft from the target; returns (draft model, metrics for artifact.json)."""
-    from specrepro.training.distill_data import continuation_dataset
+    from specrepro.training.distill_data import continuation_dataset, teacher_labeled_dataset
     from specrepro.training.loop import train_loop
 
     spec = cfg.training
-    data = continuation_dataset(target, spec.prompts, spec.continuation_tokens, spec.generation_batch_size,
-                                spec.max_prompt_tokens, work_dir.parent / f"continuations-{data_key(cfg)}")
-    rows = [row for row in data if row["continuation_ids"]]
+    on_policy = continuation_dataset(target, spec.prompts, spec.continuation_tokens, spec.generation_batch_size,
+                                     spec.max_prompt_tokens, work_dir.parent / f"continuations-{data_key(cfg, 'prompts')}")
+    # greedy continuations are the target's own argmax: their labels are the tokens themselves
+    rows = [{**row, "label_ids": row["continuation_ids"]} for row in on_policy if row["continuation_ids"]]
     random.Random(spec.loop.seed).shuffle(rows)
+    # agreement is measured on held-out on-policy continuations: what the draft meets when decoding
     n_heldout = max(1, int(len(rows) * spec.heldout_fraction))
     heldout, train_rows = rows[:n_heldout], rows[n_heldout:]
+    if spec.labeled:
+        off_policy = teacher_labeled_dataset(target, spec.labeled, spec.labeled_response_tokens,
+                                             spec.generation_batch_size, spec.labeled_prompt_tokens,
+                                             work_dir.parent / f"labels-{data_key(cfg, 'labeled')}")
+        train_rows += [row for row in off_policy if row["continuation_ids"]]
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
 
     torch.manual_seed(spec.loop.seed)
@@ -166,20 +179,24 @@ def train_sps_draft(cfg, target, work_dir, log_metrics, device):
         "train_sequences": len(train_rows),
         "heldout_sequences": len(heldout),
         "train_tokens": sum(len(r["continuation_ids"]) for r in train_rows),
+        "train_sequences_by_source": {s: sum(r["source"] == s for r in train_rows) for s in {r["source"] for r in train_rows}},
         "draft_parameters": sum(p.numel() for p in draft.parameters()),
         "target_parameters": sum(p.numel() for p in target.model.parameters()),
     }
     return draft, metrics, history
 
 
-def data_key(cfg) -> str:
-    """Continuations depend on the target and the prompt/generation settings only."""
+def data_key(cfg, sets: str) -> str:
+    """Distillation data depend on the target, the prompt sets and the length settings only."""
     from omegaconf import OmegaConf
 
     from specrepro.tracking import config_hash
 
     spec = cfg.training
+    on_policy = sets == "prompts"
     return config_hash(OmegaConf.to_container(OmegaConf.create({
-        "model": cfg.model, "prompts": spec.prompts, "tokens": spec.continuation_tokens,
-        "max_prompt_tokens": spec.max_prompt_tokens, "dtype": cfg.hardware.dtype,
+        "model": cfg.model, "prompts": spec[sets],
+        "tokens": spec.continuation_tokens if on_policy else spec.labeled_response_tokens,
+        "max_prompt_tokens": spec.max_prompt_tokens if on_policy else spec.labeled_prompt_tokens,
+        "dtype": cfg.hardware.dtype,
     }), resolve=True))

@@ -1,0 +1,271 @@
+"""`eesd`: speculative decoding via early exiting with Thompson-sampling draft control (Liu et al., EESD).
+
+Draft = the target's own first N layers (frozen; their KV cache is the target's) + one trainable decoder
+layer initialised from the target's last layer + RMSNorm + LM head (Eq. 1). The draft proposes greedy
+(or, when the run samples, sampled) tokens one at a time; a controller decides after each token whether to
+keep drafting: fixed K, Beta-TS (Alg. 2) or Cali-TS (Alg. 3, with the trained predictor of Eq. 5). The full
+target verifies through the shared draft-then-verify loop.
+
+KV sharing: while drafting, layers 0..N-1 run on the target's cache and write KV for the last committed
+token and the drafts. Verification REUSES those entries and the layer-N hidden states instead of
+cropping and recomputing them: it runs layers 0..N-1 only for the one input they have not seen (the last
+draft), then layers N..L-1 over all k+1 inputs. The shared loop's `crop_cache` then drops the rejected
+positions in every layer. Reused layer-0..N-1 rows were computed one token at a time, as `ar` computes
+them, so greedy output stays identical to `ar`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import DynamicCache
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from specrepro.config import MethodConfig, register_method_schema
+from specrepro.decoding.controllers import BetaTS, CaliTS, DraftLengthController, FixedLength
+from specrepro.decoding.draft_verify import DraftVerifyDecoder
+from specrepro.decoding.sampling import Sampling, probs, sample
+from specrepro.decoding.verify import crop_cache
+from specrepro.errors import SpecReproError
+
+CONTROLS = ("fixed", "beta_ts", "cali_ts")
+MAX_PREDICTOR_POSITION = 10  # Eq. 5: W^i for i = min(i, 10)
+
+
+@register_method_schema("eesd")
+@dataclass
+class EESDConfig(MethodConfig):
+    name: str = "eesd"
+    num_layers: int = 3  # N: the target's first N layers form the draft's body (paper: 5-10% of depth)
+    exit_layer: bool = True  # false: the "w/o Early-exiting Layer" ablation (norm + head right after layer N)
+    shared_head: bool = False  # true: the target's frozen LM head instead of a trained copy
+    head: str = "eesd_head"  # trained head artifact (newest one matching the three fields above); "none": untrained
+    control: str = "beta_ts"  # fixed | beta_ts | cali_ts
+    k: int = 5  # drafted tokens per round under control=fixed
+    k_max: int = 16  # cap on a TS round (the paper caps only at the output length)
+    beta_alpha0: float = 1.0  # Beta-TS prior Beta(alpha0, beta0): uniform
+    beta_beta0: float = 1.0
+    beta_counting: str = "literal_R1"  # literal_R1 | literal_R2 | clean (controllers.BetaTS)
+    sigma_m: float = 0.2  # Cali-TS: the predictor's error (prior std of mu)
+    sigma_s: float = 0.5  # Cali-TS: std of one round's sample mean of chi
+    theta0: float = 0.5  # Cali-TS: initial theta_hat
+    cali_mode: str = "both"  # both | model (w/o Sampling-Prediction) | sampling (w/o Model-Prediction)
+    theta_update: str = "successes_only"  # successes_only | literal (Eq. 8 as printed)
+    control_seed: int = 0  # seeds each generation's Thompson draws
+
+
+class CalibrationPredictor(torch.nn.Module):
+    """Eq. 5: theta_M = P(keep drafting) = softmax(W_p [W^i H_t^(T); H_{t+i}^(D)])[1], W^i per draft position i."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.position_maps = torch.nn.Parameter(torch.eye(hidden_size).repeat(MAX_PREDICTOR_POSITION, 1, 1))
+        self.classifier = torch.nn.Linear(2 * hidden_size, 2)
+        torch.nn.init.zeros_(self.classifier.weight)  # untrained: theta_M = 0.5
+        torch.nn.init.zeros_(self.classifier.bias)
+
+    def forward(self, target_hidden: torch.Tensor, draft_hidden: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Logits (..., 2); position holds i >= 1 (capped at 10)."""
+        every = torch.einsum("pij,...j->...pi", self.position_maps, target_hidden)  # W^p H^(T) for p = 1..10
+        index = (position.clamp(1, MAX_PREDICTOR_POSITION) - 1)[..., None, None].expand(*every.shape[:-2], 1, every.shape[-1])
+        mapped = every.gather(-2, index).squeeze(-2)
+        return self.classifier(torch.cat([mapped, draft_hidden], -1))
+
+    def keep_probability(self, target_hidden: torch.Tensor, draft_hidden: torch.Tensor, position: int) -> float:
+        logits = self(target_hidden, draft_hidden, torch.tensor(position, device=draft_hidden.device))
+        return float(logits.detach().softmax(-1)[1])
+
+
+class EarlyExitHead(torch.nn.Module):
+    """The trainable part of the draft: one decoder layer (own one-layer KV cache) + RMSNorm + LM head."""
+
+    def __init__(self, target: torch.nn.Module, num_layers: int, exit_layer: bool = True, shared_head: bool = False):
+        super().__init__()
+        depth = target.config.num_hidden_layers
+        if not 1 <= num_layers < depth:
+            raise SpecReproError(f"eesd num_layers must be in [1, {depth - 1}] for this {depth}-layer target, got {num_layers}")
+        self.num_layers, self.shared_head = num_layers, shared_head
+        self.layer = _copy_module(target.model.layers[-1]) if exit_layer else None  # initialised from layer L
+        if self.layer is not None:
+            self.layer.self_attn.layer_idx = 0  # its own one-layer cache
+        self.norm = _copy_module(target.model.norm)
+        self.lm_head = None if shared_head else _copy_module(target.lm_head)
+        self._target = [target]  # not a submodule: the frozen target is neither trained nor saved
+        self.calibration: CalibrationPredictor | None = None
+
+    @property
+    def settings(self) -> dict:
+        return {"num_layers": self.num_layers, "exit_layer": self.layer is not None, "shared_head": self.shared_head}
+
+    def hidden(self, hidden_n: torch.Tensor, cache: DynamicCache | None = None) -> torch.Tensor:
+        """Eq. 1 up to the head: RMSNorm(Transformer^e(H^N)) for (B, T, d) layer-N hidden states."""
+        if self.layer is not None:
+            hidden_n = run_layers(self._target[0], hidden_n, [self.layer], cache, cache_layer=0)
+        return self.norm(hidden_n)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return (self._target[0].lm_head if self.lm_head is None else self.lm_head)(hidden)
+
+    def save_pretrained(self, path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(path / "eesd_head.safetensors"))
+        (path / "eesd_head.json").write_text(json.dumps({**self.settings, "calibration": self.calibration is not None}))
+
+    @classmethod
+    def from_pretrained(cls, path, target: torch.nn.Module) -> "EarlyExitHead":
+        path = Path(path)
+        settings = json.loads((path / "eesd_head.json").read_text())
+        head = cls(target, settings["num_layers"], settings["exit_layer"], settings["shared_head"])
+        if settings["calibration"]:
+            head.calibration = CalibrationPredictor(target.config.hidden_size)
+        head.load_state_dict(load_file(str(path / "eesd_head.safetensors")))
+        p = next(target.parameters())
+        return head.to(device=p.device, dtype=p.dtype).eval()
+
+
+def _copy_module(module: torch.nn.Module) -> torch.nn.Module:
+    clone = copy.deepcopy(module)
+    for p in clone.parameters():
+        p.requires_grad_(True)
+    return clone
+
+
+def run_layers(target, hidden: torch.Tensor, layers, cache: DynamicCache | None, cache_layer: int) -> torch.Tensor:
+    """Run decoder `layers` of `target`'s architecture on (B, T, d) hidden states that continue `cache`.
+
+    What LlamaModel.forward does for its layers: positions follow the cache length of `cache_layer` (the
+    first layer run), the causal mask is sized against that layer (layers hold different lengths here),
+    and rotary embeddings come from the target's `rotary_emb`.
+    """
+    past = cache.get_seq_length(cache_layer) if cache is not None else 0
+    position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device).unsqueeze(0)
+    mask = create_causal_mask(config=target.config, inputs_embeds=hidden, attention_mask=None,
+                              past_key_values=cache, position_ids=position_ids, layer_idx=cache_layer)
+    rope = target.model.rotary_emb(hidden, position_ids=position_ids)
+    for layer in layers:
+        hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                       use_cache=cache is not None, position_embeddings=rope)
+    return hidden
+
+
+def first_layers_hidden(target, input_ids: torch.Tensor, num_layers: int, cache: DynamicCache | None = None):
+    """H^N: the target's residual stream after its first N layers (= output_hidden_states[N])."""
+    embeds = target.model.embed_tokens(input_ids)
+    return run_layers(target, embeds, target.model.layers[:num_layers], cache, cache_layer=0)
+
+
+def find_head(ref: str, artifacts_dir, model_name: str, settings: dict) -> Path:
+    """The newest complete `<ref>` / `<ref>-<model>-*` artifact whose head has `settings` (N, exit layer, head)."""
+    from specrepro.training.artifacts import METADATA, find_artifact
+
+    root = Path(artifacts_dir)
+    exact = find_artifact(ref, root)
+    candidates = [exact] if exact is not None and not exact.name.startswith(f"{ref}-{model_name}-") else []
+    if "/" not in ref:
+        candidates += sorted((p for p in root.glob(f"{ref}-{model_name}-*") if (p / METADATA).is_file()),
+                             key=lambda p: (p / METADATA).stat().st_mtime, reverse=True)
+    for path in candidates:
+        meta = path / "eesd_head.json"
+        if meta.is_file() and all(json.loads(meta.read_text())[k] == v for k, v in settings.items()):
+            return path
+    raise SpecReproError(
+        f"no eesd head artifact '{ref}' for model {model_name} with {settings} under {root}: train one with "
+        f"`specrepro train method=eesd model={model_name} method.num_layers={settings['num_layers']} "
+        f"method.exit_layer={settings['exit_layer']} method.shared_head={settings['shared_head']}`, or use method.head=none"
+    )
+
+
+class EESDDecoder(DraftVerifyDecoder):
+    name = "eesd"
+
+    def __init__(self, model, tokenizer, head: EarlyExitHead, cfg: EESDConfig):
+        super().__init__(model, tokenizer)
+        if cfg.control not in CONTROLS:
+            raise SpecReproError(f"eesd control '{cfg.control}' is not one of {', '.join(CONTROLS)}")
+        if cfg.k < 1 or cfg.k_max < 1:
+            raise SpecReproError(f"eesd needs k >= 1 and k_max >= 1, got k={cfg.k}, k_max={cfg.k_max}")
+        if cfg.control == "cali_ts" and cfg.cali_mode != "sampling" and head.calibration is None:
+            raise SpecReproError("eesd control=cali_ts needs a head artifact trained with its calibration predictor "
+                                 "(training.calibration.sequences > 0), or method.cali_mode=sampling")
+        self.head, self.cfg = head, cfg
+
+    @classmethod
+    def from_config(cls, cfg: EESDConfig, target, ctx) -> "EESDDecoder":
+        settings = {"num_layers": cfg.num_layers, "exit_layer": cfg.exit_layer, "shared_head": cfg.shared_head}
+        if cfg.head == "none":
+            head = EarlyExitHead(target.model, **settings).eval()
+            if cfg.control == "cali_ts":
+                head.calibration = CalibrationPredictor(target.model.config.hidden_size)  # theta_M = 0.5
+            p = next(target.model.parameters())
+            head = head.to(device=p.device, dtype=p.dtype)
+        else:
+            head = EarlyExitHead.from_pretrained(find_head(cfg.head, ctx.artifacts_dir, target.name, settings), target.model)
+        return cls(target.model, target.tokenizer, head, cfg)
+
+    def new_controller(self) -> DraftLengthController:
+        cfg, rng = self.cfg, np.random.default_rng(self.cfg.control_seed)
+        if cfg.control == "fixed":
+            return FixedLength(cfg.k)
+        if cfg.control == "beta_ts":
+            return BetaTS(cfg.beta_alpha0, cfg.beta_beta0, cfg.k_max, rng, cfg.beta_counting)
+        return CaliTS(cfg.sigma_m, cfg.sigma_s, cfg.theta0, cfg.k_max, rng, cfg.cali_mode, cfg.theta_update)
+
+    def target_forward(self, input_ids, cache, logits_to_keep: int = 0):
+        """The full target on [last token, drafts], reusing the layer 0..N-1 rows the draft already computed."""
+        n = self.head.num_layers
+        self.cache, self.verify_start = cache, cache.get_seq_length(n)
+        reused = cache.get_seq_length(0) - self.verify_start  # inputs the draft already ran through layers < N
+        fresh = first_layers_hidden(self.model, input_ids[:, reused:], n, cache)
+        self.hidden_n = torch.cat([self.drafted_hidden_n, fresh], 1) if reused else fresh
+        final = self.model.model.norm(run_layers(self.model, self.hidden_n, self.model.model.layers[n:], cache, n))
+        self.final_hidden = final[0]
+        logits = self.model.lm_head(final[:, -logits_to_keep:] if logits_to_keep else final)
+        return CausalLMOutputWithPast(logits=logits)
+
+    def start(self, prompt_ids):
+        # after the prefill: the exit layer has not seen the prompt yet; it catches up in the first proposal
+        self.exit_cache = DynamicCache()
+        self.pending = self.hidden_n  # layer-N rows the exit layer has not consumed, ending at the last committed position
+        self.target_hidden = self.final_hidden[-1]  # H_t^(T) of Eq. 5: the row that produced the last token
+
+    def propose(self, tokens, k, sampling: Sampling, rng, controller):
+        x, drafts, qs, rows = tokens[:, -1:], [], [], []
+        for i in range(1, k + 1):
+            hidden_n = first_layers_hidden(self.model, x, self.head.num_layers, self.cache)
+            rows.append(hidden_n)
+            exit_input = torch.cat([self.pending, hidden_n], 1)
+            self.pending = exit_input[:, :0]
+            z = self.head.hidden(exit_input, self.exit_cache)[0, -1]
+            logits = self.head.logits(z)
+            q = probs(logits, sampling)
+            token = logits.argmax(-1) if sampling.greedy else sample(q, rng)
+            drafts.append(token)
+            qs.append(q)
+            if i == k:
+                break
+            extra = {}
+            if isinstance(controller, CaliTS) and controller.needs_model_prediction:
+                extra["theta_model"] = self.head.calibration.keep_probability(self.target_hidden, z, i)
+            if not controller.keep_drafting(float(logits.softmax(-1).max()), **extra):
+                break
+            x = token.view(1, 1)
+        self.drafted_hidden_n = torch.cat(rows, 1)
+        return torch.stack(drafts), (None if sampling.greedy else torch.stack(qs))
+
+    def after_verify(self, tokens, n_accepted):
+        committed = tokens.shape[1] - 1  # positions that keep KV; the last committed token is fed next round
+        exit_len = min(self.exit_cache.get_seq_length() if self.head.layer is not None else committed, committed)
+        crop_cache(self.exit_cache, exit_len)
+        # layer-N rows known for positions [known_start, ...): unconsumed pending rows, then this verification's
+        known = torch.cat([self.pending, self.hidden_n], 1)
+        known_start = self.verify_start - self.pending.shape[1]
+        self.pending = known[:, exit_len - known_start : committed - known_start]
+        self.target_hidden = self.final_hidden[min(committed - 1 - self.verify_start, len(self.final_hidden) - 1)]

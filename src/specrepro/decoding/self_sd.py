@@ -1,0 +1,216 @@
+"""`self_sd`: Draft & Verify (Zhang et al., ACL 2024; seed 002), self-speculative decoding.
+
+The target drafts for itself by skipping a fixed set of attention and MLP sub-layers (chosen offline by
+`specrepro train method=self_sd`, a Bayesian optimisation of tokens/s); the full model verifies the draft in
+one forward through the shared loop (greedy: Alg. 2/3; speculative sampling with q = the warped draft
+distribution: Alg. 4). Drafting stops early when the draft's top-1 probability falls below an adaptive
+threshold gamma (§3.4, Eq. 2-4; `controllers.AdaptiveDraftExit`), or drafts a fixed K (`control=fixed`).
+
+Sub-layers are skipped without copying modeling code: inside `skipped_sublayers` a skipped sub-layer's
+`forward` (and its pre-norm's) is replaced by one that leaves the residual stream unchanged, as the
+official code does (a skipped sub-layer bypasses its RMSNorm too).
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+
+from specrepro.config import MethodConfig, register_method_schema
+from specrepro.decoding.controllers import AdaptiveDraftExit, DraftLengthController, FixedLength
+from specrepro.decoding.draft_verify import DraftVerifyDecoder
+from specrepro.decoding.sampling import Sampling, probs, sample
+from specrepro.decoding.verify import crop_cache
+from specrepro.errors import SpecReproError
+
+SKIP_SET_FILE = "skip_set.json"
+
+
+@register_method_schema("self_sd")
+@dataclass
+class SelfSDConfig(MethodConfig):
+    name: str = "self_sd"
+    skip_set: Optional[str] = None  # artifact of `specrepro train method=self_sd` (name, prefix or path)
+    attn_skip: List[int] = field(default_factory=list)  # explicit skipped attention sub-layers (0-based blocks);
+    mlp_skip: List[int] = field(default_factory=list)  # when either list is given, `skip_set` is not read
+    control: str = "adaptive"  # adaptive (draft exit at gamma, §3.4) | fixed (always k drafts, Table 3)
+    k: int = 12  # max draft tokens K (adaptive) or the draft length (fixed); Table 6: 12
+    gamma0: float = 0.6  # Table 6 / App. B
+    alpha: float = 0.9  # target acceptance rate; Table 6: 0.70-0.90 (0.90 for LLaMA-2-13B on CNN/DM)
+    epsilon: float = 0.01
+    beta1: float = 0.5
+    beta2: float = 0.9
+    carry_gamma: bool = True  # gamma carries over from one generation to the next (official code, Fig. 5)
+
+
+@dataclass
+class SkipSet:
+    """Skipped sub-layers of one model, with the search that found them; `save_pretrained` writes skip_set.json."""
+
+    attn_skip: list[int]
+    mlp_skip: list[int]
+    num_layers: int
+    info: dict = field(default_factory=dict)  # search kind, best objective, objective history
+
+    def save_pretrained(self, path) -> None:
+        content = {"attn_skip": self.attn_skip, "mlp_skip": self.mlp_skip, "num_layers": self.num_layers, **self.info}
+        (Path(path) / SKIP_SET_FILE).write_text(json.dumps(content, indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, path) -> "SkipSet":
+        file = Path(path) / SKIP_SET_FILE
+        if not file.is_file():
+            raise SpecReproError(f"{path} holds no {SKIP_SET_FILE}: not a self_sd skip-set artifact")
+        content = json.loads(file.read_text())
+        info = {k: v for k, v in content.items() if k not in ("attn_skip", "mlp_skip", "num_layers")}
+        return cls(content["attn_skip"], content["mlp_skip"], content["num_layers"], info)
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The decoder blocks of a LLaMA-family model (pre-norm blocks with self_attn and mlp sub-layers)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    parts = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+    if layers is None or not all(hasattr(layer, part) for layer in layers for part in parts):
+        raise SpecReproError(f"self_sd needs a LLaMA-family model (model.layers[i].{{{', '.join(parts)}}}); "
+                             f"got {type(model).__name__}")
+    return layers
+
+
+def _unchanged(hidden_states, *args, **kwargs):
+    return hidden_states
+
+
+def _no_attention(hidden_states, *args, **kwargs):
+    # LlamaAttention returns (attn_output, attn_weights); the block adds attn_output to the residual
+    return torch.zeros_like(hidden_states), None
+
+
+def _no_mlp(x):
+    return torch.zeros_like(x)
+
+
+@contextmanager
+def skipped_sublayers(model, attn_skip, mlp_skip):
+    """Run `model` with the given attention / MLP sub-layers as identities on the residual stream.
+
+    A block with both sub-layers skipped returns its input; a skipped attention writes no KV entry. The
+    original forwards are restored on exit, also after an exception.
+    """
+    layers = decoder_layers(model)
+    attn_skip, mlp_skip = set(attn_skip), set(mlp_skip)
+    patches = []  # (module, its previous instance-level forward or None)
+
+    def patch(module, forward):
+        patches.append((module, module.__dict__.get("forward")))
+        module.forward = forward
+
+    try:
+        for index in sorted(attn_skip | mlp_skip):
+            layer = layers[index]
+            if index in attn_skip and index in mlp_skip:
+                patch(layer, _unchanged)
+            elif index in attn_skip:
+                patch(layer.input_layernorm, _unchanged)
+                patch(layer.self_attn, _no_attention)
+            else:
+                patch(layer.post_attention_layernorm, _unchanged)
+                patch(layer.mlp, _no_mlp)
+        yield
+    finally:
+        for module, previous in reversed(patches):
+            del module.forward
+            if previous is not None:
+                module.forward = previous
+
+
+def check_skip_set(attn_skip, mlp_skip, num_layers: int) -> None:
+    for kind, indices in (("attn_skip", attn_skip), ("mlp_skip", mlp_skip)):
+        bad = [i for i in indices if not 0 <= i < num_layers]
+        if bad:
+            raise SpecReproError(f"self_sd {kind} holds {bad}: the model has blocks 0..{num_layers - 1}")
+
+
+class SelfSDDecoder(DraftVerifyDecoder):
+    name = "self_sd"
+
+    def __init__(self, model, tokenizer, attn_skip, mlp_skip, cfg: SelfSDConfig):
+        super().__init__(model, tokenizer)
+        self.num_layers = len(decoder_layers(model))
+        check_skip_set(attn_skip, mlp_skip, self.num_layers)
+        if model.config._attn_implementation == "eager":
+            # with layers holding different lengths, only a kernel that needs no mask for one query works
+            raise SpecReproError("self_sd drafting needs sdpa or flash attention, not eager")
+        if cfg.control not in ("adaptive", "fixed"):
+            raise SpecReproError(f"self_sd control '{cfg.control}' is not one of adaptive, fixed")
+        if cfg.k < 1:
+            raise SpecReproError(f"self_sd k must be at least 1, got {cfg.k}")
+        self.attn_skip, self.mlp_skip = sorted(set(attn_skip)), sorted(set(mlp_skip))
+        self.cfg = cfg
+        self.gamma = cfg.gamma0  # carried across generations when cfg.carry_gamma
+        self.controller: DraftLengthController | None = None
+        self.cache = None
+
+    @classmethod
+    def from_config(cls, cfg: SelfSDConfig, target, ctx) -> "SelfSDDecoder":
+        attn_skip, mlp_skip = list(cfg.attn_skip), list(cfg.mlp_skip)
+        if not attn_skip and not mlp_skip:
+            if cfg.skip_set is None:
+                raise SpecReproError("self_sd needs a skip set: method.skip_set=<artifact> or "
+                                     "method.attn_skip=[...] method.mlp_skip=[...]")
+            from specrepro.models.loading import resolve_artifact
+
+            skip_set = SkipSet.from_pretrained(resolve_artifact(cfg.skip_set, ctx.artifacts_dir))
+            if skip_set.num_layers != len(decoder_layers(target.model)):
+                raise SpecReproError(f"skip set '{cfg.skip_set}' was searched for {skip_set.num_layers} blocks; "
+                                     f"model '{target.name}' has {len(decoder_layers(target.model))}")
+            attn_skip, mlp_skip = skip_set.attn_skip, skip_set.mlp_skip
+        return cls(target.model, target.tokenizer, attn_skip, mlp_skip, cfg)
+
+    def new_controller(self) -> DraftLengthController:
+        if isinstance(self.controller, AdaptiveDraftExit) and self.cfg.carry_gamma:
+            self.gamma = self.controller.gamma
+        if self.cfg.control == "fixed":
+            self.controller = FixedLength(self.cfg.k)
+        else:
+            c = self.cfg
+            self.controller = AdaptiveDraftExit(c.k, self.gamma, c.alpha, c.epsilon, c.beta1, c.beta2)
+        return self.controller
+
+    def target_forward(self, input_ids, cache, logits_to_keep=0):
+        self.cache = cache  # the verified cache, which `propose` drafts on
+        return super().target_forward(input_ids, cache, logits_to_keep)
+
+    def propose(self, tokens, k, sampling: Sampling, rng, controller):
+        # KV cache (note §2.5): the draft reads the full model's K/V of the verified prefix, and its
+        # non-skipped attention layers append K/V computed from draft hidden states, which later draft steps
+        # attend to; skipped attention layers write nothing, so layers hold different lengths while drafting
+        # (positions are therefore given explicitly: get_seq_length() reads layer 0). Those draft K/V are not
+        # the full model's, so they must not survive: the cache is cropped back to the verified length after
+        # drafting and the verify pass recomputes every layer for [last token, drafts], as the official code
+        # does (it drafts on a copy and verifies on the pre-draft cache).
+        verified = tokens.shape[1] - 1  # the cache holds every committed token but the last
+        step_input = tokens[:, -1:]
+        drafts, qs = [], []
+        with skipped_sublayers(self.model, self.attn_skip, self.mlp_skip):
+            for step in range(k):
+                position = torch.full((1, 1), verified + step, dtype=torch.long, device=tokens.device)
+                logits = self.model(step_input, past_key_values=self.cache, position_ids=position,
+                                    logits_to_keep=1).logits[0, -1]
+                if sampling.greedy:
+                    token = logits.argmax(-1)
+                else:
+                    q = probs(logits, sampling)  # Alg. 4: sample from the warped draft distribution
+                    token = sample(q, rng)
+                    qs.append(q)
+                drafts.append(token)
+                step_input = token.view(1, 1)
+                # Alg. 3/4: exit after a token whose max draft probability is below gamma (the token is kept)
+                if not controller.keep_drafting(float(logits.float().softmax(-1).max())):
+                    break
+        crop_cache(self.cache, verified)
+        return torch.stack(drafts), (torch.stack(qs) if qs else None)

@@ -1,0 +1,238 @@
+"""`specrepro table NAME`: regenerate a paper's table from run records, "paper" and "here" side by side.
+
+A table spec is a small YAML file, `experiments/tables/<NAME>.yaml` (see the ones there):
+
+    paper: eesd                      # output goes to <results dir>/<paper>/<NAME>.md and .csv
+    title: "Table 1: GSM8K and XSum"
+    source: "/work/shared/notes/003_EESD.md, Table 1 (LLaMA-2-13B rows)"   # where the paper numbers come from
+    select: {model: smollm2_135m}    # every cell's runs match this
+    row_header: [Method]             # the row label columns
+    rows:                            # label(s) + selector; paper numbers per column label
+      - {label: [Vanilla SD], select: {method: sps}, paper: {GSM8K HM: 82.49, GSM8K Speedup: 1.19}}
+    columns:                         # label, metric key in metrics.json, optional selector, format, scale
+      - {label: GSM8K HM, key: hm, select: {dataset: gsm8k}, fmt: "{:.2f}"}
+
+A selector maps keys to wanted values (a list = any of them); a key is a metrics.json key (method,
+model, dataset, decoding, ...) or a dotted path in the run's config.yaml (method.num_pred_tokens,
+dataset.limit, ...). A cell shows the newest complete run matching table, row and column selectors; the
+`runs` column names every run behind the row, as footnotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import yaml
+
+from specrepro.errors import SpecReproError
+
+TABLES_DIR = Path(__file__).resolve().parents[2] / "experiments" / "tables"
+MISSING_CELL = "–"
+
+
+@dataclass
+class Column:
+    label: str
+    key: str
+    select: dict = field(default_factory=dict)
+    fmt: str = "{:.2f}"
+    scale: float = 1.0  # multiplies our value, e.g. 100 for a fraction the paper prints in percent
+
+
+@dataclass
+class Row:
+    label: list[str]
+    select: dict = field(default_factory=dict)
+    paper: dict = field(default_factory=dict)  # column label -> the paper's number (or text, as printed)
+
+
+@dataclass
+class TableSpec:
+    name: str
+    paper: str
+    title: str
+    source: str
+    row_header: list[str]
+    rows: list[Row]
+    columns: list[Column]
+    select: dict = field(default_factory=dict)
+    note: str = ""
+
+    @classmethod
+    def load(cls, name: str, tables_dir: Path = TABLES_DIR) -> "TableSpec":
+        path = tables_dir / f"{name}.yaml"
+        if not path.is_file():
+            known = ", ".join(sorted(p.stem for p in tables_dir.glob("*.yaml"))) or "none"
+            raise SpecReproError(f"no table spec '{name}' ({path} does not exist; known: {known})")
+        raw = yaml.safe_load(path.read_text())
+        rows = [Row(label=[str(v) for v in _as_list(r["label"])], select=r.get("select", {}), paper=r.get("paper", {}))
+                for r in raw["rows"]]
+        return cls(name=name, paper=raw["paper"], title=raw["title"], source=raw.get("source", ""),
+                   row_header=list(raw.get("row_header", ["Row"])), rows=rows,
+                   columns=[Column(**c) for c in raw["columns"]], select=raw.get("select", {}),
+                   note=raw.get("note", ""))
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+# ---- run records ----
+
+@dataclass
+class RunInfo:
+    name: str
+    metrics: dict
+    config: dict
+    order: float  # newer runs sort later (file mtime locally, creation time on W&B)
+
+
+def local_runs(results_dir: str | Path) -> list[RunInfo]:
+    """Complete runs under `<results dir>/runs/`."""
+    runs = []
+    for metrics_path in sorted(Path(results_dir).glob("runs/*/metrics.json")):
+        try:
+            metrics = json.loads(metrics_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not metrics.get("complete"):
+            continue
+        config_path = metrics_path.parent / "config.yaml"
+        config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
+        runs.append(RunInfo(metrics_path.parent.name, metrics, config, metrics_path.stat().st_mtime))
+    return runs
+
+
+def wandb_runs(project: str, entity: str | None, group: str | None) -> list[RunInfo]:
+    """Finished runs of a W&B project (optionally one sweep group), through the public API."""
+    from specrepro.tracking import wandb_mode
+
+    if wandb_mode(SimpleNamespace(mode=None)) != "online":
+        raise SpecReproError("--source wandb needs W&B online (wandb login or WANDB_API_KEY); "
+                             "use --source local for the records under results/runs")
+    import wandb
+
+    try:
+        api = wandb.Api()
+        path = f"{entity or api.default_entity}/{project}"
+        found = api.runs(path, filters={"group": group} if group else {})
+        runs = []
+        for run in found:
+            summary = dict(run.summary)
+            if summary.get("complete", True) and "run_name" in summary:
+                runs.append(RunInfo(run.name, summary, dict(run.config), float(run.summary.get("_timestamp", 0))))
+    except Exception as exc:  # the API raises many types; the user needs one line
+        raise SpecReproError(f"W&B API: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    return runs
+
+
+def _lookup(run: RunInfo, key: str):
+    if key in run.metrics:
+        return run.metrics[key]
+    node = run.config
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _matches(run: RunInfo, select: dict) -> bool:
+    return all(str(_lookup(run, key)) in {str(v) for v in _as_list(wanted)} for key, wanted in select.items())
+
+
+# ---- the table ----
+
+def _format(value, column: Column, scale: float = 1.0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return MISSING_CELL
+    if isinstance(value, str):
+        return value
+    return column.fmt.format(value * scale)
+
+
+def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[list[str]], list[str]]:
+    """(header, body rows, footnotes): per column a "paper" and a "here" cell; a `runs` column of footnote marks."""
+    header = [*spec.row_header]
+    for column in spec.columns:
+        header += [f"{column.label} (paper)", f"{column.label} (here)"]
+    header.append("runs")
+    footnotes: list[str] = []
+    body = []
+    for row in spec.rows:
+        cells = list(row.label) + [""] * (len(spec.row_header) - len(row.label))
+        used: list[str] = []
+        for column in spec.columns:
+            candidates = [r for r in runs if _matches(r, {**spec.select, **row.select, **column.select})]
+            run = max(candidates, key=lambda r: (r.order, r.name)) if candidates else None
+            value = _lookup(run, column.key) if run else None
+            if run is not None and value is not None and run.name not in used:
+                used.append(run.name)
+            cells += [_format(row.paper.get(column.label), column), _format(value, column, column.scale)]
+        marks = []
+        for name in used:
+            if name not in footnotes:
+                footnotes.append(name)
+            marks.append(f"[{footnotes.index(name) + 1}]")
+        body.append(cells + [" ".join(marks) or MISSING_CELL])
+    return header, body, footnotes
+
+
+def render_markdown(spec: TableSpec, header, body, footnotes) -> str:
+    lines = [f"# {spec.title}", ""]
+    if spec.source:
+        lines += [f"Paper numbers: {spec.source}.", ""]
+    if spec.note:
+        lines += [spec.note.strip(), ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    lines += ["", f"Regenerate: `specrepro table {spec.name}`. {MISSING_CELL} = no number (not in the paper, or no run yet).",
+              "", "Runs:", ""]
+    lines += [f"{i}. `{name}`" for i, name in enumerate(footnotes, 1)] or ["(none)"]
+    return "\n".join(lines) + "\n"
+
+
+def render_csv(header, body, footnotes) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    for row in body:
+        names = [footnotes[int(mark.strip("[]")) - 1] for mark in row[-1].split() if mark.startswith("[")]
+        writer.writerow(row[:-1] + [";".join(names)])
+    return out.getvalue()
+
+
+def write_table(name: str, results_dir: str | Path = "results", source: str = "local", project: str = "specrepro",
+                entity: str | None = None, group: str | None = None, tables_dir: Path = TABLES_DIR) -> Path:
+    """Regenerate table NAME into `<results dir>/<paper>/<NAME>.md` and `.csv`; return the .md path."""
+    spec = TableSpec.load(name, tables_dir)
+    runs = local_runs(results_dir) if source == "local" else wandb_runs(project, entity, group)
+    header, body, footnotes = build_table(spec, runs)
+    out_dir = Path(results_dir) / spec.paper
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md_path = out_dir / f"{name}.md"
+    md_path.write_text(render_markdown(spec, header, body, footnotes))
+    (out_dir / f"{name}.csv").write_text(render_csv(header, body, footnotes))
+    return md_path
+
+
+def main(args: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="specrepro table", description="Regenerate a paper table from run records.")
+    parser.add_argument("name", help=f"a table spec in {TABLES_DIR} (without .yaml)")
+    parser.add_argument("--results-dir", default="results", help="where the run records are (<dir>/runs) and the table goes")
+    parser.add_argument("--source", choices=("local", "wandb"), default="local",
+                        help="local run records, or W&B runs through its public API (online only)")
+    parser.add_argument("--project", default="specrepro", help="W&B project (--source wandb)")
+    parser.add_argument("--entity", default=None, help="W&B entity (--source wandb; default: yours)")
+    parser.add_argument("--group", default=None, help="W&B group, e.g. one sweep (--source wandb)")
+    opts = parser.parse_args(args)
+    path = write_table(opts.name, opts.results_dir, opts.source, opts.project, opts.entity, opts.group)
+    print(path.read_text())
+    print(f"wrote {path} and {path.with_suffix('.csv')}")

@@ -1,0 +1,182 @@
+"""The skip set of `self_sd`: Bayesian optimisation of the draft's skipped sub-layers (Draft & Verify, 002 §3.3).
+
+z in {0,1}^{2L} (L attention + L MLP sub-layers, L = the model's own depth) is relaxed to [0,1]^{2L} and
+thresholded (0.5, as in the official `searching.py`); variables 0..L-1 are attention, L..2L-1 MLP. The
+objective, maximised, is the decode throughput of greedy self_sd on a few development prompts: generated
+tokens / (draft + verify time), the inverse of the paper's "average inference time per verified token"
+(`objective=tokens_per_s`); by default it is divided by ar's throughput on the same prompts timed right
+before (`paired_speedup`): on a shared machine the load drifts during a search, and raw timings then
+reward whichever sets ran while the machine was quiet. Prefill is the full model whatever the skip set,
+so it is computed once per prompt and left out of the objective. `search=random` draws the same number of
+uniform points (each sub-layer skipped with probability 1 - threshold) for the ablation. No constraint on
+the sets: skipping nothing or nearly everything scores low on its own (no cheaper draft, or no accepted
+drafts), which is the paper's argument for this objective.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Dict, Optional
+
+import numpy as np
+from tqdm import tqdm
+
+from specrepro.data.config import DatasetConfig
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.self_sd import SelfSDConfig, SelfSDDecoder, SkipSet, decoder_layers
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SelfSDSearchConfig:
+    component: str = "self_sd_skip_set"
+    search: str = "bayes"  # bayes (GP + UCB, bayesian-optimization) | random (the same number of uniform points)
+    iterations: int = 200  # objective evaluations in all (paper: 1000; App. E: 200 already gives most of it)
+    init_points: int = 10  # random points before the GP proposes (bayes)
+    seed: int = 1  # official code: random_state=1
+    kappa: float = 2.576  # UCB exploration (the library's default)
+    gp_alpha: float = 1e-2  # GP noise term for noisy timings (official code)
+    threshold: float = 0.5
+    # tokens_per_s: the paper's objective (decode tokens/s); paired_speedup: that throughput over ar's, timed on
+    # the same prompts right before each evaluation, so a shared machine's load drift cancels out
+    objective: str = "paired_speedup"
+    prompts: Dict[str, DatasetConfig] = field(default_factory=dict)  # development prompt sets
+    dev_records: int = 4  # per set, taken from the END of the file (evaluation runs take records from the start)
+    max_prompt_tokens: Optional[int] = None  # keep only the last tokens of each prompt; null = whole prompt
+    max_new_tokens: int = 32
+    decoder: SelfSDConfig = field(default_factory=SelfSDConfig)  # draft control during the search
+
+
+def dev_prompts(spec: SelfSDSearchConfig, tokenizer) -> list[list[int]]:
+    """Token ids of the last `dev_records` records of every prompt set."""
+    from specrepro.data import load_records, render_prompt
+
+    prompts = []
+    for dataset_cfg in spec.prompts.values():
+        for record in load_records(dataset_cfg)[-spec.dev_records:]:
+            ids = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
+            prompts.append(ids[-spec.max_prompt_tokens:] if spec.max_prompt_tokens else ids)
+    return prompts
+
+
+class PrefilledSelfSD(SelfSDDecoder):
+    """The self_sd loop with each prompt's prefill computed once and copied into the cache afterwards."""
+
+    def __init__(self, *args, prefills: dict, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.prefills = prefills
+
+    def target_forward(self, input_ids, cache, logits_to_keep=0):
+        if cache.get_seq_length() > 0:
+            return super().target_forward(input_ids, cache, logits_to_keep)
+        key = tuple(input_ids[0].tolist())
+        if key not in self.prefills:
+            logits = super().target_forward(input_ids, cache, logits_to_keep).logits
+            self.prefills[key] = (logits, [(layer.keys, layer.values) for layer in cache.layers])
+        else:
+            self.cache = cache
+            logits, kv = self.prefills[key]
+            for index, (keys, values) in enumerate(kv):
+                cache.update(keys, values, index)
+        return SimpleNamespace(logits=logits)
+
+
+def decode_throughput(decoder, prompts, max_new_tokens: int) -> tuple[float, dict]:
+    """Generated tokens after the first / (draft + verify seconds) over greedy generations of all prompts."""
+    tokens = seconds = drafted = accepted = steps = 0
+    for ids in prompts:
+        gen = decoder.generate(ids, Sampling(), max_new_tokens)
+        tokens += len(gen.token_ids) - 1
+        seconds += gen.draft_time + gen.verify_time
+        drafted += sum(gen.drafted)
+        accepted += sum(gen.accepted) - len(gen.accepted)  # draft tokens kept (bonus/correction excluded)
+        steps += gen.steps
+    return tokens / seconds, {"accept_rate": accepted / max(drafted, 1), "mat": tokens / max(steps, 1)}
+
+
+def to_skip_set(params: dict, num_layers: int, threshold: float) -> tuple[list[int], list[int]]:
+    """Variables x0..x{L-1} (attention) and x{L}..x{2L-1} (MLP) above the threshold are skipped."""
+    values = [params[f"x{i:03d}"] for i in range(2 * num_layers)]
+    attn = [i for i in range(num_layers) if values[i] > threshold]
+    mlp = [i for i in range(num_layers) if values[num_layers + i] > threshold]
+    return attn, mlp
+
+
+def train_self_sd_skip_set(cfg, target, work_dir, log_metrics, device):
+    """Search the skip set; returns (SkipSet, metrics, per-iteration history)."""
+    from bayes_opt import BayesianOptimization
+    from bayes_opt.acquisition import UpperConfidenceBound
+
+    spec = cfg.training
+    if spec.search not in ("bayes", "random"):
+        raise ValueError(f"self_sd search '{spec.search}' is not one of bayes, random")
+    if spec.objective not in ("tokens_per_s", "paired_speedup"):
+        raise ValueError(f"self_sd search objective '{spec.objective}' is not one of tokens_per_s, paired_speedup")
+    num_layers = len(decoder_layers(target.model))
+    prompts = dev_prompts(spec, target.tokenizer)
+    prefills: dict = {}
+    ar = ARDecoder(target.model, target.tokenizer)
+
+    def objective(params: dict) -> tuple[float, dict]:
+        attn, mlp = to_skip_set(params, num_layers, spec.threshold)
+        decoder = PrefilledSelfSD(target.model, target.tokenizer, attn, mlp, spec.decoder, prefills=prefills)
+        ar_now = decode_throughput(ar, prompts, spec.max_new_tokens)[0] if spec.objective == "paired_speedup" else None
+        tps, stats = decode_throughput(decoder, prompts, spec.max_new_tokens)
+        stats["tokens_per_s"] = tps
+        if ar_now is not None:
+            stats["ar_tokens_per_s"] = ar_now
+        return (tps / ar_now if ar_now else tps), stats
+
+    bounds = {f"x{i:03d}": (0.0, 1.0) for i in range(2 * num_layers)}
+    optimizer = BayesianOptimization(f=None, pbounds=bounds, acquisition_function=UpperConfidenceBound(kappa=spec.kappa),
+                                     random_state=spec.seed, verbose=0, allow_duplicate_points=True)
+    optimizer.set_gp_params(alpha=spec.gp_alpha)
+    uniform = np.random.RandomState(spec.seed)
+    objective(optimizer.random_sample(1)[0])  # untimed: fills the prefill cache, warms kernels up
+    ar_tps, _ = decode_throughput(ar, prompts, spec.max_new_tokens)
+    log.info("ar on %d development prompts: %.2f tokens/s", len(prompts), ar_tps)
+
+    history, best = [], None
+    start = time.perf_counter()
+    bar = tqdm(range(spec.iterations), desc=f"self_sd skip-set search ({spec.search})", unit="eval")
+    for iteration in bar:
+        if spec.search == "random":
+            params = {name: float(uniform.uniform()) for name in bounds}
+        elif iteration < spec.init_points:
+            params = optimizer.random_sample(1)[0]
+        else:
+            params = optimizer.suggest()
+        value, stats = objective(params)
+        if spec.search == "bayes":
+            optimizer.register(params=params, target=value)
+        attn, mlp = to_skip_set(params, num_layers, spec.threshold)
+        row = {"iteration": iteration, "objective": value, **stats,
+               "speedup_vs_ar": stats.get("ar_tokens_per_s") and stats["tokens_per_s"] / stats["ar_tokens_per_s"],
+               "n_attn_skipped": len(attn), "n_mlp_skipped": len(mlp), "attn_skip": attn, "mlp_skip": mlp,
+               "elapsed_s": time.perf_counter() - start}
+        if row["speedup_vs_ar"] is None:  # tokens_per_s objective: against ar's throughput at the start
+            row["speedup_vs_ar"] = stats["tokens_per_s"] / ar_tps
+        history.append(row)
+        if best is None or value > best["objective"]:
+            best = row
+        log_metrics({k: v for k, v in row.items() if not isinstance(v, list)} | {"best_objective": best["objective"]},
+                    iteration)
+        bar.set_postfix(objective=f"{value:.2f}", best=f"{best['objective']:.2f}")
+
+    metrics = {
+        "search": spec.search, "objective": spec.objective, "iterations": spec.iterations, "dev_prompts": len(prompts),
+        "ar_tokens_per_s": ar_tps, "best_objective": best["objective"], "best_tokens_per_s": best["tokens_per_s"],
+        "best_speedup_vs_ar": best["speedup_vs_ar"], "best_iteration": best["iteration"],
+        "best_accept_rate": best["accept_rate"], "best_mat": best["mat"],
+        "n_attn_skipped": best["n_attn_skipped"], "n_mlp_skipped": best["n_mlp_skipped"],
+        "search_seconds": time.perf_counter() - start,
+    }
+    info = {"search": spec.search, "metrics": metrics,
+            "history": [{k: row[k] for k in ("iteration", "objective", "tokens_per_s", "speedup_vs_ar", "accept_rate")}
+                        for row in history]}
+    return SkipSet(best["attn_skip"], best["mlp_skip"], num_layers, info), metrics, history

@@ -1,0 +1,179 @@
+"""EESD: lossless greedy decoding, the shared first-N layers, Thompson-sampling controllers, training via the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.controllers import BetaTS, CaliTS
+from specrepro.decoding.eesd import (CalibrationPredictor, EarlyExitHead, EESDConfig, EESDDecoder, find_head,
+                                     first_layers_hidden)
+from specrepro.decoding.sampling import Sampling
+from specrepro.errors import SpecReproError
+from tests.conftest import tiny_llama
+from tests.test_runner import run_dirs, specrepro
+
+GREEDY = Sampling()
+
+
+def eesd(target, num_layers, control="fixed", k=3, exit_layer=True, shared_head=False, **extra):
+    head = EarlyExitHead(target, num_layers, exit_layer, shared_head).eval()
+    head.calibration = CalibrationPredictor(target.config.hidden_size)
+    cfg = EESDConfig(num_layers=num_layers, control=control, k=k, exit_layer=exit_layer, shared_head=shared_head, **extra)
+    return EESDDecoder(target, None, head, cfg)
+
+
+@pytest.mark.parametrize("control", ["fixed", "beta_ts", "cali_ts"])
+def test_greedy_eesd_equals_ar_for_every_layer_count_length_and_controller(control):
+    target = tiny_llama(vocab_size=64, num_layers=4, logit_scale=3.0)
+    prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
+    reference = ARDecoder(target).generate(prompt, GREEDY, 32).token_ids
+    for num_layers, k, exit_layer, shared_head in ((1, 1, True, False), (2, 4, False, False), (3, 4, True, True), (3, 2, True, False)):
+        gen = eesd(target, num_layers, control, k, exit_layer, shared_head, k_max=6).generate(prompt, GREEDY, 32)
+        assert gen.token_ids == reference, (num_layers, k, exit_layer, shared_head)
+        assert sum(gen.drafted) > 0
+
+
+def test_draft_with_every_layer_but_the_last_is_the_target_itself():
+    # N = L - 1 and an untrained exit layer copied from layer L: the draft computes exactly the target
+    target = tiny_llama(vocab_size=64, num_layers=3)
+    prompt = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(0))
+    gen = eesd(target, 2, "fixed", k=4).generate(prompt, GREEDY, 31)
+    assert gen.token_ids == ARDecoder(target).generate(prompt, GREEDY, 31).token_ids
+    assert [a - 1 for a in gen.accepted] == gen.drafted  # every draft accepted
+
+
+def test_sampling_runs_through_speculative_verification():
+    target = tiny_llama(vocab_size=64, num_layers=3)
+    prompt = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(0))
+    gen = eesd(target, 1, "beta_ts").generate(prompt, Sampling(True, 0.8, 0, 1.0), 24, seed=1)
+    assert len(gen.token_ids) == 24 and all(0 <= t < 64 for t in gen.token_ids)
+
+
+def test_first_n_layer_hidden_states_equal_the_targets_own_with_and_without_the_shared_cache():
+    from transformers import DynamicCache
+
+    target = tiny_llama(vocab_size=64, num_layers=4)
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = target(ids, output_hidden_states=True).hidden_states
+        for n in (1, 2, 3):
+            torch.testing.assert_close(first_layers_hidden(target, ids, n), reference[n])
+            cache = DynamicCache(config=target.config)  # prefix in one chunk, then token by token, as when drafting
+            rows = [first_layers_hidden(target, ids[:, :7], n, cache)]
+            rows += [first_layers_hidden(target, ids[:, t : t + 1], n, cache) for t in range(7, 12)]
+            torch.testing.assert_close(torch.cat(rows, 1), reference[n], rtol=1e-5, atol=1e-5)
+            assert cache.get_seq_length(0) == 12 and cache.get_seq_length(n) == 0  # only the shared layers ran
+
+
+def test_beta_ts_posterior_counts_follow_each_reading_of_q_v():
+    rng = np.random.default_rng(0)
+    r1 = BetaTS(1.0, 1.0, 8, rng, "literal_R1")
+    r1.update(5, 2)  # r = a = 2, n = min(a + 2, k) = 4
+    assert (r1.alpha, r1.beta) == (3.0, 3.0)
+    r1.update(3, 3)  # all accepted: n = min(5, 3) = 3, no failure
+    assert (r1.alpha, r1.beta) == (6.0, 3.0)
+    r2 = BetaTS(1.0, 1.0, 8, rng, "literal_R2")
+    r2.update(5, 2)  # r = a - 1 = 1, n = min(a + 1, k) = 3
+    assert (r2.alpha, r2.beta) == (2.0, 3.0)
+    r2.update(3, 0)  # r = -1, n = 1: alpha falls, beta gains 2
+    assert (r2.alpha, r2.beta) == (1.0, 5.0)
+    clean = BetaTS(1.0, 1.0, 8, rng, "clean")
+    clean.update(5, 2)
+    clean.update(3, 3)
+    assert (clean.alpha, clean.beta) == (6.0, 2.0)
+    # each keep-drafting draw is marginally Bernoulli(alpha / (alpha + beta))
+    draws = [clean.keep_drafting(0.0) for _ in range(4000)]
+    assert abs(np.mean(draws) - 6 / 8) < 0.03
+    assert clean.next_length() == 8
+
+
+def test_cali_ts_posterior_and_theta_hat_updates_by_hand():
+    cali = CaliTS(sigma_m=0.2, sigma_s=0.5, theta0=0.5, k_max=8, rng=np.random.default_rng(0))
+    assert cali.posterior(0.9) == pytest.approx((0.9, 0.04))  # no verification yet: the model prior alone
+    cali.update(4, 2)  # 3 committed tokens, 2 of them drafts: theta_hat = (0.5 * 1 + 2) / (0 + 3 + 1)
+    assert (cali.theta_hat, cali.t, cali.n) == (pytest.approx(0.625), 3, 1)
+    mu, var = cali.posterior(0.9)  # Eqs. 6-7 with n = 1
+    assert mu == pytest.approx((0.25 * 0.9 + 0.04 * 0.625) / 0.29)
+    assert var == pytest.approx(0.04 * 0.25 / 0.29)
+    cali.update(3, 3)  # theta_hat = (0.625 * 4 + 3) / (3 + 4 + 1)
+    assert cali.theta_hat == pytest.approx(0.6875)
+    literal = CaliTS(0.2, 0.5, 0.5, 8, np.random.default_rng(0), theta_update="literal")
+    literal.update(4, 2)  # Eq. 8 as printed counts every committed token as a success
+    assert literal.theta_hat == pytest.approx((0.5 + 3) / 4)
+    model_only = CaliTS(0.2, 0.5, 0.5, 8, np.random.default_rng(0), mode="model")
+    model_only.update(4, 2)
+    assert model_only.posterior(0.3) == pytest.approx((0.3, 0.04))
+    sampling_only = CaliTS(0.2, 0.5, 0.5, 8, np.random.default_rng(0), mode="sampling")
+    sampling_only.update(4, 2)
+    assert sampling_only.posterior(None)[0] == pytest.approx(0.625)
+    assert not sampling_only.needs_model_prediction
+    always = CaliTS(1e-6, 0.5, 0.5, 8, np.random.default_rng(0), mode="model")
+    assert all(always.keep_drafting(0.0, theta_model=1.0) for _ in range(50))
+    assert not any(always.keep_drafting(0.0, theta_model=0.0) for _ in range(50))
+
+
+def test_head_with_predictor_round_trips_and_untrained_predictor_says_one_half(tmp_path):
+    target = tiny_llama(vocab_size=64, num_layers=3)
+    head = EarlyExitHead(target, 1)
+    head.calibration = CalibrationPredictor(target.config.hidden_size)
+    d = target.config.hidden_size
+    assert head.calibration.keep_probability(torch.randn(d), torch.randn(d), 12) == pytest.approx(0.5)
+    with torch.no_grad():
+        head.norm.weight.mul_(2.0)
+    head.save_pretrained(tmp_path)
+    loaded = EarlyExitHead.from_pretrained(tmp_path, target)
+    torch.testing.assert_close(loaded.norm.weight, head.norm.weight)
+    assert loaded.settings == {"num_layers": 1, "exit_layer": True, "shared_head": False}
+    assert loaded.calibration is not None
+    (tmp_path / "artifact.json").write_text("{}")
+    with pytest.raises(SpecReproError, match="no eesd head artifact"):
+        find_head(str(tmp_path), tmp_path.parent, "tiny", {"num_layers": 2, "exit_layer": True, "shared_head": False})
+
+
+def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_path):
+    small = ["model=tiny_random", "method=eesd", "method.num_layers=1", "logger=none", "hardware.threads=1"]
+    specrepro("train", *small, "training.prompts.gsm8k.limit=4", "training.prompts.sharegpt.limit=2",
+              "training.prompts.mbpp.limit=2", "training.continuation_tokens=8", "training.loop.steps=3",
+              "training.calibration.sequences=4", "training.calibration.loop.steps=3",
+              "training.calibration.loop.batch_size=16", cwd=tmp_path)
+    (artifact,) = (tmp_path / "results" / "artifacts").glob("eesd_head-tiny_random-*")
+    metrics = json.loads((artifact / "artifact.json").read_text())["metrics"]
+    assert {"heldout_top1_agreement_before", "heldout_top1_agreement_after", "calibration_examples"} <= set(metrics)
+    specrepro("run", "-m", *small, "method.control=fixed,cali_ts", "dataset=gsm8k", "dataset.limit=2",
+              "decoding.max_new_tokens=8", "timing.warmup_tokens=4", cwd=tmp_path)
+    runs = {k: json.loads((p / "metrics.json").read_text()) for k, p in run_dirs(tmp_path).items() if k.startswith("eesd:")}
+    assert len(runs) == 2
+    assert all(m["lossless"] == 1.0 and m["hm"] is not None for m in runs.values())
+    missing = specrepro("run", *small[:2], "method.num_layers=1", "method.exit_layer=false", "logger=none",
+                        "dataset=gsm8k", "dataset.limit=1", "decoding.max_new_tokens=4", cwd=tmp_path, check=False)
+    assert missing.returncode == 2 and "no eesd head artifact" in missing.stderr
+
+
+@pytest.mark.embedded
+def test_greedy_eesd_is_token_identical_to_ar_on_the_embedded_model(embedded):
+    tok = embedded.tokenizer
+    prompts = ["Question: A baker makes 24 rolls and sells 15. How many are left?\nAnswer:",
+               "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+               "The three primary colours are"]
+    head = EarlyExitHead(embedded.model, 3).eval()  # untrained: initialised from the target's last layer and head
+    decoder = EESDDecoder(embedded.model, tok, head, EESDConfig(num_layers=3, control="fixed", k=3))
+    ar = ARDecoder(embedded.model, tok)
+    for text in prompts:
+        ids = tok(text, return_tensors="pt").input_ids
+        assert decoder.generate(ids, GREEDY, 64).token_ids == ar.generate(ids, GREEDY, 64).token_ids
+
+
+def test_calibration_predictor_applies_the_position_map_of_each_draft_step():
+    predictor = CalibrationPredictor(8)
+    torch.manual_seed(0)
+    torch.nn.init.normal_(predictor.classifier.weight)
+    torch.nn.init.normal_(predictor.position_maps)
+    target_hidden, draft_hidden, steps = torch.randn(5, 8), torch.randn(5, 8), torch.tensor([1, 3, 10, 12, 2])
+    expected = torch.stack([predictor.classifier(torch.cat([predictor.position_maps[min(i, 10) - 1] @ target_hidden[b],
+                                                            draft_hidden[b]])) for b, i in enumerate(steps.tolist())])
+    torch.testing.assert_close(predictor(target_hidden, draft_hidden, steps), expected)  # Eq. 5, W^i capped at i = 10

@@ -1,0 +1,177 @@
+"""self_sd (Draft & Verify, 002): layer-skip drafting, adaptive draft exit, skip-set search."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.controllers import AdaptiveDraftExit
+from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.self_sd import SelfSDConfig, SelfSDDecoder, SkipSet, skipped_sublayers
+from specrepro.errors import SpecReproError
+from tests.conftest import tiny_llama
+from tests.test_runner import FAST, run_dirs, specrepro
+
+GREEDY = Sampling()
+SKIP_SETS = [([1], [2]), ([0, 2], [0]), ([3], []), ([], [1, 2]), ([0, 1, 2, 3], [0, 1, 2, 3])]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and much faster than with two on a shared, busy CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def sharp_model():
+    # sharp distributions: drafts are confident, so the adaptive exit drafts several tokens per step
+    return tiny_llama(vocab_size=64, seed=3, num_layers=4, logit_scale=8.0)
+
+
+@pytest.mark.parametrize("attn_skip,mlp_skip", SKIP_SETS)
+@pytest.mark.parametrize("control", ["adaptive", "fixed"])
+def test_greedy_self_sd_equals_ar(sharp_model, attn_skip, mlp_skip, control):
+    prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
+    reference = ARDecoder(sharp_model).generate(prompt, GREEDY, 40).token_ids
+    decoder = SelfSDDecoder(sharp_model, None, attn_skip, mlp_skip, SelfSDConfig(control=control, k=5))
+    for _ in range(2):  # the second generation starts from the first one's gamma
+        gen = decoder.generate(prompt, GREEDY, 40)
+        assert gen.token_ids == reference
+        assert sum(gen.accepted) == len(gen.token_ids) - 1
+        assert max(gen.drafted) <= 5
+        if control == "fixed":  # k drafts per step until the budget caps them
+            assert gen.drafted[0] == 5
+
+
+def test_adaptive_exit_drafts_variable_lengths(sharp_model):
+    prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(2))
+    gen = SelfSDDecoder(sharp_model, None, [1], [2], SelfSDConfig(k=8)).generate(prompt, GREEDY, 60)
+    assert len(set(gen.drafted)) > 1 and sum(gen.accepted) - len(gen.accepted) > 0
+
+
+def test_speculative_sampling_runs_and_is_seeded(sharp_model):
+    prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(3))
+    sampling = Sampling(do_sample=True, temperature=0.8, top_p=0.9)
+    decoder = SelfSDDecoder(sharp_model, None, [1, 3], [2], SelfSDConfig(k=4, carry_gamma=False))
+    first, again = (decoder.generate(prompt, sampling, 30, seed=5) for _ in range(2))
+    assert first.token_ids == again.token_ids and len(first.token_ids) == 30
+    assert all(0 <= t < 64 for t in first.token_ids) and sum(first.drafted) > 0
+
+
+def test_speculative_sampling_first_token_matches_target_distribution():
+    """The token after the first verification follows the warped target distribution (chi-square-free check)."""
+    model = tiny_llama(vocab_size=8, seed=4, num_layers=2, logit_scale=3.0)
+    prompt = torch.tensor([[1, 2, 3]])
+    sampling = Sampling(do_sample=True, temperature=1.0)
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 2, 3, 5]])).logits[0, -1]
+    target = logits.softmax(-1)
+    decoder = SelfSDDecoder(model, None, [1], [0], SelfSDConfig(control="fixed", k=2))
+    counts = torch.zeros(8)
+    n = 0
+    for seed in range(3000):
+        tokens = decoder.generate(prompt, sampling, 2, seed=seed).token_ids
+        if tokens[0] == 5:
+            counts[tokens[1]] += 1
+            n += 1
+    assert n > 200
+    assert (counts / n - target).abs().max() < 4 * (0.25 / n) ** 0.5
+
+
+def test_adaptive_controller_follows_eq_2_to_4():
+    c = AdaptiveDraftExit(k_max=12, gamma0=0.6, alpha=0.9, epsilon=0.01, beta1=0.5, beta2=0.9)
+    assert c.next_length() == 12
+    c.update(4, 4)  # AR = AR_1 = 1.0 > alpha: gamma~ = 0.59, gamma = 0.9*0.6 + 0.1*0.59
+    assert c.accept_rate == 1.0 and c.gamma == pytest.approx(0.599)
+    c.update(4, 1)  # AR = 0.5*1 + 0.5*0.25 = 0.625 <= alpha: gamma~ = 0.609
+    assert c.accept_rate == pytest.approx(0.625) and c.gamma == pytest.approx(0.600)
+    c.update(2, 2)  # AR = 0.8125: gamma~ = 0.61
+    assert c.accept_rate == pytest.approx(0.8125) and c.gamma == pytest.approx(0.601)
+    c.update(0, 0)  # nothing drafted: no update
+    assert c.gamma == pytest.approx(0.601)
+    c.update(5, 5)  # AR = 0.90625 > alpha: gamma~ = 0.591
+    assert c.accept_rate == pytest.approx(0.90625) and c.gamma == pytest.approx(0.600)
+    assert c.keep_drafting(0.61) and not c.keep_drafting(0.59)
+
+
+def test_gamma_carries_across_generations_when_asked(sharp_model):
+    prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
+    for carry in (True, False):
+        decoder = SelfSDDecoder(sharp_model, None, [1], [2], SelfSDConfig(k=5, carry_gamma=carry))
+        decoder.generate(prompt, GREEDY, 30)
+        end_gamma = decoder.controller.gamma
+        assert end_gamma != 0.6
+        assert decoder.new_controller().gamma == (end_gamma if carry else 0.6)
+
+
+def test_skip_context_restores_the_model_exactly(sharp_model):
+    ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        before = sharp_model(ids).logits
+        with skipped_sublayers(sharp_model, [0, 2], [2, 3]):
+            skipped = sharp_model(ids).logits
+        after = sharp_model(ids).logits
+        with pytest.raises(RuntimeError), skipped_sublayers(sharp_model, [1], [1]):
+            raise RuntimeError("interrupted")
+        after_error = sharp_model(ids).logits
+    assert not torch.equal(before, skipped)
+    assert torch.equal(before, after) and torch.equal(before, after_error)
+    assert all("forward" not in m.__dict__ for m in sharp_model.modules())
+
+
+def test_skipping_every_sublayer_leaves_embedding_norm_head(sharp_model):
+    ids = torch.randint(0, 64, (1, 5))
+    with torch.no_grad(), skipped_sublayers(sharp_model, range(4), range(4)):
+        logits = sharp_model(ids).logits
+        expected = sharp_model.lm_head(sharp_model.model.norm(sharp_model.model.embed_tokens(ids)))
+    torch.testing.assert_close(logits, expected)
+
+
+def test_bad_skip_sets_and_artifacts_fail_clearly(sharp_model, tmp_path):
+    with pytest.raises(SpecReproError, match="blocks 0..3"):
+        SelfSDDecoder(sharp_model, None, [4], [], SelfSDConfig())
+    with pytest.raises(SpecReproError, match="skip_set.json"):
+        SkipSet.from_pretrained(tmp_path)
+    SkipSet([1], [0, 2], 4, {"search": "bayes"}).save_pretrained(tmp_path)
+    loaded = SkipSet.from_pretrained(tmp_path)
+    assert (loaded.attn_skip, loaded.mlp_skip, loaded.num_layers, loaded.info) == ([1], [0, 2], 4, {"search": "bayes"})
+
+
+def test_search_cli_writes_skip_sets_that_runs_use(tmp_path):
+    common = ["train", "method=self_sd", "model=tiny_random", "model.random.num_layers=3", "logger=none",
+              "hardware.threads=1", "training.iterations=4", "training.init_points=2", "training.dev_records=1",
+              "training.max_new_tokens=6", "training.max_prompt_tokens=48"]
+    for search in ("bayes", "random"):
+        specrepro(*common, f"training.search={search}", cwd=tmp_path)
+    artifacts = sorted((tmp_path / "results" / "artifacts").glob("self_sd_skip_set-tiny_random-*"))
+    assert len(artifacts) == 2
+    for path in artifacts:
+        meta = json.loads((path / "artifact.json").read_text())
+        skip = json.loads((path / "skip_set.json").read_text())
+        assert len(meta["history"]) == 4 and skip["num_layers"] == 3
+        assert meta["metrics"]["best_objective"] == max(row["objective"] for row in meta["history"])
+        assert all(0 <= i < 3 for i in skip["attn_skip"] + skip["mlp_skip"])
+    specrepro("run", *FAST, "model.random.num_layers=3", "method=self_sd", f"method.skip_set={artifacts[0].name}",
+              "dataset=cnn_dm", "dataset.limit=2", "logger=none", cwd=tmp_path)
+    runs = run_dirs(tmp_path)
+    metrics = json.loads((next(p for k, p in runs.items() if k.startswith("self_sd:")) / "metrics.json").read_text())
+    assert metrics["lossless"] == 1.0 and metrics["complete"]
+
+
+@pytest.mark.embedded
+def test_greedy_self_sd_matches_ar_on_the_embedded_model(embedded):
+    prompts = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a small village,"]
+    ar = ARDecoder(embedded.model, embedded.tokenizer)
+    decoder = SelfSDDecoder(embedded.model, embedded.tokenizer, [12, 15, 18, 20, 22, 24, 26, 28], [21, 25, 27],
+                            SelfSDConfig())
+    for text in prompts:
+        ids = embedded.tokenizer(text)["input_ids"]
+        gen = decoder.generate(ids, GREEDY, 64)
+        assert gen.token_ids == ar.generate(ids, GREEDY, 64).token_ids
+        assert sum(gen.drafted) > 0
