@@ -2,7 +2,8 @@
 
 Every method runs through the harness with `timing.paired=true`: `ar` is timed on each sample right
 before the method, in this same process, so `speedup_paired` is robust to a shared, noisy machine.
-Prints, per dataset, the paired and unpaired speedups with the MAT, acceptance, draft cost and verify cost
+Prints, per dataset, the paired speedups (and the unpaired ones with --reference) with the MAT, acceptance,
+draft cost, verify cost and lossless_paired (method tokens == the paired ar tokens)
 behind them (cost = ms per step / ms per `ar` step), and our pld / HF prompt lookup.
 
 Run: .venv/bin/python experiments/bench_speculative.py [--limit 20] [--datasets gsm8k cnn_dm]
@@ -34,6 +35,8 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=list(ARMS))
     parser.add_argument("--results-dir", default="results/bench")
     parser.add_argument("--artifacts-dir", default="results/artifacts")
+    parser.add_argument("--reference", action=argparse.BooleanOptionalAction, default=False,
+                        help="also run the unpaired ar reference (speedup_mean/total); paired figures need none")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. hardware.threads=2")
     args = parser.parse_args()
 
@@ -43,6 +46,7 @@ def main() -> None:
         for arm in args.arms:
             overrides = [*ARMS[arm], f"dataset={dataset}", f"dataset.limit={args.limit}",
                          f"decoding.max_new_tokens={args.max_new_tokens}", "timing.paired=true", "logger=none",
+                         f"reference={str(args.reference).lower()}",
                          f"results_dir={args.results_dir}", f"artifacts_dir={args.artifacts_dir}", *args.overrides]
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
                 cfg = compose(config_name="run", overrides=overrides)

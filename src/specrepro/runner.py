@@ -89,6 +89,7 @@ def decode_record(record, index, cfg, target, decoder, ar_decoder, sampling) -> 
             gen["seed"] = seed
             if ar_decoder is not None:
                 gen["ar_wall_time"], gen["ar_tokens"] = ar_gen.wall_time, len(ar_gen.token_ids)
+                gen["ar_token_ids"], gen["ar_prefill_time"] = ar_gen.token_ids, ar_gen.prefill_time
             turns.append(gen)
             history.append(gen["text"])
             if s == 0:
@@ -107,7 +108,9 @@ def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool)
         values = [row["scores"][key] for row in rows if key in row["scores"]]
         metrics[key] = sum(values) / len(values)
     if any("ar_wall_time" in g for g in gens):
-        metrics["speedup_paired"] = paired_speedup(gens)
+        metrics.update(paired_speedup(gens))
+        if greedy:  # the paired ar outputs are a reference on the same weights too
+            metrics["lossless_paired"] = lossless(gens, [{"token_ids": g["ar_token_ids"]} for g in gens])
     by_id = {row["id"]: row for row in reference_rows or []}
     if reference_rows is not None and all(row["id"] in by_id for row in rows):
         ref_gens = [g for row in rows for sample in by_id[row["id"]]["samples"] for g in sample]
@@ -236,7 +239,10 @@ TABLE_COLUMNS = [
     ("hm", "hm", "{:.1f}"),
     ("draft_cost", "draft_cost", "{:.2f}"),
     ("verify_cost", "verify_cost", "{:.2f}"),
+    ("draft_cost_p", "draft_cost_paired", "{:.2f}"),
+    ("verify_cost_p", "verify_cost_paired", "{:.2f}"),
     ("lossless", "lossless", "{:.2f}"),
+    ("lossless_paired", "lossless_paired", "{:.2f}"),
 ]
 QUALITY_KEYS = ["gsm8k_acc", "rouge_l", "rouge_2", "pass@1", "pass@10", "mt_bench_score"]
 

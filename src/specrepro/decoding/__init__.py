@@ -6,13 +6,16 @@ from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.base import Decoder, Generation
 from specrepro.decoding.eesd import EESDDecoder
 from specrepro.decoding.hf_assisted import HFAssistedDecoder
+from specrepro.decoding.jacobi import CLLMDecoder, JacobiDecoder
 from specrepro.decoding.pld import PLDDecoder
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.sar_draft import SARDraftDecoder
 from specrepro.decoding.self_sd import SelfSDDecoder
 from specrepro.decoding.sps import SPSDecoder
 
 DECODERS: dict[str, type[Decoder]] = {
-    cls.name: cls for cls in (ARDecoder, SPSDecoder, PLDDecoder, HFAssistedDecoder, EESDDecoder, SelfSDDecoder)
+    cls.name: cls for cls in (ARDecoder, SPSDecoder, PLDDecoder, HFAssistedDecoder, EESDDecoder, SelfSDDecoder,
+                 JacobiDecoder, CLLMDecoder, SARDraftDecoder)
 }
 
 

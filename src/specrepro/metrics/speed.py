@@ -63,14 +63,21 @@ def speedups(gens: list[dict], reference: list[dict]) -> dict[str, float]:
     }
 
 
-def paired_speedup(gens: list[dict]) -> float:
-    """Mean per-sample ratio of method to `ar` throughput, `ar` timed right before each sample."""
-    ratios = [
-        _rate(g) / (g["ar_tokens"] / g["ar_wall_time"])
-        for g in gens
-        if g.get("ar_wall_time") and g["wall_time"] > 0
-    ]
-    return fmean(ratios) if ratios else math.nan
+def paired_speedup(gens: list[dict]) -> dict[str, float]:
+    """Speedup over `ar` timed right before each sample: the mean per-sample throughput ratio, and the
+    draft and verify cost per step in units of the paired `ar` decoding step."""
+    paired = [g for g in gens if g.get("ar_wall_time") and g["wall_time"] > 0]
+    if not paired:
+        return {"speedup_paired": math.nan}
+    ratios = [_rate(g) / (g["ar_tokens"] / g["ar_wall_time"]) for g in paired]
+    ar_step_ms = 1000 * _ratio(sum(g["ar_wall_time"] - g.get("ar_prefill_time", 0.0) for g in paired),
+                               sum(g["ar_tokens"] - 1 for g in paired))
+    steps = sum(g["steps"] for g in paired)
+    return {
+        "speedup_paired": fmean(ratios),
+        "draft_cost_paired": _ratio(1000 * _ratio(sum(g["draft_time"] for g in paired), steps), ar_step_ms),
+        "verify_cost_paired": _ratio(1000 * _ratio(sum(g["verify_time"] for g in paired), steps), ar_step_ms),
+    }
 
 
 def lossless(gens: list[dict], reference: list[dict]) -> float:

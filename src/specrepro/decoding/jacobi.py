@@ -1,0 +1,115 @@
+"""`jacobi` and `cllm`: Jacobi decoding (CLLMs, Kou et al. 2024, Alg. 3), greedy only as in the paper.
+
+Greedy AR decoding of an n-token block is the fixed point of y_i = argmax p(y | y_<i, x) (Eq. 1-2).
+Jacobi iteration (Eq. 3) starts the block from n - 1 guesses drawn uniformly from the context tokens
+(prompt + generated so far, seeded) behind the known-correct first token, and refines all positions in
+parallel: one causal forward of the state [first token, guesses...] on the KV cache of the committed
+prefix gives the argmax at every position. The longest prefix of guesses equal to the argmax plus the
+next argmax are fixed ("fast-forwarded", Alg. 3 lines 8-10); the KV cache keeps only that converged
+prefix (line 12) and the remaining positions take their new argmaxes as the next state (line 13), so the
+state shrinks every iteration. A block ends when every guess is confirmed (y^(k) = y^(k-1)); its last
+argmax is the next block's first token. The output equals greedy AR token for token.
+
+Per iteration (= one target forward = one step) `Generation.extra` records
+- `fast_forwarded`: tokens fixed by the iteration (Table 3 counts the one that is correct anyway too);
+- `stationary`: tokens fixed by the iteration that already held that value, unchanged, in the state of
+  the previous iteration although an earlier position of that state was still wrong (a correct token
+  that "remains unaltered through subsequent iterations despite being preceded by inaccurate tokens").
+
+`cllm` is the same decoder on consistency-trained weights (`specrepro train method=cllm`). A CLLM is a
+different model from its base, so it is loaded as the run's model: `model.source=artifact model.id=cllm`,
+and the runner's `ar` reference then decodes the same weights (losslessness = Jacobi on the CLLM equals AR
+on the CLLM; the base model's AR is a separate run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from specrepro.config import MethodConfig, register_method_schema
+from specrepro.decoding.base import Decoder, GenerationBuilder
+from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.verify import crop_cache, greedy_verify
+from specrepro.errors import SpecReproError
+
+
+@register_method_schema("jacobi")
+@dataclass
+class JacobiConfig(MethodConfig):
+    name: str = "jacobi"
+    block_size: int = 16  # n: tokens per Jacobi block (the known first token + n - 1 guesses)
+
+
+@register_method_schema("cllm")
+@dataclass
+class CLLMConfig(JacobiConfig):
+    name: str = "cllm"
+    artifact_prefix: str = "cllm"  # the run's model must be a consistency-trained artifact named cllm-*
+
+
+class JacobiDecoder(Decoder):
+    name = "jacobi"
+
+    def __init__(self, model, tokenizer=None, block_size: int = 16):
+        super().__init__(model, tokenizer)
+        if block_size < 1:
+            raise SpecReproError(f"method.block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+
+    @classmethod
+    def from_config(cls, cfg: JacobiConfig, target, ctx) -> "JacobiDecoder":
+        return cls(target.model, target.tokenizer, cfg.block_size)
+
+    def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
+        if not sampling.greedy:
+            raise SpecReproError("Jacobi decoding is greedy only (as in the CLLM paper): use decoding=greedy")
+        device = prompt_ids.device
+        cache = DynamicCache(config=self.model.config)
+        with out.timed("prefill"):
+            first = int(self.model(prompt_ids, past_key_values=cache, logits_to_keep=1).logits[0, -1].argmax())
+        out.commit([first], prefill=True)
+        context = prompt_ids[0]
+        fast_forwarded, stationary = [], []
+        guesses: list[int] = []
+        held_since: list[int] = []  # per guess: the first step whose state held this value unchanged
+        while not out.done:
+            step = len(fast_forwarded)
+            if not guesses:  # a new block: n - 1 guesses drawn from the context (Alg. 3 line 1)
+                pool = torch.cat([context, torch.tensor(out.gen.token_ids, device=device)])
+                n_guesses = min(self.block_size - 1, out.remaining - 1)
+                picks = torch.randint(len(pool), (n_guesses,), generator=rng, device=device)
+                guesses, held_since = pool[picks].tolist(), [step] * n_guesses
+            past = cache.get_seq_length()
+            state = torch.tensor([[out.gen.token_ids[-1], *guesses]], device=device)
+            with out.timed("verify"):  # one parallel Jacobi update of every position (Eq. 3)
+                logits = self.model(state, past_key_values=cache).logits[0]
+            tokens, n_fixed = greedy_verify(torch.tensor(guesses, device=device), logits)
+            crop_cache(cache, past + 1 + n_fixed)  # keep the KV of the converged prefix only (Alg. 3 line 12)
+            fast_forwarded.append(len(tokens))
+            stationary.append(sum(since < step for since in held_since[:n_fixed]))
+            new_guesses = logits[n_fixed + 1 : len(guesses)].argmax(-1).tolist()  # line 13: z_next beyond i*
+            held_since = [since if new == old else step + 1
+                          for new, old, since in zip(new_guesses, guesses[n_fixed + 1 :], held_since[n_fixed + 1 :])]
+            guesses = new_guesses
+            out.commit(tokens, drafted=len(state[0]) - 1)
+        out.gen.extra.update(block_size=self.block_size, fast_forwarded=fast_forwarded, stationary=stationary)
+
+
+class CLLMDecoder(JacobiDecoder):
+    """Jacobi decoding on a consistency-trained model, which must be the run's model (see module doc)."""
+
+    name = "cllm"
+
+    @classmethod
+    def from_config(cls, cfg: CLLMConfig, target, ctx) -> "CLLMDecoder":
+        source = Path(str(getattr(target.model.config, "_name_or_path", "")))
+        if not source.name.startswith(f"{cfg.artifact_prefix}-"):
+            raise SpecReproError(
+                f"method=cllm decodes consistency-trained weights, but the run's model is '{source}': run with "
+                f"model.source=artifact model.id={cfg.artifact_prefix} (so the ar reference shares the weights)"
+            )
+        return cls(target.model, target.tokenizer, cfg.block_size)

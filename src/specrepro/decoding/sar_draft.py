@@ -1,0 +1,216 @@
+"""Semi-autoregressive (SAR) drafting (paper 001) and the draft-head family it unifies.
+
+Eq. 5: q(d | w_<=i) = prod_j q_0(d_j | h_p(w_<=i), h_q(d_<j)). The target's last-layer (post-norm) hidden
+state h_p at the last verified position comes from the verification pass itself (no extra target call); a
+tiny model h_q reads only the current round's draft tokens. Index convention A of the note (section 8 A1):
+d_1 is the target's own next token (the last committed token), so draft j + 1 is predicted from
+(h_p, h_q(d_1..d_j)) and K counts the head-drafted tokens beyond it.
+
+Variants (`variant`), all sharing the target's frozen input embeddings e(.):
+- simplified: Eq. 6, h_q = sum_l alpha_l MLP(e(d_l)) / sum_l alpha_l, alpha = sigmoid(learned), size H/2
+- lstm: Eq. 7, a 2-layer LSTM of size H/2 over e(d_1..d_j)
+- transformer: N standard (pre-norm, causal, draft-tokens-only) layers with learned positions, size H;
+  N = 0 is h_q = e(d_j) (the note's "simplified Hydra")
+- redrafter: ReDrafter as the paper reads it (footnote 2): a 1-layer tanh RNN of size H/2
+- block: Medusa-1 heads on h_p alone (no recent-token dependency), K x (ResBlock + H x V head)
+The SAR head q_0 (App. A): W_3^T act(concat(W_p^T h_p, W_q^T h_q)) + b_3, W_p: H x P, W_q: dim(h_q) x P,
+W_3: 2P x V with P = 1024 in the paper (`proj_size`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from specrepro.config import MethodConfig, register_method_schema
+from specrepro.decoding.controllers import DraftLengthController, build_controller
+from specrepro.decoding.draft_verify import DraftVerifyDecoder
+from specrepro.decoding.sampling import Sampling, probs, sample
+from specrepro.errors import SpecReproError
+
+VARIANTS = ("simplified", "lstm", "transformer", "redrafter", "block")
+HEAD_FILES = ("sar_head.json", "sar_head.safetensors")
+
+
+@register_method_schema("sar_draft")
+@dataclass
+class SARDraftConfig(MethodConfig):
+    name: str = "sar_draft"
+    variant: str = "simplified"  # simplified | lstm | transformer | redrafter | block
+    k: int = 4  # head-drafted tokens per round (paper: 3-4); at most the head's trained k
+    controller: str = "fixed"  # fixed | heuristic
+    k_max: int = 4
+    head_k: int = 4  # positions the head is built for (alpha / LSTM unroll / Medusa heads)
+    proj_size: int = 1024  # P: width of W_p and W_q (App. A: 1024)
+    transformer_layers: int = 1  # N for variant=transformer (0 = embedding of the last draft)
+    head: str = "sar_head"  # trained head artifact (newest matching the variant); "none": untrained random head
+
+
+class DraftHead(nn.Module):
+    """h_q + q_0 of one variant; `draft_logits` predicts every next draft token of a prefix at once."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, variant: str = "simplified", k: int = 4,
+                 proj_size: int = 1024, transformer_layers: int = 1, num_heads: int = 4, activation: str = "silu"):
+        super().__init__()
+        if variant not in VARIANTS:
+            raise SpecReproError(f"sar_draft variant '{variant}' is not one of {', '.join(VARIANTS)}")
+        self.settings = {"hidden_size": hidden_size, "vocab_size": vocab_size, "variant": variant, "k": k,
+                         "proj_size": proj_size, "transformer_layers": transformer_layers, "num_heads": num_heads,
+                         "activation": activation}
+        self.variant, self.k, self.act = variant, k, ACT2FN[activation]
+        H, half = hidden_size, hidden_size // 2
+        if variant == "block":  # Eq. 3: head j sees h_p only
+            self.res = nn.ModuleList(nn.Linear(H, H) for _ in range(k))
+            self.heads = nn.ModuleList(nn.Linear(H, vocab_size, bias=False) for _ in range(k))
+            for layer in self.res:
+                nn.init.zeros_(layer.weight)  # Medusa: each ResBlock starts as the identity
+            return
+        if variant == "simplified":
+            self.mlp = nn.Sequential(nn.Linear(H, half), self.act, nn.Linear(half, half))
+            self.alpha_logits = nn.Parameter(torch.zeros(k))  # alpha = 0.5: a uniform mean at init
+            hq_size = half
+        elif variant == "lstm":
+            self.rnn, hq_size = nn.LSTM(H, half, num_layers=2, batch_first=True), half
+        elif variant == "redrafter":
+            self.rnn, hq_size = nn.RNN(H, half, num_layers=1, nonlinearity="tanh", batch_first=True), half
+        else:
+            hq_size = H
+            if transformer_layers > 0:
+                self.positions = nn.Embedding(k, H)
+                layer = nn.TransformerEncoderLayer(H, num_heads, 2 * H, dropout=0.0, activation=F.silu,
+                                                   batch_first=True, norm_first=True)
+                self.layers = nn.TransformerEncoder(layer, transformer_layers, enable_nested_tensor=False)
+        self.w_p, self.w_q = nn.Linear(H, proj_size), nn.Linear(hq_size, proj_size)
+        self.w_3 = nn.Linear(2 * proj_size, vocab_size)
+
+    def tlm_states(self, emb: torch.Tensor) -> torch.Tensor:
+        """h_q(d_1..d_j) for every prefix length j of the draft embeddings emb (B, j, H)."""
+        if self.variant == "simplified":  # Eq. 6 for all prefixes at once (cumulative sums)
+            alpha = torch.sigmoid(self.alpha_logits[: emb.shape[1]])[None, :, None]
+            return torch.cumsum(alpha * self.mlp(emb), 1) / torch.cumsum(alpha, 1)
+        if self.variant in ("lstm", "redrafter"):  # Eq. 7: the last layer's state after each token
+            return self.rnn(emb)[0]
+        if not hasattr(self, "layers"):
+            return emb
+        j = emb.shape[1]
+        causal = nn.Transformer.generate_square_subsequent_mask(j, device=emb.device, dtype=emb.dtype)
+        return self.layers(emb + self.positions.weight[:j], mask=causal, is_causal=True)
+
+    def draft_logits(self, hp: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """Logits (B, j, V) of the draft token after each prefix d_1..d_j, given h_p (B, H), emb (B, j, H)."""
+        j = emb.shape[1]
+        if j > self.k:
+            raise SpecReproError(f"this sar_draft head drafts at most {self.k} tokens per round, asked for {j}")
+        if self.variant == "block":
+            return torch.stack([head(hp + self.act(res(hp))) for res, head in zip(self.res[:j], self.heads[:j])], 1)
+        hq = self.tlm_states(emb)
+        joint = torch.cat([self.w_p(hp)[:, None].expand(-1, j, -1), self.w_q(hq)], -1)
+        return self.w_3(self.act(joint))  # App. A, b_3 read as the output bias
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def save_pretrained(self, path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(path / HEAD_FILES[1]))
+        (path / HEAD_FILES[0]).write_text(json.dumps({**self.settings, "parameters": self.num_parameters()}, indent=1))
+
+    @classmethod
+    def from_pretrained(cls, path) -> "DraftHead":
+        path = Path(path)
+        settings = json.loads((path / HEAD_FILES[0]).read_text())
+        settings.pop("parameters", None)
+        head = cls(**settings)
+        head.load_state_dict(load_file(str(path / HEAD_FILES[1])))
+        return head.eval()
+
+
+def head_for(target: nn.Module, variant: str, k: int, proj_size: int, transformer_layers: int) -> DraftHead:
+    """A fresh head shaped for `target` (its hidden size, vocabulary, heads and activation)."""
+    config = target.config
+    return DraftHead(config.hidden_size, config.vocab_size, variant, k, proj_size, transformer_layers,
+                     config.num_attention_heads, getattr(config, "hidden_act", "silu"))
+
+
+def find_head(ref: str, artifacts_dir, model_name: str, variant: str) -> Path:
+    """The newest complete `<ref>` / `<ref>-<model>-*` artifact holding a head of `variant`."""
+    from specrepro.training.artifacts import METADATA, find_artifact
+
+    root = Path(artifacts_dir)
+    exact = find_artifact(ref, root)
+    candidates = [exact] if exact is not None and not exact.name.startswith(f"{ref}-{model_name}-") else []
+    if "/" not in ref:
+        candidates += sorted((p for p in root.glob(f"{ref}-{model_name}-*") if (p / METADATA).is_file()),
+                             key=lambda p: (p / METADATA).stat().st_mtime, reverse=True)
+    for path in candidates:
+        meta = path / HEAD_FILES[0]
+        if meta.is_file() and json.loads(meta.read_text())["variant"] == variant:
+            return path
+    raise SpecReproError(f"no sar_draft head artifact '{ref}' of variant {variant} for model {model_name} under {root}: "
+                         f"train one with `specrepro train method=sar_draft model={model_name} method.variant={variant}`, "
+                         "or use method.head=none")
+
+
+class SARDraftDecoder(DraftVerifyDecoder):
+    name = "sar_draft"
+    lossless = True
+
+    def __init__(self, model, tokenizer, head: DraftHead, cfg: SARDraftConfig):
+        super().__init__(model, tokenizer)
+        if not 1 <= cfg.k <= head.k or cfg.k_max > head.k:
+            raise SpecReproError(f"sar_draft needs 1 <= k, k_max <= {head.k} (the head's trained k), got k={cfg.k}, "
+                                 f"k_max={cfg.k_max}")
+        self.head, self.cfg = head, cfg
+        self.extra_parameters = head.num_parameters()
+        self.extra_memory_pct = 100.0 * self.extra_parameters / sum(p.numel() for p in model.parameters())
+
+    @classmethod
+    def from_config(cls, cfg: SARDraftConfig, target, ctx) -> "SARDraftDecoder":
+        if cfg.head == "none":
+            head = head_for(target.model, cfg.variant, cfg.head_k, cfg.proj_size, cfg.transformer_layers).eval()
+        else:
+            head = DraftHead.from_pretrained(find_head(cfg.head, ctx.artifacts_dir, target.name, cfg.variant))
+        p = next(target.model.parameters())
+        return cls(target.model, target.tokenizer, head.to(device=p.device, dtype=p.dtype), cfg)
+
+    def new_controller(self) -> DraftLengthController:
+        return build_controller(self.cfg.controller, self.cfg.k, self.cfg.k_max)
+
+    def target_forward(self, input_ids, cache, logits_to_keep: int = 0):
+        """The target's forward, keeping its last-layer (post-norm) hidden states for h_p."""
+        hidden = self.model.model(input_ids, past_key_values=cache).last_hidden_state
+        self.verify_hidden = hidden[0]
+        return CausalLMOutputWithPast(logits=self.model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden))
+
+    def start(self, prompt_ids):
+        self.hp = self.verify_hidden[-1]  # the row that produced the first generated token
+
+    def propose(self, tokens, k, sampling: Sampling, rng, controller):
+        embed = self.model.get_input_embeddings()
+        prefix, drafts, qs = tokens[0, -1:], [], []  # d_1: the target's own token (convention A)
+        for j in range(1, k + 1):
+            logits = self.head.draft_logits(self.hp[None], embed(prefix)[None])[0, -1]  # Eq. 5
+            q = probs(logits, sampling)
+            token = logits.argmax(-1) if sampling.greedy else sample(q, rng)
+            drafts.append(token)
+            qs.append(q)
+            if j == k or not controller.keep_drafting(float(logits.softmax(-1).max())):
+                break
+            prefix = torch.cat([prefix, token.view(1)])
+        return torch.stack(drafts), (None if sampling.greedy else torch.stack(qs))
+
+    def after_verify(self, tokens, n_accepted):
+        self.hp = self.verify_hidden[n_accepted]  # h_p at the last verified position (it produced the bonus token)
+
+    def _decode(self, prompt_ids, sampling, out, rng) -> None:
+        super()._decode(prompt_ids, sampling, out, rng)
+        out.gen.extra.update(extra_parameters=self.extra_parameters, extra_memory_pct=self.extra_memory_pct)
