@@ -128,7 +128,9 @@ def register_configs() -> None:
     import specrepro.decoding  # noqa: F401  (methods register their schemas on import)
     from specrepro.data.config import DatasetConfig
     from specrepro.metrics.judge import JudgeConfig
+    from specrepro.training.cllm import CLLMTrainingConfig
     from specrepro.training.eesd_head import EESDHeadTrainingConfig
+    from specrepro.training.sar_head import SARHeadTrainingConfig
     from specrepro.training.self_sd_search import SelfSDSearchConfig
     from specrepro.training.sps_draft import SPSDraftTrainingConfig
 
@@ -136,8 +138,10 @@ def register_configs() -> None:
     cs.store(name="run_schema", node=RunConfig)
     cs.store(name="train_schema", node=TrainRunConfig)
     cs.store(group="training", name="base_sps_draft", node=SPSDraftTrainingConfig)
+    cs.store(group="training", name="base_cllm", node=CLLMTrainingConfig)
     cs.store(group="training", name="base_self_sd_skip_set", node=SelfSDSearchConfig)
     cs.store(group="training", name="base_eesd_head", node=EESDHeadTrainingConfig)
+    cs.store(group="training", name="base_sar_head", node=SARHeadTrainingConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="dataset", name="base_dataset", node=DatasetConfig)
     cs.store(group="decoding", name="base_decoding", node=DecodingConfig)

@@ -14,7 +14,9 @@ Variants (`variant`), all sharing the target's frozen input embeddings e(.):
 - redrafter: ReDrafter as the paper reads it (footnote 2): a 1-layer tanh RNN of size H/2
 - block: Medusa-1 heads on h_p alone (no recent-token dependency), K x (ResBlock + H x V head)
 The SAR head q_0 (App. A): W_3^T act(concat(W_p^T h_p, W_q^T h_q)) + b_3, W_p: H x P, W_q: dim(h_q) x P,
-W_3: 2P x V with P = 1024 in the paper (`proj_size`).
+W_3: 2P x V with P = 1024 in the paper (`proj_size`). `shared_lm_head` (not in the paper) makes W_3 2P x H
+followed by the target's frozen LM head (block: the ResBlocks feed it), for targets whose vocabulary is large
+against their size (SmolLM2-135M: a 2P x V W_3 is 75% of the target).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class SARDraftConfig(MethodConfig):
     head_k: int = 4  # positions the head is built for (alpha / LSTM unroll / Medusa heads)
     proj_size: int = 1024  # P: width of W_p and W_q (App. A: 1024)
     transformer_layers: int = 1  # N for variant=transformer (0 = embedding of the last draft)
+    shared_lm_head: bool = False  # W_3 into the target's frozen LM head instead of its own 2P x V output
     head: str = "sar_head"  # trained head artifact (newest matching the variant); "none": untrained random head
 
 
@@ -58,18 +61,21 @@ class DraftHead(nn.Module):
     """h_q + q_0 of one variant; `draft_logits` predicts every next draft token of a prefix at once."""
 
     def __init__(self, hidden_size: int, vocab_size: int, variant: str = "simplified", k: int = 4,
-                 proj_size: int = 1024, transformer_layers: int = 1, num_heads: int = 4, activation: str = "silu"):
+                 proj_size: int = 1024, transformer_layers: int = 1, num_heads: int = 4, activation: str = "silu",
+                 shared_lm_head: bool = False):
         super().__init__()
         if variant not in VARIANTS:
             raise SpecReproError(f"sar_draft variant '{variant}' is not one of {', '.join(VARIANTS)}")
         self.settings = {"hidden_size": hidden_size, "vocab_size": vocab_size, "variant": variant, "k": k,
                          "proj_size": proj_size, "transformer_layers": transformer_layers, "num_heads": num_heads,
-                         "activation": activation}
+                         "activation": activation, "shared_lm_head": shared_lm_head}
         self.variant, self.k, self.act = variant, k, ACT2FN[activation]
         H, half = hidden_size, hidden_size // 2
+        self.target_lm_head: list[nn.Module] = []  # the target's LM head when shared (attach_lm_head); not saved
+        out_size = H if shared_lm_head else vocab_size
         if variant == "block":  # Eq. 3: head j sees h_p only
             self.res = nn.ModuleList(nn.Linear(H, H) for _ in range(k))
-            self.heads = nn.ModuleList(nn.Linear(H, vocab_size, bias=False) for _ in range(k))
+            self.heads = None if shared_lm_head else nn.ModuleList(nn.Linear(H, vocab_size, bias=False) for _ in range(k))
             for layer in self.res:
                 nn.init.zeros_(layer.weight)  # Medusa: each ResBlock starts as the identity
             return
@@ -89,7 +95,20 @@ class DraftHead(nn.Module):
                                                    batch_first=True, norm_first=True)
                 self.layers = nn.TransformerEncoder(layer, transformer_layers, enable_nested_tensor=False)
         self.w_p, self.w_q = nn.Linear(H, proj_size), nn.Linear(hq_size, proj_size)
-        self.w_3 = nn.Linear(2 * proj_size, vocab_size)
+        self.w_3 = nn.Linear(2 * proj_size, out_size)
+
+    def attach_lm_head(self, lm_head: nn.Module) -> "DraftHead":
+        """Use the target's (frozen) LM head as the output layer of a shared_lm_head head."""
+        self.target_lm_head = [lm_head] if self.settings["shared_lm_head"] else []
+        return self
+
+    def output(self, features: torch.Tensor, position: int | None = None) -> torch.Tensor:
+        """Vocabulary logits: the shared target LM head, Medusa head `position`, or W_3's own output as is."""
+        if self.settings["shared_lm_head"]:
+            if not self.target_lm_head:
+                raise SpecReproError("this sar_draft head shares the target's LM head: call attach_lm_head first")
+            return self.target_lm_head[0](features)
+        return features if position is None else self.heads[position](features)
 
     def tlm_states(self, emb: torch.Tensor) -> torch.Tensor:
         """h_q(d_1..d_j) for every prefix length j of the draft embeddings emb (B, j, H)."""
@@ -110,10 +129,10 @@ class DraftHead(nn.Module):
         if j > self.k:
             raise SpecReproError(f"this sar_draft head drafts at most {self.k} tokens per round, asked for {j}")
         if self.variant == "block":
-            return torch.stack([head(hp + self.act(res(hp))) for res, head in zip(self.res[:j], self.heads[:j])], 1)
+            return torch.stack([self.output(hp + self.act(res(hp)), i) for i, res in enumerate(self.res[:j])], 1)
         hq = self.tlm_states(emb)
         joint = torch.cat([self.w_p(hp)[:, None].expand(-1, j, -1), self.w_q(hq)], -1)
-        return self.w_3(self.act(joint))  # App. A, b_3 read as the output bias
+        return self.output(self.w_3(self.act(joint)))  # App. A, b_3 read as the output bias
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -134,14 +153,16 @@ class DraftHead(nn.Module):
         return head.eval()
 
 
-def head_for(target: nn.Module, variant: str, k: int, proj_size: int, transformer_layers: int) -> DraftHead:
+def head_for(target: nn.Module, variant: str, k: int, proj_size: int, transformer_layers: int,
+             shared_lm_head: bool = False) -> DraftHead:
     """A fresh head shaped for `target` (its hidden size, vocabulary, heads and activation)."""
     config = target.config
-    return DraftHead(config.hidden_size, config.vocab_size, variant, k, proj_size, transformer_layers,
-                     config.num_attention_heads, getattr(config, "hidden_act", "silu"))
+    head = DraftHead(config.hidden_size, config.vocab_size, variant, k, proj_size, transformer_layers,
+                     config.num_attention_heads, getattr(config, "hidden_act", "silu"), shared_lm_head)
+    return head.attach_lm_head(target.lm_head)
 
 
-def find_head(ref: str, artifacts_dir, model_name: str, variant: str) -> Path:
+def find_head(ref: str, artifacts_dir, model_name: str, variant: str, shared_lm_head: bool) -> Path:
     """The newest complete `<ref>` / `<ref>-<model>-*` artifact holding a head of `variant`."""
     from specrepro.training.artifacts import METADATA, find_artifact
 
@@ -153,10 +174,12 @@ def find_head(ref: str, artifacts_dir, model_name: str, variant: str) -> Path:
                              key=lambda p: (p / METADATA).stat().st_mtime, reverse=True)
     for path in candidates:
         meta = path / HEAD_FILES[0]
-        if meta.is_file() and json.loads(meta.read_text())["variant"] == variant:
+        settings = json.loads(meta.read_text()) if meta.is_file() else {}
+        if settings.get("variant") == variant and settings.get("shared_lm_head", False) == shared_lm_head:
             return path
-    raise SpecReproError(f"no sar_draft head artifact '{ref}' of variant {variant} for model {model_name} under {root}: "
-                         f"train one with `specrepro train method=sar_draft model={model_name} method.variant={variant}`, "
+    raise SpecReproError(f"no sar_draft head artifact '{ref}' of variant {variant} (shared_lm_head={shared_lm_head}) for model {model_name} under {root}: "
+                         f"train one with `specrepro train method=sar_draft model={model_name} method.variant={variant} "
+                         f"method.shared_lm_head={shared_lm_head}`, "
                          "or use method.head=none")
 
 
@@ -176,9 +199,11 @@ class SARDraftDecoder(DraftVerifyDecoder):
     @classmethod
     def from_config(cls, cfg: SARDraftConfig, target, ctx) -> "SARDraftDecoder":
         if cfg.head == "none":
-            head = head_for(target.model, cfg.variant, cfg.head_k, cfg.proj_size, cfg.transformer_layers).eval()
+            head = head_for(target.model, cfg.variant, cfg.head_k, cfg.proj_size, cfg.transformer_layers,
+                            cfg.shared_lm_head).eval()
         else:
-            head = DraftHead.from_pretrained(find_head(cfg.head, ctx.artifacts_dir, target.name, cfg.variant))
+            path = find_head(cfg.head, ctx.artifacts_dir, target.name, cfg.variant, cfg.shared_lm_head)
+            head = DraftHead.from_pretrained(path).attach_lm_head(target.model.lm_head)
         p = next(target.model.parameters())
         return cls(target.model, target.tokenizer, head.to(device=p.device, dtype=p.dtype), cfg)
 

@@ -11,14 +11,17 @@ from omegaconf import OmegaConf
 from specrepro.models import ModelLoader, resolve_device, resolve_dtype
 from specrepro.tracking import config_hash, wandb_init
 from specrepro.training.artifacts import is_complete, publish, staging_dir
+from specrepro.training.cllm import train_cllm
 from specrepro.training.eesd_head import train_eesd_head
+from specrepro.training.sar_head import train_sar_head
 from specrepro.training.self_sd_search import train_self_sd_skip_set
 from specrepro.training.sps_draft import train_sps_draft
 
 log = logging.getLogger(__name__)
 
 TRAINERS = {"sps_draft": train_sps_draft, "eesd_head": train_eesd_head,
-            "self_sd_skip_set": train_self_sd_skip_set}
+            "self_sd_skip_set": train_self_sd_skip_set, "sar_head": train_sar_head,
+            "cllm_trajectories": train_cllm, "cllm": train_cllm}
 
 
 def artifact_path(cfg) -> Path:

@@ -1,0 +1,162 @@
+"""SAR (001) draft head training: Eq. 8 with the target frozen (the paper's "separate" mode, stage 2).
+
+Eq. 8 (maximised): (1 - lambda) E[sum_i log p(w_i | w_<i)] + lambda E[(1/k) sum_i sum_j log q(w_{i+j} | ...)].
+Read with the note's convention A (section 8 A1): for an anchor t, q_0 predicts x[t+j+1] from (h_p[t],
+h_q(x[t+1..t+j])), j = 1..k; h_p[t] is the target's last-layer (post-norm) hidden state, computed under
+no_grad. With the target frozen the p-term carries no gradient; it is still computed (at the anchors) and
+logged, so `lam` only weighs the two reported terms (paper's stage 2: lam = 1). The joint LoRA mode is not
+implemented.
+
+Data (the paper trains on ground truth, not distillation): the bundled datasets' reference responses after
+their prompts (GSM8K train solutions and Spider train SQL by default). Optionally the target's own greedy
+continuations of prompt sets (`continuations`), which a frozen, not fine-tuned target accepts more often.
+The head uses the target's frozen input embeddings e(.), which are neither trained nor saved.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Dict
+
+import torch
+import torch.nn.functional as F
+
+from specrepro.data.config import DatasetConfig
+from specrepro.decoding.sar_draft import DraftHead, head_for
+from specrepro.errors import SpecReproError
+from specrepro.training.eesd_head import batches, pack_batch
+from specrepro.training.loop import LoopConfig
+
+
+@dataclass
+class SARHeadTrainingConfig:
+    component: str = "sar_head"
+    variant: str = "simplified"  # conf/training/sar_draft.yaml takes the head's shape from the method config
+    head_k: int = 4
+    proj_size: int = 1024
+    transformer_layers: int = 1
+    shared_lm_head: bool = False
+    lam: float = 1.0  # Eq. 8's lambda (separate mode, stage 2: 1)
+    references: Dict[str, DatasetConfig] = field(default_factory=dict)  # ground-truth responses after their prompts
+    continuations: Dict[str, DatasetConfig] = field(default_factory=dict)  # optional: the target's greedy continuations
+    response_tokens: int = 128
+    generation_batch_size: int = 16
+    max_prompt_tokens: int = 256
+    train_prompt_tokens: int = 64
+    anchors_per_batch: int = 256  # anchors t drawn per batch (the k x V logits of every anchor do not fit)
+    heldout_fraction: float = 0.05
+    loop: LoopConfig = field(default_factory=LoopConfig)
+
+
+def reference_rows(datasets: dict, tokenizer, max_prompt_tokens: int, response_tokens: int) -> list[dict]:
+    """Rows {prompt_ids, continuation_ids} whose continuation is the dataset's own reference response."""
+    from specrepro.data import load_records, render_prompt
+    from specrepro.training.distill_data import reference_response
+
+    rows = []
+    for dataset_cfg in datasets.values():
+        for record in load_records(dataset_cfg):
+            response = reference_response(record)  # GSM8K: the worked solution, not just the final answer
+            if response:
+                prompt = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
+                reply = tokenizer(response, add_special_tokens=False)["input_ids"][:response_tokens]
+                rows.append({"prompt_ids": prompt[-max_prompt_tokens:], "continuation_ids": reply})
+    return rows
+
+
+def continuations_dir(cfg, work_dir):
+    """Cached target continuations, shared by every head variant trained on the same target and prompts."""
+    from omegaconf import OmegaConf
+
+    from specrepro.tracking import config_hash
+
+    spec = cfg.training
+    key = config_hash(OmegaConf.to_container(OmegaConf.create({
+        "model": cfg.model, "prompts": spec.continuations, "tokens": spec.response_tokens,
+        "max_prompt_tokens": spec.max_prompt_tokens, "dtype": cfg.hardware.dtype}), resolve=True))
+    return work_dir.parent / f"sar_continuations-{key}"
+
+
+def sar_terms(head: DraftHead, target, batch: dict, anchors: int, generator: torch.Generator | None = None):
+    """Eq. 8's two NLL terms at up to `anchors` random anchors, and the draft's top-1 hits per depth j."""
+    ids, mask, k = batch["input_ids"], batch["target_mask"], head.k
+    with torch.no_grad():
+        hidden = target.model(input_ids=ids).last_hidden_state  # h_p: post final norm
+        emb = target.get_input_embeddings()(ids)
+    starts = mask[:, : ids.shape[1] - k - 1].nonzero()  # anchors whose next token is a response token
+    if len(starts) > anchors:
+        starts = starts[torch.randperm(len(starts), generator=generator, device="cpu")[:anchors].to(ids.device)]
+    b, t = starts[:, 0], starts[:, 1]
+    offsets = torch.arange(1, k + 1, device=ids.device)
+    rows, cols = b[:, None], t[:, None] + offsets  # x[t+1..t+k]: the TLM's inputs
+    targets, valid = ids[rows, cols + 1], mask[rows, cols]  # x[t+j+1], kept where it is a response token
+    logits = head.draft_logits(hidden[b, t], emb[rows, cols])  # (N, k, V)
+    loss_q = F.cross_entropy(logits[valid].float(), targets[valid])  # mean over anchors and depths (1/k sum_j)
+    with torch.no_grad():
+        loss_p = F.cross_entropy(target.lm_head(hidden[b, t]).float(), ids[b, t + 1])
+    hits = ((logits.argmax(-1) == targets) & valid).sum(0)
+    return loss_p, loss_q, hits, valid.sum(0)
+
+
+@torch.no_grad()
+def heldout_accuracy(head, target, rows, pad_id, device, spec) -> list[float]:
+    """Teacher-forced top-1 accuracy of draft depth j = 1..k on held-out rows (fixed anchors)."""
+    hits = total = 0
+    generator = torch.Generator().manual_seed(0)
+    for start in range(0, len(rows), 4):
+        batch = pack_batch(rows[start : start + 4], pad_id, device, spec.train_prompt_tokens)
+        *_, h, n = sar_terms(head, target, batch, spec.anchors_per_batch, generator)
+        hits, total = hits + h, total + n
+    return [round(float(a), 4) for a in (hits / total.clamp(min=1))] if len(rows) else []
+
+
+def train_sar_head(cfg, target, work_dir, log_metrics, device):
+    """Train one SAR-family head on the frozen target; returns (head, metrics, history)."""
+    from specrepro.training.distill_data import continuation_dataset
+    from specrepro.training.loop import train_loop
+
+    spec, model = cfg.training, target.model
+    if not 0 < spec.lam <= 1:
+        raise SpecReproError(f"sar_draft training needs 0 < lam <= 1 with the target frozen, got {spec.lam}")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    rows = reference_rows(spec.references, target.tokenizer, spec.max_prompt_tokens, spec.response_tokens)
+    if spec.continuations:
+        generated = continuation_dataset(target, spec.continuations, spec.response_tokens, spec.generation_batch_size,
+                                         spec.max_prompt_tokens, continuations_dir(cfg, work_dir))
+        rows += [{"prompt_ids": r["prompt_ids"], "continuation_ids": r["continuation_ids"]} for r in generated]
+    rows = [r for r in rows if len(r["continuation_ids"]) > spec.head_k]
+    if not rows:
+        raise SpecReproError("sar_draft training found no responses longer than head_k tokens in its data")
+    random.Random(spec.loop.seed).shuffle(rows)
+    n_heldout = max(1, int(len(rows) * spec.heldout_fraction))
+    heldout, train_rows = rows[:n_heldout], rows[n_heldout:] or rows
+    pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
+
+    torch.manual_seed(spec.loop.seed)
+    head = head_for(model, spec.variant, spec.head_k, spec.proj_size, spec.transformer_layers,
+                    spec.shared_lm_head).to(device)
+    before = heldout_accuracy(head, model, heldout, pad_id, device, spec)
+
+    def loss_fn(head, batch):
+        loss_p, loss_q, hits, total = sar_terms(head, model, batch, spec.anchors_per_batch)
+        return (1 - spec.lam) * loss_p + spec.lam * loss_q, {  # Eq. 8 (as a loss to minimise)
+            "loss_p": float(loss_p), "loss_q": float(loss_q.detach()), "top1_depth1": float(hits[0] / total[0].clamp(min=1))}
+
+    history = train_loop(head, loss_fn, batches(train_rows, spec.loop, pad_id, device, spec.train_prompt_tokens),
+                         spec.loop, work_dir / "head", log_metrics, device)
+    head.eval()
+    target_parameters = sum(p.numel() for p in model.parameters())
+    metrics = {
+        "variant": spec.variant,
+        "shared_lm_head": spec.shared_lm_head,
+        "head_parameters": head.num_parameters(),  # the shared LM head is the target's: not counted
+        "target_parameters": target_parameters,
+        "extra_memory_pct": 100.0 * head.num_parameters() / target_parameters,  # |theta'| / |theta|
+        "heldout_top1_by_depth_before": before,
+        "heldout_top1_by_depth_after": heldout_accuracy(head, model, heldout, pad_id, device, spec),
+        "train_sequences": len(train_rows),
+        "heldout_sequences": len(heldout),
+    }
+    return head, metrics, history

@@ -1,0 +1,114 @@
+"""CLLM (004): Jacobi trajectories, augmentation, consistency losses, both `specrepro train` stages end to end."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from datasets import load_from_disk
+
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.jacobi import CLLMDecoder, CLLMConfig, JacobiDecoder
+from specrepro.decoding.sampling import Sampling
+from specrepro.errors import SpecReproError
+from specrepro.models.loading import LoadedModel
+from specrepro.training.cllm import (CLLMTrainingConfig, augment_states, consistency_loss_fn, distance,
+                                     jacobi_trajectories, longest_run)
+from tests.conftest import tiny_llama
+from tests.test_runner import run_dirs, specrepro
+
+GREEDY = Sampling()
+
+
+def test_trajectories_end_in_the_greedy_output():
+    model = tiny_llama(vocab_size=64, seed=4)
+    prompt = list(range(3, 23))
+    rows = jacobi_trajectories(model, prompt, n=5, max_new_tokens=20, eos_ids=set(), rng=random.Random(0))
+    output = [tok for row in rows for tok in row["fixed_point"]]
+    assert output == ARDecoder(model).generate(prompt, GREEDY, 20).token_ids
+    for row in rows:
+        assert len(row["states"]) <= 5  # each Jacobi iteration fixes at least one more token (k <= n)
+        assert row["fixed_point"] not in row["states"]
+        assert row["prefix_ids"][: len(prompt)] == prompt
+
+
+def test_augmentation_corrects_wrong_tokens_but_never_the_first():
+    fixed = [1, 2, 3, 4, 5, 6]
+    states = [[9, 9, 9, 9, 9, 9], [1, 9, 9, 9, 9, 9], [1, 2, 3, 4, 5, 9]]
+    augmented = augment_states(states, fixed, random.Random(0))
+    assert augmented[-1] == states[-1]  # the state before y* is kept
+    for before, after in zip(states[:-1], augmented[:-1]):
+        first_wrong = next(i for i, (a, b) in enumerate(zip(before, fixed)) if a != b)
+        assert after[first_wrong] != fixed[first_wrong]
+        assert sum(a != b for a, b in zip(after, fixed)) < sum(a != b for a, b in zip(before, fixed))
+    assert longest_run([1, 1, 2, 2, 2, 3]) == 3
+
+
+def test_distances_vanish_on_equal_distributions():
+    logits = torch.randn(3, 10)
+    for kind in ("fkl", "rkl", "jsd"):
+        assert torch.allclose(distance(logits, logits, kind), torch.zeros(3), atol=1e-5)
+        assert (distance(logits, torch.randn(3, 10), kind) > 0).all()
+
+
+@pytest.mark.parametrize("consistency,ar_target", [("global", "teacher"), ("local", "teacher"), ("global", "gt")])
+def test_consistency_loss_has_gradients(consistency, ar_target):
+    model = tiny_llama(vocab_size=64, seed=5)
+    prompt = list(range(3, 15))
+    rows = jacobi_trajectories(model, prompt, n=4, max_new_tokens=8, eos_ids=set(), rng=random.Random(0))
+    for row in rows:
+        row.update(prompt_len=len(prompt), reference_ids=[7, 8, 9])
+    spec = CLLMTrainingConfig(block_size=4)
+    spec.loss.consistency, spec.loss.ar_target = consistency, ar_target
+    loss, logs = consistency_loss_fn(spec, rows, torch.device("cpu"))(model, {"indices": [0, 1], "seed": 0})
+    loss.backward()
+    assert loss > 0 and logs["ar_loss"] > 0
+    assert model.lm_head.weight.grad.abs().sum() > 0
+
+
+def test_cllm_method_refuses_base_weights():
+    model = tiny_llama()
+    with pytest.raises(SpecReproError):
+        CLLMDecoder.from_config(CLLMConfig(), LoadedModel(model=model, tokenizer=None, name="tiny"), None)
+
+
+def test_trajectories_then_training_then_lossless_jacobi(tmp_path):
+    """The two train stages through the CLI (LoRA merged into the saved model), then `run method=cllm` on it."""
+    common = ["method=cllm", "model=tiny_random", "logger=none", "hardware.threads=1", "training.block_size=8"]
+    specrepro("train", *common, "training.stage=trajectories", "training.max_new_tokens=16",
+              *[f"training.prompts.{s}.limit=2" for s in ("gsm8k", "spider", "mbpp", "sharegpt")], cwd=tmp_path)
+    [trajectories] = (tmp_path / "results" / "artifacts").glob("cllm_trajectories-*")
+    dataset = load_from_disk(str(trajectories / "trajectories"))
+    assert set(dataset["source"]) == {"gsm8k", "spider", "mbpp", "sharegpt"}
+    assert all(len(fp) == 8 for fp in dataset["fixed_point"])
+    specrepro("train", *common, "training.stage=train", "training.loop.steps=3", "training.heldout_prompts=2",
+              "training.eval_tokens=8", "training.loss.consistency=local", "training.lora.r=4", cwd=tmp_path)
+    [model_dir] = (tmp_path / "results" / "artifacts").glob("cllm-*")
+    assert (model_dir / "config.json").is_file() and (model_dir / "artifact.json").is_file()
+    specrepro("run", "model=tiny_random", "model.source=artifact", "model.id=cllm", "method=cllm", "dataset=gsm8k",
+              "dataset.limit=2", "decoding.max_new_tokens=12", "timing.warmup_tokens=4", "hardware.threads=1",
+              "logger=none", cwd=tmp_path)
+    runs = run_dirs(tmp_path)
+    [cllm_run] = [p for name, p in runs.items() if name.startswith("cllm:")]
+    assert json.loads((cllm_run / "metrics.json").read_text())["lossless"] == 1.0
+
+
+def test_jacobi_on_trained_weights_equals_ar_on_them(tmp_path):
+    """A few consistency steps change the weights; Jacobi on them still equals AR on them."""
+    model = tiny_llama(vocab_size=64, seed=6)
+    prompt = list(range(3, 19))
+    rows = jacobi_trajectories(model, prompt, n=6, max_new_tokens=12, eos_ids=set(), rng=random.Random(0))
+    for row in rows:
+        row.update(prompt_len=len(prompt), reference_ids=[])
+    spec = CLLMTrainingConfig(block_size=6)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(3):
+        loss, _ = consistency_loss_fn(spec, rows, torch.device("cpu"))(model, {"indices": [step % len(rows)], "seed": step})
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    assert JacobiDecoder(model, block_size=6).generate(prompt, GREEDY, 30).token_ids == \
+        ARDecoder(model).generate(prompt, GREEDY, 30).token_ids

@@ -1,0 +1,61 @@
+"""Jacobi decoding (004): greedy output equals `ar` on the same weights; per-step counters are consistent."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.jacobi import JacobiDecoder
+from specrepro.decoding.sampling import Sampling
+from specrepro.errors import SpecReproError
+from tests.conftest import tiny_llama
+
+GREEDY = Sampling()
+
+
+def prompts(vocab, n=3, length=20):
+    rng = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab, (length,), generator=rng).tolist() for _ in range(n)] + [[5, 6, 7, 8] * 5]
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 5, 16])
+@pytest.mark.parametrize("logit_scale", [1.0, 30.0])
+def test_jacobi_equals_ar(block_size, logit_scale):
+    model = tiny_llama(vocab_size=64, seed=3, logit_scale=logit_scale)
+    for seed, prompt in enumerate(prompts(64)):
+        reference = ARDecoder(model).generate(prompt, GREEDY, 37)
+        gen = JacobiDecoder(model, block_size=block_size).generate(prompt, GREEDY, 37, seed=seed)
+        assert gen.token_ids == reference.token_ids
+        assert sum(gen.accepted) + 1 == len(gen.token_ids)
+        assert gen.steps == len(gen.extra["fast_forwarded"]) == len(gen.extra["stationary"])
+        assert all(s <= f for s, f in zip(gen.extra["stationary"], gen.extra["fast_forwarded"]))
+        assert all(d <= block_size - 1 for d in gen.drafted)
+
+
+def test_a_model_that_repeats_itself_fast_forwards():
+    """Once the output settles into a repeated token, later positions are right before their prefix is."""
+    model = tiny_llama(vocab_size=8, seed=0, logit_scale=30.0)
+    model.generation_config.eos_token_id = None
+    prompt = [1, 2, 3, 4] * 6
+    gen = JacobiDecoder(model, block_size=8).generate(prompt, GREEDY, 64)
+    assert gen.token_ids == ARDecoder(model).generate(prompt, GREEDY, 64).token_ids
+    assert len(gen.token_ids) - 1 > gen.steps
+    assert max(gen.extra["fast_forwarded"]) > 1 and sum(gen.extra["stationary"]) > 0
+
+
+def test_jacobi_is_greedy_only():
+    with pytest.raises(SpecReproError):
+        JacobiDecoder(tiny_llama()).generate([3, 4, 5], Sampling(do_sample=True), 8)
+
+
+@pytest.mark.embedded
+def test_jacobi_reproduces_ar_on_the_embedded_model(embedded):
+    tok = embedded.tokenizer
+    questions = ["What is 12 times 7?", "Write a Python function that reverses a string.", "Name three colours."]
+    for i, question in enumerate(questions):
+        ids = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        reference = ARDecoder(embedded.model, tok).generate(ids, GREEDY, 64)
+        gen = JacobiDecoder(embedded.model, tok, block_size=16).generate(ids, GREEDY, 64, seed=i)
+        assert gen.token_ids == reference.token_ids

@@ -1,0 +1,142 @@
+"""SAR draft (001) and its head family: lossless greedy decoding, h_q prefix states, artifacts, training via the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.sar_draft import VARIANTS, DraftHead, SARDraftConfig, SARDraftDecoder, head_for
+from specrepro.errors import SpecReproError
+from tests.conftest import tiny_llama
+from tests.test_runner import FAST, run_dirs, specrepro
+
+GREEDY = Sampling()
+FAMILY = [(v, 1, False) for v in VARIANTS] + [("transformer", 0, False), ("transformer", 2, False),
+                                              ("simplified", 1, True), ("block", 1, True)]
+
+
+def sar(target, variant, k=4, transformer_layers=1, controller="fixed", shared=False):
+    torch.manual_seed(0)
+    head = head_for(target, variant, 4, 32, transformer_layers, shared).eval()
+    cfg = SARDraftConfig(variant=variant, k=k, k_max=4, controller=controller, transformer_layers=transformer_layers,
+                         shared_lm_head=shared)
+    return SARDraftDecoder(target, None, head, cfg)
+
+
+@pytest.mark.parametrize("variant,layers,shared", FAMILY)
+def test_greedy_sar_equals_ar_for_every_variant_and_k(variant, layers, shared):
+    target = tiny_llama(vocab_size=64, num_layers=2, logit_scale=3.0)
+    prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
+    reference = ARDecoder(target).generate(prompt, GREEDY, 30).token_ids
+    for k, controller in ((1, "fixed"), (3, "fixed"), (4, "fixed"), (2, "heuristic")):
+        gen = sar(target, variant, k, layers, controller, shared).generate(prompt, GREEDY, 30)
+        assert gen.token_ids == reference, (variant, layers, k, controller)
+        assert sum(gen.drafted) > 0
+        own = sum(p.numel() for p in head_for(target, variant, 4, 32, layers, shared).parameters())
+        assert gen.extra["extra_parameters"] == own  # a shared LM head is the target's, not counted
+
+
+def test_h_p_is_the_verified_row_that_produced_the_last_committed_token():
+    target = tiny_llama(vocab_size=64, num_layers=2, logit_scale=3.0)
+    decoder = sar(target, "simplified", k=3)
+    prompt = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(2))
+    seen = []
+    original = decoder.propose
+
+    def spy(tokens, k, sampling, rng, controller):
+        seen.append((tokens.clone(), decoder.hp.clone()))
+        return original(tokens, k, sampling, rng, controller)
+
+    decoder.propose = spy
+    decoder.generate(prompt, GREEDY, 20)
+    for tokens, hp in seen:
+        with torch.no_grad():
+            fresh = target.model(tokens[:, :-1]).last_hidden_state[0, -1]  # the row that predicted tokens[-1]
+        assert torch.allclose(hp, fresh, atol=1e-5)
+
+
+def test_simplified_prefix_states_are_the_alpha_weighted_means():
+    head = DraftHead(8, 16, "simplified", k=3, proj_size=4)
+    with torch.no_grad():
+        head.alpha_logits.copy_(torch.tensor([0.0, 1.0, -2.0]))
+    emb = torch.randn(2, 3, 8)
+    states, m = head.tlm_states(emb), head.mlp(emb)
+    alpha = torch.sigmoid(head.alpha_logits)
+    for j in range(1, 4):  # Eq. 6
+        expected = (alpha[:j, None] * m[:, :j]).sum(1) / alpha[:j].sum()
+        assert torch.allclose(states[:, j - 1], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant,layers,shared", FAMILY)
+def test_prefix_states_are_causal_and_the_head_round_trips(variant, layers, shared, tmp_path):
+    lm_head = torch.nn.Linear(16, 32, bias=False)
+    head = DraftHead(16, 32, variant, k=4, proj_size=8, transformer_layers=layers, shared_lm_head=shared).eval()
+    head.attach_lm_head(lm_head)
+    emb, hp = torch.randn(1, 4, 16), torch.randn(1, 16)
+    full = head.draft_logits(hp, emb)
+    for j in range(1, 5):  # the logits after a prefix do not depend on later draft tokens
+        assert torch.allclose(head.draft_logits(hp, emb[:, :j])[:, -1], full[:, j - 1], atol=1e-5)
+    head.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "sar_head.json").read_text())["parameters"] == head.num_parameters()
+    assert torch.equal(DraftHead.from_pretrained(tmp_path).attach_lm_head(lm_head).draft_logits(hp, emb), full)
+    assert "lm_head" not in " ".join(head.state_dict())
+
+
+def test_sar_head_has_the_papers_shapes():
+    head = DraftHead(576, 100, "simplified", k=4)  # H = 576, P = 1024
+    assert head.w_p.weight.shape == (1024, 576) and head.w_q.weight.shape == (1024, 288)
+    assert head.w_3.weight.shape == (100, 2048)
+    assert head.mlp[0].weight.shape == (288, 576) and head.mlp[2].weight.shape == (288, 288)
+    assert DraftHead(576, 100, "lstm").rnn.num_layers == 2
+
+
+def test_k_beyond_the_heads_positions_and_unknown_variants_are_user_errors():
+    target = tiny_llama(vocab_size=64)
+    with pytest.raises(SpecReproError):
+        SARDraftDecoder(target, None, head_for(target, "simplified", 2, 8, 1), SARDraftConfig(k=3, k_max=2))
+    with pytest.raises(SpecReproError):
+        DraftHead(16, 32, "medusa2")
+
+
+def test_sampling_runs_through_speculative_verification():
+    target = tiny_llama(vocab_size=64, num_layers=2)
+    prompt = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(0))
+    gen = sar(target, "lstm", k=3).generate(prompt, Sampling(True, 0.8, 0, 1.0), 24, seed=1)
+    assert len(gen.token_ids) == 24 and all(0 <= t < 64 for t in gen.token_ids)
+
+
+@pytest.mark.embedded
+def test_untrained_sar_draft_is_lossless_on_the_embedded_model(embedded):
+    tok = embedded.tokenizer
+    decoder = SARDraftDecoder(embedded.model, tok, head_for(embedded.model, "simplified", 3, 256, 1).eval(),
+                              SARDraftConfig(k=3, k_max=3))
+    for text in ("The capital of France is", "def fibonacci(n):", "Question: 3 apples plus 4 apples? Answer:"):
+        prompt = tok(text, return_tensors="pt").input_ids
+        reference = ARDecoder(embedded.model, tok).generate(prompt, GREEDY, 64).token_ids
+        assert decoder.generate(prompt, GREEDY, 64).token_ids == reference
+
+
+def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_path):
+    shape = ["method=sar_draft", "method.variant=lstm", "method.proj_size=32", "method.k=3", "method.k_max=3"]
+    specrepro("train", "model=tiny_random", *shape, "training.references.gsm8k.limit=12",
+              "training.references.sql.limit=6", "+dataset@training.continuations.gsm8k=gsm8k_train",
+              "training.continuations.gsm8k.limit=4", "training.response_tokens=16", "training.loop.steps=4", "training.loop.batch_size=2",
+              "training.anchors_per_batch=32", "hardware.threads=1", "logger=none", cwd=tmp_path)
+    (artifact,) = (tmp_path / "results" / "artifacts").glob("sar_head-tiny_random-*")
+    metrics = json.loads((artifact / "artifact.json").read_text())["metrics"]
+    assert metrics["variant"] == "lstm" and metrics["head_parameters"] == DraftHead.from_pretrained(artifact).num_parameters()
+    assert len(metrics["heldout_top1_by_depth_after"]) == 4 and metrics["train_sequences"] >= 16
+    assert list((tmp_path / "results" / "artifacts" / ".work").glob("sar_continuations-*"))
+    specrepro("run", *FAST, *shape, "dataset=gsm8k", "dataset.limit=2", "logger=none", cwd=tmp_path)
+    run = next(p for k, p in run_dirs(tmp_path).items() if k.startswith("sar_draft:"))
+    assert json.loads((run / "metrics.json").read_text())["lossless"] == 1.0
+    first = json.loads((run / "generations.jsonl").read_text().splitlines()[0])
+    assert first["samples"][0][0]["extra"]["extra_parameters"] == metrics["head_parameters"]
+    # a head of another variant is not picked up
+    out = specrepro("run", *FAST, "method=sar_draft", "method.variant=block", "dataset=gsm8k", "dataset.limit=1",
+                    "logger=none", cwd=tmp_path, check=False)
+    assert out.returncode == 2 and "no sar_draft head artifact" in out.stderr
