@@ -164,20 +164,17 @@ def first_layers_hidden(target, input_ids: torch.Tensor, num_layers: int, cache:
 
 def find_head(ref: str, artifacts_dir, model_name: str, settings: dict) -> Path:
     """The newest complete `<ref>` / `<ref>-<model>-*` artifact whose head has `settings` (N, exit layer, head)."""
-    from specrepro.training.artifacts import METADATA, find_artifact
+    from specrepro.training.artifacts import find_matching_artifact
 
-    root = Path(artifacts_dir)
-    exact = find_artifact(ref, root)
-    candidates = [exact] if exact is not None and not exact.name.startswith(f"{ref}-{model_name}-") else []
-    if "/" not in ref:
-        candidates += sorted((p for p in root.glob(f"{ref}-{model_name}-*") if (p / METADATA).is_file()),
-                             key=lambda p: (p / METADATA).stat().st_mtime, reverse=True)
-    for path in candidates:
+    def matches(path: Path) -> bool:
         meta = path / "eesd_head.json"
-        if meta.is_file() and all(json.loads(meta.read_text())[k] == v for k, v in settings.items()):
-            return path
+        return meta.is_file() and all(json.loads(meta.read_text())[k] == v for k, v in settings.items())
+
+    path = find_matching_artifact(ref, artifacts_dir, model_name, matches)
+    if path is not None:
+        return path
     raise SpecReproError(
-        f"no eesd head artifact '{ref}' for model {model_name} with {settings} under {root}: train one with "
+        f"no eesd head artifact '{ref}' for model {model_name} with {settings} under {artifacts_dir}: train one with "
         f"`specrepro train method=eesd model={model_name} method.num_layers={settings['num_layers']} "
         f"method.exit_layer={settings['exit_layer']} method.shared_head={settings['shared_head']}`, or use method.head=none"
     )

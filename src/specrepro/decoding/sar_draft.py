@@ -164,20 +164,17 @@ def head_for(target: nn.Module, variant: str, k: int, proj_size: int, transforme
 
 def find_head(ref: str, artifacts_dir, model_name: str, variant: str, shared_lm_head: bool) -> Path:
     """The newest complete `<ref>` / `<ref>-<model>-*` artifact holding a head of `variant`."""
-    from specrepro.training.artifacts import METADATA, find_artifact
+    from specrepro.training.artifacts import find_matching_artifact
 
-    root = Path(artifacts_dir)
-    exact = find_artifact(ref, root)
-    candidates = [exact] if exact is not None and not exact.name.startswith(f"{ref}-{model_name}-") else []
-    if "/" not in ref:
-        candidates += sorted((p for p in root.glob(f"{ref}-{model_name}-*") if (p / METADATA).is_file()),
-                             key=lambda p: (p / METADATA).stat().st_mtime, reverse=True)
-    for path in candidates:
+    def matches(path: Path) -> bool:
         meta = path / HEAD_FILES[0]
         settings = json.loads(meta.read_text()) if meta.is_file() else {}
-        if settings.get("variant") == variant and settings.get("shared_lm_head", False) == shared_lm_head:
-            return path
-    raise SpecReproError(f"no sar_draft head artifact '{ref}' of variant {variant} (shared_lm_head={shared_lm_head}) for model {model_name} under {root}: "
+        return settings.get("variant") == variant and settings.get("shared_lm_head", False) == shared_lm_head
+
+    path = find_matching_artifact(ref, artifacts_dir, model_name, matches)
+    if path is not None:
+        return path
+    raise SpecReproError(f"no sar_draft head artifact '{ref}' of variant {variant} (shared_lm_head={shared_lm_head}) for model {model_name} under {artifacts_dir}: "
                          f"train one with `specrepro train method=sar_draft model={model_name} method.variant={variant} "
                          f"method.shared_lm_head={shared_lm_head}`, "
                          "or use method.head=none")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Callable
 
 from specrepro.tracking import atomic_write
 
@@ -51,3 +52,15 @@ def find_artifact(ref: str, artifacts_dir: str | Path) -> Path | None:
     if is_complete(path) or (path / "config.json").is_file():
         return path
     return None
+
+
+def find_matching_artifact(ref: str, artifacts_dir: str | Path, model_name: str,
+                           matches: Callable[[Path], bool]) -> Path | None:
+    """`ref` itself (name or path) if it matches, else the newest complete `<ref>-<model>-*` that does."""
+    root = Path(artifacts_dir)
+    exact = find_artifact(ref, root)
+    candidates = [exact] if exact is not None and not exact.name.startswith(f"{ref}-{model_name}-") else []
+    if "/" not in ref:
+        candidates += sorted((p for p in root.glob(f"{ref}-{model_name}-*") if is_complete(p)),
+                             key=lambda p: (p / METADATA).stat().st_mtime, reverse=True)
+    return next((path for path in candidates if matches(path)), None)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding.eesd import MAX_PREDICTOR_POSITION, CalibrationPredictor, EarlyExitHead, first_layers_hidden
-from specrepro.training.loop import LoopConfig
+from specrepro.training.loop import LoopConfig, micro_batch_indices
 
 
 @dataclass
@@ -68,14 +68,10 @@ def pack_batch(rows: list[dict], pad_id: int, device, prompt_tokens: int) -> dic
 
 
 def batches(rows: list[dict], loop: LoopConfig, pad_id: int, device, prompt_tokens: int):
-    """batch_for_step(step, micro): a pure function of the step (seeded epoch permutations), for exact resume."""
+    """batch_for_step(step, micro) for the shared loop."""
 
     def batch_for_step(step: int, micro: int) -> dict:
-        position = (step * loop.grad_accum + micro) * loop.batch_size
-        epoch, offset = divmod(position, len(rows))
-        order = list(range(len(rows)))
-        random.Random(loop.seed * 100003 + epoch).shuffle(order)
-        return pack_batch([rows[order[(offset + j) % len(rows)]] for j in range(loop.batch_size)], pad_id, device,
+        return pack_batch([rows[i] for i in micro_batch_indices(step, micro, len(rows), loop)], pad_id, device,
                           prompt_tokens)
 
     return batch_for_step

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -35,6 +36,15 @@ class LoopConfig:
     checkpoint_every: int = 50
     log_every: int = 10
     seed: int = 0
+
+
+def micro_batch_indices(step: int, micro: int, n_rows: int, cfg: LoopConfig) -> list[int]:
+    """Row indices of one micro-batch: a pure function of the step (seeded epoch permutations), for exact resume."""
+    position = (step * cfg.grad_accum + micro) * cfg.batch_size
+    epoch, offset = divmod(position, n_rows)
+    order = list(range(n_rows))
+    random.Random(cfg.seed * 100003 + epoch).shuffle(order)
+    return [order[(offset + j) % n_rows] for j in range(cfg.batch_size)]
 
 
 def lr_lambda(cfg: LoopConfig) -> Callable[[int], float]:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specrepro.data.config import DatasetConfig
-from specrepro.training.loop import LoopConfig
+from specrepro.training.loop import LoopConfig, micro_batch_indices
 
 
 @dataclass
@@ -95,14 +95,10 @@ def pack_batch(rows: list[dict], pad_id: int, device, prompt_tokens: int | None 
 
 
 def batches(rows: list[dict], loop: LoopConfig, pad_id: int, device, prompt_tokens: int):
-    """batch_for_step(step, micro): a deterministic function of the step (seeded epoch permutations)."""
+    """batch_for_step(step, micro) for the shared loop."""
 
     def batch_for_step(step: int, micro: int) -> dict:
-        position = (step * loop.grad_accum + micro) * loop.batch_size
-        epoch, offset = divmod(position, len(rows))
-        order = list(range(len(rows)))
-        random.Random(loop.seed * 100003 + epoch).shuffle(order)
-        picked = [rows[order[(offset + j) % len(rows)]] for j in range(loop.batch_size)]
+        picked = [rows[i] for i in micro_batch_indices(step, micro, len(rows), loop)]
         return pack_batch(picked, pad_id, device, prompt_tokens)
 
     return batch_for_step
