@@ -108,7 +108,7 @@ def train_loop(
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
                 loss, extra = loss_fn(model, batch)
             (loss / cfg.grad_accum).backward()
-            for key, value in {"loss": float(loss), **extra}.items():
+            for key, value in {"loss": float(loss.detach()), **extra}.items():
                 logs[key] = logs.get(key, 0.0) + float(value) / cfg.grad_accum
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         optimizer.step()
