@@ -132,6 +132,7 @@ def register_configs() -> None:
     from specrepro.training.eesd_head import EESDHeadTrainingConfig
     from specrepro.training.sar_head import SARHeadTrainingConfig
     from specrepro.training.self_sd_search import SelfSDSearchConfig
+    from specrepro.training.space_sft import SpaceSFTConfig
     from specrepro.training.sps_draft import SPSDraftTrainingConfig
 
     cs = ConfigStore.instance()
@@ -142,6 +143,7 @@ def register_configs() -> None:
     cs.store(group="training", name="base_self_sd_skip_set", node=SelfSDSearchConfig)
     cs.store(group="training", name="base_eesd_head", node=EESDHeadTrainingConfig)
     cs.store(group="training", name="base_sar_head", node=SARHeadTrainingConfig)
+    cs.store(group="training", name="base_space_sft", node=SpaceSFTConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="dataset", name="base_dataset", node=DatasetConfig)
     cs.store(group="decoding", name="base_decoding", node=DecodingConfig)

@@ -11,11 +11,12 @@ from specrepro.decoding.pld import PLDDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.sar_draft import SARDraftDecoder
 from specrepro.decoding.self_sd import SelfSDDecoder
+from specrepro.decoding.space import SpaceDecoder
 from specrepro.decoding.sps import SPSDecoder
 
 DECODERS: dict[str, type[Decoder]] = {
     cls.name: cls for cls in (ARDecoder, SPSDecoder, PLDDecoder, HFAssistedDecoder, EESDDecoder, SelfSDDecoder,
-                 JacobiDecoder, CLLMDecoder, SARDraftDecoder)
+                 JacobiDecoder, CLLMDecoder, SARDraftDecoder, SpaceDecoder)
 }
 
 

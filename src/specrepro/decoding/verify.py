@@ -6,6 +6,7 @@
   norm(max(p - q, 0)); if every draft is accepted draw a bonus token from p. Deterministic drafters
   (prompt lookup, ...) pass q = None, i.e. q is one-hot on the draft.
 - `crop_cache`: roll a transformers cache back to a length after a rejection.
+- `keep_cache_positions`: keep chosen positions of a cache (drafts interleaved with real tokens, SPACE).
 """
 
 from __future__ import annotations
@@ -30,8 +31,13 @@ def speculative_verify(
     target_logits: torch.Tensor,
     sampling: Sampling,
     rng: torch.Generator,
+    resample_residual: bool = True,
 ) -> tuple[list[int], int]:
-    """Lossless acceptance for sampling. draft_probs: (k, vocab) warped q, or None for one-hot drafts."""
+    """Lossless acceptance for sampling. draft_probs: (k, vocab) warped q, or None for one-hot drafts.
+
+    `resample_residual=False` draws the token after a rejection from p instead of norm(max(p - q, 0)), as
+    SPACE's Algorithm 1 (line 18) does: that does not preserve the target distribution when q != p.
+    """
     if sampling.greedy:
         return greedy_verify(drafts, target_logits)
     p = probs(target_logits, sampling)  # (k + 1, vocab)
@@ -42,8 +48,8 @@ def speculative_verify(
     u = torch.rand(k, generator=rng, device=drafts.device)
     rejected = (u * q_draft > p_draft).nonzero()  # u < p/q  <=>  accept
     n_accepted = int(rejected[0]) if rejected.numel() else k
-    if n_accepted == k:
-        last = sample(p[k], rng)  # bonus token from p
+    if n_accepted == k or not resample_residual:
+        last = sample(p[n_accepted], rng)  # bonus token from p
     else:
         if draft_probs is not None:
             residual = (p[n_accepted] - draft_probs[n_accepted]).clamp_min(0)
@@ -71,3 +77,11 @@ def crop_cache(cache, length: int) -> None:
             extra = layer.keys.shape[-2] - length
             if extra > 0:
                 layer.crop(-extra)
+
+
+def keep_cache_positions(cache, positions: torch.Tensor) -> None:
+    """Keep only `positions` (ascending indices along the sequence axis) in every layer of a DynamicCache."""
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False):
+            layer.keys = layer.keys.index_select(-2, positions)
+            layer.values = layer.values.index_select(-2, positions)

@@ -15,13 +15,15 @@ from specrepro.training.cllm import train_cllm
 from specrepro.training.eesd_head import train_eesd_head
 from specrepro.training.sar_head import train_sar_head
 from specrepro.training.self_sd_search import train_self_sd_skip_set
+from specrepro.training.space_sft import train_space_sft
 from specrepro.training.sps_draft import train_sps_draft
 
 log = logging.getLogger(__name__)
 
 TRAINERS = {"sps_draft": train_sps_draft, "eesd_head": train_eesd_head,
             "self_sd_skip_set": train_self_sd_skip_set, "sar_head": train_sar_head,
-            "cllm_trajectories": train_cllm, "cllm": train_cllm}
+            "cllm_trajectories": train_cllm, "cllm": train_cllm,
+            "space": train_space_sft, "space_sft_control": train_space_sft}
 
 
 def artifact_path(cfg) -> Path:

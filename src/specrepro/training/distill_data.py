@@ -90,6 +90,25 @@ def reference_response(record) -> str | None:
     return record.reference
 
 
+def reference_rows(datasets: dict, tokenizer, max_prompt_tokens: int, response_tokens: int,
+                   end_token: int | None = None) -> list[dict]:
+    """Rows {source, prompt_ids, continuation_ids}: each record's own reference response after its prompt.
+
+    `end_token` (e.g. the chat's end-of-turn id) is appended before truncation, so a model fine-tuned on the
+    rows learns to stop where a response ends and never where one was cut.
+    """
+    rows = []
+    for name, dataset_cfg in datasets.items():
+        for record in load_records(dataset_cfg):
+            response = reference_response(record)  # GSM8K: the worked solution, not just the final answer
+            if response:
+                prompt = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
+                reply = tokenizer(response, add_special_tokens=False)["input_ids"]
+                reply = (reply + ([end_token] if end_token is not None else []))[:response_tokens]
+                rows.append({"source": name, "prompt_ids": prompt[-max_prompt_tokens:], "continuation_ids": reply})
+    return rows
+
+
 @torch.inference_mode()
 def target_argmax_labels(model, rows: list[tuple[list[int], list[int]]], batch_size: int) -> list[list[int]]:
     """The target's greedy prediction at every response position, teacher-forced on (prompt, response) pairs."""

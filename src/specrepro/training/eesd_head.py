@@ -92,18 +92,11 @@ def continuations_key(cfg) -> str:
 
 def plain_rows(spec, tokenizer, limit: int) -> list[dict]:
     """Rows {prompt_ids, continuation_ids} whose continuation is a dataset's own reference response."""
-    from specrepro.data import load_records, render_prompt
+    from specrepro.training.distill_data import reference_rows
 
-    rows = []
-    for name in spec.plain_from:
-        dataset_cfg = spec.prompts[name]
-        for record in load_records(dataset_cfg):
-            if not record.reference:
-                continue
-            prompt = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
-            reply = tokenizer(record.reference, add_special_tokens=False)["input_ids"][: spec.continuation_tokens]
-            if len(reply) >= 8:
-                rows.append({"prompt_ids": prompt[-spec.max_prompt_tokens :], "continuation_ids": reply})
+    datasets = {name: spec.prompts[name] for name in spec.plain_from}
+    rows = [row for row in reference_rows(datasets, tokenizer, spec.max_prompt_tokens, spec.continuation_tokens)
+            if len(row["continuation_ids"]) >= 8]
     random.Random(spec.loop.seed).shuffle(rows)
     return rows[:limit]
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding.sar_draft import DraftHead, head_for
 from specrepro.errors import SpecReproError
+from specrepro.training.distill_data import reference_rows
 from specrepro.training.eesd_head import batches, pack_batch
 from specrepro.training.loop import LoopConfig
 
@@ -47,22 +48,6 @@ class SARHeadTrainingConfig:
     anchors_per_batch: int = 256  # anchors t drawn per batch (the k x V logits of every anchor do not fit)
     heldout_fraction: float = 0.05
     loop: LoopConfig = field(default_factory=LoopConfig)
-
-
-def reference_rows(datasets: dict, tokenizer, max_prompt_tokens: int, response_tokens: int) -> list[dict]:
-    """Rows {prompt_ids, continuation_ids} whose continuation is the dataset's own reference response."""
-    from specrepro.data import load_records, render_prompt
-    from specrepro.training.distill_data import reference_response
-
-    rows = []
-    for dataset_cfg in datasets.values():
-        for record in load_records(dataset_cfg):
-            response = reference_response(record)  # GSM8K: the worked solution, not just the final answer
-            if response:
-                prompt = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
-                reply = tokenizer(response, add_special_tokens=False)["input_ids"][:response_tokens]
-                rows.append({"prompt_ids": prompt[-max_prompt_tokens:], "continuation_ids": reply})
-    return rows
 
 
 def continuations_dir(cfg, work_dir):

@@ -1,0 +1,137 @@
+"""`space`: SPACE auto-correct decoding (Yi et al. 2024, Alg. 1) on a SAR-SFT checkpoint.
+
+Every step feeds one block of (k+1)^2 tokens on the KV cache of the committed prefix (Eq. 5):
+
+    [anchor] [M]*k [c_1] [M]*k ... [c_k] [M]*k
+
+`anchor` is the last committed token (not yet in the cache) and c_1..c_k the previous step's candidates.
+A custom attention mask (Eq. 6, read as its prose and Fig. 3 say: a mask sees the real tokens before it
+and the earlier masks of its own group only; real tokens see real tokens only) and position ids (Eq. 7:
+each group sits right after its anchor) make one forward do two jobs:
+- verify: the outputs at the real slots are the target's AR distributions for c_1..c_k and the token
+  after them, so the shared verifier accepts a prefix of the candidates plus one target token (Eq. 8-10);
+- draft: the k masks after the last accepted real token guess the k tokens after that target token;
+  they are the next step's candidates (Sec. 3.2: "commences from the (i*+1)-th mask token group").
+Real tokens never see masks, so their keys and values equal plain AR's: after a step the cache keeps the
+anchor and the accepted candidates (a gather, since they are interleaved with masks) and drops the rest.
+
+The prefill feeds the prompt followed by one mask group (the training layout), so the first candidates
+come with the first token and no dummy step is needed. The k masks of a group see only the earlier
+masks of that group, so a checkpoint trained with k_train masks decodes with any k <= k_train.
+
+Sampling: `residual_resample=true` is exact speculative sampling (the token after a rejection comes from
+norm(max(p - q, 0))) and preserves the target distribution; `false` is the paper's Alg. 1 line 18 (that
+token comes from p), which does not. [M] is never proposed as a candidate (its draft logit is masked);
+the target's own distribution is left untouched so greedy SPACE equals greedy `ar` on the same weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from specrepro.config import MethodConfig, register_method_schema
+from specrepro.decoding.base import Decoder, GenerationBuilder
+from specrepro.decoding.sampling import Sampling, next_token, probs, sample
+from specrepro.decoding.verify import crop_cache, keep_cache_positions, speculative_verify
+from specrepro.errors import SpecReproError
+
+MASK_TOKEN = "[M]"
+
+
+@register_method_schema("space")
+@dataclass
+class SpaceConfig(MethodConfig):
+    name: str = "space"
+    k: int = 5  # masks per group = candidates per step (paper default 5; at most the checkpoint's training k)
+    residual_resample: bool = True  # true: exact speculative sampling; false: paper's Alg. 1 (not distribution-preserving)
+
+
+def block_layout(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(allow, offsets) of one step's block: allow[a, b] = query a may attend key b (Eq. 6); offsets = Eq. 7."""
+    size = (k + 1) ** 2
+    index = torch.arange(size)
+    group, slot = index // (k + 1), index % (k + 1)
+    real = slot == 0
+    causal = index[:, None] >= index[None, :]
+    same_group_masks = (~real[:, None]) & (group[:, None] == group[None, :])
+    allow = causal & (real[None, :] | same_group_masks)
+    return allow, group + slot  # anchor/c_g at offset g; mask j of group g at offset g + j
+
+
+def additive_mask(allow: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A (1, 1, q, kv) float mask for transformers' 4-D attention_mask: 0 where allowed, the dtype's min elsewhere."""
+    mask = torch.zeros(allow.shape, dtype=dtype, device=allow.device)
+    return mask.masked_fill(~allow, torch.finfo(dtype).min)[None, None]
+
+
+class SpaceDecoder(Decoder):
+    name = "space"
+
+    def __init__(self, model, tokenizer, mask_id: int, k: int = 5, residual_resample: bool = True):
+        super().__init__(model, tokenizer)
+        trained_k = getattr(model.config, "space_k", None)
+        if k < 1 or (trained_k is not None and k > trained_k):
+            raise SpecReproError(f"method.k must be between 1 and the checkpoint's training k ({trained_k}), got {k}")
+        self.mask_id, self.k, self.residual_resample = mask_id, k, residual_resample
+        allow, offsets = block_layout(k)
+        self.block_allow = allow.to(self.device)
+        self.block_offsets = offsets.to(self.device)
+        self.real_slots = torch.arange(0, (k + 1) ** 2, k + 1, device=self.device)  # anchor, c_1..c_k
+
+    @classmethod
+    def from_config(cls, cfg: SpaceConfig, target, ctx) -> "SpaceDecoder":
+        mask_id = getattr(target.model.config, "space_mask_token_id", None)
+        if mask_id is None:
+            raise SpecReproError(
+                "method=space decodes a SAR-SFT checkpoint (`specrepro train method=space`), but the run's model has "
+                "no mask token: run with model.source=artifact model.id=space (so the ar reference shares the weights)"
+            )
+        return cls(target.model, target.tokenizer, int(mask_id), cfg.k, cfg.residual_resample)
+
+    def _draft(self, mask_logits: torch.Tensor, sampling: Sampling, rng) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Candidates (k,) from one mask group's logits, and their distributions q (k, vocab) when sampling."""
+        mask_logits = mask_logits.clone()
+        mask_logits[:, self.mask_id] = float("-inf")  # never propose [M]
+        if sampling.greedy:
+            return mask_logits.argmax(-1), None
+        q = probs(mask_logits, sampling)
+        return sample(q, rng), q
+
+    def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
+        k, device = self.k, prompt_ids.device
+        cache = DynamicCache(config=self.model.config)
+        masks = torch.full((1, k), self.mask_id, device=device)
+        with out.timed("prefill"):  # the prompt + one mask group, plain causal (the training layout)
+            logits = self.model(torch.cat([prompt_ids, masks], 1), past_key_values=cache).logits[0, -(k + 1):]
+            out.commit([next_token(logits[0], sampling, rng)], prefill=True)
+            candidates, q = self._draft(logits[1:], sampling, rng)
+        n_cached = prompt_ids.shape[1]
+        crop_cache(cache, n_cached)
+        accepted_per_position = torch.zeros(k, dtype=torch.long)
+        while not out.done:
+            anchor = out.gen.token_ids[-1]
+            with out.timed("verify"):  # one forward verifies c_1..c_k and drafts from every mask group (Eq. 5-7)
+                block = torch.cat([torch.tensor([anchor], device=device), masks[0]])
+                block = torch.cat([block] + [torch.cat([c.view(1), masks[0]]) for c in candidates])[None]
+                allow = torch.cat([torch.ones(len(self.block_allow), n_cached, dtype=torch.bool, device=device),
+                                   self.block_allow], 1)
+                logits = self.model(
+                    block, past_key_values=cache, position_ids=(n_cached + self.block_offsets)[None],
+                    attention_mask=additive_mask(allow, self.model.dtype),
+                ).logits[0]
+                tokens, n_accepted = speculative_verify(candidates, q, logits[self.real_slots], sampling, rng,
+                                                        self.residual_resample)
+            keep = torch.cat([torch.arange(n_cached, device=device), n_cached + self.real_slots[: n_accepted + 1]])
+            keep_cache_positions(cache, keep)  # the anchor and accepted candidates; masks and rejects dropped
+            n_cached += n_accepted + 1
+            accepted_per_position[:n_accepted] += 1
+            out.commit(tokens, drafted=k)
+            if out.done:
+                break
+            with out.timed("draft"):  # the mask group after the last accepted real token guesses past the new token
+                group = n_accepted * (k + 1)
+                candidates, q = self._draft(logits[group + 1 : group + k + 1], sampling, rng)
+        out.gen.extra.update(k=k, accepted_per_position=accepted_per_position.tolist())

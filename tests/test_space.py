@@ -1,0 +1,147 @@
+"""SPACE (000): the block's mask and positions (Eq. 5-7), cache surgery, losslessness, SAR-SFT samples, CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.space import SpaceConfig, SpaceDecoder, additive_mask, block_layout
+from specrepro.errors import SpecReproError
+from specrepro.models.loading import LoadedModel
+from specrepro.training.space_sft import IGNORE, sar_sample, sar_sft_loss, pad_batch
+from tests.conftest import tiny_llama
+from tests.test_lossless_sampling import VOCAB, exact, models, p_value  # noqa: F401  (fixtures)
+from tests.test_runner import run_dirs, specrepro
+
+GREEDY = Sampling()
+MASK = 63
+
+
+def test_block_layout_is_figure_3():
+    """k = 2: `LLMs are [M] [M] auto [M] [M] model [M] [M]` from `are` on; rows are queries."""
+    allow, offsets = block_layout(2)
+    figure_3 = [  # columns: are [M] [M] auto [M] [M] model [M] [M]
+        [1, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 0, 0, 1, 0, 0, 0, 0, 0],
+        [1, 0, 0, 1, 1, 0, 0, 0, 0],
+        [1, 0, 0, 1, 1, 1, 0, 0, 0],
+        [1, 0, 0, 1, 0, 0, 1, 0, 0],
+        [1, 0, 0, 1, 0, 0, 1, 1, 0],
+        [1, 0, 0, 1, 0, 0, 1, 1, 1],
+    ]
+    assert allow.int().tolist() == figure_3
+    assert offsets.tolist() == (allow.sum(-1) - 1).tolist()  # Eq. 7 with no cached prefix
+    allow5, _ = block_layout(5)  # the prose, not Eq. 6's literal i - j < k: no mask sees an earlier group's masks
+    assert not allow5[6 + 1, 1:6].any() and allow5[6 + 2, 6 + 1]
+
+
+def test_one_block_equals_plain_causal_forwards():
+    """Real slots give AR's logits; mask group g gives the logits of [prefix, anchor, c_1..c_g, [M]*k] (training layout)."""
+    model, k = tiny_llama(seed=1), 3
+    prefix, anchor, candidates = list(range(3, 15)), 20, [21, 22, 23]
+    cache = DynamicCache(config=model.config)
+    model(torch.tensor([prefix]), past_key_values=cache)
+    allow, offsets = block_layout(k)
+    block = [anchor] + [MASK] * k
+    for c in candidates:
+        block += [c] + [MASK] * k
+    full = torch.cat([torch.ones(len(block), len(prefix), dtype=torch.bool), allow], 1)
+    with torch.no_grad():
+        logits = model(torch.tensor([block]), past_key_values=cache, position_ids=(len(prefix) + offsets)[None],
+                       attention_mask=additive_mask(full, model.dtype)).logits[0]
+        for g in range(k + 1):
+            plain = model(torch.tensor([prefix + [anchor] + candidates[:g] + [MASK] * k])).logits[0, -(k + 1):]
+            assert torch.allclose(logits[g * (k + 1) : (g + 1) * (k + 1)], plain, atol=1e-5)
+
+
+class OracleSpace(SpaceDecoder):
+    """Candidates from a known greedy continuation, with every `wrong_every`-th one corrupted."""
+
+    def __init__(self, model, continuation: list[int], wrong_every: int, k: int):
+        super().__init__(model, None, MASK, k)
+        self.continuation, self.wrong_every = continuation, wrong_every
+
+    def _decode(self, prompt_ids, sampling, out, rng):
+        self.out = out
+        super()._decode(prompt_ids, sampling, out, rng)
+
+    def _draft(self, mask_logits, sampling, rng):
+        start = len(self.out.gen.token_ids)
+        guess = (self.continuation + [0] * self.k)[start : start + self.k]
+        guess = [tok if (start + j) % self.wrong_every else (tok + 1) % MASK for j, tok in enumerate(guess)]
+        return torch.tensor(guess), None
+
+
+@pytest.mark.parametrize("wrong_every,k", [(1000, 4), (3, 4), (5, 2), (2, 5)])
+def test_cache_surgery_with_accepted_candidates(wrong_every, k):
+    model, prompt = tiny_llama(seed=2, logit_scale=3.0), list(range(3, 20))
+    ar = ARDecoder(model).generate(prompt, GREEDY, 40).token_ids
+    gen = OracleSpace(model, ar, wrong_every, k).generate(prompt, GREEDY, 40)
+    assert gen.token_ids == ar
+    assert max(gen.accepted) == k + 1 if wrong_every > k + 1 else max(gen.accepted) > 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_greedy_space_equals_ar_with_untrained_masks(seed):
+    model, prompt = tiny_llama(seed=seed, logit_scale=3.0), list(range(3, 20))
+    ar = ARDecoder(model).generate(prompt, GREEDY, 32).token_ids
+    for k in (1, 3, 5):
+        assert SpaceDecoder(model, None, MASK, k).generate(prompt, GREEDY, 32).token_ids == ar
+
+
+def test_exact_space_sampling_preserves_the_target_distribution(models, exact):  # noqa: F811
+    assert p_value(SpaceDecoder(models[0], None, VOCAB - 1, k=2), exact) > 1e-3
+
+
+def test_sar_sample_alignment():
+    prompt, response = [1, 2, 3], [10, 11, 12, 13, 14, 15, 16]
+    ar = sar_sample(prompt, response, k=2, p_ar=1.0, mask_id=99, rng=random.Random(0))
+    assert ar["input_ids"] == prompt + response and ar["labels"] == [IGNORE] * 3 + response
+    sar = sar_sample(prompt, response, k=2, p_ar=0.0, mask_id=99, rng=random.Random(0))
+    m = len(sar["input_ids"]) - 3 - 3  # prompt + y_<m + (k + 1) masks
+    assert sar["input_ids"] == prompt + response[:m] + [99] * 3
+    assert sar["labels"] == [IGNORE] * 3 + response[: m + 3]  # last real token -> y_m, mask j -> y_{m+j}
+    assert sar["is_mask"] == [False] * (3 + m) + [True] * 3
+    short = sar_sample(prompt, response[:2], k=2, p_ar=0.0, mask_id=99, rng=random.Random(0))
+    assert 99 not in short["input_ids"]  # N < k + 1 falls back to AR
+
+
+def test_sar_sft_loss_trains_the_masks():
+    model = tiny_llama(seed=3)
+    rng = random.Random(0)
+    samples = [sar_sample([1, 2, 3], list(range(10, 30)), 3, 0.5, MASK, rng) for _ in range(4)]
+    loss, logs = sar_sft_loss(model, pad_batch(samples, 0, torch.device("cpu")), mask_loss_weight=2.0)
+    loss.backward()
+    assert loss > 0 and "mask_loss" in logs and model.model.embed_tokens.weight.grad[MASK].abs().sum() > 0
+
+
+def test_space_refuses_a_model_without_mask_token():
+    with pytest.raises(SpecReproError, match="SAR-SFT"):
+        SpaceDecoder.from_config(SpaceConfig(), LoadedModel(model=tiny_llama(), tokenizer=None, name="tiny"), None)
+
+
+def test_sar_sft_then_lossless_space_run(tmp_path):
+    """`train method=space` (LoRA with the [M] row trainable) then `run method=space` on the checkpoint: lossless."""
+    limits = [f"training.data.{name}.limit=3" for name in ("sharegpt", "gsm8k", "mbpp", "spider")]
+    specrepro("train", "method=space", "model=tiny_random", "logger=none", "hardware.threads=1", "training.loop.steps=3",
+              "training.eval_tokens=8", "training.heldout_prompts=2", "training.lora.r=4", *limits, cwd=tmp_path)
+    [checkpoint] = (tmp_path / "results" / "artifacts").glob("space-*")
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config["space_k"] == 6 and config["space_mask_token_id"] == config["vocab_size"] - 1
+    assert json.loads((checkpoint / "artifact.json").read_text())["metrics"]["sar_samples"] > 0
+    specrepro("run", "model=tiny_random", "model.source=artifact", "model.id=space", "method=space", "method.k=3",
+              "dataset=gsm8k", "dataset.limit=2", "decoding.max_new_tokens=12", "timing.warmup_tokens=4",
+              "hardware.threads=1", "logger=none", cwd=tmp_path)
+    [space_run] = [p for name, p in run_dirs(tmp_path).items() if name.startswith("space:")]
+    assert json.loads((space_run / "metrics.json").read_text())["lossless"] == 1.0
+    proc = specrepro("run", "model=tiny_random", "method=space", "dataset.limit=1", "logger=none", cwd=tmp_path,
+                     check=False)
+    assert proc.returncode == 2 and "model.source=artifact" in proc.stderr.strip().splitlines()[-1]
