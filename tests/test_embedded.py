@@ -17,6 +17,7 @@ from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.space import SpaceDecoder
 from specrepro.decoding.sps import SPSDecoder
 
 pytestmark = pytest.mark.embedded
@@ -64,6 +65,14 @@ def test_greedy_methods_reproduce_ar(embedded, prompt_ids, ar_outputs, method):
         assert gen.token_ids == expected
         accepted_drafts += sum(a - 1 for a in gen.accepted)
     assert accepted_drafts > 0  # the drafts were really used
+
+
+def test_greedy_space_reproduces_ar(embedded, prompt_ids, ar_outputs):
+    """SPACE's block mask, Eq. 7 positions and cache gather on the real architecture (GQA, RoPE): an existing
+    token stands in for the untrained [M], so only exactness is tested here, not acceptance."""
+    decoder = SpaceDecoder(embedded.model, embedded.tokenizer, mask_id=0, k=5)
+    for ids, expected in list(zip(prompt_ids, ar_outputs))[:5]:
+        assert decoder.generate(ids, Sampling(), MAX_NEW_TOKENS).token_ids == expected
 
 
 def test_ar_output_is_real_text(embedded, prompt_ids, ar_outputs):

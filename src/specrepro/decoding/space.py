@@ -15,7 +15,8 @@ each group sits right after its anchor) make one forward do two jobs:
 Real tokens never see masks, so their keys and values equal plain AR's: after a step the cache keeps the
 anchor and the accepted candidates (a gather, since they are interleaved with masks) and drops the rest.
 
-The prefill feeds the prompt followed by one mask group (the training layout), so the first candidates
+The LM head (LLaMA-family `model.model` + `lm_head`) runs on the k + 1 real slots and the one mask group
+used, 2k + 1 rows instead of (k + 1)^2. The prefill feeds the prompt followed by one mask group (the training layout), so the first candidates
 come with the first token and no dummy step is needed. The k masks of a group see only the earlier
 masks of that group, so a checkpoint trained with k_train masks decodes with any k <= k_train.
 
@@ -105,7 +106,7 @@ class SpaceDecoder(Decoder):
         cache = DynamicCache(config=self.model.config)
         masks = torch.full((1, k), self.mask_id, device=device)
         with out.timed("prefill"):  # the prompt + one mask group, plain causal (the training layout)
-            logits = self.model(torch.cat([prompt_ids, masks], 1), past_key_values=cache).logits[0, -(k + 1):]
+            logits = self.model(torch.cat([prompt_ids, masks], 1), past_key_values=cache, logits_to_keep=k + 1).logits[0]
             out.commit([next_token(logits[0], sampling, rng)], prefill=True)
             candidates, q = self._draft(logits[1:], sampling, rng)
         n_cached = prompt_ids.shape[1]
@@ -118,11 +119,12 @@ class SpaceDecoder(Decoder):
                 block = torch.cat([block] + [torch.cat([c.view(1), masks[0]]) for c in candidates])[None]
                 allow = torch.cat([torch.ones(len(self.block_allow), n_cached, dtype=torch.bool, device=device),
                                    self.block_allow], 1)
-                logits = self.model(
+                hidden = self.model.model(
                     block, past_key_values=cache, position_ids=(n_cached + self.block_offsets)[None],
                     attention_mask=additive_mask(allow, self.model.dtype),
-                ).logits[0]
-                tokens, n_accepted = speculative_verify(candidates, q, logits[self.real_slots], sampling, rng,
+                ).last_hidden_state[0]
+                target_logits = self.model.lm_head(hidden[self.real_slots])  # the head only where it is needed
+                tokens, n_accepted = speculative_verify(candidates, q, target_logits, sampling, rng,
                                                         self.residual_resample)
             keep = torch.cat([torch.arange(n_cached, device=device), n_cached + self.real_slots[: n_accepted + 1]])
             keep_cache_positions(cache, keep)  # the anchor and accepted candidates; masks and rejects dropped
@@ -133,5 +135,5 @@ class SpaceDecoder(Decoder):
                 break
             with out.timed("draft"):  # the mask group after the last accepted real token guesses past the new token
                 group = n_accepted * (k + 1)
-                candidates, q = self._draft(logits[group + 1 : group + k + 1], sampling, rng)
+                candidates, q = self._draft(self.model.lm_head(hidden[group + 1 : group + k + 1]), sampling, rng)
         out.gen.extra.update(k=k, accepted_per_position=accepted_per_position.tolist())
