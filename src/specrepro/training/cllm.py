@@ -40,7 +40,7 @@ from specrepro.decoding.base import _eos_ids
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.training.distill_data import reference_response
-from specrepro.training.loop import LoopConfig
+from specrepro.training.loop import LoopConfig, micro_batch_indices
 
 log = logging.getLogger(__name__)
 
@@ -262,15 +262,11 @@ def consistency_loss_fn(spec, rows: list[dict], device):
 
 
 def batches(n_rows: int, loop: LoopConfig):
-    """batch_for_step(step, micro): seeded epoch permutations, a pure function of the step (exact resume)."""
+    """batch_for_step(step, micro): the shared seeded sampler's indices plus a seed for the state draws."""
 
     def batch_for_step(step: int, micro: int) -> dict:
         position = (step * loop.grad_accum + micro) * loop.batch_size
-        epoch, offset = divmod(position, n_rows)
-        order = list(range(n_rows))
-        random.Random(loop.seed * 100003 + epoch).shuffle(order)
-        return {"indices": [order[(offset + j) % n_rows] for j in range(loop.batch_size)],
-                "seed": loop.seed * 100003 + position}
+        return {"indices": micro_batch_indices(step, micro, n_rows, loop), "seed": loop.seed * 100003 + position}
 
     return batch_for_step
 
