@@ -115,8 +115,8 @@ class SpaceDecoder(Decoder):
         while not out.done:
             anchor = out.gen.token_ids[-1]
             with out.timed("verify"):  # one forward verifies c_1..c_k and drafts from every mask group (Eq. 5-7)
-                block = torch.cat([torch.tensor([anchor], device=device), masks[0]])
-                block = torch.cat([block] + [torch.cat([c.view(1), masks[0]]) for c in candidates])[None]
+                real = torch.cat([torch.tensor([anchor], device=device), candidates])  # anchor, c_1..c_k
+                block = torch.cat([real[:, None], masks.expand(k + 1, k)], 1).view(1, -1)  # each followed by k masks
                 allow = torch.cat([torch.ones(len(self.block_allow), n_cached, dtype=torch.bool, device=device),
                                    self.block_allow], 1)
                 hidden = self.model.model(
