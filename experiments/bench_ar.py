@@ -18,6 +18,7 @@ from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.base import device_sync
 from specrepro.decoding.sampling import Sampling
 from specrepro.models import load_model, resolve_device, resolve_dtype
+from specrepro.models.kernels import set_linear_kernel
 
 
 def hf_generate(model, ids: list[int], max_new_tokens: int, eos: list[int]) -> tuple[list[int], float]:
@@ -38,9 +39,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--linear-kernel", default="onednn", help="CPU nn.Linear kernel for both arms: onednn | torch")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    set_linear_kernel(args.linear_kernel)
 
     target = load_model(ModelConfig(name="smollm2_135m", source="embedded"), resolve_device(args.device),
                         resolve_dtype(args.dtype))
@@ -70,7 +73,8 @@ def main() -> None:
             totals[arm][1] += seconds
         identical += outputs["ours"] == outputs["hf"]
     rate = {arm: tokens / seconds for arm, (tokens, seconds) in totals.items()}
-    print(f"device={target.device} dtype={args.dtype} threads={torch.get_num_threads()} prompts={len(prompts)} "
+    print(f"device={target.device} dtype={args.dtype} threads={torch.get_num_threads()} "
+          f"linear_kernel={args.linear_kernel} prompts={len(prompts)} "
           f"max_new_tokens={args.max_new_tokens}")
     print(f"ours ar: {rate['ours']:.2f} tok/s   HF generate: {rate['hf']:.2f} tok/s")
     print(f"throughput ratio ours/HF: {rate['ours'] / rate['hf']:.3f}")

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from specrepro.config import RandomArchConfig
+from specrepro.models.kernels import set_linear_kernel
 from specrepro.models.loading import random_llama
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+set_linear_kernel("onednn")  # the default of `hardware.linear_kernel`: in-process tests run what users run
 
 
 def tiny_llama(vocab_size: int = 64, seed: int = 0, num_layers: int = 2, logit_scale: float = 1.0):

@@ -72,6 +72,7 @@ class HardwareConfig:
     device: str = "auto"  # auto = cuda when present, else cpu
     dtype: str = "float32"  # float32 | bfloat16 | float16
     threads: Optional[int] = None  # torch.set_num_threads; null = torch's default
+    linear_kernel: str = "onednn"  # onednn (prepacked weights on CPU, models/kernels.py) | torch
 
 
 @dataclass

@@ -21,7 +21,7 @@ from specrepro.errors import SpecReproError
 from specrepro.metrics.judge import judge_run
 from specrepro.metrics.quality import score_sample
 from specrepro.metrics.speed import lossless, paired_speedup, speed_metrics, speedups
-from specrepro.models import LoadedModel, ModelLoader, resolve_device, resolve_dtype
+from specrepro.models import LoadedModel, ModelLoader
 from specrepro.tracking import RunRecord, config_hash, log_to_wandb
 
 log = logging.getLogger(__name__)
@@ -181,9 +181,7 @@ def _run_locked(cfg: DictConfig, group: str | None) -> dict:
             run(reference_config(cfg), group)
             reference = find_reference(cfg, ref_key)
 
-    if cfg.hardware.threads:
-        torch.set_num_threads(cfg.hardware.threads)
-    loader = ModelLoader(resolve_device(cfg.hardware.device), resolve_dtype(cfg.hardware.dtype), cfg.artifacts_dir)
+    loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
     target = load_target(cfg, loader)
     decoder = build_decoder(cfg.method, target, loader)
     ar_decoder = ARDecoder(target.model, target.tokenizer) if cfg.timing.paired else None

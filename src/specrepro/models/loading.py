@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from specrepro.errors import SpecReproError
+from specrepro.models.kernels import set_linear_kernel
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,14 @@ class ModelLoader:
     device: torch.device
     dtype: torch.dtype
     artifacts_dir: str | Path = "results/artifacts"
+
+    @classmethod
+    def for_hardware(cls, hardware, artifacts_dir: str | Path) -> "ModelLoader":
+        """Apply a `hardware` config to this process (torch threads, CPU linear kernel); a loader for its device."""
+        if hardware.threads:
+            torch.set_num_threads(hardware.threads)
+        set_linear_kernel(hardware.linear_kernel)
+        return cls(resolve_device(hardware.device), resolve_dtype(hardware.dtype), artifacts_dir)
 
     def load_model(self, cfg) -> LoadedModel:
         return load_model(cfg, self.device, self.dtype, self.artifacts_dir)

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from specrepro.models import ModelLoader, resolve_device, resolve_dtype
+from specrepro.models import ModelLoader
 from specrepro.tracking import config_hash, wandb_init
 from specrepro.training.artifacts import is_complete, publish, staging_dir
 from specrepro.training.cllm import train_cllm
@@ -42,10 +42,8 @@ def train(cfg) -> Path:
     component = cfg.training.component
     if component not in TRAINERS:
         raise ValueError(f"no trainer for component '{component}'; known: {', '.join(sorted(TRAINERS))}")
-    if cfg.hardware.threads:
-        torch.set_num_threads(cfg.hardware.threads)
-    device = resolve_device(cfg.hardware.device)
-    loader = ModelLoader(device, resolve_dtype(cfg.hardware.dtype), cfg.artifacts_dir)
+    loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
+    device = loader.device
     target = loader.load_model(cfg.model)
     work_dir = Path(cfg.artifacts_dir) / ".work" / final.name
     if not cfg.resume:

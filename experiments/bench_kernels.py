@@ -1,0 +1,91 @@
+"""CPU linear kernels side by side: torch's default vs oneDNN with prepacked weights (`hardware.linear_kernel`).
+
+Prints, for each kernel in one process (interleaved, medians of repeats), the cost of a forward of T new
+tokens on a 200-token cache relative to that kernel's own 1-token forward (the "verify cost" every
+draft-then-verify method pays), the 1-token forward time ratio between the kernels, and `ar` throughput on
+GSM8K prompts with both kernels plus whether their greedy outputs are token-identical.
+
+    .venv/bin/python experiments/bench_kernels.py --threads 1 --dtype float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache
+
+from specrepro.config import ModelConfig
+from specrepro.data import DatasetConfig, load_records, render_prompt
+from specrepro.decoding import ARDecoder
+from specrepro.decoding.sampling import Sampling
+from specrepro.models import load_model, resolve_dtype
+from specrepro.models.kernels import KERNELS, set_linear_kernel
+
+LENGTHS = (1, 2, 3, 5, 8, 16, 36)
+
+
+def forward_ms(model, ids: torch.Tensor, length: int) -> float:
+    cache = DynamicCache(config=model.config)
+    model(ids[:, :200], past_key_values=cache, logits_to_keep=1)
+    start = time.perf_counter()
+    model(ids[:, 200 : 200 + length], past_key_values=cache)
+    return 1e3 * (time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--prompts", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_model(ModelConfig(name="smollm2_135m", source="embedded"), torch.device("cpu"),
+                        resolve_dtype(args.dtype))
+    model = target.model
+    ids = torch.randint(100, 20000, (1, 240), generator=torch.Generator().manual_seed(0))
+
+    times = {(kernel, n): [] for kernel in KERNELS for n in LENGTHS}
+    for _ in range(args.repeats):
+        for kernel in KERNELS:  # interleaved, so drift on a shared machine hits both kernels
+            set_linear_kernel(kernel)
+            for n in LENGTHS:
+                times[kernel, n].append(forward_ms(model, ids, n))
+    median = {key: statistics.median(values) for key, values in times.items()}
+    print(f"dtype={args.dtype} threads={torch.get_num_threads()} repeats={args.repeats}")
+    print("forward of T tokens / 1-token forward, same kernel:")
+    print("kernel   1-token ms  " + "  ".join(f"T={n:<3}" for n in LENGTHS[1:]))
+    for kernel in KERNELS:
+        cells = "  ".join(f"{median[kernel, n] / median[kernel, 1]:5.2f}" for n in LENGTHS[1:])
+        print(f"{kernel:7}  {median[kernel, 1]:10.1f}  {cells}")
+    print(f"1-token forward, torch / onednn: {median['torch', 1] / median['onednn', 1]:.2f}x")
+
+    dataset = DatasetConfig(name="gsm8k", path="gsm8k/test.jsonl.gz", task="gsm8k", template="hash_answer",
+                            limit=args.prompts, metric="gsm8k_acc")
+    prompts = [target.tokenizer(render_prompt(r, target.tokenizer, dataset), add_special_tokens=False)["input_ids"]
+               for r in load_records(dataset)]
+    ar, greedy = ARDecoder(model, target.tokenizer), Sampling()
+    totals = {kernel: [0, 0.0] for kernel in KERNELS}
+    outputs: dict[str, list] = {kernel: [] for kernel in KERNELS}
+    for i, prompt in enumerate(prompts):
+        for kernel in KERNELS if i % 2 == 0 else KERNELS[::-1]:
+            set_linear_kernel(kernel)
+            gen = ar.generate(prompt, greedy, args.max_new_tokens)
+            totals[kernel][0] += len(gen.token_ids)
+            totals[kernel][1] += gen.wall_time
+            outputs[kernel].append(gen.token_ids)
+    rate = {kernel: tokens / seconds for kernel, (tokens, seconds) in totals.items()}
+    same = sum(a == b for a, b in zip(outputs["onednn"], outputs["torch"]))
+    print(f"ar on {len(prompts)} GSM8K prompts x {args.max_new_tokens} tokens: onednn {rate['onednn']:.1f} tok/s, "
+          f"torch {rate['torch']:.1f} tok/s, ratio {rate['onednn'] / rate['torch']:.2f}x; "
+          f"token-identical outputs {same}/{len(prompts)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""CPU matmul kernel choice for every `nn.Linear` (`hardware.linear_kernel`).
+
+On x86 CPUs torch's fp32 `F.linear` calls MKL, whose small-batch GEMM is slow on AMD processors: a
+2..8-token forward of SmolLM2-135M costs 1.6-1.8x a 1-token forward at one thread, although both read the
+same weights once. A verification pass is such a forward, so that cost divides the speedup of every
+draft-then-verify method. oneDNN with its weights reordered once ("prepacked", what inductor's CPU backend
+and IPEX use) streams the weights at memory speed for any small batch: a 1-token forward is ~1.5x faster
+and a 5-token one costs ~1.15x a 1-token one (`experiments/bench_kernels.py` measures both).
+
+`set_linear_kernel("onednn")` routes `nn.Linear.forward` through `torch.ops.mkldnn._linear_pointwise`
+with a packed copy of each weight, kept per module and repacked when the weight changes in place
+(`_version`, bumped by optimizer steps and `load_state_dict`). It applies only where it computes the same
+function: CPU tensors of float32 or bfloat16, input and weight of one dtype, no autograd through the
+layer, no autocast. Everything else (CUDA, training steps, fp16) takes torch's own path. Both arms of a
+comparison run in the same process with the same setting, so `ar` gets the faster kernel too.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from specrepro.errors import SpecReproError
+
+log = logging.getLogger(__name__)
+
+KERNELS = ("onednn", "torch")
+_PACKABLE = (torch.float32, torch.bfloat16)
+_torch_linear_forward = torch.nn.Linear.forward
+_packed: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple[int, torch.Tensor]]" = weakref.WeakKeyDictionary()
+
+
+def _onednn_applies(layer: torch.nn.Linear, x: torch.Tensor) -> bool:
+    w = layer.weight
+    return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype and w.dtype in _PACKABLE
+            and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
+            and not torch.is_autocast_enabled("cpu"))
+
+
+def _onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if not _onednn_applies(self, x):
+        return _torch_linear_forward(self, x)
+    entry = _packed.get(self)
+    if entry is None or entry[0] != self.weight._version:
+        entry = (self.weight._version, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()))
+        _packed[self] = entry
+    return torch.ops.mkldnn._linear_pointwise(x, entry[1], self.bias, "none", [], "")
+
+
+def onednn_available() -> bool:
+    """Whether this torch build runs the prepacked oneDNN linear (checked on a tiny layer)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        w, x = torch.randn(8, 4), torch.randn(2, 4)
+        out = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w), None, "none", [], "")
+        return torch.allclose(out, F.linear(x, w), atol=1e-5)
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def set_linear_kernel(kernel: str) -> str:
+    """Make every `nn.Linear` in this process use `kernel`; returns the kernel in force (oneDNN falls back to
+    torch, with a warning, on a build without it)."""
+    if kernel not in KERNELS:
+        raise SpecReproError(f"hardware.linear_kernel={kernel} is not one of {', '.join(KERNELS)}")
+    if kernel == "onednn" and not onednn_available():
+        log.warning("this torch build has no usable oneDNN linear; hardware.linear_kernel=onednn falls back to torch")
+        kernel = "torch"
+    torch.nn.Linear.forward = _onednn_linear_forward if kernel == "onednn" else _torch_linear_forward
+    if kernel == "torch":
+        _packed.clear()
+    return kernel
+
+
+def linear_kernel() -> str:
+    """The kernel `nn.Linear` uses now."""
+    return "onednn" if torch.nn.Linear.forward is _onednn_linear_forward else "torch"
