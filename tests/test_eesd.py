@@ -38,6 +38,21 @@ def test_greedy_eesd_equals_ar_for_every_layer_count_length_and_controller(contr
         assert sum(gen.drafted) > 0
 
 
+def test_greedy_eesd_with_a_reduced_draft_vocabulary_equals_ar():
+    target = tiny_llama(vocab_size=64, num_layers=4, logit_scale=3.0)
+    prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
+    reference = ARDecoder(target).generate(prompt, GREEDY, 32).token_ids
+    vocab_ids = torch.tensor(sorted(set(reference))[::2] + [63])  # some target tokens cannot be drafted
+    head = EarlyExitHead(target, 2, draft_vocab_ids=vocab_ids).eval()
+    decoder = EESDDecoder(target, None, head, EESDConfig(num_layers=2, control="fixed", k=3, draft_vocab=len(vocab_ids)))
+    gen = decoder.generate(prompt, GREEDY, 32)
+    assert gen.token_ids == reference
+    assert sum(gen.drafted) > 0
+    logits = head.full_vocab_logits(torch.randn(target.config.hidden_size))
+    assert torch.isinf(logits).sum() == 64 - len(vocab_ids) and int(logits.argmax()) in vocab_ids.tolist()
+    assert head.draft_index(torch.tensor([int(vocab_ids[1]), 1])).tolist() == [1, -100]
+
+
 def test_draft_with_every_layer_but_the_last_is_the_target_itself():
     # N = L - 1 and an untrained exit layer copied from layer L: the draft computes exactly the target
     target = tiny_llama(vocab_size=64, num_layers=3)
@@ -128,11 +143,17 @@ def test_head_with_predictor_round_trips_and_untrained_predictor_says_one_half(t
     head.save_pretrained(tmp_path)
     loaded = EarlyExitHead.from_pretrained(tmp_path, target)
     torch.testing.assert_close(loaded.norm.weight, head.norm.weight)
-    assert loaded.settings == {"num_layers": 1, "exit_layer": True, "shared_head": False}
+    assert loaded.settings == {"num_layers": 1, "exit_layer": True, "shared_head": False, "draft_vocab": 0}
     assert loaded.calibration is not None
+    reduced = EarlyExitHead(target, 1, draft_vocab_ids=torch.tensor([5, 2, 9]))
+    reduced.save_pretrained(tmp_path / "reduced")
+    loaded = EarlyExitHead.from_pretrained(tmp_path / "reduced", target)
+    assert loaded.vocab_ids.tolist() == [5, 2, 9] and loaded.settings["draft_vocab"] == 3
+    torch.testing.assert_close(loaded.lm_head.weight, target.lm_head.weight[[5, 2, 9]])
     (tmp_path / "artifact.json").write_text("{}")
     with pytest.raises(SpecReproError, match="no eesd head artifact"):
-        find_head(str(tmp_path), tmp_path.parent, "tiny", {"num_layers": 2, "exit_layer": True, "shared_head": False})
+        find_head(str(tmp_path), tmp_path.parent, "tiny",
+                  {"num_layers": 2, "exit_layer": True, "shared_head": False, "draft_vocab": 0})
 
 
 def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_path):
@@ -149,6 +170,16 @@ def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_p
     runs = {k: json.loads((p / "metrics.json").read_text()) for k, p in run_dirs(tmp_path).items() if k.startswith("eesd:")}
     assert len(runs) == 2
     assert all(m["lossless"] == 1.0 and m["hm"] is not None for m in runs.values())
+    reduced = [*small, "method.draft_vocab=24", "method.control=fixed"]
+    specrepro("train", *reduced, "training.prompts.gsm8k.limit=4", "training.prompts.sharegpt.limit=2",
+              "training.prompts.mbpp.limit=2", "training.continuation_tokens=8", "training.loop.steps=3",
+              "training.calibration.sequences=0", cwd=tmp_path)
+    specrepro("run", *reduced, "dataset=gsm8k", "dataset.limit=2", "decoding.max_new_tokens=8",
+              "timing.warmup_tokens=4", cwd=tmp_path)
+    (trained,) = [p for p in (tmp_path / "results" / "artifacts").glob("eesd_head-tiny_random-*") if p != artifact]
+    assert 0 < json.loads((trained / "artifact.json").read_text())["metrics"]["heldout_draft_vocab_coverage"] <= 1
+    runs = [json.loads((p / "metrics.json").read_text()) for k, p in run_dirs(tmp_path).items() if k.startswith("eesd:")]
+    assert len(runs) == 3 and all(m["lossless"] == 1.0 for m in runs)
     missing = specrepro("run", *small[:2], "method.num_layers=1", "method.exit_layer=false", "logger=none",
                         "dataset=gsm8k", "dataset.limit=1", "decoding.max_new_tokens=4", cwd=tmp_path, check=False)
     assert missing.returncode == 2 and "no eesd head artifact" in missing.stderr

@@ -17,6 +17,7 @@ from scipy.stats import chisquare
 
 import specrepro.decoding.draft_verify as draft_verify
 from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.eesd import EarlyExitHead, EESDConfig, EESDDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling, warp_logits
 from specrepro.decoding.sps import SPSDecoder
@@ -82,6 +83,14 @@ def test_sps_preserves_the_target_distribution(models, exact):
 def test_pld_sampling_preserves_the_target_distribution(models, exact):
     # one-hot drafts (q = None): accept with p(x), resample from p without x
     assert p_value(PLDDecoder(models[0], None, PLDConfig(num_pred_tokens=2, max_ngram=2)), exact) > 1e-3
+
+
+def test_eesd_with_a_reduced_draft_vocabulary_preserves_the_target_distribution(models, exact):
+    # q is zero outside the draft vocabulary: the residual norm(max(p - q, 0)) restores those tokens' mass
+    target = models[0]
+    head = EarlyExitHead(target, 1, draft_vocab_ids=torch.tensor([3, 0, 4])).eval()
+    cfg = EESDConfig(num_layers=1, control="fixed", k=2, draft_vocab=3)
+    assert p_value(EESDDecoder(target, None, head, cfg), exact) > 1e-3
 
 
 def test_wrong_acceptance_rule_is_detected(models, exact, monkeypatch):

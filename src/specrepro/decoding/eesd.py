@@ -46,6 +46,7 @@ class EESDConfig(MethodConfig):
     num_layers: int = 3  # N: the target's first N layers form the draft's body (paper: 5-10% of depth)
     exit_layer: bool = True  # false: the "w/o Early-exiting Layer" ablation (norm + head right after layer N)
     shared_head: bool = False  # true: the target's frozen LM head instead of a trained copy
+    draft_vocab: int = 0  # V > 0: the trained head scores only the V tokens most frequent in its training data; 0: all
     head: str = "eesd_head"  # trained head artifact (newest one matching the three fields above); "none": untrained
     control: str = "beta_ts"  # fixed | beta_ts | cali_ts
     k: int = 5  # drafted tokens per round under control=fixed
@@ -84,25 +85,45 @@ class CalibrationPredictor(torch.nn.Module):
 
 
 class EarlyExitHead(torch.nn.Module):
-    """The trainable part of the draft: one decoder layer (own one-layer KV cache) + RMSNorm + LM head."""
+    """The trainable part of the draft: one decoder layer (own one-layer KV cache) + RMSNorm + LM head.
 
-    def __init__(self, target: torch.nn.Module, num_layers: int, exit_layer: bool = True, shared_head: bool = False):
+    With `draft_vocab_ids` (V token ids, most frequent first) the head is a trained copy of the target's head
+    rows for those tokens only, as FR-Spec / EAGLE-3 reduce a draft's vocabulary: on this 49k-token model the
+    full head is half the draft's cost. The target still verifies over the whole vocabulary, so greedy output is
+    unchanged, and a draft distribution that is zero outside the V tokens keeps speculative sampling exact.
+    """
+
+    def __init__(self, target: torch.nn.Module, num_layers: int, exit_layer: bool = True, shared_head: bool = False,
+                 draft_vocab_ids: torch.Tensor | None = None):
         super().__init__()
         depth = target.config.num_hidden_layers
         if not 1 <= num_layers < depth:
             raise SpecReproError(f"eesd num_layers must be in [1, {depth - 1}] for this {depth}-layer target, got {num_layers}")
+        if shared_head and draft_vocab_ids is not None:
+            raise SpecReproError("eesd draft_vocab needs a trained head of its own: set method.shared_head=false")
         self.num_layers, self.shared_head = num_layers, shared_head
         self.layer = _copy_module(target.model.layers[-1]) if exit_layer else None  # initialised from layer L
         if self.layer is not None:
             self.layer.self_attn.layer_idx = 0  # its own one-layer cache
         self.norm = _copy_module(target.model.norm)
-        self.lm_head = None if shared_head else _copy_module(target.lm_head)
+        self.vocab_size = target.config.vocab_size
+        if draft_vocab_ids is None:
+            self.vocab_ids = None
+            self.lm_head = None if shared_head else _copy_module(target.lm_head)
+        else:  # the target's head rows of the draft vocabulary, as a trainable copy
+            full = target.lm_head.weight
+            self.register_buffer("vocab_ids", draft_vocab_ids.to(device=full.device, dtype=torch.long))
+            self.lm_head = torch.nn.Linear(full.shape[1], len(self.vocab_ids), bias=False, device=full.device,
+                                           dtype=full.dtype)
+            with torch.no_grad():
+                self.lm_head.weight.copy_(full[self.vocab_ids])
         self._target = [target]  # not a submodule: the frozen target is neither trained nor saved
         self.calibration: CalibrationPredictor | None = None
 
     @property
     def settings(self) -> dict:
-        return {"num_layers": self.num_layers, "exit_layer": self.layer is not None, "shared_head": self.shared_head}
+        return {"num_layers": self.num_layers, "exit_layer": self.layer is not None, "shared_head": self.shared_head,
+                "draft_vocab": 0 if self.vocab_ids is None else len(self.vocab_ids)}
 
     def hidden(self, hidden_n: torch.Tensor, cache: DynamicCache | None = None) -> torch.Tensor:
         """Eq. 1 up to the head: RMSNorm(Transformer^e(H^N)) for (B, T, d) layer-N hidden states."""
@@ -111,7 +132,29 @@ class EarlyExitHead(torch.nn.Module):
         return self.norm(hidden_n)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary (all tokens, or the V of `vocab_ids`)."""
         return (self._target[0].lm_head if self.lm_head is None else self.lm_head)(hidden)
+
+    def token_ids(self, draft_index: torch.Tensor) -> torch.Tensor:
+        """Token ids of draft-vocabulary indices (e.g. an argmax of `logits`)."""
+        return draft_index if self.vocab_ids is None else self.vocab_ids[draft_index]
+
+    def draft_index(self, token_ids: torch.Tensor, missing: int = -100) -> torch.Tensor:
+        """Draft-vocabulary indices of token ids; `missing` where a token is outside the draft vocabulary."""
+        if self.vocab_ids is None:
+            return token_ids
+        index = torch.full((self.vocab_size,), missing, dtype=torch.long, device=token_ids.device)
+        index[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=token_ids.device)
+        return index[token_ids]
+
+    def full_vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the target's whole vocabulary: -inf outside the draft vocabulary."""
+        logits = self.logits(hidden)
+        if self.vocab_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        full[..., self.vocab_ids] = logits
+        return full
 
     def save_pretrained(self, path) -> None:
         path = Path(path)
@@ -123,7 +166,9 @@ class EarlyExitHead(torch.nn.Module):
     def from_pretrained(cls, path, target: torch.nn.Module) -> "EarlyExitHead":
         path = Path(path)
         settings = json.loads((path / "eesd_head.json").read_text())
-        head = cls(target, settings["num_layers"], settings["exit_layer"], settings["shared_head"])
+        vocab = settings.get("draft_vocab", 0)
+        head = cls(target, settings["num_layers"], settings["exit_layer"], settings["shared_head"],
+                   torch.zeros(vocab, dtype=torch.long) if vocab else None)  # ids and rows come from the state dict
         if settings["calibration"]:
             head.calibration = CalibrationPredictor(target.config.hidden_size)
         head.load_state_dict(load_file(str(path / "eesd_head.safetensors")))
@@ -168,7 +213,7 @@ def find_head(ref: str, artifacts_dir, model_name: str, settings: dict) -> Path:
 
     def matches(path: Path) -> bool:
         meta = path / "eesd_head.json"
-        return meta.is_file() and all(json.loads(meta.read_text())[k] == v for k, v in settings.items())
+        return meta.is_file() and all(json.loads(meta.read_text()).get(k, 0) == v for k, v in settings.items())
 
     path = find_matching_artifact(ref, artifacts_dir, model_name, matches)
     if path is not None:
@@ -176,7 +221,8 @@ def find_head(ref: str, artifacts_dir, model_name: str, settings: dict) -> Path:
     raise SpecReproError(
         f"no eesd head artifact '{ref}' for model {model_name} with {settings} under {artifacts_dir}: train one with "
         f"`specrepro train method=eesd model={model_name} method.num_layers={settings['num_layers']} "
-        f"method.exit_layer={settings['exit_layer']} method.shared_head={settings['shared_head']}`, or use method.head=none"
+        f"method.exit_layer={settings['exit_layer']} method.shared_head={settings['shared_head']} "
+        f"method.draft_vocab={settings['draft_vocab']}`, or use method.head=none"
     )
 
 
@@ -196,9 +242,12 @@ class EESDDecoder(DraftVerifyDecoder):
 
     @classmethod
     def from_config(cls, cfg: EESDConfig, target, ctx) -> "EESDDecoder":
-        settings = {"num_layers": cfg.num_layers, "exit_layer": cfg.exit_layer, "shared_head": cfg.shared_head}
+        settings = {"num_layers": cfg.num_layers, "exit_layer": cfg.exit_layer, "shared_head": cfg.shared_head,
+                    "draft_vocab": cfg.draft_vocab}
         if cfg.head == "none":
-            head = EarlyExitHead(target.model, **settings).eval()
+            if cfg.draft_vocab:
+                raise SpecReproError("eesd draft_vocab is chosen when the head is trained: name a trained head")
+            head = EarlyExitHead(target.model, cfg.num_layers, cfg.exit_layer, cfg.shared_head).eval()
             if cfg.control == "cali_ts":
                 head.calibration = CalibrationPredictor(target.model.config.hidden_size)  # theta_M = 0.5
             p = next(target.model.parameters())
@@ -241,7 +290,7 @@ class EESDDecoder(DraftVerifyDecoder):
             exit_input = torch.cat([self.pending, hidden_n], 1)
             self.pending = exit_input[:, :0]
             z = self.head.hidden(exit_input, self.exit_cache)[0, -1]
-            logits = self.head.logits(z)
+            logits = self.head.full_vocab_logits(z)
             q = probs(logits, sampling)
             token = logits.argmax(-1) if sampling.greedy else sample(q, rng)
             drafts.append(token)

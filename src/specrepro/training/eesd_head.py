@@ -19,6 +19,7 @@ chain is still being accepted).
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List
 
@@ -42,6 +43,7 @@ class EESDHeadTrainingConfig:
     num_layers: int = 3  # conf/training/eesd.yaml takes these three from the method config
     exit_layer: bool = True
     shared_head: bool = False
+    draft_vocab: int = 0  # V > 0: the head scores only the V tokens most frequent in the training continuations
     prompts: Dict[str, DatasetConfig] = field(default_factory=dict)
     continuation_tokens: int = 128
     generation_batch_size: int = 16
@@ -101,8 +103,17 @@ def plain_rows(spec, tokenizer, limit: int) -> list[dict]:
     return rows[:limit]
 
 
+def frequent_tokens(rows: list[dict], size: int) -> torch.Tensor:
+    """The draft vocabulary: the `size` token ids most frequent in the rows' continuations, most frequent first;
+    prompt-token counts rank the rest (tokens the continuations never used), then the id."""
+    outputs = Counter(t for row in rows for t in row["continuation_ids"])
+    inputs = Counter(t for row in rows for t in row["prompt_ids"])
+    return torch.tensor(sorted(outputs | inputs, key=lambda t: (-outputs[t], -inputs[t], t))[:size], dtype=torch.long)
+
+
 def head_logits(head: EarlyExitHead, target, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draft logits at the positions that predict continuation tokens, and those tokens.
+    """Draft logits (over the head's draft vocabulary) at the positions that predict continuation tokens, and
+    those tokens (ids in the full vocabulary).
 
     Right padding under a causal mask never reaches a real position, so no padding mask is needed.
     """
@@ -118,7 +129,7 @@ def top1_agreement(head, target, rows, pad_id, device, prompt_tokens, batch_size
     hits = total = 0
     for start in range(0, len(rows), batch_size):
         logits, labels = head_logits(head, target, pack_batch(rows[start : start + batch_size], pad_id, device, prompt_tokens))
-        hits += int((logits.argmax(-1) == labels).sum())
+        hits += int((head.token_ids(logits.argmax(-1)) == labels).sum())
         total += labels.numel()
     return hits / max(total, 1)
 
@@ -133,7 +144,7 @@ def calibration_examples(head, target, rows, pad_id, device, prompt_tokens, batc
         final = target.model(input_ids=ids).last_hidden_state  # after the final norm
         drafted = head.hidden(first_layers_hidden(target, ids, head.num_layers))
         correct = torch.zeros_like(mask)
-        correct[:, :-1] = (head.logits(drafted[:, :-1]).argmax(-1) == ids[:, 1:]) & mask[:, :-1]
+        correct[:, :-1] = (head.token_ids(head.logits(drafted[:, :-1]).argmax(-1)) == ids[:, 1:]) & mask[:, :-1]
         for row in range(ids.shape[0]):
             valid = mask[row].nonzero().flatten().tolist()  # positions predicting target-generated tokens
             for t in valid:
@@ -199,12 +210,15 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     train_rows = generated + plain
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
 
-    head = EarlyExitHead(model, spec.num_layers, spec.exit_layer, spec.shared_head).to(device)
+    vocab_ids = frequent_tokens(train_rows, spec.draft_vocab) if spec.draft_vocab else None
+    head = EarlyExitHead(model, spec.num_layers, spec.exit_layer, spec.shared_head, vocab_ids).to(device)
     before = top1_agreement(head, model, heldout, pad_id, device, spec.train_prompt_tokens)
 
     def loss_fn(head, batch):
         logits, labels = head_logits(head, model, batch)
-        return F.cross_entropy(logits.float(), labels), {"top1_agreement": float((logits.argmax(-1) == labels).float().mean())}
+        agreement = float((head.token_ids(logits.argmax(-1)) == labels).float().mean())
+        # tokens outside a reduced draft vocabulary cannot be drafted: they carry no loss (and count as misses)
+        return F.cross_entropy(logits.float(), head.draft_index(labels), ignore_index=-100), {"top1_agreement": agreement}
 
     history = train_loop(head, loss_fn, batches(train_rows, spec.loop, pad_id, device, spec.train_prompt_tokens),
                          spec.loop, work_dir / "head", log_metrics, device)
@@ -218,6 +232,9 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
         "heldout_sequences": len(heldout),
         "head_parameters": sum(p.numel() for p in head.parameters()),
     }
+    if vocab_ids is not None:  # the share of held-out target tokens the head can draft at all: its agreement bound
+        held = torch.tensor([t for row in heldout for t in row["continuation_ids"]], device=device)
+        metrics["heldout_draft_vocab_coverage"] = float((head.draft_index(held) >= 0).float().mean())
     if spec.calibration.sequences > 0:
         examples = calibration_examples(head, model, generated[: spec.calibration.sequences], pad_id, device,
                                         spec.train_prompt_tokens)
