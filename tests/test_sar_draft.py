@@ -71,6 +71,26 @@ def test_simplified_prefix_states_are_the_alpha_weighted_means():
         assert torch.allclose(states[:, j - 1], expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("variant,shared", [("simplified", False), ("simplified", True), ("block", False), ("lstm", True)])
+def test_greedy_sar_with_a_reduced_draft_vocabulary_equals_ar(variant, shared, tmp_path):
+    target = tiny_llama(vocab_size=64, num_layers=2, logit_scale=3.0)
+    prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
+    reference = ARDecoder(target).generate(prompt, GREEDY, 30).token_ids
+    vocab_ids = torch.tensor(sorted(set(reference))[::2] + [63])  # some target tokens cannot be drafted
+    torch.manual_seed(0)
+    head = head_for(target, variant, 4, 32, 1, shared, vocab_ids).eval()
+    cfg = SARDraftConfig(variant=variant, k=3, k_max=4, shared_lm_head=shared, draft_vocab=len(vocab_ids))
+    gen = SARDraftDecoder(target, None, head, cfg).generate(prompt, GREEDY, 30)
+    assert gen.token_ids == reference and sum(gen.drafted) > 0
+    emb, hp = torch.randn(1, 2, target.config.hidden_size), torch.randn(1, target.config.hidden_size)
+    logits = head.full_vocab_logits(head.draft_logits(hp, emb))
+    assert logits.shape[-1] == 64 and torch.isinf(logits).sum() == 2 * (64 - len(vocab_ids))
+    head.save_pretrained(tmp_path)
+    loaded = DraftHead.from_pretrained(tmp_path).attach_lm_head(target.lm_head)
+    assert torch.equal(loaded.vocab_ids, vocab_ids)
+    assert torch.equal(loaded.draft_logits(hp, emb), head.draft_logits(hp, emb))
+
+
 @pytest.mark.parametrize("variant,layers,shared", FAMILY)
 def test_prefix_states_are_causal_and_the_head_round_trips(variant, layers, shared, tmp_path):
     lm_head = torch.nn.Linear(16, 32, bias=False)
@@ -136,6 +156,13 @@ def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_p
     assert json.loads((run / "metrics.json").read_text())["lossless"] == 1.0
     first = json.loads((run / "generations.jsonl").read_text().splitlines()[0])
     assert first["samples"][0][0]["extra"]["extra_parameters"] == metrics["head_parameters"]
+    reduced = [*shape, "method.draft_vocab=24"]
+    specrepro("train", "model=tiny_random", *reduced, "training.references.gsm8k.limit=12", "training.references.sql.limit=6",
+              "training.response_tokens=16", "training.loop.steps=2", "training.loop.batch_size=2",
+              "training.anchors_per_batch=32", "hardware.threads=1", "logger=none", cwd=tmp_path)
+    specrepro("run", *FAST, *reduced, "dataset=gsm8k", "dataset.limit=2", "logger=none", cwd=tmp_path)
+    runs = [json.loads((p / "metrics.json").read_text()) for k, p in run_dirs(tmp_path).items() if k.startswith("sar_draft:")]
+    assert len(runs) == 2 and all(m["lossless"] == 1.0 for m in runs)
     # a head of another variant is not picked up
     out = specrepro("run", *FAST, "method=sar_draft", "method.variant=block", "dataset=gsm8k", "dataset.limit=1",
                     "logger=none", cwd=tmp_path, check=False)

@@ -29,6 +29,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specrepro.config import MethodConfig, register_method_schema
+from specrepro.decoding import draft_vocab
 from specrepro.decoding.controllers import BetaTS, CaliTS, DraftLengthController, FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder
 from specrepro.decoding.sampling import Sampling, probs, sample
@@ -87,10 +88,9 @@ class CalibrationPredictor(torch.nn.Module):
 class EarlyExitHead(torch.nn.Module):
     """The trainable part of the draft: one decoder layer (own one-layer KV cache) + RMSNorm + LM head.
 
-    With `draft_vocab_ids` (V token ids, most frequent first) the head is a trained copy of the target's head
-    rows for those tokens only, as FR-Spec / EAGLE-3 reduce a draft's vocabulary: on this 49k-token model the
-    full head is half the draft's cost. The target still verifies over the whole vocabulary, so greedy output is
-    unchanged, and a draft distribution that is zero outside the V tokens keeps speculative sampling exact.
+    With `draft_vocab_ids` (V token ids, most frequent first; `decoding/draft_vocab.py`) the head is a trained
+    copy of the target's head rows for those tokens only: on this 49k-token model the full head is half the
+    draft's cost.
     """
 
     def __init__(self, target: torch.nn.Module, num_layers: int, exit_layer: bool = True, shared_head: bool = False,
@@ -135,26 +135,15 @@ class EarlyExitHead(torch.nn.Module):
         """Logits over the draft vocabulary (all tokens, or the V of `vocab_ids`)."""
         return (self._target[0].lm_head if self.lm_head is None else self.lm_head)(hidden)
 
-    def token_ids(self, draft_index: torch.Tensor) -> torch.Tensor:
-        """Token ids of draft-vocabulary indices (e.g. an argmax of `logits`)."""
-        return draft_index if self.vocab_ids is None else self.vocab_ids[draft_index]
+    def token_ids(self, index: torch.Tensor) -> torch.Tensor:
+        return draft_vocab.token_ids(self.vocab_ids, index)
 
-    def draft_index(self, token_ids: torch.Tensor, missing: int = -100) -> torch.Tensor:
-        """Draft-vocabulary indices of token ids; `missing` where a token is outside the draft vocabulary."""
-        if self.vocab_ids is None:
-            return token_ids
-        index = torch.full((self.vocab_size,), missing, dtype=torch.long, device=token_ids.device)
-        index[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=token_ids.device)
-        return index[token_ids]
+    def draft_index(self, tokens: torch.Tensor) -> torch.Tensor:
+        return draft_vocab.draft_index(self.vocab_ids, tokens, self.vocab_size)
 
     def full_vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the target's whole vocabulary: -inf outside the draft vocabulary."""
-        logits = self.logits(hidden)
-        if self.vocab_ids is None:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-        full[..., self.vocab_ids] = logits
-        return full
+        return draft_vocab.full_vocab_logits(self.vocab_ids, self.logits(hidden), self.vocab_size)
 
     def save_pretrained(self, path) -> None:
         path = Path(path)

@@ -16,7 +16,9 @@ Variants (`variant`), all sharing the target's frozen input embeddings e(.):
 The SAR head q_0 (App. A): W_3^T act(concat(W_p^T h_p, W_q^T h_q)) + b_3, W_p: H x P, W_q: dim(h_q) x P,
 W_3: 2P x V with P = 1024 in the paper (`proj_size`). `shared_lm_head` (not in the paper) makes W_3 2P x H
 followed by the target's frozen LM head (block: the ResBlocks feed it), for targets whose vocabulary is large
-against their size (SmolLM2-135M: a 2P x V W_3 is 75% of the target).
+against their size (SmolLM2-135M: a 2P x V W_3 is 75% of the target). `draft_vocab` = V > 0 (not in the paper;
+`decoding/draft_vocab.py`) makes the output layer score only the V most frequent tokens of the training data:
+W_3 is then 2P x V, or the shared head is the target's V rows, frozen.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specrepro.config import MethodConfig, register_method_schema
+from specrepro.decoding import draft_vocab
 from specrepro.decoding.controllers import DraftLengthController, build_controller
 from specrepro.decoding.draft_verify import DraftVerifyDecoder
 from specrepro.decoding.sampling import Sampling, probs, sample
@@ -54,6 +57,7 @@ class SARDraftConfig(MethodConfig):
     proj_size: int = 1024  # P: width of W_p and W_q (App. A: 1024)
     transformer_layers: int = 1  # N for variant=transformer (0 = embedding of the last draft)
     shared_lm_head: bool = False  # W_3 into the target's frozen LM head instead of its own 2P x V output
+    draft_vocab: int = 0  # V > 0: the output scores only the V most frequent training tokens (set at training)
     head: str = "sar_head"  # trained head artifact (newest matching the variant); "none": untrained random head
 
 
@@ -62,20 +66,23 @@ class DraftHead(nn.Module):
 
     def __init__(self, hidden_size: int, vocab_size: int, variant: str = "simplified", k: int = 4,
                  proj_size: int = 1024, transformer_layers: int = 1, num_heads: int = 4, activation: str = "silu",
-                 shared_lm_head: bool = False):
+                 shared_lm_head: bool = False, draft_vocab: int = 0):
         super().__init__()
         if variant not in VARIANTS:
             raise SpecReproError(f"sar_draft variant '{variant}' is not one of {', '.join(VARIANTS)}")
         self.settings = {"hidden_size": hidden_size, "vocab_size": vocab_size, "variant": variant, "k": k,
                          "proj_size": proj_size, "transformer_layers": transformer_layers, "num_heads": num_heads,
-                         "activation": activation, "shared_lm_head": shared_lm_head}
+                         "activation": activation, "shared_lm_head": shared_lm_head, "draft_vocab": draft_vocab}
         self.variant, self.k, self.act = variant, k, ACT2FN[activation]
         H, half = hidden_size, hidden_size // 2
         self.target_lm_head: list[nn.Module] = []  # the target's LM head when shared (attach_lm_head); not saved
-        out_size = H if shared_lm_head else vocab_size
+        # the draft vocabulary's token ids: set by `set_draft_vocab` before training, or by load_state_dict
+        self.register_buffer("vocab_ids", torch.arange(draft_vocab) if draft_vocab else None)
+        scored = draft_vocab or vocab_size
+        out_size = H if shared_lm_head else scored
         if variant == "block":  # Eq. 3: head j sees h_p only
             self.res = nn.ModuleList(nn.Linear(H, H) for _ in range(k))
-            self.heads = None if shared_lm_head else nn.ModuleList(nn.Linear(H, vocab_size, bias=False) for _ in range(k))
+            self.heads = None if shared_lm_head else nn.ModuleList(nn.Linear(H, scored, bias=False) for _ in range(k))
             for layer in self.res:
                 nn.init.zeros_(layer.weight)  # Medusa: each ResBlock starts as the identity
             return
@@ -97,10 +104,31 @@ class DraftHead(nn.Module):
         self.w_p, self.w_q = nn.Linear(H, proj_size), nn.Linear(hq_size, proj_size)
         self.w_3 = nn.Linear(2 * proj_size, out_size)
 
-    def attach_lm_head(self, lm_head: nn.Module) -> "DraftHead":
-        """Use the target's (frozen) LM head as the output layer of a shared_lm_head head."""
-        self.target_lm_head = [lm_head] if self.settings["shared_lm_head"] else []
+    def set_draft_vocab(self, vocab_ids: torch.Tensor) -> "DraftHead":
+        """The V token ids the output scores (a head built with draft_vocab = V); attach the LM head after this."""
+        if self.vocab_ids is None or len(vocab_ids) != len(self.vocab_ids):
+            raise SpecReproError(f"this sar_draft head scores {self.settings['draft_vocab']} draft tokens, "
+                                 f"got {len(vocab_ids)}")
+        self.vocab_ids.copy_(vocab_ids)
         return self
+
+    def attach_lm_head(self, lm_head: nn.Module) -> "DraftHead":
+        """Use the target's (frozen) LM head, or its draft-vocabulary rows, as the output of a shared_lm_head head."""
+        if not self.settings["shared_lm_head"]:
+            self.target_lm_head = []
+        elif self.vocab_ids is None:
+            self.target_lm_head = [lm_head]
+        else:
+            rows = nn.Linear(lm_head.in_features, len(self.vocab_ids), bias=False, device=lm_head.weight.device,
+                             dtype=lm_head.weight.dtype).requires_grad_(False)
+            with torch.no_grad():
+                rows.weight.copy_(lm_head.weight[self.vocab_ids.to(lm_head.weight.device)])
+            self.target_lm_head = [rows]
+        return self
+
+    def full_vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Output logits over the target's whole vocabulary (-inf outside the draft vocabulary)."""
+        return draft_vocab.full_vocab_logits(self.vocab_ids, logits, self.settings["vocab_size"])
 
     def output(self, features: torch.Tensor, position: int | None = None) -> torch.Tensor:
         """Vocabulary logits: the shared target LM head, Medusa head `position`, or W_3's own output as is."""
@@ -124,7 +152,8 @@ class DraftHead(nn.Module):
         return self.layers(emb + self.positions.weight[:j], mask=causal, is_causal=True)
 
     def draft_logits(self, hp: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        """Logits (B, j, V) of the draft token after each prefix d_1..d_j, given h_p (B, H), emb (B, j, H)."""
+        """Logits (B, j, V) of the draft token after each prefix d_1..d_j, given h_p (B, H), emb (B, j, H); V is
+        the draft vocabulary (`full_vocab_logits` maps them to the target's)."""
         j = emb.shape[1]
         if j > self.k:
             raise SpecReproError(f"this sar_draft head drafts at most {self.k} tokens per round, asked for {j}")
@@ -135,7 +164,9 @@ class DraftHead(nn.Module):
         return self.output(self.w_3(self.act(joint)))  # App. A, b_3 read as the output bias
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        """Trained parameters, plus the frozen copy of the target's rows a reduced shared head keeps."""
+        copied = self.target_lm_head[0].weight.numel() if self.target_lm_head and self.vocab_ids is not None else 0
+        return sum(p.numel() for p in self.parameters()) + copied
 
     def save_pretrained(self, path) -> None:
         path = Path(path)
@@ -154,29 +185,35 @@ class DraftHead(nn.Module):
 
 
 def head_for(target: nn.Module, variant: str, k: int, proj_size: int, transformer_layers: int,
-             shared_lm_head: bool = False) -> DraftHead:
-    """A fresh head shaped for `target` (its hidden size, vocabulary, heads and activation)."""
+             shared_lm_head: bool = False, vocab_ids: torch.Tensor | None = None) -> DraftHead:
+    """A fresh head shaped for `target` (its hidden size, vocabulary, heads and activation), scoring the
+    draft vocabulary `vocab_ids` when given."""
     config = target.config
     head = DraftHead(config.hidden_size, config.vocab_size, variant, k, proj_size, transformer_layers,
-                     config.num_attention_heads, getattr(config, "hidden_act", "silu"), shared_lm_head)
+                     config.num_attention_heads, getattr(config, "hidden_act", "silu"), shared_lm_head,
+                     0 if vocab_ids is None else len(vocab_ids))
+    if vocab_ids is not None:
+        head.set_draft_vocab(vocab_ids)
     return head.attach_lm_head(target.lm_head)
 
 
-def find_head(ref: str, artifacts_dir, model_name: str, variant: str, shared_lm_head: bool) -> Path:
-    """The newest complete `<ref>` / `<ref>-<model>-*` artifact holding a head of `variant`."""
+def find_head(ref: str, artifacts_dir, model_name: str, variant: str, shared_lm_head: bool, vocab: int = 0) -> Path:
+    """The newest complete `<ref>` / `<ref>-<model>-*` artifact holding a head of `variant` (and draft vocabulary)."""
     from specrepro.training.artifacts import find_matching_artifact
 
     def matches(path: Path) -> bool:
         meta = path / HEAD_FILES[0]
         settings = json.loads(meta.read_text()) if meta.is_file() else {}
-        return settings.get("variant") == variant and settings.get("shared_lm_head", False) == shared_lm_head
+        return (settings.get("variant") == variant and settings.get("shared_lm_head", False) == shared_lm_head
+                and settings.get("draft_vocab", 0) == vocab)
 
     path = find_matching_artifact(ref, artifacts_dir, model_name, matches)
     if path is not None:
         return path
-    raise SpecReproError(f"no sar_draft head artifact '{ref}' of variant {variant} (shared_lm_head={shared_lm_head}) for model {model_name} under {artifacts_dir}: "
+    raise SpecReproError(f"no sar_draft head artifact '{ref}' of variant {variant} (shared_lm_head={shared_lm_head}, "
+                         f"draft_vocab={vocab}) for model {model_name} under {artifacts_dir}: "
                          f"train one with `specrepro train method=sar_draft model={model_name} method.variant={variant} "
-                         f"method.shared_lm_head={shared_lm_head}`, "
+                         f"method.shared_lm_head={shared_lm_head} method.draft_vocab={vocab}`, "
                          "or use method.head=none")
 
 
@@ -196,10 +233,12 @@ class SARDraftDecoder(DraftVerifyDecoder):
     @classmethod
     def from_config(cls, cfg: SARDraftConfig, target, ctx) -> "SARDraftDecoder":
         if cfg.head == "none":
+            if cfg.draft_vocab:
+                raise SpecReproError("sar_draft draft_vocab is chosen when the head is trained: name a trained head")
             head = head_for(target.model, cfg.variant, cfg.head_k, cfg.proj_size, cfg.transformer_layers,
                             cfg.shared_lm_head).eval()
         else:
-            path = find_head(cfg.head, ctx.artifacts_dir, target.name, cfg.variant, cfg.shared_lm_head)
+            path = find_head(cfg.head, ctx.artifacts_dir, target.name, cfg.variant, cfg.shared_lm_head, cfg.draft_vocab)
             head = DraftHead.from_pretrained(path).attach_lm_head(target.model.lm_head)
         p = next(target.model.parameters())
         return cls(target.model, target.tokenizer, head.to(device=p.device, dtype=p.dtype), cfg)
@@ -220,7 +259,7 @@ class SARDraftDecoder(DraftVerifyDecoder):
         embed = self.model.get_input_embeddings()
         prefix, drafts, qs = tokens[0, -1:], [], []  # d_1: the target's own token (convention A)
         for j in range(1, k + 1):
-            logits = self.head.draft_logits(self.hp[None], embed(prefix)[None])[0, -1]  # Eq. 5
+            logits = self.head.full_vocab_logits(self.head.draft_logits(self.hp[None], embed(prefix)[None])[0, -1])  # Eq. 5
             q = probs(logits, sampling)
             token = logits.argmax(-1) if sampling.greedy else sample(q, rng)
             drafts.append(token)

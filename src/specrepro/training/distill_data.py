@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -158,3 +159,11 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
     dataset.save_to_disk(str(staging))
     staging.rename(cache_dir)
     return load_from_disk(str(cache_dir))
+
+
+def frequent_tokens(rows: list[dict], size: int) -> torch.Tensor:
+    """A draft vocabulary (`decoding/draft_vocab.py`): the `size` token ids most frequent in the rows'
+    continuations, most frequent first; prompt-token counts rank the rest, then the id."""
+    outputs = Counter(t for row in rows for t in row["continuation_ids"])
+    inputs = Counter(t for row in rows for t in row["prompt_ids"])
+    return torch.tensor(sorted(outputs | inputs, key=lambda t: (-outputs[t], -inputs[t], t))[:size], dtype=torch.long)

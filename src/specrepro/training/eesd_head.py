@@ -19,7 +19,6 @@ chain is still being accepted).
 from __future__ import annotations
 
 import random
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List
 
@@ -27,7 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from specrepro.data.config import DatasetConfig
+from specrepro.decoding import draft_vocab
 from specrepro.decoding.eesd import MAX_PREDICTOR_POSITION, CalibrationPredictor, EarlyExitHead, first_layers_hidden
+from specrepro.training.distill_data import frequent_tokens
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 
 
@@ -101,14 +102,6 @@ def plain_rows(spec, tokenizer, limit: int) -> list[dict]:
             if len(row["continuation_ids"]) >= 8]
     random.Random(spec.loop.seed).shuffle(rows)
     return rows[:limit]
-
-
-def frequent_tokens(rows: list[dict], size: int) -> torch.Tensor:
-    """The draft vocabulary: the `size` token ids most frequent in the rows' continuations, most frequent first;
-    prompt-token counts rank the rest (tokens the continuations never used), then the id."""
-    outputs = Counter(t for row in rows for t in row["continuation_ids"])
-    inputs = Counter(t for row in rows for t in row["prompt_ids"])
-    return torch.tensor(sorted(outputs | inputs, key=lambda t: (-outputs[t], -inputs[t], t))[:size], dtype=torch.long)
 
 
 def head_logits(head: EarlyExitHead, target, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,7 +211,8 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
         logits, labels = head_logits(head, model, batch)
         agreement = float((head.token_ids(logits.argmax(-1)) == labels).float().mean())
         # tokens outside a reduced draft vocabulary cannot be drafted: they carry no loss (and count as misses)
-        return F.cross_entropy(logits.float(), head.draft_index(labels), ignore_index=-100), {"top1_agreement": agreement}
+        loss = F.cross_entropy(logits.float(), head.draft_index(labels), ignore_index=draft_vocab.MISSING)
+        return loss, {"top1_agreement": agreement}
 
     history = train_loop(head, loss_fn, batches(train_rows, spec.loop, pad_id, device, spec.train_prompt_tokens),
                          spec.loop, work_dir / "head", log_metrics, device)

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding.sar_draft import DraftHead, head_for
 from specrepro.errors import SpecReproError
-from specrepro.training.distill_data import reference_rows
+from specrepro.decoding import draft_vocab
+from specrepro.training.distill_data import frequent_tokens, reference_rows
 from specrepro.training.eesd_head import batches, pack_batch
 from specrepro.training.loop import LoopConfig
 
@@ -38,6 +39,7 @@ class SARHeadTrainingConfig:
     proj_size: int = 1024
     transformer_layers: int = 1
     shared_lm_head: bool = False
+    draft_vocab: int = 0  # V > 0: the output scores only the V tokens most frequent in the training responses
     lam: float = 1.0  # Eq. 8's lambda (separate mode, stage 2: 1)
     references: Dict[str, DatasetConfig] = field(default_factory=dict)  # ground-truth responses after their prompts
     continuations: Dict[str, DatasetConfig] = field(default_factory=dict)  # optional: the target's greedy continuations
@@ -76,11 +78,14 @@ def sar_terms(head: DraftHead, target, batch: dict, anchors: int, generator: tor
     offsets = torch.arange(1, k + 1, device=ids.device)
     rows, cols = b[:, None], t[:, None] + offsets  # x[t+1..t+k]: the TLM's inputs
     targets, valid = ids[rows, cols + 1], mask[rows, cols]  # x[t+j+1], kept where it is a response token
-    logits = head.draft_logits(hidden[b, t], emb[rows, cols])  # (N, k, V)
-    loss_q = F.cross_entropy(logits[valid].float(), targets[valid])  # mean over anchors and depths (1/k sum_j)
+    logits = head.draft_logits(hidden[b, t], emb[rows, cols])  # (N, k, V), V: the draft vocabulary
+    vocab, vocab_size = head.vocab_ids, head.settings["vocab_size"]
+    # mean over anchors and depths (1/k sum_j); tokens outside a reduced draft vocabulary carry no loss
+    loss_q = F.cross_entropy(logits[valid].float(), draft_vocab.draft_index(vocab, targets[valid], vocab_size),
+                             ignore_index=draft_vocab.MISSING)
     with torch.no_grad():
         loss_p = F.cross_entropy(target.lm_head(hidden[b, t]).float(), ids[b, t + 1])
-    hits = ((logits.argmax(-1) == targets) & valid).sum(0)
+    hits = ((draft_vocab.token_ids(vocab, logits.argmax(-1)) == targets) & valid).sum(0)
     return loss_p, loss_q, hits, valid.sum(0)
 
 
@@ -120,8 +125,9 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
 
     torch.manual_seed(spec.loop.seed)
+    vocab_ids = frequent_tokens(train_rows, spec.draft_vocab) if spec.draft_vocab else None
     head = head_for(model, spec.variant, spec.head_k, spec.proj_size, spec.transformer_layers,
-                    spec.shared_lm_head).to(device)
+                    spec.shared_lm_head, vocab_ids).to(device)
     before = heldout_accuracy(head, model, heldout, pad_id, device, spec)
 
     def loss_fn(head, batch):
@@ -136,6 +142,7 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
     metrics = {
         "variant": spec.variant,
         "shared_lm_head": spec.shared_lm_head,
+        "draft_vocab": spec.draft_vocab,
         "head_parameters": head.num_parameters(),  # the shared LM head is the target's: not counted
         "target_parameters": target_parameters,
         "extra_memory_pct": 100.0 * head.num_parameters() / target_parameters,  # |theta'| / |theta|

@@ -1,0 +1,37 @@
+"""Reduced draft vocabularies (FR-Spec, Zhao et al. 2025; EAGLE-3): a draft head scores only V frequent tokens.
+
+On small targets with large vocabularies (SmolLM2-135M: 49k tokens, the LM head is a fifth of a forward) the
+draft's output layer dominates its cost. A head over V << |vocab| tokens keeps the method lossless: the target
+verifies over the whole vocabulary, so greedy output is unchanged, and a draft distribution q that is zero
+outside the V tokens keeps speculative sampling exact (the residual max(p - q, 0) restores their mass).
+A head holds its draft vocabulary as a `vocab_ids` buffer (V token ids, most frequent first) or None.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MISSING = -100  # the draft index of a token outside the draft vocabulary (cross-entropy's ignore_index)
+
+
+def token_ids(vocab_ids: torch.Tensor | None, draft_index: torch.Tensor) -> torch.Tensor:
+    """Token ids of draft-vocabulary indices (e.g. an argmax of the head's logits)."""
+    return draft_index if vocab_ids is None else vocab_ids[draft_index]
+
+
+def draft_index(vocab_ids: torch.Tensor | None, tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft-vocabulary indices of token ids; MISSING where a token is outside the draft vocabulary."""
+    if vocab_ids is None:
+        return tokens
+    index = torch.full((vocab_size,), MISSING, dtype=torch.long, device=tokens.device)
+    index[vocab_ids] = torch.arange(len(vocab_ids), device=tokens.device)
+    return index[tokens]
+
+
+def full_vocab_logits(vocab_ids: torch.Tensor | None, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft logits over the target's whole vocabulary: -inf outside the draft vocabulary."""
+    if vocab_ids is None:
+        return logits
+    full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+    full[..., vocab_ids] = logits
+    return full
