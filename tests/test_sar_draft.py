@@ -150,7 +150,7 @@ def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_p
     metrics = json.loads((artifact / "artifact.json").read_text())["metrics"]
     assert metrics["variant"] == "lstm" and metrics["head_parameters"] == DraftHead.from_pretrained(artifact).num_parameters()
     assert len(metrics["heldout_top1_by_depth_after"]) == 4 and metrics["train_sequences"] >= 16
-    assert list((tmp_path / "results" / "artifacts" / ".work").glob("sar_continuations-*"))
+    assert list((tmp_path / "results" / "artifacts" / ".work").glob("continuations-*"))
     specrepro("run", *FAST, *shape, "dataset=gsm8k", "dataset.limit=2", "logger=none", cwd=tmp_path)
     run = next(p for k, p in run_dirs(tmp_path).items() if k.startswith("sar_draft:"))
     assert json.loads((run / "metrics.json").read_text())["lossless"] == 1.0

@@ -62,6 +62,17 @@ def generate_continuations(model, tokenizer, texts: list[str], max_new_tokens: i
     return unsorted
 
 
+def distill_cache_dir(cfg, kind: str, prompt_sets, tokens: int, max_prompt_tokens) -> Path:
+    """`<artifacts_dir>/.work/<kind>-<hash>`: cached target outputs (`continuations`, `labels`) depend on the
+    target, the prompt sets, the lengths and the dtype only, so every trainer asking for the same ones shares them."""
+    from specrepro.tracking import config_hash
+
+    key = config_hash(OmegaConf.to_container(OmegaConf.create({
+        "model": cfg.model, "prompts": prompt_sets, "tokens": tokens, "max_prompt_tokens": max_prompt_tokens,
+        "dtype": cfg.hardware.dtype}), resolve=True))
+    return Path(cfg.artifacts_dir) / ".work" / f"{kind}-{key}"
+
+
 def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_size: int, max_prompt_tokens: int,
                          cache_dir: Path) -> Dataset:
     """Rows {source, prompt_ids, continuation_ids}; generated once, then loaded from `cache_dir`."""

@@ -80,19 +80,6 @@ def batches(rows: list[dict], loop: LoopConfig, pad_id: int, device, prompt_toke
     return batch_for_step
 
 
-def continuations_key(cfg) -> str:
-    """The cached continuations depend on the target, the prompt sets and the generation lengths only."""
-    from omegaconf import OmegaConf
-
-    from specrepro.tracking import config_hash
-
-    spec = cfg.training
-    return config_hash(OmegaConf.to_container(OmegaConf.create({
-        "model": cfg.model, "prompts": spec.prompts, "tokens": spec.continuation_tokens,
-        "max_prompt_tokens": spec.max_prompt_tokens, "dtype": cfg.hardware.dtype,
-    }), resolve=True))
-
-
 def plain_rows(spec, tokenizer, limit: int) -> list[dict]:
     """Rows {prompt_ids, continuation_ids} whose continuation is a dataset's own reference response."""
     from specrepro.training.distill_data import reference_rows
@@ -187,14 +174,15 @@ def train_calibration(examples: dict, hidden_size: int, loop: LoopConfig, work_d
 
 def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     """Self-distil the early-exit head (and the Cali-TS predictor); returns (head, metrics, history)."""
-    from specrepro.training.distill_data import continuation_dataset
+    from specrepro.training.distill_data import continuation_dataset, distill_cache_dir
     from specrepro.training.loop import train_loop
 
     spec, model = cfg.training, target.model
     for p in model.parameters():
         p.requires_grad_(False)
     data = continuation_dataset(target, spec.prompts, spec.continuation_tokens, spec.generation_batch_size,
-                                spec.max_prompt_tokens, work_dir.parent / f"continuations-{continuations_key(cfg)}")
+                                spec.max_prompt_tokens, distill_cache_dir(cfg, "continuations", spec.prompts,
+                                                                          spec.continuation_tokens, spec.max_prompt_tokens))
     generated = [row for row in data if row["continuation_ids"]]
     random.Random(spec.loop.seed).shuffle(generated)
     n_heldout = max(1, int(len(generated) * spec.heldout_fraction))

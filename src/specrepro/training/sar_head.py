@@ -52,19 +52,6 @@ class SARHeadTrainingConfig:
     loop: LoopConfig = field(default_factory=LoopConfig)
 
 
-def continuations_dir(cfg, work_dir):
-    """Cached target continuations, shared by every head variant trained on the same target and prompts."""
-    from omegaconf import OmegaConf
-
-    from specrepro.tracking import config_hash
-
-    spec = cfg.training
-    key = config_hash(OmegaConf.to_container(OmegaConf.create({
-        "model": cfg.model, "prompts": spec.continuations, "tokens": spec.response_tokens,
-        "max_prompt_tokens": spec.max_prompt_tokens, "dtype": cfg.hardware.dtype}), resolve=True))
-    return work_dir.parent / f"sar_continuations-{key}"
-
-
 def sar_terms(head: DraftHead, target, batch: dict, anchors: int, generator: torch.Generator | None = None):
     """Eq. 8's two NLL terms at up to `anchors` random anchors, and the draft's top-1 hits per depth j."""
     ids, mask, k = batch["input_ids"], batch["target_mask"], head.k
@@ -103,7 +90,7 @@ def heldout_accuracy(head, target, rows, pad_id, device, spec) -> list[float]:
 
 def train_sar_head(cfg, target, work_dir, log_metrics, device):
     """Train one SAR-family head on the frozen target; returns (head, metrics, history)."""
-    from specrepro.training.distill_data import continuation_dataset
+    from specrepro.training.distill_data import continuation_dataset, distill_cache_dir
     from specrepro.training.loop import train_loop
 
     spec, model = cfg.training, target.model
@@ -114,7 +101,8 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
     rows = reference_rows(spec.references, target.tokenizer, spec.max_prompt_tokens, spec.response_tokens)
     if spec.continuations:
         generated = continuation_dataset(target, spec.continuations, spec.response_tokens, spec.generation_batch_size,
-                                         spec.max_prompt_tokens, continuations_dir(cfg, work_dir))
+                                         spec.max_prompt_tokens, distill_cache_dir(cfg, "continuations", spec.continuations,
+                                                                                   spec.response_tokens, spec.max_prompt_tokens))
         rows += [{"prompt_ids": r["prompt_ids"], "continuation_ids": r["continuation_ids"]} for r in generated]
     rows = [r for r in rows if len(r["continuation_ids"]) > spec.head_k]
     if not rows:

@@ -143,12 +143,13 @@ def top1_agreement(model, rows: list[dict], pad_id: int, device, prompt_tokens: 
 
 def train_sps_draft(cfg, target, work_dir, log_metrics, device):
     """Distil a draft from the target; returns (draft model, metrics for artifact.json)."""
-    from specrepro.training.distill_data import continuation_dataset, teacher_labeled_dataset
+    from specrepro.training.distill_data import continuation_dataset, distill_cache_dir, teacher_labeled_dataset
     from specrepro.training.loop import train_loop
 
     spec = cfg.training
     on_policy = continuation_dataset(target, spec.prompts, spec.continuation_tokens, spec.generation_batch_size,
-                                     spec.max_prompt_tokens, work_dir.parent / f"continuations-{data_key(cfg, 'prompts')}")
+                                     spec.max_prompt_tokens, distill_cache_dir(cfg, "continuations", spec.prompts,
+                                                                               spec.continuation_tokens, spec.max_prompt_tokens))
     # greedy continuations are the target's own argmax: their labels are the tokens themselves
     rows = [{**row, "label_ids": row["continuation_ids"]} for row in on_policy if row["continuation_ids"]]
     random.Random(spec.loop.seed).shuffle(rows)
@@ -158,7 +159,8 @@ def train_sps_draft(cfg, target, work_dir, log_metrics, device):
     if spec.labeled:
         off_policy = teacher_labeled_dataset(target, spec.labeled, spec.labeled_response_tokens,
                                              spec.generation_batch_size, spec.labeled_prompt_tokens,
-                                             work_dir.parent / f"labels-{data_key(cfg, 'labeled')}")
+                                             distill_cache_dir(cfg, "labels", spec.labeled, spec.labeled_response_tokens,
+                                                               spec.labeled_prompt_tokens))
         train_rows += [row for row in off_policy if row["continuation_ids"]]
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
 
@@ -180,19 +182,3 @@ def train_sps_draft(cfg, target, work_dir, log_metrics, device):
         "target_parameters": sum(p.numel() for p in target.model.parameters()),
     }
     return draft, metrics, history
-
-
-def data_key(cfg, sets: str) -> str:
-    """Distillation data depend on the target, the prompt sets and the length settings only."""
-    from omegaconf import OmegaConf
-
-    from specrepro.tracking import config_hash
-
-    spec = cfg.training
-    on_policy = sets == "prompts"
-    return config_hash(OmegaConf.to_container(OmegaConf.create({
-        "model": cfg.model, "prompts": spec[sets],
-        "tokens": spec.continuation_tokens if on_policy else spec.labeled_response_tokens,
-        "max_prompt_tokens": spec.max_prompt_tokens if on_policy else spec.labeled_prompt_tokens,
-        "dtype": cfg.hardware.dtype,
-    }), resolve=True))
