@@ -45,3 +45,25 @@ def test_wrong_type_fails_at_composition():
 def test_unknown_option_fails_at_composition():
     with pytest.raises(ConfigCompositionException, match="method"):
         compose_run("method=no_such_method")
+
+
+def test_a_newer_artifact_under_the_same_prefix_is_a_new_run_and_a_new_reference(tmp_path):
+    import os
+
+    from specrepro.runner import reference_config, reference_key, run_name
+
+    def publish(name: str, mtime: float) -> None:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "artifact.json").write_text("{}")
+        os.utime(tmp_path / name / "artifact.json", (mtime, mtime))
+
+    method = compose_run("method=self_sd", "method.skip_set=self_sd_skip_set", f"artifacts_dir={tmp_path}")
+    weights = compose_run("method=jacobi", "model.source=artifact", "model.id=cllm", f"artifacts_dir={tmp_path}")
+    publish("self_sd_skip_set-m-aaaa", 1_000)
+    publish("cllm-m-aaaa", 1_000)
+    before = run_name(method), run_name(weights), reference_key(weights)
+    assert reference_key(reference_config(weights)) == reference_key(weights)
+    publish("self_sd_skip_set-m-bbbb", 2_000)
+    publish("cllm-m-bbbb", 2_000)
+    assert run_name(method) != before[0]
+    assert run_name(weights) != before[1] and reference_key(weights) != before[2]

@@ -9,12 +9,11 @@ import math
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specrepro.data import completion_for_scoring, load_records, render_prompt
-from specrepro.decoding import build_decoder
+from specrepro.decoding import DECODERS, build_decoder
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
@@ -22,6 +21,7 @@ from specrepro.metrics.judge import judge_run
 from specrepro.metrics.quality import score_sample
 from specrepro.metrics.speed import lossless, paired_speedup, speed_metrics, speedups
 from specrepro.models import LoadedModel, ModelLoader
+from specrepro.models.loading import resolve_artifact
 from specrepro.tracking import RunRecord, config_hash, log_to_wandb
 
 log = logging.getLogger(__name__)
@@ -37,13 +37,29 @@ def run_name(cfg: DictConfig) -> str:
     content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in _NOT_IN_RUN_HASH}
     if content["dataset"]["metric"] != "mt_bench" or content.get("judge", {}).get("name", "none") == "none":
         content.pop("judge", None)  # the judge changes only judged MT-Bench runs (and keeps older run names)
+    artifacts = resolved_artifacts(cfg)
+    if artifacts:  # runs on no trained artifact keep their names
+        content["artifacts"] = artifacts
     return f"{cfg.model.name}-{cfg.method.name}-{cfg.dataset.name}-{cfg.decoding.name}-{config_hash(content)}"
+
+
+def model_artifact(cfg: DictConfig) -> dict[str, str]:
+    """The checkpoint a `model.source=artifact` config resolves to now (its id may be a prefix: the newest)."""
+    return {"model": resolve_artifact(cfg.model.id, cfg.artifacts_dir).name} if cfg.model.source == "artifact" else {}
+
+
+def resolved_artifacts(cfg: DictConfig) -> dict[str, str]:
+    """Every trained artifact a run uses, as resolved now: a newer one under the same prefix is a new run."""
+    method = DECODERS.get(cfg.method.name)
+    found = method.resolve_artifacts(cfg.method, cfg.model.name, cfg.artifacts_dir) if method else {}
+    return model_artifact(cfg) | found
 
 
 def reference_key(cfg: DictConfig) -> str:
     """Runs with equal keys decode the same prompts on the same weights with the same decoding."""
     content = OmegaConf.to_container(cfg, resolve=True)
-    return config_hash({k: content[k] for k in ("model", "dataset", "decoding", "hardware")})
+    key = {k: content[k] for k in ("model", "dataset", "decoding", "hardware")}
+    return config_hash(key | model_artifact(cfg))
 
 
 def validate(cfg: DictConfig) -> None:

@@ -101,6 +101,12 @@ class Decoder(ABC):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @classmethod
+    def resolve_artifacts(cls, cfg, model_name: str, artifacts_dir) -> dict[str, str]:
+        """The trained artifacts (role -> directory name) a method config resolves to now; a reference by prefix
+        names the newest match, so these, not the reference, are part of a run's identity."""
+        return {}
+
     @torch.inference_mode()
     def generate(self, prompt_ids, sampling: Sampling, max_new_tokens: int, seed: int = 0) -> Generation:
         if max_new_tokens <= 0:

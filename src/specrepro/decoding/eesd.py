@@ -229,10 +229,18 @@ class EESDDecoder(DraftVerifyDecoder):
                                  "(training.calibration.sequences > 0), or method.cali_mode=sampling")
         self.head, self.cfg = head, cfg
 
+    @staticmethod
+    def head_settings(cfg: EESDConfig) -> dict:
+        return {"num_layers": cfg.num_layers, "exit_layer": cfg.exit_layer, "shared_head": cfg.shared_head,
+                "draft_vocab": cfg.draft_vocab}
+
+    @classmethod
+    def resolve_artifacts(cls, cfg: EESDConfig, model_name: str, artifacts_dir) -> dict[str, str]:
+        return {} if cfg.head == "none" else {"head": find_head(cfg.head, artifacts_dir, model_name, cls.head_settings(cfg)).name}
+
     @classmethod
     def from_config(cls, cfg: EESDConfig, target, ctx) -> "EESDDecoder":
-        settings = {"num_layers": cfg.num_layers, "exit_layer": cfg.exit_layer, "shared_head": cfg.shared_head,
-                    "draft_vocab": cfg.draft_vocab}
+        settings = cls.head_settings(cfg)
         if cfg.head == "none":
             if cfg.draft_vocab:
                 raise SpecReproError("eesd draft_vocab is chosen when the head is trained: name a trained head")

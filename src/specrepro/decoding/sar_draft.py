@@ -231,6 +231,12 @@ class SARDraftDecoder(DraftVerifyDecoder):
         self.extra_memory_pct = 100.0 * self.extra_parameters / sum(p.numel() for p in model.parameters())
 
     @classmethod
+    def resolve_artifacts(cls, cfg: SARDraftConfig, model_name: str, artifacts_dir) -> dict[str, str]:
+        if cfg.head == "none":
+            return {}
+        return {"head": find_head(cfg.head, artifacts_dir, model_name, cfg.variant, cfg.shared_lm_head, cfg.draft_vocab).name}
+
+    @classmethod
     def from_config(cls, cfg: SARDraftConfig, target, ctx) -> "SARDraftDecoder":
         if cfg.head == "none":
             if cfg.draft_vocab:

@@ -156,6 +156,14 @@ class SelfSDDecoder(DraftVerifyDecoder):
         self.cache = None
 
     @classmethod
+    def resolve_artifacts(cls, cfg: SelfSDConfig, model_name: str, artifacts_dir) -> dict[str, str]:
+        from specrepro.models.loading import resolve_artifact
+
+        if cfg.attn_skip or cfg.mlp_skip or cfg.skip_set is None:
+            return {}
+        return {"skip_set": resolve_artifact(cfg.skip_set, artifacts_dir).name}
+
+    @classmethod
     def from_config(cls, cfg: SelfSDConfig, target, ctx) -> "SelfSDDecoder":
         attn_skip, mlp_skip = list(cfg.attn_skip), list(cfg.mlp_skip)
         if not attn_skip and not mlp_skip:

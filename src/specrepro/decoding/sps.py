@@ -43,6 +43,12 @@ class SPSDecoder(DraftVerifyDecoder):
         self.k, self.controller_kind, self.k_max = k, controller, k_max
 
     @classmethod
+    def resolve_artifacts(cls, cfg: SPSConfig, model_name: str, artifacts_dir) -> dict[str, str]:
+        from specrepro.models.loading import resolve_artifact
+
+        return {"draft": resolve_artifact(cfg.draft.id, artifacts_dir).name} if cfg.draft.source == "artifact" else {}
+
+    @classmethod
     def from_config(cls, cfg: SPSConfig, target, ctx) -> "SPSDecoder":
         draft = ctx.load_model(cfg.draft).model
         return cls(target.model, target.tokenizer, draft, cfg.k, cfg.controller, cfg.k_max)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import torch
 from omegaconf import OmegaConf
 
 from specrepro.models import ModelLoader
