@@ -60,6 +60,13 @@ def test_autograd_and_other_dtypes_take_torch_path(onednn):
     assert half not in kernels._packed
 
 
+def test_layer_built_in_inference_mode_takes_torch_path(onednn):
+    with torch.inference_mode():
+        layer = torch.nn.Linear(8, 4)
+        out = layer(torch.randn(2, 8))
+    assert out.shape == (2, 4) and layer not in kernels._packed
+
+
 def test_switching_kernels_and_bad_name():
     set_linear_kernel("torch")
     assert linear_kernel() == "torch" and torch.nn.Linear.forward is kernels._torch_linear_forward

@@ -36,6 +36,7 @@ _packed: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple[int, torch.Tensor]]" 
 def _onednn_applies(layer: torch.nn.Linear, x: torch.Tensor) -> bool:
     w = layer.weight
     return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype and w.dtype in _PACKABLE
+            and not w.is_inference()  # no version counter, so a packed copy could not tell it went stale
             and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
             and not torch.is_autocast_enabled("cpu"))
 
