@@ -90,3 +90,12 @@ def test_bad_input_gives_one_line_and_nonzero_exit(tmp_path, override, message):
     lines = [line for line in proc.stderr.splitlines() if line.startswith("specrepro: error:")]
     assert len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_per_generation_extras_become_run_metrics_and_step_lists_do_not():
+    from specrepro.runner import run_level_extras
+
+    gens = [{"extra": {"extra_memory_pct": 7.0, "block_size": 16, "fast_forwarded": [1, 2], "flag": True}},
+            {"extra": {"extra_memory_pct": 7.0, "block_size": 16, "fast_forwarded": [0]}},
+            {"extra": {"extra_memory_pct": 5.0}}]
+    assert run_level_extras(gens) == {"extra_memory_pct": 19.0 / 3}  # block_size is missing from one generation

@@ -86,7 +86,7 @@ def test_table_cli_and_shipped_specs(tiny_sweep, tmp_path):
     for spec_path in sorted(TABLES_DIR.glob("*.yaml")):  # every shipped spec parses
         spec = TableSpec.load(spec_path.stem)
         assert spec.rows and spec.columns
-        assert (TABLES_DIR / f"{spec_path.stem}.sh").is_file(), f"{spec_path.stem} has no recipe"
+        assert (TABLES_DIR / spec.recipe).is_file(), f"{spec_path.stem} has no recipe"
     out = specrepro("table", "specbench_small", "--results-dir", str(tiny_sweep / "results"), cwd=tmp_path)
     assert (tiny_sweep / "results" / "specbench" / "specbench_small.md").is_file()
     assert "wrote" in out.stdout

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # EESD (003) Table 4's draft-length rows on the embedded model: eesd with Beta-TS and Cali-TS (the same runs as
-# eesd_table1.sh at equal LIMIT) and with a fixed draft length K (KS), on GSM8K and XSum.
+# eesd_main.sh at equal LIMIT) and with a fixed draft length K (KS), on GSM8K and XSum.
 # Train the head first (same results_dir): specrepro train method=eesd method.draft_vocab=4096
 # Usage: experiments/tables/eesd_table4.sh [results dir] [extra overrides...]
 # LIMIT (prompts per dataset, default 20), KS (fixed K values, default 1,2,4,5,6,10), DRAFT_VOCAB (the head's

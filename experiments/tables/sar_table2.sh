@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # SAR (001) Table 2 on the embedded model: trains one sar_draft head per variant (simplified = the paper's SAR,
-# block = Medusa, redrafter = ReDrafter, lstm), sharing the target's LM head (training skips finished
-# artifacts), then decodes GSM8K and sql_context with paired timing (ar timed right before each sample).
+# block = Medusa, redrafter = ReDrafter, lstm), each with its own output layer W_3 over a 4,096-token draft
+# vocabulary, on references + the target's own continuations (training=sar_draft_distilled; training skips
+# finished artifacts), then decodes GSM8K and sql_context with paired timing (ar timed right before each sample).
 # Usage: experiments/tables/sar_table2.sh [results dir] [extra run overrides...]
-# LIMIT (prompts per dataset, default 10), VARIANTS (default simplified,block,redrafter,lstm).
+# LIMIT (prompts per dataset, default 10), VARIANTS (default simplified,block,redrafter,lstm), K (draft length,
+# default 2), DRAFT_VOCAB (default 4096).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:-results}
 shift || true
 SPECREPRO=${SPECREPRO:-.venv/bin/specrepro}
-VARIANTS=${VARIANTS:-simplified,block,redrafter,lstm}
-"$SPECREPRO" train -m model=smollm2_135m method=sar_draft method.variant="$VARIANTS" method.shared_lm_head=true \
-  hardware.threads=${THREADS:-1} results_dir="$RESULTS"
-"$SPECREPRO" run -m model=smollm2_135m method=sar_draft method.variant="$VARIANTS" method.shared_lm_head=true \
-  dataset=gsm8k,sql_context dataset.limit=${LIMIT:-10} decoding=greedy timing.paired=true \
-  hardware.threads=${THREADS:-1} results_dir="$RESULTS" "$@"
+HEADS=(model=smollm2_135m method=sar_draft method.variant="${VARIANTS:-simplified,block,redrafter,lstm}"
+  method.draft_vocab=${DRAFT_VOCAB:-4096} hardware.threads=${THREADS:-1} results_dir="$RESULTS")
+"$SPECREPRO" train -m "${HEADS[@]}" training=sar_draft_distilled
+"$SPECREPRO" run -m "${HEADS[@]}" method.k=${K:-2} dataset=gsm8k,sql_context dataset.limit=${LIMIT:-10} \
+  decoding=greedy timing.paired=true "$@"
 "$SPECREPRO" table sar_table2 --results-dir "$RESULTS"

@@ -4,13 +4,14 @@
 # (decoding=sample: T 0.6, top-p 0.95) for pass@10. All with paired timing. Each self_sd run first makes its ar
 # reference run (the table's ar row). Find the skip set first (same results_dir): specrepro train method=self_sd
 # Usage: experiments/tables/self_sd_main.sh [results dir] [extra overrides...]
-# LIMIT (prompts per dataset, default 10), PASS10_LIMIT (HumanEval problems sampled 10 times, default 3).
+# LIMIT (prompts per dataset, default 10), PASS10_LIMIT (HumanEval problems sampled 10 times, default 3),
+# SKIP_SET (a self_sd_skip_set artifact; default: the newest).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:-results}
 shift || true
 SPECREPRO=${SPECREPRO:-.venv/bin/specrepro}
-COMMON=(model=smollm2_135m method=self_sd timing.paired=true hardware.threads=${THREADS:-1} results_dir="$RESULTS" "$@")
+COMMON=(model=smollm2_135m method=self_sd method.skip_set=${SKIP_SET:-self_sd_skip_set} timing.paired=true hardware.threads=${THREADS:-1} results_dir="$RESULTS" "$@")
 "$SPECREPRO" run -m dataset=cnn_dm,xsum,humaneval dataset.limit=${LIMIT:-10} decoding=greedy "${COMMON[@]}"
 "$SPECREPRO" run dataset=cnn_dm dataset.limit=${LIMIT:-10} decoding=greedy hardware.dtype=bfloat16 "${COMMON[@]}"
 "$SPECREPRO" run dataset=humaneval dataset.limit=${PASS10_LIMIT:-3} decoding=sample "${COMMON[@]}"

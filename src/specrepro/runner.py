@@ -117,9 +117,18 @@ def decode_record(record, index, cfg, target, decoder, ar_decoder, sampling) -> 
     return {"id": record.id, "index": index, "prompts": prompts, "samples": samples, "scores": scores}
 
 
+def run_level_extras(gens: list[dict]) -> dict[str, float]:
+    """Means of the numbers a decoder reports once per generation in `extra` (sar_draft's extra_memory_pct,
+    jacobi's block_size, ...); per-step lists stay in generations.jsonl."""
+    keys = {k for g in gens for k, v in g.get("extra", {}).items() if isinstance(v, (int, float))
+            and not isinstance(v, bool)}
+    return {k: sum(g["extra"][k] for g in gens) / len(gens) for k in sorted(keys)
+            if all(isinstance(g.get("extra", {}).get(k), (int, float)) for g in gens)}
+
+
 def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool) -> dict:
     gens = [g for row in rows for sample in row["samples"] for g in sample]
-    metrics = speed_metrics(gens)
+    metrics = speed_metrics(gens) | run_level_extras(gens)
     for key in sorted({k for row in rows for k in row["scores"]}):
         values = [row["scores"][key] for row in rows if key in row["scores"]]
         metrics[key] = sum(values) / len(values)

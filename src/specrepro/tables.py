@@ -5,6 +5,7 @@ A table spec is a small YAML file, `experiments/tables/<NAME>.yaml` (see the one
     paper: eesd                      # output goes to <results dir>/<paper>/<NAME>.md and .csv
     title: "Table 1: GSM8K and XSum"
     source: "/work/shared/notes/003_EESD.md, Table 1 (LLaMA-2-13B rows)"   # where the paper numbers come from
+    recipe: eesd_main.sh             # the script that makes the runs (default <NAME>.sh, next to the spec)
     select: {model: smollm2_135m}    # every cell's runs match this
     row_header: [Method]             # the row label columns
     rows:                            # label(s) + selector; paper numbers per column label
@@ -64,6 +65,7 @@ class TableSpec:
     columns: list[Column]
     select: dict = field(default_factory=dict)
     note: str = ""
+    recipe: str = ""  # the script under experiments/tables/ that makes the runs; default <name>.sh
 
     @classmethod
     def load(cls, name: str, tables_dir: Path = TABLES_DIR) -> "TableSpec":
@@ -77,7 +79,7 @@ class TableSpec:
         return cls(name=name, paper=raw["paper"], title=raw["title"], source=raw.get("source", ""),
                    row_header=list(raw.get("row_header", ["Row"])), rows=rows,
                    columns=[Column(**c) for c in raw["columns"]], select=raw.get("select", {}),
-                   note=raw.get("note", ""))
+                   note=raw.get("note", ""), recipe=raw.get("recipe", f"{name}.sh"))
 
 
 def _as_list(value) -> list:
@@ -193,7 +195,8 @@ def render_markdown(spec: TableSpec, header, body, footnotes) -> str:
         lines += [spec.note.strip(), ""]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
-    lines += ["", f"Regenerate: `specrepro table {spec.name}`. {MISSING_CELL} = no number (not in the paper, or no run yet).",
+    lines += ["", f"Regenerate: `experiments/tables/{spec.recipe}` (runs and table) or `specrepro table {spec.name}` "
+              f"(table only). {MISSING_CELL} = no number (not in the paper, or no run yet).",
               "", "Runs:", ""]
     lines += [f"{i}. `{name}`" for i, name in enumerate(footnotes, 1)] or ["(none)"]
     return "\n".join(lines) + "\n"

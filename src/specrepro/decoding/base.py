@@ -28,7 +28,7 @@ class Generation:
     verify_time: float = 0.0
     prefill_time: float = 0.0
     wall_time: float = 0.0
-    extra: dict = field(default_factory=dict)  # method-specific per-step counters
+    extra: dict = field(default_factory=dict)  # method-specific: per-step counter lists, per-generation numbers
 
     def to_dict(self) -> dict:
         return asdict(self)
