@@ -8,7 +8,9 @@ tokens / (draft + verify time), the inverse of the paper's "average inference ti
 before (`paired_speedup`): on a shared machine the load drifts during a search, and raw timings then
 reward whichever sets ran while the machine was quiet. Prefill is the full model whatever the skip set,
 so it is computed once per prompt and left out of the objective. `search=random` draws the same number of
-uniform points (each sub-layer skipped with probability 1 - threshold) for the ablation. No constraint on
+uniform points (each sub-layer skipped with probability 1 - threshold) for the ablation. The GP is fitted on
+the thresholded points by default (`gp_inputs=binary`): the objective is a function of the skip set only, and
+the official code's raw points (`relaxed`) make one skip set look like many different inputs. No constraint on
 the sets: skipping nothing or nearly everything scores low on its own (no cheaper draft, or no accepted
 drafts), which is the paper's argument for this objective.
 """
@@ -41,6 +43,9 @@ class SelfSDSearchConfig:
     seed: int = 1  # official code: random_state=1
     kappa: float = 2.576  # UCB exploration (the library's default)
     gp_alpha: float = 1e-2  # GP noise term for noisy timings (official code)
+    # what the GP sees of an evaluated point: relaxed = the raw [0,1] point (official code), so two points with
+    # the same skip set look different to it; binary = the thresholded skip set the objective depends on
+    gp_inputs: str = "binary"
     threshold: float = 0.5
     # tokens_per_s: the paper's objective (decode tokens/s); paired_speedup: that throughput over ar's, timed on
     # the same prompts right before each evaluation, so a shared machine's load drift cancels out
@@ -115,6 +120,8 @@ def train_self_sd_skip_set(cfg, target, work_dir, log_metrics, device):
     spec = cfg.training
     if spec.search not in ("bayes", "random"):
         raise ValueError(f"self_sd search '{spec.search}' is not one of bayes, random")
+    if spec.gp_inputs not in ("binary", "relaxed"):
+        raise ValueError(f"self_sd search gp_inputs '{spec.gp_inputs}' is not one of binary, relaxed")
     if spec.objective not in ("tokens_per_s", "paired_speedup"):
         raise ValueError(f"self_sd search objective '{spec.objective}' is not one of tokens_per_s, paired_speedup")
     num_layers = len(decoder_layers(target.model))
@@ -153,7 +160,8 @@ def train_self_sd_skip_set(cfg, target, work_dir, log_metrics, device):
             params = optimizer.suggest()
         value, stats = objective(params)
         if spec.search == "bayes":
-            optimizer.register(params=params, target=value)
+            seen = params if spec.gp_inputs == "relaxed" else {k: float(v > spec.threshold) for k, v in params.items()}
+            optimizer.register(params=seen, target=value)
         attn, mlp = to_skip_set(params, num_layers, spec.threshold)
         row = {"iteration": iteration, "objective": value, **stats,
                "speedup_vs_ar": stats.get("ar_tokens_per_s") and stats["tokens_per_s"] / stats["ar_tokens_per_s"],
