@@ -147,7 +147,7 @@ def test_search_cli_writes_skip_sets_that_runs_use(tmp_path):
     common = ["train", "method=self_sd", "model=tiny_random", "model.random.num_layers=3", "logger=none",
               "hardware.threads=1", "training.iterations=4", "training.init_points=2", "training.dev_records=1",
               "training.max_new_tokens=6", "training.max_prompt_tokens=48"]
-    for search in ("training.search=bayes", "training.gp_inputs=relaxed", "training.search=random"):
+    for search in ("training.search=bayes", "training.gp_inputs=binary", "training.search=random"):
         specrepro(*common, search, cwd=tmp_path)
     artifacts = sorted((tmp_path / "results" / "artifacts").glob("self_sd_skip_set-tiny_random-*"))
     assert len(artifacts) == 3

@@ -222,3 +222,7 @@ class SelfSDDecoder(DraftVerifyDecoder):
                     break
         crop_cache(self.cache, verified)
         return torch.stack(drafts), (torch.stack(qs) if qs else None)
+
+    def _decode(self, prompt_ids, sampling, out, rng) -> None:
+        super()._decode(prompt_ids, sampling, out, rng)
+        out.gen.extra.update(attn_skipped=len(self.attn_skip), mlp_skipped=len(self.mlp_skip))  # which set ran
