@@ -31,6 +31,7 @@ KERNELS = ("onednn", "torch")
 _PACKABLE = (torch.float32, torch.bfloat16)
 _torch_linear_forward = torch.nn.Linear.forward
 _packed: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple[int, torch.Tensor]]" = weakref.WeakKeyDictionary()
+_row_invariant = False  # one-row inputs go through the many-row kernel (set_row_invariant_linear)
 
 
 def _onednn_applies(layer: torch.nn.Linear, x: torch.Tensor) -> bool:
@@ -48,6 +49,9 @@ def _onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tens
     if entry is None or entry[0] != self.weight._version:
         entry = (self.weight._version, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()))
         _packed[self] = entry
+    if _row_invariant and x.numel() == x.shape[-1]:  # one row: oneDNN's one-row path rounds unlike its GEMM
+        two = x.reshape(1, -1).repeat(2, 1)
+        return torch.ops.mkldnn._linear_pointwise(two, entry[1], self.bias, "none", [], "")[:1].reshape(*x.shape[:-1], -1)
     return torch.ops.mkldnn._linear_pointwise(x, entry[1], self.bias, "none", [], "")
 
 
@@ -75,6 +79,13 @@ def set_linear_kernel(kernel: str) -> str:
     if kernel == "torch":
         _packed.clear()
     return kernel
+
+
+def set_row_invariant_linear(enabled: bool) -> None:
+    """Compute a one-row input as a row of a two-row product, so that it rounds exactly like a row of a
+    verification pass (the oneDNN kernel only; see models/attention.py)."""
+    global _row_invariant
+    _row_invariant = enabled
 
 
 def linear_kernel() -> str:

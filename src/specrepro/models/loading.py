@@ -23,7 +23,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from specrepro.errors import SpecReproError
-from specrepro.models.kernels import set_linear_kernel
+from specrepro.models.attention import set_attention
+from specrepro.models.kernels import set_linear_kernel, set_row_invariant_linear
 
 log = logging.getLogger(__name__)
 
@@ -202,10 +203,13 @@ class ModelLoader:
 
     @classmethod
     def for_hardware(cls, hardware, artifacts_dir: str | Path) -> "ModelLoader":
-        """Apply a `hardware` config to this process (torch threads, CPU linear kernel); a loader for its device."""
+        """Apply a `hardware` config to this process (torch threads, CPU linear kernel, row-invariant
+        attention); a loader for its device."""
         if hardware.threads:
             torch.set_num_threads(hardware.threads)
         set_linear_kernel(hardware.linear_kernel)
+        set_attention("row_invariant" if hardware.row_invariant else "sdpa")
+        set_row_invariant_linear(hardware.row_invariant)
         return cls(resolve_device(hardware.device), resolve_dtype(hardware.dtype), artifacts_dir)
 
     def load_model(self, cfg) -> LoadedModel:

@@ -1,0 +1,74 @@
+"""Row-invariant forwards (`hardware.row_invariant`): a verification row computes bit for bit what a one-token
+step computes, in fp32 and bf16, so greedy draft-then-verify stays token-identical to `ar` in bf16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specrepro.decoding import ARDecoder
+from specrepro.decoding.pld import PLDConfig, PLDDecoder
+from specrepro.decoding.sampling import Sampling
+from specrepro.errors import SpecReproError
+from specrepro.models import kernels
+from specrepro.models.attention import _is_plain_causal, set_attention
+from specrepro.models.kernels import set_linear_kernel, set_row_invariant_linear
+from tests.conftest import tiny_llama
+
+
+@pytest.fixture
+def row_invariant():
+    set_linear_kernel("onednn")
+    set_attention("row_invariant")
+    set_row_invariant_linear(True)
+    yield
+    set_attention("sdpa")
+    set_row_invariant_linear(False)
+
+
+def steps_and_block(model, prompt: torch.Tensor, block: torch.Tensor):
+    """Logits of `block` scored one token at a time, and in one forward, after the same prefill."""
+    one, many = DynamicCache(), DynamicCache()
+    with torch.no_grad():
+        model(prompt, past_key_values=one)
+        model(prompt, past_key_values=many)
+        steps = torch.cat([model(block[:, i:i + 1], past_key_values=one).logits[0] for i in range(block.shape[1])])
+        return steps, model(block, past_key_values=many).logits[0]
+
+
+@pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_block_forward_equals_one_token_steps_bit_for_bit(row_invariant, dtype):
+    model = tiny_llama(vocab_size=96, seed=2, num_layers=3).to(dtype)
+    tokens = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(0))
+    steps, block = steps_and_block(model, tokens[:, :24], tokens[:, 24:])
+    assert torch.equal(steps, block)
+
+
+def test_only_plain_causal_masks_take_the_row_by_row_path():
+    assert _is_plain_causal(None, 3, 10)
+    causal = torch.arange(10)[None, :] <= (torch.arange(3)[:, None] + 7)
+    assert _is_plain_causal(causal[None, None], 3, 10)
+    grouped = causal.clone()
+    grouped[2, 8] = False  # a query that may not see an earlier one: SPACE's mask groups
+    assert not _is_plain_causal(grouped[None, None], 3, 10)
+    assert not _is_plain_causal(torch.zeros(1, 1, 3, 10), 3, 10)  # additive float masks are left to SDPA
+    with pytest.raises(SpecReproError, match="hardware.attention"):
+        set_attention("flash")
+
+
+@pytest.mark.embedded
+def test_bf16_pld_is_token_identical_to_ar_on_the_embedded_model(row_invariant):
+    from specrepro.config import ModelConfig
+    from specrepro.models import load_model
+
+    target = load_model(ModelConfig(name="smollm2_135m", source="embedded"), torch.device("cpu"), torch.bfloat16)
+    for question in ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+                     "How many clips did Natalia sell altogether in April and May?",
+                     "Write a Python function that returns the n-th Fibonacci number."):
+        ids = target.tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                                   tokenize=True, return_dict=True)["input_ids"]
+        ar = ARDecoder(target.model, target.tokenizer).generate(ids, Sampling(), 128)
+        pld = PLDDecoder(target.model, target.tokenizer, PLDConfig(num_pred_tokens=4)).generate(ids, Sampling(), 128)
+        assert pld.token_ids == ar.token_ids and sum(pld.accepted) > len(pld.accepted)  # drafts were accepted
