@@ -54,7 +54,7 @@ def test_only_plain_causal_masks_take_the_row_by_row_path():
     grouped[2, 8] = False  # a query that may not see an earlier one: SPACE's mask groups
     assert not _is_plain_causal(grouped[None, None], 3, 10)
     assert not _is_plain_causal(torch.zeros(1, 1, 3, 10), 3, 10)  # additive float masks are left to SDPA
-    with pytest.raises(SpecReproError, match="hardware.attention"):
+    with pytest.raises(SpecReproError, match="attention 'flash' is not one of"):
         set_attention("flash")
 
 

@@ -120,10 +120,10 @@ def decode_record(record, index, cfg, target, decoder, ar_decoder, sampling) -> 
 def run_level_extras(gens: list[dict]) -> dict[str, float]:
     """Means of the numbers a decoder reports once per generation in `extra` (sar_draft's extra_memory_pct,
     jacobi's block_size, ...); per-step lists stay in generations.jsonl."""
-    keys = {k for g in gens for k, v in g.get("extra", {}).items() if isinstance(v, (int, float))
-            and not isinstance(v, bool)}
-    return {k: sum(g["extra"][k] for g in gens) / len(gens) for k in sorted(keys)
-            if all(isinstance(g.get("extra", {}).get(k), (int, float)) for g in gens)}
+    numbers = [{k: v for k, v in g.get("extra", {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+               for g in gens]
+    in_every = set.intersection(*map(set, numbers)) if numbers else set()
+    return {k: sum(n[k] for n in numbers) / len(numbers) for k in sorted(in_every)}
 
 
 def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool) -> dict:

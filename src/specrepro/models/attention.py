@@ -1,4 +1,4 @@
-"""Row-invariant attention for multi-token forwards over a cache (`hardware.attention`).
+"""Row-invariant attention for multi-token forwards over a cache (`hardware.row_invariant`).
 
 A verification pass scores [last token, drafts] in one forward; greedy decoding is lossless only if each of
 those rows computes what a one-token `ar` step would. Linear layers, norms and the MLP are row-wise, but
@@ -51,6 +51,6 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
 def set_attention(kind: str) -> str:
     """Make every model in this process that uses "sdpa" attention run `kind`; returns it."""
     if kind not in ATTENTIONS:
-        raise SpecReproError(f"hardware.attention={kind} is not one of {', '.join(ATTENTIONS)}")
+        raise SpecReproError(f"attention '{kind}' is not one of {', '.join(ATTENTIONS)}")
     AttentionInterface.register("sdpa", row_invariant_sdpa if kind == "row_invariant" else sdpa_attention_forward)
     return kind

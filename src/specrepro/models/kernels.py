@@ -50,8 +50,8 @@ def _onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tens
         entry = (self.weight._version, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()))
         _packed[self] = entry
     if _row_invariant and x.numel() == x.shape[-1]:  # one row: oneDNN's one-row path rounds unlike its GEMM
-        two = x.reshape(1, -1).repeat(2, 1)
-        return torch.ops.mkldnn._linear_pointwise(two, entry[1], self.bias, "none", [], "")[:1].reshape(*x.shape[:-1], -1)
+        out = torch.ops.mkldnn._linear_pointwise(x.reshape(1, -1).repeat(2, 1), entry[1], self.bias, "none", [], "")
+        return out[:1].reshape(*x.shape[:-1], -1)
     return torch.ops.mkldnn._linear_pointwise(x, entry[1], self.bias, "none", [], "")
 
 
