@@ -14,7 +14,7 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.space import SpaceConfig, SpaceDecoder, additive_mask, block_layout
 from specrepro.errors import SpecReproError
 from specrepro.models.loading import LoadedModel
-from specrepro.training.space_sft import IGNORE, sar_sample, sar_sft_loss, pad_batch
+from specrepro.training.space_sft import IGNORE, grouped_sample, pad_batch, sar_sample, sar_sft_loss
 from tests.conftest import tiny_llama
 from tests.test_lossless_sampling import VOCAB, exact, models, p_value  # noqa: F401  (fixtures)
 from tests.test_runner import run_dirs, specrepro
@@ -121,6 +121,26 @@ def test_sar_sft_loss_trains_the_masks():
     loss, logs = sar_sft_loss(model, pad_batch(samples, 0, torch.device("cpu")), mask_loss_weight=2.0)
     loss.backward()
     assert loss > 0 and "mask_loss" in logs and model.model.embed_tokens.weight.grad[MASK].abs().sum() > 0
+
+
+def test_grouped_sample_trains_what_the_one_cut_layout_trains():
+    """Every mask group of a grouped sample gets the logits and labels of the paper's one-cut sample at its anchor."""
+    model = tiny_llama(seed=3).eval()
+    prompt, response, k = [1, 2, 3], list(range(10, 30)), 3
+    grouped = grouped_sample(prompt, response, k, groups=4, p_ar=0.0, mask_id=MASK, rng=random.Random(1))
+    batch = pad_batch([grouped], 0, torch.device("cpu"))
+    assert batch["input_ids"][0, : len(prompt) + len(response)].tolist() == prompt + response  # AR loss on all of Y
+    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                   attention_mask=batch["attention_mask"]).logits[0]
+    anchors = sorted(set(a for a in grouped["anchor"][:-1] if a >= 0))  # the last mask is the dummy
+    assert len(anchors) == 4
+    for g, at in enumerate(anchors):
+        m = at - len(prompt) + 1  # the one-cut sample with y_<m real: its last real token is the anchor
+        alone = prompt + response[:m] + [MASK] * k
+        expected = model(input_ids=torch.tensor([alone])).logits[0, -k:]
+        first = len(prompt) + len(response) + g * k
+        torch.testing.assert_close(logits[first : first + k], expected, atol=1e-5, rtol=1e-4)
+        assert grouped["labels"][first + 1 : first + k + 1] == response[m + 1 : m + k + 1]  # mask j -> y_{m+j}
 
 
 def test_space_refuses_a_model_without_mask_token():
