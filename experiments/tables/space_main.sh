@@ -3,6 +3,8 @@
 # and space_k_sweep (k = 2..6, fp32 and bf16). Train both checkpoints first:
 #   specrepro train method=space                                  # SAR-SFT  -> space-smollm2_135m-*
 #   specrepro train method=space training=space_sft_control       # SFT control -> space_sft_control-smollm2_135m-*
+# or the grouped, self-distilled recipe and its control (training=space_grouped, training=space_grouped_sft_control);
+# name the exact artifacts with SPACE=... SFT=... so runs of different checkpoints cannot be confused.
 # Usage: experiments/tables/space_main.sh [results dir] [extra overrides...]
 # LIMIT (prompts per dataset, default 10), SWEEP_LIMIT (k sweep, default 5), PASS10_LIMIT (HumanEval problems
 # sampled 10 times at T 0.6, top-k 10, top-p 0.95, default 3; the paper's temperature is not stated).
