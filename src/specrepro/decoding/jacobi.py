@@ -14,7 +14,9 @@ Per iteration (= one target forward = one step) `Generation.extra` records
 - `fast_forwarded`: tokens fixed by the iteration (Table 3 counts the one that is correct anyway too);
 - `stationary`: tokens fixed by the iteration that already held that value, unchanged, in the state of
   the previous iteration although an earlier position of that state was still wrong (a correct token
-  that "remains unaltered through subsequent iterations despite being preceded by inaccurate tokens").
+  that "remains unaltered through subsequent iterations despite being preceded by inaccurate tokens");
+  their mean per iteration (`stationary_per_iteration`) reaches the run's metrics. The fast-forwarded
+  mean per iteration is the run's MAT.
 
 `cllm` is the same decoder on consistency-trained weights (`specrepro train method=cllm`). A CLLM is a
 different model from its base, so it is loaded as the run's model: `model.source=artifact model.id=cllm`,
@@ -96,7 +98,8 @@ class JacobiDecoder(Decoder):
                           for new, old, since in zip(new_guesses, guesses[n_fixed + 1 :], held_since[n_fixed + 1 :])]
             guesses = new_guesses
             out.commit(tokens, drafted=len(state[0]) - 1)
-        out.gen.extra.update(block_size=self.block_size, fast_forwarded=fast_forwarded, stationary=stationary)
+        out.gen.extra.update(block_size=self.block_size, fast_forwarded=fast_forwarded, stationary=stationary,
+                             stationary_per_iteration=sum(stationary) / max(len(stationary), 1))
 
 
 class CLLMDecoder(JacobiDecoder):
