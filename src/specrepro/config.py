@@ -99,6 +99,7 @@ class RunConfig:
     run_name: Optional[str] = None  # default: <model>-<method>-<dataset>-<decoding>-<config hash>
     resume: bool = True  # re-use finished samples of an interrupted run; skip a finished run
     reference: bool = True  # find (or run first) the `ar` run that speedups and `lossless` compare to
+    reference_nll: bool = False  # also score each record's reference answer's NLL per token under the run's model
 
 
 @dataclass

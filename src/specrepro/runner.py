@@ -12,13 +12,13 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specrepro.data import completion_for_scoring, load_records, render_prompt
+from specrepro.data import completion_for_scoring, load_records, reference_response, render_prompt
 from specrepro.decoding import DECODERS, build_decoder
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
 from specrepro.metrics.judge import judge_run
-from specrepro.metrics.quality import score_sample
+from specrepro.metrics.quality import reference_nll, score_sample
 from specrepro.metrics.speed import lossless, paired_speedup, speed_metrics, speedups
 from specrepro.models import LoadedModel, ModelLoader
 from specrepro.models.loading import resolve_artifact
@@ -114,6 +114,11 @@ def decode_record(record, index, cfg, target, decoder, ar_decoder, sampling) -> 
     # the last turn's answer is what the task metric scores
     completions = [completion_for_scoring(record, turns[-1]["text"], cfg.dataset) for turns in samples]
     scores = score_sample(cfg.dataset.metric, record.reference, completions, record.fields)
+    answer = reference_response(record) if cfg.reference_nll else None
+    if answer:
+        first_prompt = target.tokenizer(prompts[0], add_special_tokens=False)["input_ids"]
+        answer_ids = target.tokenizer(answer, add_special_tokens=False)["input_ids"]
+        scores["reference_nll"] = reference_nll(target.model, first_prompt, answer_ids)
     return {"id": record.id, "index": index, "prompts": prompts, "samples": samples, "scores": scores}
 
 

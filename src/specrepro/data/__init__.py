@@ -3,9 +3,9 @@
 from specrepro.data.config import DatasetConfig
 from specrepro.data.files import BUNDLED_DIR
 from specrepro.data.prompts import completion_for_scoring, render_prompt
-from specrepro.data.records import Record, gsm8k_final_answer, load_records
+from specrepro.data.records import Record, gsm8k_final_answer, load_records, reference_response
 
 __all__ = [
     "BUNDLED_DIR", "DatasetConfig", "Record", "completion_for_scoring", "gsm8k_final_answer",
-    "load_records", "render_prompt",
+    "load_records", "reference_response", "render_prompt",
 ]

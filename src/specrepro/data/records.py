@@ -25,6 +25,13 @@ class Record:
     fields: dict = field(default_factory=dict)  # task extras, e.g. humaneval: prompt, test, entry_point, ...
 
 
+def reference_response(record: Record) -> Optional[str]:
+    """The human-written answer of a record as plain text (GSM8K: the worked solution without calculator notes)."""
+    if "answer" in record.fields:
+        return re.sub(r"<<[^>]*>>", "", record.fields["answer"])
+    return record.reference
+
+
 def load_records(cfg) -> list[Record]:
     """The records a run evaluates: read, shaped for the task, filtered, exemplars split off, shuffled, limited.
 

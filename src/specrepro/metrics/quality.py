@@ -127,3 +127,15 @@ def _pass_at_k_scores(programs: list[str], fields: dict, timeout_s: float) -> di
     if n >= 10:
         scores["pass@10"] = pass_at_k(n, n_correct, 10)
     return scores
+
+
+def reference_nll(model, prompt_ids: list[int], reference_ids: list[int]) -> float:
+    """Mean negative log-likelihood (nats per token) of `reference_ids` after `prompt_ids`, teacher-forced;
+    exp of it is the reference's perplexity under the model."""
+    import torch
+
+    ids = torch.tensor([prompt_ids + reference_ids], device=model.device)
+    with torch.inference_mode():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    return float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt_ids) :]))
+

@@ -34,12 +34,11 @@ import torch.nn.functional as F
 from datasets import Dataset, load_from_disk
 from transformers import DynamicCache
 
-from specrepro.data import load_records, render_prompt
+from specrepro.data import load_records, reference_response, render_prompt
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding.base import _eos_ids
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
-from specrepro.training.distill_data import reference_response
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 
 log = logging.getLogger(__name__)

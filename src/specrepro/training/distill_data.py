@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections import Counter
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from datasets import Dataset, load_from_disk
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from specrepro.data import load_records, render_prompt
+from specrepro.data import load_records, reference_response, render_prompt
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +92,6 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
         {"max_new_tokens": max_new_tokens, "prompt_sets": list(prompt_sets)}))))
     staging.rename(cache_dir)
     return load_from_disk(str(cache_dir))
-
-
-def reference_response(record) -> str | None:
-    """The human-written answer of a record, used as off-policy text (GSM8K: the solution without calculator notes)."""
-    if "answer" in record.fields:
-        return re.sub(r"<<[^>]*>>", "", record.fields["answer"])
-    return record.reference
 
 
 def reference_rows(datasets: dict, tokenizer, max_prompt_tokens: int, response_tokens: int,
