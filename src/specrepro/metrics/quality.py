@@ -138,4 +138,3 @@ def reference_nll(model, prompt_ids: list[int], reference_ids: list[int]) -> flo
     with torch.inference_mode():
         logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
     return float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt_ids) :]))
-
