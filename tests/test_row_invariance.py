@@ -9,10 +9,11 @@ from transformers import DynamicCache
 
 from specrepro.decoding import ARDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
+from specrepro.decoding.space import SpaceDecoder, additive_mask, block_layout
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
 from specrepro.models import kernels
-from specrepro.models.attention import _is_plain_causal, set_attention
+from specrepro.models.attention import allowed_keys, set_attention
 from specrepro.models.kernels import set_linear_kernel, set_row_invariant_linear
 from tests.conftest import tiny_llama
 
@@ -46,16 +47,46 @@ def test_a_block_forward_equals_one_token_steps_bit_for_bit(row_invariant, dtype
     assert torch.equal(steps, block)
 
 
-def test_only_plain_causal_masks_take_the_row_by_row_path():
-    assert _is_plain_causal(None, 3, 10)
+def test_each_row_sees_the_keys_its_mask_allows():
     causal = torch.arange(10)[None, :] <= (torch.arange(3)[:, None] + 7)
-    assert _is_plain_causal(causal[None, None], 3, 10)
+    assert torch.equal(allowed_keys(None, 3, 10), causal)  # no mask after a cache: causal
+    assert torch.equal(allowed_keys(causal[None, None], 3, 10), causal)
     grouped = causal.clone()
     grouped[2, 8] = False  # a query that may not see an earlier one: SPACE's mask groups
-    assert not _is_plain_causal(grouped[None, None], 3, 10)
-    assert not _is_plain_causal(torch.zeros(1, 1, 3, 10), 3, 10)  # additive float masks are left to SDPA
+    assert torch.equal(allowed_keys(grouped[None, None], 3, 10), grouped)
+    additive = torch.zeros(1, 1, 3, 10).masked_fill(~grouped, torch.finfo(torch.float32).min)
+    assert torch.equal(allowed_keys(additive, 3, 10), grouped)
+    assert allowed_keys(torch.full((1, 1, 3, 10), -0.5), 3, 10) is None  # a real bias is left to SDPA
+    assert allowed_keys(grouped[None, None].expand(2, 1, 3, 10), 3, 10) is None  # two sequences
     with pytest.raises(SpecReproError, match="attention 'flash' is not one of"):
         set_attention("flash")
+
+
+@pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
+def test_space_block_real_slots_equal_one_token_steps_in_bf16(row_invariant):
+    """SPACE's grouped block: each real slot (anchor, c_1..c_k) computes bit for bit the ar step at its position."""
+    model, k = tiny_llama(vocab_size=96, seed=2, num_layers=3).to(torch.bfloat16), 3
+    tokens = torch.randint(0, 95, (1, 28), generator=torch.Generator().manual_seed(0))
+    prefix, real = tokens[:, :24], tokens[0, 24:]
+    allow, offsets = block_layout(k)
+    block = torch.cat([real[:, None], torch.full((k + 1, k), 95)], 1).view(1, -1)
+    full = torch.cat([torch.ones(len(allow), 24, dtype=torch.bool), allow], 1)
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(prefix, past_key_values=cache)
+        logits = model(block, past_key_values=cache, position_ids=(24 + offsets)[None],
+                       attention_mask=additive_mask(full, model.dtype)).logits[0]
+    steps, _ = steps_and_block(model, prefix, real[None])
+    assert torch.equal(logits[:: k + 1], steps)
+
+
+@pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
+def test_bf16_greedy_space_is_token_identical_to_ar(row_invariant):
+    model = tiny_llama(vocab_size=96, seed=4, num_layers=3).to(torch.bfloat16)
+    prompt = list(range(3, 40))
+    ar = ARDecoder(model).generate(prompt, Sampling(), 48).token_ids
+    for k in (2, 5):
+        assert SpaceDecoder(model, None, 95, k).generate(prompt, Sampling(), 48).token_ids == ar
 
 
 @pytest.mark.embedded

@@ -16,9 +16,14 @@ Real tokens never see masks, so their keys and values equal plain AR's: after a 
 anchor and the accepted candidates (a gather, since they are interleaved with masks) and drops the rest.
 
 The LM head (LLaMA-family `model.model` + `lm_head`) runs on the k + 1 real slots and the one mask group
-used, 2k + 1 rows instead of (k + 1)^2. The prefill feeds the prompt followed by one mask group (the training layout), so the first candidates
-come with the first token and no dummy step is needed. The k masks of a group see only the earlier
+used, 2k + 1 rows instead of (k + 1)^2. The prefill is ar's (so the first token and the cache are bit for bit
+ar's), followed by one mask group on its cache (the training layout), so the first candidates come with the
+first token and no dummy step is needed. The k masks of a group see only the earlier
 masks of that group, so a checkpoint trained with k_train masks decodes with any k <= k_train.
+
+bf16: with `hardware.row_invariant=true` each real slot attends to its own keys (the cached prefix and the
+real slots before it) in a one-query SDPA call, bit for bit the ar step at its position, so greedy SPACE stays
+token-identical to bf16 ar; without it, near-ties flip.
 
 Sampling: `residual_resample=true` is exact speculative sampling (the token after a rejection comes from
 norm(max(p - q, 0))) and preserves the target distribution; `false` is the paper's Alg. 1 line 18 (that
@@ -105,10 +110,10 @@ class SpaceDecoder(Decoder):
         k, device = self.k, prompt_ids.device
         cache = DynamicCache(config=self.model.config)
         masks = torch.full((1, k), self.mask_id, device=device)
-        with out.timed("prefill"):  # the prompt + one mask group, plain causal (the training layout)
-            logits = self.model(torch.cat([prompt_ids, masks], 1), past_key_values=cache, logits_to_keep=k + 1).logits[0]
-            out.commit([next_token(logits[0], sampling, rng)], prefill=True)
-            candidates, q = self._draft(logits[1:], sampling, rng)
+        with out.timed("prefill"):  # the prompt as ar prefills it, then one mask group after it (the training layout)
+            logits = self.model(prompt_ids, past_key_values=cache, logits_to_keep=1).logits[0, -1]
+            out.commit([next_token(logits, sampling, rng)], prefill=True)
+            candidates, q = self._draft(self.model(masks, past_key_values=cache).logits[0], sampling, rng)
         n_cached = prompt_ids.shape[1]
         crop_cache(cache, n_cached)
         accepted_per_position = torch.zeros(k, dtype=torch.long)

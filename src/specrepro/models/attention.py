@@ -7,9 +7,13 @@ attention output differs in the last bits. In fp32 that never changed a greedy t
 flips near-ties: on GSM8K, 7-8 of 10 outputs of pld, eesd and sar_draft diverged from bf16 `ar`.
 
 `set_attention("row_invariant")` replaces transformers' "sdpa" attention with a wrapper that, for a forward
-of T > 1 queries after a cache with a plain causal mask, runs SDPA once per query row exactly as a one-token
-step would (one query, no mask, the keys up to its own position). Prefill (no cache) and any other mask
-(SPACE's groups) take SDPA unchanged. The cost is T small attention calls per layer instead of one.
+of T > 1 queries after a cache, runs SDPA once per query row exactly as a one-token step would: one query, no
+mask, and only the keys the row may see, gathered into one contiguous tensor. Under a plain causal mask those
+are the keys up to its own position; under SPACE's group mask a real token's keys are the cached prefix and the
+real tokens before it, interleaved with masks in the block, so the gather gives it exactly the keys of the
+`ar` step at its position. Prefill (no cache) takes SDPA unchanged, and so does a mask that is not one 0/1
+pattern for the whole batch (an additive bias, several sequences). The cost is T small attention calls per
+layer instead of one.
 """
 
 from __future__ import annotations
@@ -23,27 +27,35 @@ from specrepro.errors import SpecReproError
 ATTENTIONS = ("sdpa", "row_invariant")
 
 
-def _is_plain_causal(mask: torch.Tensor | None, q_len: int, kv_len: int) -> bool:
-    """True for no mask, or a boolean mask letting query i see exactly keys 0 .. kv_len - q_len + i."""
-    if mask is None:
-        return True
-    if mask.dtype != torch.bool or mask.shape[-2:] != (q_len, kv_len):
-        return False
-    rows = torch.arange(q_len, device=mask.device).unsqueeze(1) + (kv_len - q_len)
-    causal = torch.arange(kv_len, device=mask.device).unsqueeze(0) <= rows
-    return bool((mask == causal).all())
+def allowed_keys(mask: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Tensor | None:
+    """(q_len, kv_len) bool: the keys each query may see; None for a mask that is not a single 0/1 pattern."""
+    if mask is None:  # transformers drops the mask when causal attention after a cache needs none
+        rows = torch.arange(q_len).unsqueeze(1) + (kv_len - q_len)
+        return torch.arange(kv_len).unsqueeze(0) <= rows
+    if mask.dim() != 4 or mask.shape[:2] != (1, 1) or mask.shape[-2:] != (q_len, kv_len):
+        return None
+    if mask.dtype == torch.bool:
+        return mask[0, 0].cpu()
+    visible = mask[0, 0] == 0
+    blocked = mask[0, 0] <= torch.finfo(mask.dtype).min
+    return visible.cpu() if bool((visible | blocked).all()) else None  # a real bias changes scores: leave it to SDPA
 
 
 def row_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     """transformers' sdpa attention, one query row at a time after a cache (see the module docstring)."""
     q_len, kv_len = query.shape[2], key.shape[2]
-    if q_len == 1 or kv_len == q_len or not _is_plain_causal(attention_mask, q_len, kv_len):
+    allowed = None if q_len == 1 or kv_len == q_len else allowed_keys(attention_mask, q_len, kv_len)
+    if allowed is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     rows = []
     for i in range(q_len):
-        end = kv_len - q_len + i + 1
-        out, _ = sdpa_attention_forward(module, query[:, :, i:i + 1], key[:, :, :end], value[:, :, :end], None,
-                                        **kwargs)
+        seen = allowed[i].nonzero().squeeze(1)
+        if int(seen[-1]) + 1 == len(seen):  # keys 0 .. n-1: a view, as the one-token step's cache is
+            row_keys, row_values = key[:, :, :len(seen)], value[:, :, :len(seen)]
+        else:
+            index = seen.to(key.device)
+            row_keys, row_values = key.index_select(2, index), value.index_select(2, index)
+        out, _ = sdpa_attention_forward(module, query[:, :, i:i + 1], row_keys, row_values, None, **kwargs)
         rows.append(out)
     return torch.cat(rows, dim=1), None
 
