@@ -58,6 +58,7 @@ def test_each_row_sees_the_keys_its_mask_allows():
     assert torch.equal(allowed_keys(additive, 3, 10), grouped)
     assert allowed_keys(torch.full((1, 1, 3, 10), -0.5), 3, 10) is None  # a real bias is left to SDPA
     assert allowed_keys(grouped[None, None].expand(2, 1, 3, 10), 3, 10) is None  # two sequences
+    assert allowed_keys(torch.zeros(1, 1, 3, 10, dtype=torch.bool), 3, 10) is None  # rows that see nothing
     with pytest.raises(SpecReproError, match="attention 'flash' is not one of"):
         set_attention("flash")
 

@@ -35,10 +35,13 @@ def allowed_keys(mask: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Te
     if mask.dim() != 4 or mask.shape[:2] != (1, 1) or mask.shape[-2:] != (q_len, kv_len):
         return None
     if mask.dtype == torch.bool:
-        return mask[0, 0].cpu()
-    visible = mask[0, 0] == 0
-    blocked = mask[0, 0] <= torch.finfo(mask.dtype).min
-    return visible.cpu() if bool((visible | blocked).all()) else None  # a real bias changes scores: leave it to SDPA
+        visible = mask[0, 0].cpu()
+    else:
+        visible, blocked = mask[0, 0] == 0, mask[0, 0] <= torch.finfo(mask.dtype).min
+        if not bool((visible | blocked).all()):  # a real bias changes scores: leave it to SDPA
+            return None
+        visible = visible.cpu()
+    return visible if bool(visible.any(-1).all()) else None  # a row that sees nothing (padding) too
 
 
 def row_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
