@@ -67,3 +67,14 @@ def test_a_newer_artifact_under_the_same_prefix_is_a_new_run_and_a_new_reference
     publish("cllm-m-bbbb", 2_000)
     assert run_name(method) != before[0]
     assert run_name(weights) != before[1] and reference_key(weights) != before[2]
+
+
+def test_an_option_at_its_default_leaves_older_run_names_alone():
+    from omegaconf import OmegaConf
+
+    from specrepro.runner import run_name
+
+    cfg = compose_run("method=pld", "dataset=gsm8k")
+    older = OmegaConf.create({k: v for k, v in OmegaConf.to_container(cfg).items() if k != "reference_nll"})
+    assert run_name(cfg) == run_name(older)  # a run made before reference_nll existed keeps its name
+    assert run_name(compose_run("method=pld", "dataset=gsm8k", "reference_nll=true")) != run_name(cfg)

@@ -28,13 +28,16 @@ log = logging.getLogger(__name__)
 
 # Keys that do not change what a run computes: left out of the run name's hash.
 _NOT_IN_RUN_HASH = ("logger", "results_dir", "artifacts_dir", "resume", "run_name", "reference")
+# options added after runs existed: hashed only when set away from their default, so older runs keep their names
+_HASHED_WHEN_SET = {"reference_nll": False}
 _loaded_models: dict[str, LoadedModel] = {}  # a sweep in one process loads each target once
 
 
 def run_name(cfg: DictConfig) -> str:
     if cfg.run_name:
         return cfg.run_name
-    content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in _NOT_IN_RUN_HASH}
+    content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items()
+               if k not in _NOT_IN_RUN_HASH and not (k in _HASHED_WHEN_SET and v == _HASHED_WHEN_SET[k])}
     if content["dataset"]["metric"] != "mt_bench" or content.get("judge", {}).get("name", "none") == "none":
         content.pop("judge", None)  # the judge changes only judged MT-Bench runs (and keeps older run names)
     artifacts = resolved_artifacts(cfg)
