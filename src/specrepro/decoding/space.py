@@ -21,8 +21,8 @@ ar's), followed by one mask group on its cache (the training layout), so the fir
 first token and no dummy step is needed. The k masks of a group see only the earlier
 masks of that group, so a checkpoint trained with k_train masks decodes with any k <= k_train.
 
-bf16: with `hardware.row_invariant=true` each real slot attends to its own keys (the cached prefix and the
-real slots before it) in a one-query SDPA call, bit for bit the ar step at its position, so greedy SPACE stays
+bf16: with `hardware.row_invariant=true` each real slot attends to its own keys (the cached prefix and the real
+slots up to itself) in a one-query SDPA call, bit for bit the ar step at its position, so greedy SPACE stays
 token-identical to bf16 ar; without it, near-ties flip.
 
 Sampling: `residual_resample=true` is exact speculative sampling (the token after a rejection comes from
