@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
@@ -15,7 +16,7 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
 from specrepro.models.loading import LoadedModel
 from specrepro.training.cllm import (CLLMTrainingConfig, augment_states, consistency_loss_fn, distance,
-                                     jacobi_trajectories, longest_run)
+                                     find_trajectories, jacobi_trajectories, longest_run)
 from tests.conftest import tiny_llama
 from tests.test_runner import run_dirs, specrepro
 
@@ -112,3 +113,17 @@ def test_jacobi_on_trained_weights_equals_ar_on_them(tmp_path):
     model.eval()
     assert JacobiDecoder(model, block_size=6).generate(prompt, GREEDY, 30).token_ids == \
         ARDecoder(model).generate(prompt, GREEDY, 30).token_ids
+
+
+def test_training_finds_the_trajectories_of_its_block_size(tmp_path):
+    """The newest trajectories with training.block_size are used; an exact name of another n is refused."""
+    for age, (name, n) in enumerate([("cllm_trajectories-m-new", 4), ("cllm_trajectories-m-old", 16)]):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "artifact.json").write_text(json.dumps({"metrics": {"block_size": n}}))
+        os.utime(tmp_path / name / "artifact.json", (1e9 - age, 1e9 - age))
+    assert find_trajectories("cllm_trajectories-m", tmp_path, 16).name == "cllm_trajectories-m-old"
+    assert find_trajectories("cllm_trajectories-m", tmp_path, 4).name == "cllm_trajectories-m-new"
+    with pytest.raises(SpecReproError, match="block_size=8"):
+        find_trajectories("cllm_trajectories-m", tmp_path, 8)
+    with pytest.raises(SpecReproError, match="block_size 4"):
+        find_trajectories("cllm_trajectories-m-old", tmp_path, 4)

@@ -23,6 +23,7 @@ Published as a full model (`cllm-*`), loaded for decoding with `model.source=art
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from specrepro.data.config import DatasetConfig
 from specrepro.decoding.base import _eos_ids
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
+from specrepro.training.artifacts import METADATA, is_complete
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 
 log = logging.getLogger(__name__)
@@ -284,12 +286,26 @@ def jacobi_speed(model, tokenizer, prompts: list[list[int]], block_size: int, ma
     return {"tokens_per_iteration": tokens / max(steps, 1), "stationary_per_iteration": stationary / max(steps, 1)}
 
 
+def find_trajectories(ref: str, artifacts_dir, block_size: int) -> Path:
+    """The trajectories `ref` names exactly, else the newest complete `<ref>-*` collected with n = `block_size`."""
+    root = Path(artifacts_dir)
+    exact = next((p for p in (root / ref, Path(ref).expanduser()) if is_complete(p)), None)
+    candidates = [exact] if exact else sorted((p for p in root.glob(f"{ref}-*") if is_complete(p)),
+                                              key=lambda p: (p / METADATA).stat().st_mtime, reverse=True)
+    for path in candidates:
+        if json.loads((path / METADATA).read_text())["metrics"]["block_size"] == block_size:
+            return path
+    raise SpecReproError(
+        f"no Jacobi trajectories '{ref}' with block_size {block_size} under {root}: collect them with "
+        f"`specrepro train method=cllm training.stage=trajectories training.block_size={block_size}`"
+    )
+
+
 def train_consistency(cfg, target, work_dir, log_metrics, device):
-    from specrepro.models.loading import resolve_artifact
     from specrepro.training.loop import train_loop
 
     spec = cfg.training
-    source = resolve_artifact(spec.trajectories, cfg.artifacts_dir) / "trajectories"
+    source = find_trajectories(spec.trajectories, cfg.artifacts_dir, spec.block_size) / "trajectories"
     dataset = load_from_disk(str(source))
     held = set(range(spec.heldout_prompts))
     heldout = [r for r in dataset if r["prompt_index"] in held and len(r["prefix_ids"]) == r["prompt_len"]]
