@@ -92,6 +92,13 @@ def test_bad_input_gives_one_line_and_nonzero_exit(tmp_path, override, message):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("method, message", [("cllm", "consistency-trained weights"), ("space", "no mask token")])
+def test_a_method_refusing_the_model_fails_before_its_ar_reference_runs(tmp_path, method, message):
+    proc = specrepro("run", *FAST, "dataset.limit=1", "logger=none", f"method={method}", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert not list((tmp_path / "results" / "runs").glob("*/generations.jsonl"))  # no ar reference was decoded
+
+
 def test_per_generation_extras_become_run_metrics_and_step_lists_do_not():
     from specrepro.runner import run_level_extras
 

@@ -205,18 +205,19 @@ def _run_locked(cfg: DictConfig, group: str | None) -> dict:
         return record.metrics()
     records = load_records(cfg.dataset)
 
+    loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
+    target = load_target(cfg, loader)
+    decoder = build_decoder(cfg.method, target, loader)  # before the reference run: a bad method fails fast
+
     ref_key = reference_key(cfg)
     reference = None
     if cfg.reference and cfg.method.name != "ar":
         reference = find_reference(cfg, ref_key)
         if reference is None:
             log.info("no `ar` reference run for %s yet: running it first", name)
-            run(reference_config(cfg), group)
+            run(reference_config(cfg), group)  # the same loaded target (load_target keeps it)
             reference = find_reference(cfg, ref_key)
 
-    loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
-    target = load_target(cfg, loader)
-    decoder = build_decoder(cfg.method, target, loader)
     ar_decoder = ARDecoder(target.model, target.tokenizer) if cfg.timing.paired else None
     sampling = Sampling.from_config(cfg.decoding)
 
