@@ -10,7 +10,7 @@ MAT of its set. Searches and runs resume: a finished artifact or run record is r
 random sets then skip 1 - threshold of the sub-layers). The official 0.5 suits a 13B model; the embedded
 135M model accepts almost no draft when half its sub-layers are skipped, so the default here is 0.7.
 
-Run: .venv/bin/python experiments/self_sd_search.py [--seeds 1 2] [--iterations 80] [--limit 10] [overrides...]
+Run: .venv/bin/python experiments/self_sd_search.py [--seeds 1 2] [--iterations 80] [--acq-restarts 10] [--limit 10] [overrides...]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=80)
     parser.add_argument("--threshold", type=float, default=0.7)
     parser.add_argument("--dev-records", type=int, default=1, help="development prompts per prompt set")
+    parser.add_argument("--acq-restarts", type=int, default=10, help="L-BFGS-B starts per BO suggestion")
     parser.add_argument("--dataset", default="cnn_dm")
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--results-dir", default="results")
@@ -50,6 +51,7 @@ def main() -> None:
         for search in ("bayes", "random"):
             artifact = train(compose_config("train", [
                 "method=self_sd", f"training.search={search}", f"training.seed={seed}",
+                *([f"training.acq_restarts={args.acq_restarts}"] if search == "bayes" else []),
                 f"training.iterations={args.iterations}", f"training.threshold={args.threshold}",
                 f"training.dev_records={args.dev_records}", *common]))
             found = json.loads((artifact / "artifact.json").read_text())["metrics"]

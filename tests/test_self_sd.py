@@ -6,7 +6,11 @@ import json
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
+from specrepro.cli import CONF_DIR
+from specrepro.config import register_configs
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.controllers import AdaptiveDraftExit
 from specrepro.decoding.sampling import Sampling
@@ -175,3 +179,35 @@ def test_greedy_self_sd_matches_ar_on_the_embedded_model(embedded):
         gen = decoder.generate(ids, GREEDY, 64)
         assert gen.token_ids == ar.generate(ids, GREEDY, 64).token_ids
         assert sum(gen.drafted) > 0
+
+
+@pytest.mark.parametrize("restarts", [1, 3])
+def test_acq_restarts_sets_the_l_bfgs_b_starts_of_each_suggestion(monkeypatch, restarts):
+    import bayes_opt.acquisition
+    from bayes_opt import BayesianOptimization
+
+    from specrepro.training.self_sd_search import restart_limited_ucb
+
+    starts = []
+    real_minimize = bayes_opt.acquisition.minimize
+    monkeypatch.setattr(bayes_opt.acquisition, "minimize", lambda *a, **k: starts.append(1) or real_minimize(*a, **k))
+    optimizer = BayesianOptimization(f=None, pbounds={f"x{i}": (0.0, 1.0) for i in range(4)},
+                                     acquisition_function=restart_limited_ucb(2.576, restarts), random_state=1, verbose=0)
+    for value, params in enumerate(optimizer.random_sample(5)):
+        optimizer.register(params=params, target=float(value))
+    optimizer.suggest()
+    assert len(starts) == restarts
+
+
+def test_acq_restarts_at_its_default_keeps_older_artifact_names(tmp_path):
+    from specrepro.training import artifact_path
+
+    register_configs()
+    base = ["method=self_sd", "model=tiny_random", f"artifacts_dir={tmp_path}"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        default, explicit, fewer = (compose(config_name="train", overrides=base + extra)
+                                    for extra in ([], ["training.acq_restarts=10"], ["training.acq_restarts=2"]))
+    assert artifact_path(default) == artifact_path(explicit) != artifact_path(fewer)
+    OmegaConf.set_struct(default, False)
+    del default.training.acq_restarts  # a config from before the option existed
+    assert artifact_path(default) == artifact_path(explicit)

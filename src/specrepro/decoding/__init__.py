@@ -13,6 +13,7 @@ from specrepro.decoding.sar_draft import SARDraftDecoder
 from specrepro.decoding.self_sd import SelfSDDecoder
 from specrepro.decoding.space import SpaceDecoder
 from specrepro.decoding.sps import SPSDecoder
+from specrepro.errors import SpecReproError
 
 DECODERS: dict[str, type[Decoder]] = {
     cls.name: cls for cls in (ARDecoder, SPSDecoder, PLDDecoder, HFAssistedDecoder, EESDDecoder, SelfSDDecoder,
@@ -23,7 +24,7 @@ DECODERS: dict[str, type[Decoder]] = {
 def build_decoder(method_cfg, target, ctx) -> Decoder:
     """Build the Decoder a `method/` config names, on the loaded target model."""
     if method_cfg.name not in DECODERS:
-        raise ValueError(f"unknown method '{method_cfg.name}'; known: {', '.join(sorted(DECODERS))}")
+        raise SpecReproError(f"unknown method '{method_cfg.name}'; known: {', '.join(sorted(DECODERS))}")
     return DECODERS[method_cfg.name].from_config(method_cfg, target, ctx)
 
 

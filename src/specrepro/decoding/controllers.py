@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from specrepro.errors import SpecReproError
+
 
 class DraftLengthController(ABC):
     @abstractmethod
@@ -86,7 +88,7 @@ def build_controller(kind: str, k: int, k_max: int = 64) -> DraftLengthControlle
         return FixedLength(k)
     if kind == "heuristic":
         return HeuristicLength(k, k_max=k_max)
-    raise ValueError(f"unknown draft-length controller '{kind}' (fixed, heuristic)")
+    raise SpecReproError(f"unknown draft-length controller '{kind}' (fixed, heuristic)")
 
 
 class BetaTS(DraftLengthController):
@@ -101,7 +103,7 @@ class BetaTS(DraftLengthController):
 
     def __init__(self, alpha0: float, beta0: float, k_max: int, rng, counting: str = "literal_R1"):
         if counting not in ("literal_R1", "literal_R2", "clean"):
-            raise ValueError(f"Beta-TS counting '{counting}' is not one of literal_R1, literal_R2, clean")
+            raise SpecReproError(f"Beta-TS counting '{counting}' is not one of literal_R1, literal_R2, clean")
         self.alpha, self.beta, self.k_max, self.rng, self.counting = alpha0, beta0, k_max, rng, counting
 
     def next_length(self) -> int:
@@ -138,9 +140,9 @@ class CaliTS(DraftLengthController):
     def __init__(self, sigma_m: float, sigma_s: float, theta0: float, k_max: int, rng,
                  mode: str = "both", theta_update: str = "successes_only"):
         if mode not in ("both", "model", "sampling"):
-            raise ValueError(f"Cali-TS mode '{mode}' is not one of both, model, sampling")
+            raise SpecReproError(f"Cali-TS mode '{mode}' is not one of both, model, sampling")
         if theta_update not in ("successes_only", "literal"):
-            raise ValueError(f"Cali-TS theta_update '{theta_update}' is not one of successes_only, literal")
+            raise SpecReproError(f"Cali-TS theta_update '{theta_update}' is not one of successes_only, literal")
         self.sigma_m, self.sigma_s, self.k_max, self.rng = sigma_m, sigma_s, k_max, rng
         self.mode, self.theta_update = mode, theta_update
         self.theta_hat, self.t, self.n = theta0, 0, 0  # running rate, committed tokens, verifications

@@ -14,6 +14,7 @@ import torch
 from specrepro.config import MethodConfig, ModelConfig, register_method_schema
 from specrepro.decoding.base import Decoder, GenerationBuilder
 from specrepro.decoding.sampling import Sampling
+from specrepro.errors import SpecReproError
 
 
 @register_method_schema("hf_assisted")
@@ -34,7 +35,7 @@ class HFAssistedDecoder(Decoder):
     def __init__(self, model, tokenizer, cfg: HFAssistedConfig, assistant=None):
         super().__init__(model, tokenizer)
         if cfg.mode not in ("prompt_lookup", "assistant", "plain"):
-            raise ValueError(f"hf_assisted mode '{cfg.mode}' is not one of prompt_lookup, assistant, plain")
+            raise SpecReproError(f"hf_assisted mode '{cfg.mode}' is not one of prompt_lookup, assistant, plain")
         self.cfg = cfg
         self.assistant = assistant
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from specrepro.errors import SpecReproError
 from specrepro.models import ModelLoader
 from specrepro.tracking import config_hash, wandb_init
 from specrepro.training.artifacts import is_complete, publish, staging_dir
@@ -25,10 +26,17 @@ TRAINERS = {"sps_draft": train_sps_draft, "eesd_head": train_eesd_head,
             "space": train_space_sft, "space_sft_control": train_space_sft}
 
 
+# training options added after artifacts existed: hashed only when set away from their default, so older
+# artifacts keep their names
+_HASHED_WHEN_SET = {"acq_restarts": 10}
+
+
 def artifact_path(cfg) -> Path:
     """`<artifacts_dir>/<component>-<model>-<hash of model + training config>`."""
     content = OmegaConf.to_container(cfg, resolve=True)
-    key = config_hash({k: content[k] for k in ("model", "training")} | {"dtype": content["hardware"]["dtype"]})
+    training = {k: v for k, v in content["training"].items()
+                if not (k in _HASHED_WHEN_SET and v == _HASHED_WHEN_SET[k])}
+    key = config_hash({"model": content["model"], "training": training, "dtype": content["hardware"]["dtype"]})
     return Path(cfg.artifacts_dir) / f"{cfg.training.component}-{cfg.model.name}-{key}"
 
 
@@ -40,7 +48,7 @@ def train(cfg) -> Path:
         return final
     component = cfg.training.component
     if component not in TRAINERS:
-        raise ValueError(f"no trainer for component '{component}'; known: {', '.join(sorted(TRAINERS))}")
+        raise SpecReproError(f"no trainer for component '{component}'; known: {', '.join(sorted(TRAINERS))}")
     loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
     device = loader.device
     target = loader.load_model(cfg.model)

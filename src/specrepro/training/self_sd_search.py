@@ -31,6 +31,7 @@ from specrepro.data.config import DatasetConfig
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.self_sd import SelfSDConfig, SelfSDDecoder, SkipSet, decoder_layers
+from specrepro.errors import SpecReproError
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,10 @@ class SelfSDSearchConfig:
     init_points: int = 10  # random points before the GP proposes (bayes)
     seed: int = 1  # official code: random_state=1
     kappa: float = 2.576  # UCB exploration (the library's default)
+    # L-BFGS-B starts when maximising UCB (the library's default 10); its gradients over 2L variables are finite
+    # differences, so each start costs about 1 s on a CPU and a suggestion 2-20 s: fewer starts leave more of a
+    # time budget to objective evaluations
+    acq_restarts: int = 10
     gp_alpha: float = 1e-2  # GP noise term for noisy timings (official code)
     # what the GP sees of an evaluated point: relaxed = the raw [0,1] point (official code); binary = the
     # thresholded skip set, which is all the objective depends on
@@ -113,18 +118,30 @@ def to_skip_set(params: dict, num_layers: int, threshold: float) -> tuple[list[i
     return attn, mlp
 
 
+def restart_limited_ucb(kappa: float, restarts: int):
+    """bayes_opt's UCB acquisition, maximised from `restarts` L-BFGS-B starts instead of the library's 10."""
+    from bayes_opt.acquisition import UpperConfidenceBound
+
+    class RestartLimitedUCB(UpperConfidenceBound):
+        def suggest(self, gp, target_space, n_random=10_000, n_smart=10, fit_gp=True, random_state=None):
+            return super().suggest(gp, target_space, n_random, restarts, fit_gp, random_state)
+
+    return RestartLimitedUCB(kappa=kappa)
+
+
 def train_self_sd_skip_set(cfg, target, work_dir, log_metrics, device):
     """Search the skip set; returns (SkipSet, metrics, per-iteration history)."""
     from bayes_opt import BayesianOptimization
-    from bayes_opt.acquisition import UpperConfidenceBound
 
     spec = cfg.training
+    if spec.acq_restarts < 1:
+        raise SpecReproError(f"self_sd search acq_restarts must be at least 1, got {spec.acq_restarts}")
     if spec.search not in ("bayes", "random"):
-        raise ValueError(f"self_sd search '{spec.search}' is not one of bayes, random")
+        raise SpecReproError(f"self_sd search '{spec.search}' is not one of bayes, random")
     if spec.gp_inputs not in ("binary", "relaxed"):
-        raise ValueError(f"self_sd search gp_inputs '{spec.gp_inputs}' is not one of binary, relaxed")
+        raise SpecReproError(f"self_sd search gp_inputs '{spec.gp_inputs}' is not one of binary, relaxed")
     if spec.objective not in ("tokens_per_s", "paired_speedup"):
-        raise ValueError(f"self_sd search objective '{spec.objective}' is not one of tokens_per_s, paired_speedup")
+        raise SpecReproError(f"self_sd search objective '{spec.objective}' is not one of tokens_per_s, paired_speedup")
     num_layers = len(decoder_layers(target.model))
     prompts = dev_prompts(spec, target.tokenizer)
     prefills: dict = {}
@@ -141,7 +158,7 @@ def train_self_sd_skip_set(cfg, target, work_dir, log_metrics, device):
         return (tps / ar_now if ar_now else tps), stats
 
     bounds = {f"x{i:03d}": (0.0, 1.0) for i in range(2 * num_layers)}
-    optimizer = BayesianOptimization(f=None, pbounds=bounds, acquisition_function=UpperConfidenceBound(kappa=spec.kappa),
+    optimizer = BayesianOptimization(f=None, pbounds=bounds, acquisition_function=restart_limited_ucb(spec.kappa, spec.acq_restarts),
                                      random_state=spec.seed, verbose=0, allow_duplicate_points=True)
     optimizer.set_gp_params(alpha=spec.gp_alpha)
     uniform = np.random.RandomState(spec.seed)

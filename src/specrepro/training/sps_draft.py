@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specrepro.data.config import DatasetConfig
+from specrepro.errors import SpecReproError
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 
 
@@ -67,7 +68,7 @@ def build_draft(target, arch: DraftArchConfig) -> LlamaForCausalLM:
         with torch.no_grad():
             draft.get_input_embeddings().weight.copy_(projected / projected.std() * tc.initializer_range * 10)
     elif arch.init != "random":
-        raise ValueError(f"draft init '{arch.init}' is not one of pca, random")
+        raise SpecReproError(f"draft init '{arch.init}' is not one of pca, random")
     return draft
 
 
@@ -114,7 +115,7 @@ def predicted_logits(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
 def loss_fn_for(kind: str, teacher=None):
     """ce: cross-entropy on the target's tokens; kl: KL(target || draft) on the target's logits."""
     if kind not in ("ce", "kl"):
-        raise ValueError(f"distillation loss '{kind}' is not one of ce, kl")
+        raise SpecReproError(f"distillation loss '{kind}' is not one of ce, kl")
 
     def loss_fn(model, batch):
         logits, labels = predicted_logits(model, batch)
