@@ -54,13 +54,15 @@ def find_artifact(ref: str, artifacts_dir: str | Path) -> Path | None:
     return None
 
 
-def find_matching_artifact(ref: str, artifacts_dir: str | Path, model_name: str,
+def find_matching_artifact(ref: str, artifacts_dir: str | Path, model_name: str | None,
                            matches: Callable[[Path], bool]) -> Path | None:
-    """`ref` itself (name or path) if it matches, else the newest complete `<ref>-<model>-*` that does."""
+    """`ref` itself (name or path) if it matches, else the newest complete `<ref>-<model>-*` that does
+    (`<ref>-*` when model_name is None: a ref that already names the model)."""
     root = Path(artifacts_dir)
+    prefix = f"{ref}-{model_name}-" if model_name else f"{ref}-"
     exact = find_artifact(ref, root)
-    candidates = [exact] if exact is not None and not exact.name.startswith(f"{ref}-{model_name}-") else []
+    candidates = [exact] if exact is not None and not exact.name.startswith(prefix) else []
     if "/" not in ref:
-        candidates += sorted((p for p in root.glob(f"{ref}-{model_name}-*") if is_complete(p)),
+        candidates += sorted((p for p in root.glob(f"{prefix}*") if is_complete(p)),
                              key=lambda p: (p / METADATA).stat().st_mtime, reverse=True)
     return next((path for path in candidates if matches(path)), None)

@@ -40,7 +40,7 @@ from specrepro.data.config import DatasetConfig
 from specrepro.decoding.base import _eos_ids
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
-from specrepro.training.artifacts import METADATA, is_complete
+from specrepro.training.artifacts import METADATA, find_matching_artifact
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 
 log = logging.getLogger(__name__)
@@ -288,17 +288,14 @@ def jacobi_speed(model, tokenizer, prompts: list[list[int]], block_size: int, ma
 
 def find_trajectories(ref: str, artifacts_dir, block_size: int) -> Path:
     """The trajectories `ref` names exactly, else the newest complete `<ref>-*` collected with n = `block_size`."""
-    root = Path(artifacts_dir)
-    exact = next((p for p in (root / ref, Path(ref).expanduser()) if is_complete(p)), None)
-    candidates = [exact] if exact else sorted((p for p in root.glob(f"{ref}-*") if is_complete(p)),
-                                              key=lambda p: (p / METADATA).stat().st_mtime, reverse=True)
-    for path in candidates:
-        if json.loads((path / METADATA).read_text())["metrics"]["block_size"] == block_size:
-            return path
-    raise SpecReproError(
-        f"no Jacobi trajectories '{ref}' with block_size {block_size} under {root}: collect them with "
-        f"`specrepro train method=cllm training.stage=trajectories training.block_size={block_size}`"
-    )
+    path = find_matching_artifact(
+        ref, artifacts_dir, None, lambda p: json.loads((p / METADATA).read_text())["metrics"]["block_size"] == block_size)
+    if path is None:
+        raise SpecReproError(
+            f"no Jacobi trajectories '{ref}' with block_size {block_size} under {artifacts_dir}: collect them with "
+            f"`specrepro train method=cllm training.stage=trajectories training.block_size={block_size}`"
+        )
+    return path
 
 
 def train_consistency(cfg, target, work_dir, log_metrics, device):
