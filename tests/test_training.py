@@ -75,3 +75,14 @@ def test_train_sps_draft_then_decode_with_it(tmp_path):
     specrepro("run", *FAST, "method=sps", "dataset.limit=2", "logger=none", cwd=tmp_path)
     sps = next(p for k, p in run_dirs(tmp_path).items() if k.startswith("sps:"))
     assert json.loads((sps / "metrics.json").read_text())["lossless"] == 1.0
+
+
+@pytest.mark.parametrize("override, message", [
+    ("training.loop.steps=-3", "training.loop.steps must be positive, got -3"),
+    ("training.loop.lr=0", "training.loop.lr must be positive, got 0"),
+    ("training.calibration.loop.batch_size=0", "training.calibration.loop.batch_size must be positive, got 0"),
+])
+def test_a_bad_loop_option_fails_before_any_work(tmp_path, override, message):
+    out = specrepro("train", "method=eesd", "model=tiny_random", override, cwd=tmp_path, check=False)
+    assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "results" / "artifacts" / ".work").exists()  # nothing was prepared

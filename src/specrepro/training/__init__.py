@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from specrepro.errors import SpecReproError
 from specrepro.models import ModelLoader
@@ -13,6 +13,7 @@ from specrepro.tracking import config_hash, wandb_init
 from specrepro.training.artifacts import is_complete, publish, staging_dir
 from specrepro.training.cllm import train_cllm
 from specrepro.training.eesd_head import train_eesd_head
+from specrepro.training.loop import validate_loop
 from specrepro.training.sar_head import train_sar_head
 from specrepro.training.self_sd_search import train_self_sd_skip_set
 from specrepro.training.space_sft import train_space_sft
@@ -40,6 +41,16 @@ def artifact_path(cfg) -> Path:
     return Path(cfg.artifacts_dir) / f"{cfg.training.component}-{cfg.model.name}-{key}"
 
 
+def validate_loops(node: DictConfig, key: str = "training") -> None:
+    """Check every training loop in the config (a component may have several, e.g. EESD's calibration)."""
+    for name, value in node.items():
+        if isinstance(value, DictConfig):
+            if name == "loop":
+                validate_loop(value, f"{key}.loop")
+            else:
+                validate_loops(value, f"{key}.{name}")
+
+
 def train(cfg) -> Path:
     """Train (or resume training) the configured component; return its artifact directory."""
     final = artifact_path(cfg)
@@ -49,6 +60,7 @@ def train(cfg) -> Path:
     component = cfg.training.component
     if component not in TRAINERS:
         raise SpecReproError(f"no trainer for component '{component}'; known: {', '.join(sorted(TRAINERS))}")
+    validate_loops(cfg.training)
     loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
     device = loader.device
     target = loader.load_model(cfg.model)

@@ -19,6 +19,8 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from specrepro.errors import SpecReproError
+
 log = logging.getLogger(__name__)
 
 
@@ -36,6 +38,19 @@ class LoopConfig:
     checkpoint_every: int = 50
     log_every: int = 10
     seed: int = 0
+
+
+def validate_loop(loop, key: str = "training.loop") -> None:
+    """Reject a loop config that would fail (or silently train nothing) only after data preparation."""
+    for name in ("steps", "batch_size", "grad_accum", "checkpoint_every", "log_every"):
+        if loop[name] <= 0:
+            raise SpecReproError(f"{key}.{name} must be positive, got {loop[name]}")
+    if loop.lr <= 0:
+        raise SpecReproError(f"{key}.lr must be positive, got {loop.lr}")
+    if loop.warmup_steps < 0:
+        raise SpecReproError(f"{key}.warmup_steps must be >= 0, got {loop.warmup_steps}")
+    if not 0 <= loop.min_lr_ratio <= 1:
+        raise SpecReproError(f"{key}.min_lr_ratio must be in [0, 1], got {loop.min_lr_ratio}")
 
 
 def micro_batch_indices(step: int, micro: int, n_rows: int, cfg: LoopConfig) -> list[int]:
