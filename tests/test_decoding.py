@@ -57,6 +57,18 @@ def test_greedy_equals_ar(target, draft, name):
         assert gen.steps == len(gen.accepted) == len(gen.drafted)
 
 
+def test_every_method_logs_the_parameters_it_adds(target, draft):
+    target_parameters = sum(p.numel() for p in target.parameters())
+    draft_parameters = sum(p.numel() for p in draft.parameters())
+    expected = {"ar": 0, "pld": 0, "sps": draft_parameters, "sps_self": target_parameters, "hf_plain": 0,
+                "hf_assistant": draft_parameters}
+    found = {"ar": ARDecoder(target)} | decoders(target, draft)
+    for name, parameters in expected.items():
+        extra = found[name].generate(prompts()[0], GREEDY, 4).extra
+        assert extra["extra_parameters"] == parameters, name
+        assert extra["extra_memory_pct"] == pytest.approx(100.0 * parameters / target_parameters), name
+
+
 def test_ar_matches_transformers_generate(target):
     for prompt in prompts():
         ours = ARDecoder(target).generate(prompt, GREEDY, 30).token_ids

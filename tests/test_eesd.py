@@ -48,6 +48,8 @@ def test_greedy_eesd_with_a_reduced_draft_vocabulary_equals_ar():
     gen = decoder.generate(prompt, GREEDY, 32)
     assert gen.token_ids == reference
     assert sum(gen.drafted) > 0
+    hidden, layer = target.config.hidden_size, sum(p.numel() for p in target.model.layers[-1].parameters())
+    assert gen.extra["extra_parameters"] == layer + hidden + len(vocab_ids) * hidden  # exit layer, norm, head rows
     logits = head.full_vocab_logits(torch.randn(target.config.hidden_size))
     assert torch.isinf(logits).sum() == 64 - len(vocab_ids) and int(logits.argmax()) in vocab_ids.tolist()
     assert head.draft_index(torch.tensor([int(vocab_ids[1]), 1])).tolist() == [1, -100]

@@ -101,6 +101,17 @@ class Decoder(ABC):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def extra_parameters(self) -> int:
+        """Parameters the method holds beside the target's (a draft model, draft heads): its extra memory."""
+        return 0
+
+    def memory_extras(self) -> dict[str, float]:
+        """`extra_parameters` and `extra_memory_pct` (|theta'| / |theta|, 001's Table 2), logged for every method."""
+        extra = self.extra_parameters
+        return {"extra_parameters": extra,
+                "extra_memory_pct": 100.0 * extra / sum(p.numel() for p in self.model.parameters())}
+
     @classmethod
     def resolve_artifacts(cls, cfg, model_name: str, artifacts_dir) -> dict[str, str]:
         """The trained artifacts (role -> directory name) a method config resolves to now; a reference by prefix
@@ -119,6 +130,7 @@ class Decoder(ABC):
         self._decode(ids, sampling, out, rng)
         device_sync(self.device)
         out.gen.wall_time = time.perf_counter() - start
+        out.gen.extra.update(self.memory_extras())
         if self.tokenizer is not None:
             out.gen.text = self.tokenizer.decode(out.gen.token_ids, skip_special_tokens=True)
         return out.gen

@@ -229,6 +229,10 @@ class EESDDecoder(DraftVerifyDecoder):
                                  "(training.calibration.sequences > 0), or method.cali_mode=sampling")
         self.head, self.cfg = head, cfg
 
+    @property
+    def extra_parameters(self) -> int:
+        return sum(p.numel() for p in self.head.parameters())  # the frozen first N layers are the target's
+
     @staticmethod
     def head_settings(cfg: EESDConfig) -> dict:
         return {"num_layers": cfg.num_layers, "exit_layer": cfg.exit_layer, "shared_head": cfg.shared_head,

@@ -39,6 +39,10 @@ class HFAssistedDecoder(Decoder):
         self.cfg = cfg
         self.assistant = assistant
 
+    @property
+    def extra_parameters(self) -> int:
+        return 0 if self.assistant is None else sum(p.numel() for p in self.assistant.parameters())
+
     @classmethod
     def from_config(cls, cfg: HFAssistedConfig, target, ctx) -> "HFAssistedDecoder":
         assistant = ctx.load_model(cfg.draft).model if cfg.mode == "assistant" else None

@@ -227,8 +227,10 @@ class SARDraftDecoder(DraftVerifyDecoder):
             raise SpecReproError(f"sar_draft needs 1 <= k, k_max <= {head.k} (the head's trained k), got k={cfg.k}, "
                                  f"k_max={cfg.k_max}")
         self.head, self.cfg = head, cfg
-        self.extra_parameters = head.num_parameters()
-        self.extra_memory_pct = 100.0 * self.extra_parameters / sum(p.numel() for p in model.parameters())
+
+    @property
+    def extra_parameters(self) -> int:
+        return self.head.num_parameters()
 
     @classmethod
     def resolve_artifacts(cls, cfg: SARDraftConfig, model_name: str, artifacts_dir) -> dict[str, str]:
@@ -277,7 +279,3 @@ class SARDraftDecoder(DraftVerifyDecoder):
 
     def after_verify(self, tokens, n_accepted):
         self.hp = self.verify_hidden[n_accepted]  # h_p at the last verified position (it produced the bonus token)
-
-    def _decode(self, prompt_ids, sampling, out, rng) -> None:
-        super()._decode(prompt_ids, sampling, out, rng)
-        out.gen.extra.update(extra_parameters=self.extra_parameters, extra_memory_pct=self.extra_memory_pct)

@@ -42,6 +42,10 @@ class SPSDecoder(DraftVerifyDecoder):
         self.draft = draft
         self.k, self.controller_kind, self.k_max = k, controller, k_max
 
+    @property
+    def extra_parameters(self) -> int:
+        return sum(p.numel() for p in self.draft.parameters())
+
     @classmethod
     def resolve_artifacts(cls, cfg: SPSConfig, model_name: str, artifacts_dir) -> dict[str, str]:
         from specrepro.models.loading import resolve_artifact
