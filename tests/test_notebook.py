@@ -12,7 +12,7 @@ from nbclient import NotebookClient
 from tests.test_tables import tiny_sweep  # noqa: F401  (the session fixture: records of a tiny sweep)
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "analysis.ipynb"
-PLOTS = {"speedup.png", "mat.png", "accepted_length_hist.png", "hm_vs_k.png"}
+PLOTS = {"speedup.png", "mat.png", "accepted_length_hist.png", "cost_model.png", "hm_vs_k.png"}
 
 
 def test_analysis_notebook_executes_and_writes_plots(tiny_sweep, tmp_path, monkeypatch):  # noqa: F811
