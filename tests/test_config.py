@@ -78,3 +78,16 @@ def test_an_option_at_its_default_leaves_older_run_names_alone():
     older = OmegaConf.create({k: v for k, v in OmegaConf.to_container(cfg).items() if k != "reference_nll"})
     assert run_name(cfg) == run_name(older)  # a run made before reference_nll existed keeps its name
     assert run_name(compose_run("method=pld", "dataset=gsm8k", "reference_nll=true")) != run_name(cfg)
+
+
+def test_only_half_precision_row_invariant_runs_changed_identity(monkeypatch):
+    from specrepro import runner
+
+    configs = {(dtype, flag): compose_run("method=pld", f"hardware.dtype={dtype}", f"hardware.row_invariant={flag}")
+               for dtype in ("float32", "bfloat16") for flag in ("true", "false")}
+    names = {key: (runner.run_name(cfg), runner.reference_key(cfg)) for key, cfg in configs.items()}
+    monkeypatch.setattr(runner, "hardware_identity", lambda hardware: hardware)  # identities before the marker
+    before = {key: (runner.run_name(cfg), runner.reference_key(cfg)) for key, cfg in configs.items()}
+    changed = {key for key in configs if names[key][0] != before[key][0] and names[key][1] != before[key][1]}
+    unchanged = {key for key in configs if names[key] == before[key]}
+    assert changed == {("bfloat16", "true")} and len(unchanged) == 3

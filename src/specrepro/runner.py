@@ -33,11 +33,21 @@ _HASHED_WHEN_SET = {"reference_nll": False}
 _loaded_models: dict[str, LoadedModel] = {}  # a sweep in one process loads each target once
 
 
+def hardware_identity(hardware: dict) -> dict:
+    """The hardware config as it enters run names and reference keys. Row-invariant attention in bf16/fp16 has
+    computed its rows in fp32 since 2026-11-23 (models/attention.py): those runs carry a marker, so that a
+    re-run does not resume, or compare against, a record of the earlier half-precision rows."""
+    if hardware.get("row_invariant") and hardware.get("dtype") in ("bfloat16", "float16"):
+        return hardware | {"row_attention": "float32"}
+    return hardware
+
+
 def run_name(cfg: DictConfig) -> str:
     if cfg.run_name:
         return cfg.run_name
     content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items()
                if k not in _NOT_IN_RUN_HASH and not (k in _HASHED_WHEN_SET and v == _HASHED_WHEN_SET[k])}
+    content["hardware"] = hardware_identity(content["hardware"])
     if content["dataset"]["metric"] != "mt_bench" or content.get("judge", {}).get("name", "none") == "none":
         content.pop("judge", None)  # the judge changes only judged MT-Bench runs (and keeps older run names)
     artifacts = resolved_artifacts(cfg)
@@ -61,7 +71,7 @@ def resolved_artifacts(cfg: DictConfig) -> dict[str, str]:
 def reference_key(cfg: DictConfig) -> str:
     """Runs with equal keys decode the same prompts on the same weights with the same decoding."""
     content = OmegaConf.to_container(cfg, resolve=True)
-    key = {k: content[k] for k in ("model", "dataset", "decoding", "hardware")}
+    key = {k: content[k] for k in ("model", "dataset", "decoding")} | {"hardware": hardware_identity(content["hardware"])}
     return config_hash(key | model_artifact(cfg))
 
 
