@@ -4,6 +4,7 @@ Prints, for each kernel in one process (interleaved, medians of repeats), the co
 tokens on a 200-token cache relative to that kernel's own 1-token forward (the "verify cost" every
 draft-then-verify method pays), the 1-token forward time ratio between the kernels, and `ar` throughput on
 GSM8K prompts with both kernels plus whether their greedy outputs are token-identical.
+`compare_settings` is shared with bench_attention.py.
 
     .venv/bin/python experiments/bench_kernels.py --threads 1 --dtype float32
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
+from typing import Callable
 
 import torch
 from transformers import DynamicCache
@@ -35,10 +38,9 @@ def forward_ms(model, ids: torch.Tensor, length: int) -> float:
     return 1e3 * (time.perf_counter() - start)
 
 
-@torch.inference_mode()
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="float32")
+def benchmark_args(description: str, dtype: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--dtype", default=dtype)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--prompts", type=int, default=5)
@@ -46,46 +48,56 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    return args
+
+
+@torch.inference_mode()
+def compare_settings(settings: dict[str, Callable[[], None]], args: argparse.Namespace) -> None:
+    """Time the embedded model under each setting (a callable that switches to it), interleaved: T-token forward
+    costs relative to the setting's own 1-token forward, then `ar` throughput on GSM8K prompts."""
+    names = list(settings)
     target = load_model(ModelConfig(name="smollm2_135m", source="embedded"), torch.device("cpu"),
                         resolve_dtype(args.dtype))
     model = target.model
     ids = torch.randint(100, 20000, (1, 240), generator=torch.Generator().manual_seed(0))
 
-    times = {(kernel, n): [] for kernel in KERNELS for n in LENGTHS}
+    times = {(name, n): [] for name in names for n in LENGTHS}
     for _ in range(args.repeats):
-        for kernel in KERNELS:  # interleaved, so drift on a shared machine hits both kernels
-            set_linear_kernel(kernel)
+        for name in names:  # interleaved, so drift on a shared machine hits every setting
+            settings[name]()
             for n in LENGTHS:
-                times[kernel, n].append(forward_ms(model, ids, n))
+                times[name, n].append(forward_ms(model, ids, n))
     median = {key: statistics.median(values) for key, values in times.items()}
     print(f"dtype={args.dtype} threads={torch.get_num_threads()} repeats={args.repeats}")
-    print("forward of T tokens / 1-token forward, same kernel:")
-    print("kernel   1-token ms  " + "  ".join(f"T={n:<3}" for n in LENGTHS[1:]))
-    for kernel in KERNELS:
-        cells = "  ".join(f"{median[kernel, n] / median[kernel, 1]:5.2f}" for n in LENGTHS[1:])
-        print(f"{kernel:7}  {median[kernel, 1]:10.1f}  {cells}")
-    print(f"1-token forward, torch / onednn: {median['torch', 1] / median['onednn', 1]:.2f}x")
+    print("forward of T tokens / 1-token forward, same setting:")
+    print("setting        1-token ms  " + "  ".join(f"T={n:<3}" for n in LENGTHS[1:]))
+    for name in names:
+        cells = "  ".join(f"{median[name, n] / median[name, 1]:5.2f}" for n in LENGTHS[1:])
+        print(f"{name:13}  {median[name, 1]:10.1f}  {cells}")
+    first, second = names[:2]
+    print(f"1-token forward, {second} / {first}: {median[second, 1] / median[first, 1]:.2f}x")
 
     dataset = DatasetConfig(name="gsm8k", path="gsm8k/test.jsonl.gz", task="gsm8k", template="hash_answer",
                             limit=args.prompts, metric="gsm8k_acc")
     prompts = [target.tokenizer(render_prompt(r, target.tokenizer, dataset), add_special_tokens=False)["input_ids"]
                for r in load_records(dataset)]
     ar, greedy = ARDecoder(model, target.tokenizer), Sampling()
-    totals = {kernel: [0, 0.0] for kernel in KERNELS}
-    outputs: dict[str, list] = {kernel: [] for kernel in KERNELS}
+    totals = {name: [0, 0.0] for name in names}
+    outputs: dict[str, list] = {name: [] for name in names}
     for i, prompt in enumerate(prompts):
-        for kernel in KERNELS if i % 2 == 0 else KERNELS[::-1]:
-            set_linear_kernel(kernel)
+        for name in names if i % 2 == 0 else names[::-1]:
+            settings[name]()
             gen = ar.generate(prompt, greedy, args.max_new_tokens)
-            totals[kernel][0] += len(gen.token_ids)
-            totals[kernel][1] += gen.wall_time
-            outputs[kernel].append(gen.token_ids)
-    rate = {kernel: tokens / seconds for kernel, (tokens, seconds) in totals.items()}
-    same = sum(a == b for a, b in zip(outputs["onednn"], outputs["torch"]))
-    print(f"ar on {len(prompts)} GSM8K prompts x {args.max_new_tokens} tokens: onednn {rate['onednn']:.1f} tok/s, "
-          f"torch {rate['torch']:.1f} tok/s, ratio {rate['onednn'] / rate['torch']:.2f}x; "
-          f"token-identical outputs {same}/{len(prompts)}")
+            totals[name][0] += len(gen.token_ids)
+            totals[name][1] += gen.wall_time
+            outputs[name].append(gen.token_ids)
+    rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
+    same = sum(a == b for a, b in zip(outputs[first], outputs[second]))
+    print(f"ar on {len(prompts)} GSM8K prompts x {args.max_new_tokens} tokens: "
+          + ", ".join(f"{name} {rate[name]:.1f} tok/s" for name in names)
+          + f", {first} / {second} {rate[first] / rate[second]:.2f}x; token-identical outputs {same}/{len(prompts)}")
 
 
 if __name__ == "__main__":
-    main()
+    compare_settings({kernel: partial(set_linear_kernel, kernel) for kernel in KERNELS},
+                     benchmark_args(__doc__.splitlines()[0], "float32"))
