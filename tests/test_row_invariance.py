@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specrepro.decoding import ARDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
@@ -13,6 +14,7 @@ from specrepro.decoding.space import SpaceDecoder, additive_mask, block_layout
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
 from specrepro.models import kernels
+from specrepro.models import attention
 from specrepro.models.attention import allowed_keys, set_attention
 from specrepro.models.kernels import set_linear_kernel, set_row_invariant_linear
 from tests.conftest import tiny_llama
@@ -64,8 +66,10 @@ def test_each_row_sees_the_keys_its_mask_allows():
 
 
 @pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
-def test_space_block_real_slots_equal_one_token_steps_in_bf16(row_invariant):
-    """SPACE's grouped block: each real slot (anchor, c_1..c_k) computes bit for bit the ar step at its position."""
+@pytest.mark.parametrize("name_real_slots", [False, True])
+def test_space_block_real_slots_equal_one_token_steps_in_bf16(row_invariant, name_real_slots, monkeypatch):
+    """SPACE's grouped block: each real slot (anchor, c_1..c_k) computes bit for bit the ar step at its position,
+    whether every row takes the one-row path or only the real slots, named as `exact_rows`."""
     model, k = tiny_llama(vocab_size=96, seed=2, num_layers=3).to(torch.bfloat16), 3
     tokens = torch.randint(0, 95, (1, 28), generator=torch.Generator().manual_seed(0))
     prefix, real = tokens[:, :24], tokens[0, 24:]
@@ -75,10 +79,16 @@ def test_space_block_real_slots_equal_one_token_steps_in_bf16(row_invariant):
     cache = DynamicCache()
     with torch.no_grad():
         model(prefix, past_key_values=cache)
+        exact = {"exact_rows": torch.arange(0, len(allow), k + 1)} if name_real_slots else {}
+        calls = []
+        monkeypatch.setattr(attention, "sdpa_attention_forward",
+                            lambda *args, **kwargs: calls.append(1) or sdpa_attention_forward(*args, **kwargs))
         logits = model(block, past_key_values=cache, position_ids=(24 + offsets)[None],
-                       attention_mask=additive_mask(full, model.dtype)).logits[0]
+                       attention_mask=additive_mask(full, model.dtype), **exact).logits[0]
+        monkeypatch.undo()
     steps, _ = steps_and_block(model, prefix, real[None])
     assert torch.equal(logits[:: k + 1], steps)
+    assert len(calls) == 3 * ((1 + (k + 1)) if name_real_slots else (k + 1) ** 2)  # per layer
 
 
 @pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")

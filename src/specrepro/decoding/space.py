@@ -23,7 +23,7 @@ masks of that group, so a checkpoint trained with k_train masks decodes with any
 
 bf16: with `hardware.row_invariant=true` each real slot attends to its own keys (the cached prefix and the real
 slots up to itself) in a one-query SDPA call, bit for bit the ar step at its position, so greedy SPACE stays
-token-identical to bf16 ar; without it, near-ties flip.
+token-identical to bf16 ar; without it, near-ties flip. The mask slots need no such care: they share one call.
 
 Sampling: `residual_resample=true` is exact speculative sampling (the token after a rejection comes from
 norm(max(p - q, 0))) and preserves the target distribution; `false` is the paper's Alg. 1 line 18 (that
@@ -127,6 +127,7 @@ class SpaceDecoder(Decoder):
                 hidden = self.model.model(
                     block, past_key_values=cache, position_ids=(n_cached + self.block_offsets)[None],
                     attention_mask=additive_mask(allow, self.model.dtype),
+                    exact_rows=self.real_slots,  # with hardware.row_invariant only these take the one-row path
                 ).last_hidden_state[0]
                 target_logits = self.model.lm_head(hidden[self.real_slots])  # the head only where it is needed
                 tokens, n_accepted = speculative_verify(candidates, q, target_logits, sampling, rng,

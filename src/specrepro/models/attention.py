@@ -21,6 +21,10 @@ cheaper in fp32 on this CPU: with bf16 rows a T-token forward cost 1.35 / 1.75 /
 at T = 3 / 5 / 16 / 36, with fp32 rows 1.07 / 1.20 / 2.00 / 3.47 (SDPA in one call: 0.98 / 1.04 / 1.42 / 2.30;
 experiments/bench_attention.py, 1 thread). With the flag `ar` itself takes this path, so speedups are measured
 against the same kernels.
+
+A caller may name the rows that must be exact (`exact_rows=` in the model call, passed down to attention):
+only those take the one-row path, and the rest come from one SDPA call. SPACE names its k + 1 real slots, so
+its (k + 1)^2-row block costs k + 1 row calls instead of (k + 1)^2.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ def allowed_keys(mask: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Te
     return visible if bool(visible.any(-1).all()) else None  # a row that sees nothing (padding) too
 
 
-def row_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
+def row_invariant_sdpa(module, query, key, value, attention_mask, exact_rows=None, **kwargs):
     """transformers' sdpa attention, one query row at a time after a cache (see the module docstring)."""
     q_len, kv_len = query.shape[2], key.shape[2]
     if kv_len == q_len:  # prefill: no cache
@@ -60,13 +64,16 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     allowed = None if one_token_step else allowed_keys(attention_mask, q_len, kv_len)
     if allowed is None and not one_token_step:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    batched = None
+    if exact_rows is not None and not one_token_step:  # the other rows in one call, as plain SDPA computes them
+        batched = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)[0]
     dtype = query.dtype
     if dtype in (torch.bfloat16, torch.float16):
         query, key, value = query.float(), key.float(), value.float()
     if one_token_step:
         return sdpa_attention_forward(module, query, key, value, None, **kwargs)[0].to(dtype), None
     rows = []
-    for i in range(q_len):
+    for i in (range(q_len) if batched is None else exact_rows.tolist()):
         seen = allowed[i].nonzero().squeeze(1)
         if int(seen[-1]) + 1 == len(seen):  # keys 0 .. n-1: a view, as the one-token step's cache is
             row_keys, row_values = key[:, :, :len(seen)], value[:, :, :len(seen)]
@@ -75,7 +82,11 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
             row_keys, row_values = key.index_select(2, index), value.index_select(2, index)
         out, _ = sdpa_attention_forward(module, query[:, :, i:i + 1], row_keys, row_values, None, **kwargs)
         rows.append(out)
-    return torch.cat(rows, dim=1).to(dtype), None
+    exact = torch.cat(rows, dim=1).to(dtype)
+    if batched is None:
+        return exact, None
+    batched[:, exact_rows] = exact
+    return batched, None
 
 
 def set_attention(kind: str) -> str:
