@@ -23,7 +23,7 @@ experiments/bench_attention.py, 1 thread). With the flag `ar` itself takes this 
 against the same kernels.
 
 A caller may name the rows that must be exact (`exact_rows=` in the model call, passed down to attention):
-only those take the one-row path, and the rest come from one SDPA call. SPACE names its k + 1 real slots, so
+only those take the one-row path, and the rest come from one SDPA call (in fp32 too). SPACE names its k + 1 real slots, so
 its (k + 1)^2-row block costs k + 1 row calls instead of (k + 1)^2.
 """
 
@@ -64,14 +64,16 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, exact_rows=Non
     allowed = None if one_token_step else allowed_keys(attention_mask, q_len, kv_len)
     if allowed is None and not one_token_step:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    batched = None
-    if exact_rows is not None and not one_token_step:  # the other rows in one call, as plain SDPA computes them
-        batched = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)[0]
     dtype = query.dtype
     if dtype in (torch.bfloat16, torch.float16):
         query, key, value = query.float(), key.float(), value.float()
+        if attention_mask is not None and attention_mask.is_floating_point():  # an additive mask, for the batched call
+            attention_mask = attention_mask.float()
     if one_token_step:
         return sdpa_attention_forward(module, query, key, value, None, **kwargs)[0].to(dtype), None
+    batched = None
+    if exact_rows is not None:  # the other rows in one call
+        batched = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)[0]
     rows = []
     for i in (range(q_len) if batched is None else exact_rows.tolist()):
         seen = allowed[i].nonzero().squeeze(1)
@@ -82,11 +84,11 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, exact_rows=Non
             row_keys, row_values = key.index_select(2, index), value.index_select(2, index)
         out, _ = sdpa_attention_forward(module, query[:, :, i:i + 1], row_keys, row_values, None, **kwargs)
         rows.append(out)
-    exact = torch.cat(rows, dim=1).to(dtype)
+    exact = torch.cat(rows, dim=1)
     if batched is None:
-        return exact, None
+        return exact.to(dtype), None
     batched[:, exact_rows] = exact
-    return batched, None
+    return batched.to(dtype), None
 
 
 def set_attention(kind: str) -> str:
