@@ -140,6 +140,12 @@ class Decoder(ABC):
         """Decode from `prompt_ids` (1, T), committing tokens to `out` until `out.done`."""
 
 
+def parameters_beside(module: torch.nn.Module, model: torch.nn.Module) -> int:
+    """Parameters of `module` that are not `model`'s own tensors (a draft that is the target adds none)."""
+    shared = {id(p) for p in model.parameters()}
+    return sum(p.numel() for p in module.parameters() if id(p) not in shared)
+
+
 def _eos_ids(model, tokenizer) -> set[int]:
     ids: set[int] = set()
     gen_cfg = getattr(model, "generation_config", None)

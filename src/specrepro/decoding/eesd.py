@@ -30,6 +30,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding import draft_vocab
+from specrepro.decoding.base import parameters_beside
 from specrepro.decoding.controllers import BetaTS, CaliTS, DraftLengthController, FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder
 from specrepro.decoding.sampling import Sampling, probs, sample
@@ -231,7 +232,7 @@ class EESDDecoder(DraftVerifyDecoder):
 
     @property
     def extra_parameters(self) -> int:
-        return sum(p.numel() for p in self.head.parameters())  # the frozen first N layers are the target's
+        return parameters_beside(self.head, self.model)  # the frozen first N layers are the target's
 
     @staticmethod
     def head_settings(cfg: EESDConfig) -> dict:

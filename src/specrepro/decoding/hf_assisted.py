@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specrepro.config import MethodConfig, ModelConfig, register_method_schema
-from specrepro.decoding.base import Decoder, GenerationBuilder
+from specrepro.decoding.base import Decoder, GenerationBuilder, parameters_beside
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
 
@@ -41,7 +41,7 @@ class HFAssistedDecoder(Decoder):
 
     @property
     def extra_parameters(self) -> int:
-        return 0 if self.assistant is None else sum(p.numel() for p in self.assistant.parameters())
+        return 0 if self.assistant is None else parameters_beside(self.assistant, self.model)
 
     @classmethod
     def from_config(cls, cfg: HFAssistedConfig, target, ctx) -> "HFAssistedDecoder":

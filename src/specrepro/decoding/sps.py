@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from specrepro.config import MethodConfig, ModelConfig, register_method_schema
+from specrepro.decoding.base import parameters_beside
 from specrepro.decoding.controllers import DraftLengthController, build_controller
 from specrepro.decoding.draft_verify import DraftVerifyDecoder
 from specrepro.decoding.sampling import Sampling, probs, sample
@@ -44,7 +45,7 @@ class SPSDecoder(DraftVerifyDecoder):
 
     @property
     def extra_parameters(self) -> int:
-        return sum(p.numel() for p in self.draft.parameters())
+        return parameters_beside(self.draft, self.model)
 
     @classmethod
     def resolve_artifacts(cls, cfg: SPSConfig, model_name: str, artifacts_dir) -> dict[str, str]:
