@@ -25,4 +25,5 @@ def use(attention: str) -> None:
 
 
 if __name__ == "__main__":
-    compare_settings({kind: partial(use, kind) for kind in ATTENTIONS}, benchmark_args(__doc__.splitlines()[0], "bfloat16"))
+    compare_settings({kind: partial(use, kind) for kind in ATTENTIONS},
+                     benchmark_args(__doc__.splitlines()[0], "bfloat16"))

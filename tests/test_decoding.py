@@ -60,8 +60,8 @@ def test_greedy_equals_ar(target, draft, name):
 def test_every_method_logs_the_parameters_it_adds(target, draft):
     target_parameters = sum(p.numel() for p in target.parameters())
     draft_parameters = sum(p.numel() for p in draft.parameters())
-    expected = {"ar": 0, "pld": 0, "sps": draft_parameters, "sps_self": 0, "hf_plain": 0,  # drafting with itself adds none
-                "hf_assistant": draft_parameters}
+    expected = {"ar": 0, "pld": 0, "sps": draft_parameters, "sps_self": 0,  # drafting with itself adds none
+                "hf_plain": 0, "hf_assistant": draft_parameters}
     found = {"ar": ARDecoder(target)} | decoders(target, draft)
     for name, parameters in expected.items():
         extra = found[name].generate(prompts()[0], GREEDY, 4).extra

@@ -71,7 +71,8 @@ def resolved_artifacts(cfg: DictConfig) -> dict[str, str]:
 def reference_key(cfg: DictConfig) -> str:
     """Runs with equal keys decode the same prompts on the same weights with the same decoding."""
     content = OmegaConf.to_container(cfg, resolve=True)
-    key = {k: content[k] for k in ("model", "dataset", "decoding")} | {"hardware": hardware_identity(content["hardware"])}
+    key = {k: content[k] for k in ("model", "dataset", "decoding")}
+    key["hardware"] = hardware_identity(content["hardware"])
     return config_hash(key | model_artifact(cfg))
 
 

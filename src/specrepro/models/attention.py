@@ -23,8 +23,8 @@ experiments/bench_attention.py, 1 thread). With the flag `ar` itself takes this 
 against the same kernels.
 
 A caller may name the rows that must be exact (`exact_rows=` in the model call, passed down to attention):
-only those take the one-row path, and the rest come from one SDPA call (in fp32 too). SPACE names its k + 1 real slots, so
-its (k + 1)^2-row block costs k + 1 row calls instead of (k + 1)^2.
+only those take the one-row path, and the rest come from one SDPA call (in fp32 too). SPACE names its k + 1
+real slots, so its (k + 1)^2-row block costs k + 1 row calls and one shared call instead of (k + 1)^2.
 """
 
 from __future__ import annotations
