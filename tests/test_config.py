@@ -78,6 +78,11 @@ def test_an_option_at_its_default_leaves_older_run_names_alone():
     older = OmegaConf.create({k: v for k, v in OmegaConf.to_container(cfg).items() if k != "reference_nll"})
     assert run_name(cfg) == run_name(older)  # a run made before reference_nll existed keeps its name
     assert run_name(compose_run("method=pld", "dataset=gsm8k", "reference_nll=true")) != run_name(cfg)
+    jacobi = compose_run("method=jacobi", "dataset=gsm8k")
+    older = OmegaConf.to_container(jacobi)
+    del older["method"]["sliding"]  # a nested option added later
+    assert run_name(jacobi) == run_name(OmegaConf.create(older))
+    assert run_name(compose_run("method=jacobi", "dataset=gsm8k", "method.sliding=true")) != run_name(jacobi)
 
 
 def test_only_half_precision_row_invariant_runs_changed_identity(monkeypatch):

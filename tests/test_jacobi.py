@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import pytest
 import torch
 
@@ -19,18 +21,21 @@ def prompts(vocab, n=3, length=20):
     return [torch.randint(3, vocab, (length,), generator=rng).tolist() for _ in range(n)] + [[5, 6, 7, 8] * 5]
 
 
+@pytest.mark.parametrize("sliding", [False, True])
 @pytest.mark.parametrize("block_size", [1, 2, 5, 16])
 @pytest.mark.parametrize("logit_scale", [1.0, 30.0])
-def test_jacobi_equals_ar(block_size, logit_scale):
+def test_jacobi_equals_ar(block_size, logit_scale, sliding):
     model = tiny_llama(vocab_size=64, seed=3, logit_scale=logit_scale)
     for seed, prompt in enumerate(prompts(64)):
         reference = ARDecoder(model).generate(prompt, GREEDY, 37)
-        gen = JacobiDecoder(model, block_size=block_size).generate(prompt, GREEDY, 37, seed=seed)
+        gen = JacobiDecoder(model, block_size=block_size, sliding=sliding).generate(prompt, GREEDY, 37, seed=seed)
         assert gen.token_ids == reference.token_ids
         assert sum(gen.accepted) + 1 == len(gen.token_ids)
         assert gen.steps == len(gen.extra["fast_forwarded"]) == len(gen.extra["stationary"])
         assert all(s <= f for s, f in zip(gen.extra["stationary"], gen.extra["fast_forwarded"]))
         assert all(d <= block_size - 1 for d in gen.drafted)
+        if sliding:  # the state is topped back up to n - 1 guesses until the end is near
+            assert all(d == min(block_size - 1, 37 - 2 - done) for d, done in zip(gen.drafted, accumulate([0, *gen.accepted])))
 
 
 def test_a_model_that_repeats_itself_fast_forwards():

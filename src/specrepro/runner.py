@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 
 # Keys that do not change what a run computes: left out of the run name's hash.
 _NOT_IN_RUN_HASH = ("logger", "results_dir", "artifacts_dir", "resume", "run_name", "reference")
-# options added after runs existed: hashed only when set away from their default, so older runs keep their names
-_HASHED_WHEN_SET = {"reference_nll": False}
+# options added after runs existed (dotted paths): hashed only when set away from their default, so older runs keep
+# their names
+_HASHED_WHEN_SET = {"reference_nll": False, "method.sliding": False}
 _loaded_models: dict[str, LoadedModel] = {}  # a sweep in one process loads each target once
 
 
@@ -45,8 +46,14 @@ def hardware_identity(hardware: dict) -> dict:
 def run_name(cfg: DictConfig) -> str:
     if cfg.run_name:
         return cfg.run_name
-    content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items()
-               if k not in _NOT_IN_RUN_HASH and not (k in _HASHED_WHEN_SET and v == _HASHED_WHEN_SET[k])}
+    content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in _NOT_IN_RUN_HASH}
+    for path, default in _HASHED_WHEN_SET.items():
+        *parents, key = path.split(".")
+        node = content
+        for parent in parents:
+            node = node.get(parent, {})
+        if key in node and node[key] == default:
+            del node[key]
     content["hardware"] = hardware_identity(content["hardware"])
     if content["dataset"]["metric"] != "mt_bench" or content.get("judge", {}).get("name", "none") == "none":
         content.pop("judge", None)  # the judge changes only judged MT-Bench runs (and keeps older run names)

@@ -10,6 +10,12 @@ prefix (line 12) and the remaining positions take their new argmaxes as the next
 state shrinks every iteration. A block ends when every guess is confirmed (y^(k) = y^(k-1)); its last
 argmax is the next block's first token. The output equals greedy AR token for token.
 
+`sliding=true` (beyond the paper) keeps the state at n - 1 guesses instead: after every iteration the last
+position's argmax (a prediction of the token after the state, which the block discards) becomes a guess,
+and fresh context tokens fill the rest, so a position far ahead is refined for several iterations before it
+is reached, at the price of an n-token forward every iteration. Still exact: every committed token is an
+argmax of a forward on a verified prefix.
+
 Per iteration (= one target forward = one step) `Generation.extra` records
 - `fast_forwarded`: tokens fixed by the iteration (Table 3 counts the one that is correct anyway too);
 - `stationary`: tokens fixed by the iteration that already held that value, unchanged, in the state of
@@ -44,6 +50,10 @@ from specrepro.errors import SpecReproError
 class JacobiConfig(MethodConfig):
     name: str = "jacobi"
     block_size: int = 16  # n: tokens per Jacobi block (the known first token + n - 1 guesses)
+    # beyond the paper: a sliding Jacobi window (as in Lookahead decoding) instead of a block that shrinks until it
+    # has converged: the last position's prediction becomes a guess too, and the state is topped back up to n - 1
+    # guesses after every iteration
+    sliding: bool = False
 
 
 @register_method_schema("cllm")
@@ -56,15 +66,16 @@ class CLLMConfig(JacobiConfig):
 class JacobiDecoder(Decoder):
     name = "jacobi"
 
-    def __init__(self, model, tokenizer=None, block_size: int = 16):
+    def __init__(self, model, tokenizer=None, block_size: int = 16, sliding: bool = False):
         super().__init__(model, tokenizer)
         if block_size < 1:
             raise SpecReproError(f"method.block_size must be >= 1, got {block_size}")
         self.block_size = block_size
+        self.sliding = sliding
 
     @classmethod
     def from_config(cls, cfg: JacobiConfig, target, ctx) -> "JacobiDecoder":
-        return cls(target.model, target.tokenizer, cfg.block_size)
+        return cls(target.model, target.tokenizer, cfg.block_size, cfg.sliding)
 
     def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
         if not sampling.greedy:
@@ -80,11 +91,13 @@ class JacobiDecoder(Decoder):
         held_since: list[int] = []  # per guess: the first step whose state held this value unchanged
         while not out.done:
             step = len(fast_forwarded)
-            if not guesses:  # a new block: n - 1 guesses drawn from the context (Alg. 3 line 1)
+            n_guesses = min(self.block_size - 1, out.remaining - 1)
+            guesses, held_since = guesses[:n_guesses], held_since[:n_guesses]
+            n_new = n_guesses - len(guesses)
+            if n_new > 0 and (self.sliding or not guesses):  # new guesses drawn from the context (Alg. 3 line 1)
                 pool = torch.cat([context, torch.tensor(out.gen.token_ids, device=device)])
-                n_guesses = min(self.block_size - 1, out.remaining - 1)
-                picks = torch.randint(len(pool), (n_guesses,), generator=rng, device=device)
-                guesses, held_since = pool[picks].tolist(), [step] * n_guesses
+                picks = torch.randint(len(pool), (n_new,), generator=rng, device=device)
+                guesses, held_since = guesses + pool[picks].tolist(), held_since + [step] * n_new
             past = cache.get_seq_length()
             state = torch.tensor([[out.gen.token_ids[-1], *guesses]], device=device)
             with out.timed("verify"):  # one parallel Jacobi update of every position (Eq. 3)
@@ -93,9 +106,11 @@ class JacobiDecoder(Decoder):
             crop_cache(cache, past + 1 + n_fixed)  # keep the KV of the converged prefix only (Alg. 3 line 12)
             fast_forwarded.append(len(tokens))
             stationary.append(sum(since < step for since in held_since[:n_fixed]))
-            new_guesses = logits[n_fixed + 1 : len(guesses)].argmax(-1).tolist()  # line 13: z_next beyond i*
+            # line 13: z_next beyond i*; a sliding window also keeps the last position's prediction of the token after it
+            new_guesses = logits[n_fixed + 1 : len(guesses) + self.sliding].argmax(-1).tolist()
             held_since = [since if new == old else step + 1
                           for new, old, since in zip(new_guesses, guesses[n_fixed + 1 :], held_since[n_fixed + 1 :])]
+            held_since += [step + 1] * (len(new_guesses) - len(held_since))
             guesses = new_guesses
             out.commit(tokens, drafted=len(state[0]) - 1)
         out.gen.extra.update(block_size=self.block_size, fast_forwarded=fast_forwarded, stationary=stationary,
@@ -115,4 +130,4 @@ class CLLMDecoder(JacobiDecoder):
                 f"method=cllm decodes consistency-trained weights, but the run's model is '{source}': run with "
                 f"model.source=artifact model.id={cfg.artifact_prefix} (so the ar reference shares the weights)"
             )
-        return cls(target.model, target.tokenizer, cfg.block_size)
+        return cls(target.model, target.tokenizer, cfg.block_size, cfg.sliding)
