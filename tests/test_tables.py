@@ -10,8 +10,9 @@ import json
 import shutil
 
 import pytest
+import yaml
 
-from specrepro.tables import TABLES_DIR, TableSpec, local_runs, write_table
+from specrepro.tables import TABLES_DIR, RunInfo, TableSpec, _matches, local_runs, write_table
 from tests.test_runner import FAST, run_dirs, specrepro
 
 TINY = [*FAST, "decoding.max_new_tokens=48", "dataset.limit=2", "logger=none"]  # 48: long enough for pld to draft
@@ -108,3 +109,12 @@ def test_pass_at_10_from_sampling_with_recorded_seeds(tmp_path):
     assert row["scores"]["n"] == 10
     seeds = [turns[0]["seed"] for turns in row["samples"]]
     assert len(set(seeds)) == 10  # one recorded seed per sample
+
+
+def test_a_null_in_a_selector_list_matches_records_without_the_key():
+    """`method.sliding: [false, null]` selects block-mode Jacobi runs made before the option existed as well."""
+    older = RunInfo("older", {"method": "jacobi"}, {"method": {"block_size": 4}}, 0.0)
+    block = RunInfo("block", {"method": "jacobi"}, {"method": {"block_size": 4, "sliding": False}}, 1.0)
+    sliding = RunInfo("sliding", {"method": "jacobi"}, {"method": {"block_size": 4, "sliding": True}}, 2.0)
+    select = yaml.safe_load("{method.block_size: 4, method.sliding: [false, null]}")
+    assert [r.name for r in (older, block, sliding) if _matches(r, select)] == ["older", "block"]

@@ -13,9 +13,9 @@ A table spec is a small YAML file, `experiments/tables/<NAME>.yaml` (see the one
     columns:                         # label, metric key in metrics.json, optional selector, format, scale
       - {label: GSM8K HM, key: hm, select: {dataset: gsm8k}, fmt: "{:.2f}"}
 
-A selector maps keys to wanted values (a list = any of them); a key is a metrics.json key (method,
-model, dataset, decoding, ...) or a dotted path in the run's config.yaml (method.num_pred_tokens,
-dataset.limit, ...). A cell shows the newest complete run matching table, row and column selectors; the
+A selector maps keys to wanted values (a list = any of them; null = a record without the key); a key is a
+metrics.json key (method, model, dataset, decoding, ...) or a dotted path in the run's config.yaml
+(method.num_pred_tokens, dataset.limit, ...). A cell shows the newest complete run matching table, row and column selectors; the
 `runs` column names every run behind the row, as footnotes.
 """
 
