@@ -62,5 +62,6 @@ def test_jacobi_reproduces_ar_on_the_embedded_model(embedded):
         ids = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
         ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
         reference = ARDecoder(embedded.model, tok).generate(ids, GREEDY, 64)
-        gen = JacobiDecoder(embedded.model, tok, block_size=16).generate(ids, GREEDY, 64, seed=i)
-        assert gen.token_ids == reference.token_ids
+        for block_size, sliding in ((16, False), (4, True)):
+            gen = JacobiDecoder(embedded.model, tok, block_size, sliding).generate(ids, GREEDY, 64, seed=i)
+            assert gen.token_ids == reference.token_ids
