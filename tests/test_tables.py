@@ -118,3 +118,19 @@ def test_a_null_in_a_selector_list_matches_records_without_the_key():
     sliding = RunInfo("sliding", {"method": "jacobi"}, {"method": {"block_size": 4, "sliding": True}}, 2.0)
     select = yaml.safe_load("{method.block_size: 4, method.sliding: [false, null]}")
     assert [r.name for r in (older, block, sliding) if _matches(r, select)] == ["older", "block"]
+
+
+def test_selector_values_from_the_environment_pin_a_recipes_runs(monkeypatch):
+    """"${CLLM4}" selects the runs of the artifact the recipe decoded; unset, the key is left unconstrained."""
+    older = RunInfo("older", {}, {"model": {"id": "cllm-a"}, "dataset": {"limit": 10}}, 0.0)
+    newer = RunInfo("newer", {}, {"model": {"id": "cllm-b"}, "dataset": {"limit": 20}}, 1.0)
+    select = yaml.safe_load('{model.id: "${CLLM4}", dataset.limit: "${LIMIT:-10}"}')
+    monkeypatch.delenv("LIMIT", raising=False)
+    monkeypatch.setenv("CLLM4", "cllm-a")
+    assert [r.name for r in (older, newer) if _matches(r, select)] == ["older"]
+    monkeypatch.setenv("CLLM4", "cllm-b")
+    monkeypatch.setenv("LIMIT", "20")
+    assert [r.name for r in (older, newer) if _matches(r, select)] == ["newer"]
+    monkeypatch.delenv("CLLM4")
+    monkeypatch.delenv("LIMIT")
+    assert [r.name for r in (older, newer) if _matches(r, select)] == ["older"]  # only the default limit 10 applies

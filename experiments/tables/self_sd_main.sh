@@ -6,7 +6,8 @@
 # reference run (the table's ar row). Find the skip set first (same results_dir): specrepro train method=self_sd
 # Usage: experiments/tables/self_sd_main.sh [results dir] [extra overrides...]
 # LIMIT (prompts per dataset, default 10), PASS10_LIMIT (HumanEval problems sampled 10 times, default 3),
-# SKIP_SET (a self_sd_skip_set artifact; default: the newest).
+# SKIP_SET (a self_sd_skip_set artifact; default: the newest). The table reads SKIP_SET too: set, the self_sd row is
+# that set's runs; unset, the newest self_sd run per cell.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:-results}

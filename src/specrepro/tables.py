@@ -15,7 +15,9 @@ A table spec is a small YAML file, `experiments/tables/<NAME>.yaml` (see the one
 
 A selector maps keys to wanted values (a list = any of them; null = a record without the key); a key is a
 metrics.json key (method, model, dataset, decoding, ...) or a dotted path in the run's config.yaml
-(method.num_pred_tokens, dataset.limit, ...). A cell shows the newest complete run matching table, row and column selectors; the
+(method.num_pred_tokens, dataset.limit, ...). A value written "${NAME}" or "${NAME:-default}" comes from the
+environment, so a recipe's variables (the artifact it decoded, its prompt count) pin the cells to its runs; an
+unset NAME without a default leaves that key unconstrained. A cell shows the newest complete run matching table, row and column selectors; the
 `runs` column names every run behind the row, as footnotes.
 """
 
@@ -26,6 +28,8 @@ import csv
 import io
 import json
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -146,8 +150,25 @@ def _lookup(run: RunInfo, key: str):
     return node
 
 
+_ENV_VALUE = re.compile(r"^\$\{(\w+)(?::-(.*))?\}$")
+
+
+def _from_environment(select: dict) -> dict:
+    """The selector with its "${NAME}" / "${NAME:-default}" values read from the environment; unset: key dropped."""
+    resolved = {}
+    for key, wanted in select.items():
+        ref = _ENV_VALUE.match(wanted) if isinstance(wanted, str) else None
+        if ref:
+            wanted = os.environ.get(ref[1], ref[2])
+            if wanted is None:
+                continue
+        resolved[key] = wanted
+    return resolved
+
+
 def _matches(run: RunInfo, select: dict) -> bool:
-    return all(str(_lookup(run, key)) in {str(v) for v in _as_list(wanted)} for key, wanted in select.items())
+    return all(str(_lookup(run, key)) in {str(v) for v in _as_list(wanted)}
+               for key, wanted in _from_environment(select).items())
 
 
 # ---- the table ----
