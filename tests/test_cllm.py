@@ -88,6 +88,9 @@ def test_trajectories_then_training_then_lossless_jacobi(tmp_path):
               "training.eval_tokens=8", "training.loss.consistency=local", "training.lora.r=4", cwd=tmp_path)
     [model_dir] = (tmp_path / "results" / "artifacts").glob("cllm-*")
     assert (model_dir / "config.json").is_file() and (model_dir / "artifact.json").is_file()
+    held_out = json.loads((model_dir / "artifact.json").read_text())["metrics"]
+    for window in ("", "_sliding"):  # the paper's block and the sliding window, before and after training
+        assert all(1.0 <= held_out[f"heldout_tokens_per_iteration{window}_{when}"] <= 8 for when in ("before", "after"))
     specrepro("run", "model=tiny_random", "model.source=artifact", "model.id=cllm", "method=cllm", "dataset=gsm8k",
               "dataset.limit=2", "decoding.max_new_tokens=12", "timing.warmup_tokens=4", "hardware.threads=1",
               "logger=none", cwd=tmp_path)

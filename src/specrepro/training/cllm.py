@@ -273,17 +273,22 @@ def batches(n_rows: int, loop: LoopConfig):
 
 
 def jacobi_speed(model, tokenizer, prompts: list[list[int]], block_size: int, max_new_tokens: int) -> dict:
-    """Greedy Jacobi on held-out prompts: tokens per iteration (prefill excluded), fast-forwarded and stationary."""
+    """Greedy Jacobi on held-out prompts: tokens per iteration (prefill excluded) and stationary tokens per
+    iteration, for the paper's block and for the sliding window (`_sliding`)."""
     from specrepro.decoding.jacobi import JacobiDecoder
     from specrepro.decoding.sampling import Sampling
 
-    decoder = JacobiDecoder(model, tokenizer, block_size)
-    tokens = steps = stationary = 0
-    for seed, prompt in enumerate(prompts):
-        gen = decoder.generate(prompt, Sampling(), max_new_tokens, seed=seed)
-        tokens, steps = tokens + sum(gen.accepted), steps + gen.steps
-        stationary += sum(gen.extra["stationary"])
-    return {"tokens_per_iteration": tokens / max(steps, 1), "stationary_per_iteration": stationary / max(steps, 1)}
+    speed = {}
+    for sliding, suffix in ((False, ""), (True, "_sliding")):
+        decoder = JacobiDecoder(model, tokenizer, block_size, sliding)
+        tokens = steps = stationary = 0
+        for seed, prompt in enumerate(prompts):
+            gen = decoder.generate(prompt, Sampling(), max_new_tokens, seed=seed)
+            tokens, steps = tokens + sum(gen.accepted), steps + gen.steps
+            stationary += sum(gen.extra["stationary"])
+        speed |= {f"tokens_per_iteration{suffix}": tokens / max(steps, 1),
+                  f"stationary_per_iteration{suffix}": stationary / max(steps, 1)}
+    return speed
 
 
 def find_trajectories(ref: str, artifacts_dir, block_size: int) -> Path:
