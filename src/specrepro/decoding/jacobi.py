@@ -91,7 +91,7 @@ class JacobiDecoder(Decoder):
         held_since: list[int] = []  # per guess: the first step whose state held this value unchanged
         while not out.done:
             step = len(fast_forwarded)
-            n_guesses = min(self.block_size - 1, out.remaining - 1)
+            n_guesses = min(self.block_size - 1, out.remaining - 1)  # never guess past max_new_tokens
             guesses, held_since = guesses[:n_guesses], held_since[:n_guesses]
             n_new = n_guesses - len(guesses)
             if n_new > 0 and (self.sliding or not guesses):  # new guesses drawn from the context (Alg. 3 line 1)
@@ -106,7 +106,7 @@ class JacobiDecoder(Decoder):
             crop_cache(cache, past + 1 + n_fixed)  # keep the KV of the converged prefix only (Alg. 3 line 12)
             fast_forwarded.append(len(tokens))
             stationary.append(sum(since < step for since in held_since[:n_fixed]))
-            # line 13: z_next beyond i*; a sliding window also keeps the last position's prediction of the token after it
+            # line 13: z_next beyond i*; a sliding window also keeps the last position's prediction (of the next token)
             new_guesses = logits[n_fixed + 1 : len(guesses) + self.sliding].argmax(-1).tolist()
             held_since = [since if new == old else step + 1
                           for new, old, since in zip(new_guesses, guesses[n_fixed + 1 :], held_since[n_fixed + 1 :])]
