@@ -35,7 +35,8 @@ def test_jacobi_equals_ar(block_size, logit_scale, sliding):
         assert all(s <= f for s, f in zip(gen.extra["stationary"], gen.extra["fast_forwarded"]))
         assert all(d <= block_size - 1 for d in gen.drafted)
         if sliding:  # the state is topped back up to n - 1 guesses until the end is near
-            assert all(d == min(block_size - 1, 37 - 2 - done) for d, done in zip(gen.drafted, accumulate([0, *gen.accepted])))
+            done = accumulate([0, *gen.accepted])
+            assert all(d == min(block_size - 1, 37 - 2 - n) for d, n in zip(gen.drafted, done))
 
 
 def test_a_model_that_repeats_itself_fast_forwards():

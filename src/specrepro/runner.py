@@ -22,14 +22,13 @@ from specrepro.metrics.quality import reference_nll, score_sample
 from specrepro.metrics.speed import lossless, paired_speedup, speed_metrics, speedups
 from specrepro.models import LoadedModel, ModelLoader
 from specrepro.models.loading import resolve_artifact
-from specrepro.tracking import RunRecord, config_hash, log_to_wandb
+from specrepro.tracking import RunRecord, config_hash, drop_at_default, log_to_wandb
 
 log = logging.getLogger(__name__)
 
 # Keys that do not change what a run computes: left out of the run name's hash.
 _NOT_IN_RUN_HASH = ("logger", "results_dir", "artifacts_dir", "resume", "run_name", "reference")
-# options added after runs existed (dotted paths): hashed only when set away from their default, so older runs keep
-# their names
+# options added after runs existed: hashed only when set away from their default (tracking.drop_at_default)
 _HASHED_WHEN_SET = {"reference_nll": False, "method.sliding": False}
 _loaded_models: dict[str, LoadedModel] = {}  # a sweep in one process loads each target once
 
@@ -47,13 +46,7 @@ def run_name(cfg: DictConfig) -> str:
     if cfg.run_name:
         return cfg.run_name
     content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in _NOT_IN_RUN_HASH}
-    for path, default in _HASHED_WHEN_SET.items():
-        *parents, key = path.split(".")
-        node = content
-        for parent in parents:
-            node = node.get(parent, {})
-        if key in node and node[key] == default:
-            del node[key]
+    drop_at_default(content, _HASHED_WHEN_SET)
     content["hardware"] = hardware_identity(content["hardware"])
     if content["dataset"]["metric"] != "mt_bench" or content.get("judge", {}).get("name", "none") == "none":
         content.pop("judge", None)  # the judge changes only judged MT-Bench runs (and keeps older run names)

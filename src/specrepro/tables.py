@@ -17,8 +17,8 @@ A selector maps keys to wanted values (a list = any of them; null = a record wit
 metrics.json key (method, model, dataset, decoding, ...) or a dotted path in the run's config.yaml
 (method.num_pred_tokens, dataset.limit, ...). A value written "${NAME}" or "${NAME:-default}" comes from the
 environment, so a recipe's variables (the artifact it decoded, its prompt count) pin the cells to its runs; an
-unset NAME without a default leaves that key unconstrained. A cell shows the newest complete run matching table, row and column selectors; the
-`runs` column names every run behind the row, as footnotes.
+unset NAME without a default leaves that key unconstrained. A cell shows the newest complete run matching table,
+row and column selectors; the `runs` column names every run behind the row, as footnotes.
 """
 
 from __future__ import annotations

@@ -50,10 +50,7 @@ from specrepro.errors import SpecReproError
 class JacobiConfig(MethodConfig):
     name: str = "jacobi"
     block_size: int = 16  # n: tokens per Jacobi block (the known first token + n - 1 guesses)
-    # beyond the paper: a sliding Jacobi window (as in Lookahead decoding) instead of a block that shrinks until it
-    # has converged: the last position's prediction becomes a guess too, and the state is topped back up to n - 1
-    # guesses after every iteration
-    sliding: bool = False
+    sliding: bool = False  # beyond the paper: a sliding window of n - 1 guesses instead of a shrinking block
 
 
 @register_method_schema("cllm")

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specrepro.errors import SpecReproError
 from specrepro.models import ModelLoader
-from specrepro.tracking import config_hash, wandb_init
+from specrepro.tracking import config_hash, drop_at_default, wandb_init
 from specrepro.training.artifacts import is_complete, publish, staging_dir
 from specrepro.training.cllm import train_cllm
 from specrepro.training.eesd_head import train_eesd_head
@@ -27,17 +27,16 @@ TRAINERS = {"sps_draft": train_sps_draft, "eesd_head": train_eesd_head,
             "space": train_space_sft, "space_sft_control": train_space_sft}
 
 
-# training options added after artifacts existed: hashed only when set away from their default, so older
-# artifacts keep their names
-_HASHED_WHEN_SET = {"acq_restarts": 10}
+# training options added after artifacts existed: hashed only when set away from their default
+# (tracking.drop_at_default)
+_HASHED_WHEN_SET = {"training.acq_restarts": 10}
 
 
 def artifact_path(cfg) -> Path:
     """`<artifacts_dir>/<component>-<model>-<hash of model + training config>`."""
-    content = OmegaConf.to_container(cfg, resolve=True)
-    training = {k: v for k, v in content["training"].items()
-                if not (k in _HASHED_WHEN_SET and v == _HASHED_WHEN_SET[k])}
-    key = config_hash({"model": content["model"], "training": training, "dtype": content["hardware"]["dtype"]})
+    content = drop_at_default(OmegaConf.to_container(cfg, resolve=True), _HASHED_WHEN_SET)
+    training, dtype = content["training"], content["hardware"]["dtype"]
+    key = config_hash({"model": content["model"], "training": training, "dtype": dtype})
     return Path(cfg.artifacts_dir) / f"{cfg.training.component}-{cfg.model.name}-{key}"
 
 
