@@ -4,8 +4,9 @@ Greedy verification accepts the longest path of the draft tree that matches the 
 on a finished greedy run (its generations.jsonl) the accepted length of every step follows from the head alone:
 one target forward over prompt + output gives h_p at every position, and the head's top-w children at each tree
 node (depth d, width widths[d]; SAR variants condition on the node's path) are matched against the output.
-Prints MAT and the number of tree nodes for each shape; a tree of n nodes is verified by an (n + 1)-token
-forward, whose cost relative to a 1-token step `experiments/bench_kernels.py` / `bench_attention.py` measure.
+A tree of n nodes is verified by an (n + 1)-token forward; its cost relative to a 1-token step is timed on the
+first prompt's cache (fp32, oneDNN linear, a 4-D mask as a tree needs, medians of 9), and MAT / cost is the
+speedup bound before drafting costs (`bench_attention.py` times the bf16 row-invariant path).
 
     .venv/bin/python experiments/sar_tree_bound.py smollm2_135m-sar_draft-gsm8k-greedy-4b491a42 \
         sar_head-smollm2_135m-c863ad31
@@ -15,14 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import time
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
 from specrepro.config import ModelConfig
 from specrepro.decoding.sar_draft import DraftHead
+from specrepro.decoding.space import additive_mask
+from specrepro.decoding.verify import crop_cache
 from specrepro.models import load_model
+from specrepro.models.kernels import set_linear_kernel
 
+REPEATS = 9
 SHAPES = ([1], [1, 1], [1, 1, 1], [2], [3], [5], [2, 1], [3, 1], [3, 2], [4, 2], [5, 2], [3, 2, 1], [4, 2, 1])
 
 
@@ -35,6 +43,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    set_linear_kernel("onednn")
     results = Path(args.results_dir)
     target = load_model(ModelConfig(name="smollm2_135m", source="embedded"), torch.device("cpu"), torch.float32)
     model, tokenizer = target.model, target.tokenizer
@@ -57,6 +66,21 @@ def main() -> None:
             ranked[key] = head.full_vocab_logits(logits).topk(max(w for s in SHAPES for w in s)).indices.tolist()
         return ranked[key][:width]
 
+    prompt = tokenizer(json.loads((results / "runs" / args.run / "generations.jsonl").read_text().splitlines()[0])
+                       ["prompts"][0], return_tensors="pt", add_special_tokens=False).input_ids
+    cache = DynamicCache(config=model.config)
+    model(prompt, past_key_values=cache)
+
+    def forward_s(tokens: int) -> float:
+        allow = torch.ones(tokens, prompt.shape[1] + tokens, dtype=torch.bool).tril(prompt.shape[1])
+        start = time.perf_counter()
+        model(prompt[:, :tokens], past_key_values=cache, attention_mask=additive_mask(allow, model.dtype),
+              position_ids=torch.arange(prompt.shape[1], prompt.shape[1] + tokens)[None])
+        elapsed = time.perf_counter() - start
+        crop_cache(cache, prompt.shape[1])
+        return elapsed
+
+    one_token = statistics.median(forward_s(1) for _ in range(REPEATS))
     for widths in SHAPES:
         steps = tokens = 0
         for seq, (output, _) in enumerate(sequences):
@@ -72,7 +96,9 @@ def main() -> None:
                 steps += 1
                 tokens += len(path)
         nodes = sum(int(torch.tensor(widths[: d + 1]).prod()) for d in range(len(widths)))
-        print(f"tree {widths}: {nodes} nodes (a {nodes + 1}-token verification), MAT {tokens / steps:.3f}", flush=True)
+        cost = statistics.median(forward_s(nodes + 1) for _ in range(REPEATS)) / one_token
+        print(f"tree {widths}: {nodes} nodes, MAT {tokens / steps:.3f}, a {nodes + 1}-token verification costs "
+              f"{cost:.2f} AR steps, MAT / cost {tokens / steps / cost:.2f}", flush=True)
 
 
 if __name__ == "__main__":
