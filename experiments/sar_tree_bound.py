@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -49,13 +50,14 @@ def main() -> None:
     model, tokenizer = target.model, target.tokenizer
     head = DraftHead.from_pretrained(results / "artifacts" / args.head).attach_lm_head(model.lm_head)
     embed = model.get_input_embeddings()
-    sequences = []  # (output tokens, h_p rows: row i produced output token i)
+    sequences, prompts = [], []  # (output tokens, h_p rows: row i produced output token i), prompt ids
     for line in (results / "runs" / args.run / "generations.jsonl").read_text().splitlines():
         record = json.loads(line)
         prompt = tokenizer(record["prompts"][0], return_tensors="pt", add_special_tokens=False).input_ids[0]
         output = record["samples"][0][0]["token_ids"]
         hidden = model.model(torch.cat([prompt, torch.tensor(output)])[None]).last_hidden_state[0]
         sequences.append((output, hidden[len(prompt) - 1:]))
+        prompts.append(prompt)
     ranked: dict[tuple, list[int]] = {}
 
     def children(seq: int, t: int, path: list[int], width: int) -> list[int]:
@@ -66,8 +68,7 @@ def main() -> None:
             ranked[key] = head.full_vocab_logits(logits).topk(max(w for s in SHAPES for w in s)).indices.tolist()
         return ranked[key][:width]
 
-    prompt = tokenizer(json.loads((results / "runs" / args.run / "generations.jsonl").read_text().splitlines()[0])
-                       ["prompts"][0], return_tensors="pt", add_special_tokens=False).input_ids
+    prompt = prompts[0][None]  # verifications are timed on the first prompt's cache
     cache = DynamicCache(config=model.config)
     model(prompt, past_key_values=cache)
 
@@ -95,7 +96,7 @@ def main() -> None:
                 t += len(path)
                 steps += 1
                 tokens += len(path)
-        nodes = sum(int(torch.tensor(widths[: d + 1]).prod()) for d in range(len(widths)))
+        nodes = sum(math.prod(widths[: d + 1]) for d in range(len(widths)))
         cost = statistics.median(forward_s(nodes + 1) for _ in range(REPEATS)) / one_token
         print(f"tree {widths}: {nodes} nodes, MAT {tokens / steps:.3f}, a {nodes + 1}-token verification costs "
               f"{cost:.2f} AR steps, MAT / cost {tokens / steps / cost:.2f}", flush=True)
