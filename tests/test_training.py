@@ -1,4 +1,5 @@
-"""The shared training loop (schedule, checkpoints, exact resume) and the sps draft trained end to end."""
+"""The shared training loop (schedule, checkpoints, exact resume), distillation data and the sps draft trained
+end to end."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import json
 import pytest
 import torch
 
+from omegaconf import OmegaConf
+
+from specrepro.config import ModelConfig, RandomArchConfig
+from specrepro.data import DatasetConfig
+from specrepro.models.loading import LoadedModel, load_tokenizer, random_llama
+from specrepro.training.distill_data import continuation_dataset, distill_cache_dir
 from specrepro.training.loop import LoopConfig, lr_lambda, train_loop
 from tests.test_runner import FAST, run_dirs, specrepro
 
@@ -61,6 +68,21 @@ TINY_TRAINING = [
     "training.loop.warmup_steps=1", "training.draft.num_layers=1", "training.draft.hidden_size=64",
     "training.draft.intermediate_size=128", "training.heldout_fraction=0.2",
 ]
+
+
+def test_continuations_from_a_bf16_copy_are_cached_apart_and_leave_the_target_in_fp32(tmp_path):
+    cfg = OmegaConf.create({"model": {"name": "tiny"}, "artifacts_dir": str(tmp_path), "hardware": {"dtype": "float32"}})
+    prompts = {"gsm8k": DatasetConfig(name="gsm8k_train", path="gsm8k/train.jsonl.gz", task="gsm8k",
+                                      prompt_style="chat", template="hash_answer", limit=3)}
+    bf16_dir = distill_cache_dir(cfg, "continuations", prompts, 6, 64, "bfloat16")
+    assert distill_cache_dir(cfg, "continuations", prompts, 6, 64) == distill_cache_dir(
+        cfg, "continuations", prompts, 6, 64, "float32") != bf16_dir
+    target = LoadedModel(model=random_llama(RandomArchConfig(vocab_size=49152)).eval(),
+                         tokenizer=load_tokenizer("embedded", ModelConfig()), name="tiny")
+    rows = continuation_dataset(target, prompts, 6, 2, 64, bf16_dir, torch.bfloat16)
+    assert len(rows) == 3 and all(1 <= len(row["continuation_ids"]) <= 6 for row in rows)
+    assert {p.dtype for p in target.model.parameters()} == {torch.float32}
+    assert continuation_dataset(target, prompts, 6, 2, 64, bf16_dir)["continuation_ids"] == rows["continuation_ids"]
 
 
 def test_train_sps_draft_then_decode_with_it(tmp_path):

@@ -53,9 +53,9 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str) -> torch.dtype:
+def resolve_dtype(dtype: str, key: str = "hardware.dtype") -> torch.dtype:
     if dtype not in _DTYPES:
-        raise SpecReproError(f"hardware.dtype={dtype} is not one of {sorted(_DTYPES)}")
+        raise SpecReproError(f"{key}={dtype} is not one of {sorted(_DTYPES)}")
     return _DTYPES[dtype]
 
 

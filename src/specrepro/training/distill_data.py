@@ -6,10 +6,14 @@ Shared by every component trained to imitate the target (the sps draft, EESD's d
 - off-policy: human responses (GSM8K solutions, ShareGPT replies) labelled with the target's argmax
   at every position by one teacher-forced forward.
 Both are cached as `datasets` datasets under the artifacts dir, keyed by the target and the settings.
+Continuations can come from a bf16 copy of an fp32 target (`generation_dtype`): ~2x the tokens per CPU
+second here (onednn kernel, batch 16: 330-370 against ~180 tok/s), at the price of continuations that leave
+the fp32 target's greedy path wherever bf16 rounding flips an argmax (they stay the model's own text).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections import Counter
@@ -61,26 +65,32 @@ def generate_continuations(model, tokenizer, texts: list[str], max_new_tokens: i
     return unsorted
 
 
-def distill_cache_dir(cfg, kind: str, prompt_sets, tokens: int, max_prompt_tokens) -> Path:
+def distill_cache_dir(cfg, kind: str, prompt_sets, tokens: int, max_prompt_tokens, dtype: str = "") -> Path:
     """`<artifacts_dir>/.work/<kind>-<hash>`: cached target outputs (`continuations`, `labels`) depend on the
-    target, the prompt sets, the lengths and the dtype only, so every trainer asking for the same ones shares them."""
+    target, the prompt sets, the lengths and the dtype that computed them (`dtype`, default the run's) only,
+    so every trainer asking for the same ones shares them."""
     from specrepro.tracking import config_hash
 
     key = config_hash(OmegaConf.to_container(OmegaConf.create({
         "model": cfg.model, "prompts": prompt_sets, "tokens": tokens, "max_prompt_tokens": max_prompt_tokens,
-        "dtype": cfg.hardware.dtype}), resolve=True))
+        "dtype": dtype or cfg.hardware.dtype}), resolve=True))
     return Path(cfg.artifacts_dir) / ".work" / f"{kind}-{key}"
 
 
 def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_size: int, max_prompt_tokens: int,
-                         cache_dir: Path) -> Dataset:
-    """Rows {source, prompt_ids, continuation_ids}; generated once, then loaded from `cache_dir`."""
+                         cache_dir: Path, dtype: torch.dtype | None = None) -> Dataset:
+    """Rows {source, prompt_ids, continuation_ids}; generated once (by a copy of the target cast to `dtype`
+    when that differs from the target's own), then loaded from `cache_dir`."""
     if (cache_dir / "dataset_info.json").is_file():
         log.info("re-using target continuations from %s", cache_dir)
         return load_from_disk(str(cache_dir))
     sources_and_texts = prompt_texts(prompt_sets, target.tokenizer)
-    pairs = generate_continuations(target.model, target.tokenizer, [t for _, t in sources_and_texts],
+    model = target.model
+    if dtype is not None and dtype != next(model.parameters()).dtype:
+        model = copy.deepcopy(model).to(dtype)  # a copy: casting the target in place and back would round it
+    pairs = generate_continuations(model, target.tokenizer, [t for _, t in sources_and_texts],
                                    max_new_tokens, batch_size, max_prompt_tokens)
+    del model
     dataset = Dataset.from_dict({
         "source": [s for s, _ in sources_and_texts],
         "prompt_ids": [p for p, _ in pairs],

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.eesd import MAX_PREDICTOR_POSITION, CalibrationPredictor, EarlyExitHead, first_layers_hidden
+from specrepro.models import resolve_dtype
 from specrepro.training.distill_data import frequent_tokens
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 
@@ -48,6 +49,7 @@ class EESDHeadTrainingConfig:
     prompts: Dict[str, DatasetConfig] = field(default_factory=dict)
     continuation_tokens: int = 128
     generation_batch_size: int = 16
+    generation_dtype: str = ""  # dtype of the target copy that generates the continuations; "": the run's dtype
     max_prompt_tokens: int = 256
     train_prompt_tokens: int = 64
     plain_from: List[str] = field(default_factory=list)  # prompt sets whose reference responses join as plain data
@@ -178,11 +180,13 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     from specrepro.training.loop import train_loop
 
     spec, model = cfg.training, target.model
+    generation_dtype = resolve_dtype(spec.generation_dtype, "training.generation_dtype") if spec.generation_dtype else None
     for p in model.parameters():
         p.requires_grad_(False)
+    cache = distill_cache_dir(cfg, "continuations", spec.prompts, spec.continuation_tokens, spec.max_prompt_tokens,
+                              spec.generation_dtype)
     data = continuation_dataset(target, spec.prompts, spec.continuation_tokens, spec.generation_batch_size,
-                                spec.max_prompt_tokens, distill_cache_dir(cfg, "continuations", spec.prompts,
-                                                                          spec.continuation_tokens, spec.max_prompt_tokens))
+                                spec.max_prompt_tokens, cache, generation_dtype)
     generated = [row for row in data if row["continuation_ids"]]
     random.Random(spec.loop.seed).shuffle(generated)
     n_heldout = max(1, int(len(generated) * spec.heldout_fraction))
