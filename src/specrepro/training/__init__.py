@@ -29,7 +29,7 @@ TRAINERS = {"sps_draft": train_sps_draft, "eesd_head": train_eesd_head,
 
 # training options added after artifacts existed: hashed only when set away from their default
 # (tracking.drop_at_default)
-_HASHED_WHEN_SET = {"training.acq_restarts": 10}
+_HASHED_WHEN_SET = {"training.acq_restarts": 10, "training.teacher_dtype": ""}
 
 
 def artifact_path(cfg) -> Path:

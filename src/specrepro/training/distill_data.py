@@ -6,9 +6,9 @@ Shared by every component trained to imitate the target (the sps draft, EESD's d
 - off-policy: human responses (GSM8K solutions, ShareGPT replies) labelled with the target's argmax
   at every position by one teacher-forced forward.
 Both are cached as `datasets` datasets under the artifacts dir, keyed by the target and the settings.
-Continuations can come from a bf16 copy of an fp32 target (`generation_dtype`): ~2x the tokens per CPU
-second here (onednn kernel, batch 16: 330-370 against ~180 tok/s), at the price of continuations that leave
-the fp32 target's greedy path wherever bf16 rounding flips an argmax (they stay the model's own text).
+Both can come from a bf16 copy of an fp32 target (`dtype`): ~2x the tokens per CPU second here (onednn
+kernel, generation batch 16: 330-370 against ~180 tok/s), at the price of continuations and labels that
+leave the fp32 target's greedy choice wherever bf16 rounding flips an argmax.
 """
 
 from __future__ import annotations
@@ -77,6 +77,11 @@ def distill_cache_dir(cfg, kind: str, prompt_sets, tokens: int, max_prompt_token
     return Path(cfg.artifacts_dir) / ".work" / f"{kind}-{key}"
 
 
+def teacher_copy(model, dtype: torch.dtype | None):
+    """`model` itself, or a copy cast to `dtype` (casting the target in place and back would round it)."""
+    return model if dtype is None or dtype == next(model.parameters()).dtype else copy.deepcopy(model).to(dtype)
+
+
 def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_size: int, max_prompt_tokens: int,
                          cache_dir: Path, dtype: torch.dtype | None = None) -> Dataset:
     """Rows {source, prompt_ids, continuation_ids}; generated once (by a copy of the target cast to `dtype`
@@ -85,12 +90,8 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
         log.info("re-using target continuations from %s", cache_dir)
         return load_from_disk(str(cache_dir))
     sources_and_texts = prompt_texts(prompt_sets, target.tokenizer)
-    model = target.model
-    if dtype is not None and dtype != next(model.parameters()).dtype:
-        model = copy.deepcopy(model).to(dtype)  # a copy: casting the target in place and back would round it
-    pairs = generate_continuations(model, target.tokenizer, [t for _, t in sources_and_texts],
+    pairs = generate_continuations(teacher_copy(target.model, dtype), target.tokenizer, [t for _, t in sources_and_texts],
                                    max_new_tokens, batch_size, max_prompt_tokens)
-    del model
     dataset = Dataset.from_dict({
         "source": [s for s, _ in sources_and_texts],
         "prompt_ids": [p for p, _ in pairs],
@@ -145,8 +146,9 @@ def target_argmax_labels(model, rows: list[tuple[list[int], list[int]]], batch_s
 
 
 def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int, batch_size: int,
-                            max_prompt_tokens: int, cache_dir: Path) -> Dataset:
-    """Rows {source, prompt_ids, continuation_ids, label_ids}: human responses labelled with the target's argmax.
+                            max_prompt_tokens: int, cache_dir: Path, dtype: torch.dtype | None = None) -> Dataset:
+    """Rows {source, prompt_ids, continuation_ids, label_ids}: human responses labelled with the target's argmax
+    (of a copy cast to `dtype`, when given).
 
     Off-policy distillation data (DistillSpec): one batched teacher-forced forward per sequence gives a
     label for every response token, far cheaper than generating the same number of tokens.
@@ -165,7 +167,7 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
             response_ids = tokenizer(response, add_special_tokens=False)["input_ids"][:max_response_tokens]
             sources.append(name)
             pairs.append((prompt[-max_prompt_tokens:], response_ids))
-    labels = target_argmax_labels(target.model, pairs, batch_size)
+    labels = target_argmax_labels(teacher_copy(target.model, dtype), pairs, batch_size)
     dataset = Dataset.from_dict({"source": sources, "prompt_ids": [p for p, _ in pairs],
                                  "continuation_ids": [r for _, r in pairs], "label_ids": labels})
     staging = cache_dir.with_name(f".{cache_dir.name}.staging")
@@ -175,8 +177,9 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
 
 
 def frequent_tokens(rows: list[dict], size: int) -> torch.Tensor:
-    """A draft vocabulary (`decoding/draft_vocab.py`): the `size` token ids most frequent in the rows'
-    continuations, most frequent first; prompt-token counts rank the rest, then the id."""
-    outputs = Counter(t for row in rows for t in row["continuation_ids"])
+    """A draft vocabulary (`decoding/draft_vocab.py`): the `size` token ids most frequent among the tokens the
+    rows teach (`label_ids` where a row has them, else its continuation), most frequent first; prompt-token
+    counts rank the rest, then the id."""
+    outputs = Counter(t for row in rows for t in (row.get("label_ids") or row["continuation_ids"]))
     inputs = Counter(t for row in rows for t in row["prompt_ids"])
     return torch.tensor(sorted(outputs | inputs, key=lambda t: (-outputs[t], -inputs[t], t))[:size], dtype=torch.long)

@@ -23,9 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from specrepro.data.config import DatasetConfig
+from specrepro.decoding import draft_vocab
 from specrepro.decoding.sar_draft import DraftHead, head_for
 from specrepro.errors import SpecReproError
-from specrepro.decoding import draft_vocab
+from specrepro.models import resolve_dtype
 from specrepro.training.distill_data import frequent_tokens, reference_rows
 from specrepro.training.eesd_head import batches, pack_batch
 from specrepro.training.loop import LoopConfig
@@ -45,6 +46,7 @@ class SARHeadTrainingConfig:
     continuations: Dict[str, DatasetConfig] = field(default_factory=dict)  # optional: the target's greedy continuations
     response_tokens: int = 128
     generation_batch_size: int = 16
+    teacher_dtype: str = ""  # dtype of the target copy that generates the continuations; "": the run's
     max_prompt_tokens: int = 256
     train_prompt_tokens: int = 64
     anchors_per_batch: int = 256  # anchors t drawn per batch (the k x V logits of every anchor do not fit)
@@ -100,9 +102,11 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
         p.requires_grad_(False)
     rows = reference_rows(spec.references, target.tokenizer, spec.max_prompt_tokens, spec.response_tokens)
     if spec.continuations:
+        cache = distill_cache_dir(cfg, "continuations", spec.continuations, spec.response_tokens,
+                                  spec.max_prompt_tokens, spec.teacher_dtype)
+        teacher_dtype = resolve_dtype(spec.teacher_dtype, "training.teacher_dtype") if spec.teacher_dtype else None
         generated = continuation_dataset(target, spec.continuations, spec.response_tokens, spec.generation_batch_size,
-                                         spec.max_prompt_tokens, distill_cache_dir(cfg, "continuations", spec.continuations,
-                                                                                   spec.response_tokens, spec.max_prompt_tokens))
+                                         spec.max_prompt_tokens, cache, teacher_dtype)
         rows += [{"prompt_ids": r["prompt_ids"], "continuation_ids": r["continuation_ids"]} for r in generated]
     rows = [r for r in rows if len(r["continuation_ids"]) > spec.head_k]
     if not rows:
