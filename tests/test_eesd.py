@@ -14,6 +14,7 @@ from specrepro.decoding.eesd import (CalibrationPredictor, EarlyExitHead, EESDCo
                                      first_layers_hidden)
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
+from specrepro.training.eesd_head import pack_batch
 from tests.conftest import tiny_llama
 from tests.test_runner import run_dirs, specrepro
 
@@ -175,11 +176,13 @@ def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_p
     reduced = [*small, "method.draft_vocab=24", "method.control=fixed"]
     specrepro("train", *reduced, "training.prompts.gsm8k.limit=4", "training.prompts.sharegpt.limit=2",
               "training.prompts.mbpp.limit=2", "training.continuation_tokens=8", "training.loop.steps=3",
-              "training.calibration.sequences=0", cwd=tmp_path)
+              "training.calibration.sequences=0", "+dataset@training.labeled.gsm8k=gsm8k_train",
+              "training.labeled.gsm8k.limit=3", "training.labeled_response_tokens=8", cwd=tmp_path)
     specrepro("run", *reduced, "dataset=gsm8k", "dataset.limit=2", "decoding.max_new_tokens=8",
               "timing.warmup_tokens=4", cwd=tmp_path)
     (trained,) = [p for p in (tmp_path / "results" / "artifacts").glob("eesd_head-tiny_random-*") if p != artifact]
-    assert 0 < json.loads((trained / "artifact.json").read_text())["metrics"]["heldout_draft_vocab_coverage"] <= 1
+    trained_metrics = json.loads((trained / "artifact.json").read_text())["metrics"]
+    assert 0 < trained_metrics["heldout_draft_vocab_coverage"] <= 1 and trained_metrics["train_sequences_labeled"] == 3
     runs = [json.loads((p / "metrics.json").read_text()) for k, p in run_dirs(tmp_path).items() if k.startswith("eesd:")]
     assert len(runs) == 3 and all(m["lossless"] == 1.0 for m in runs)
     missing = specrepro("run", *small[:2], "method.num_layers=1", "method.exit_layer=false", "logger=none",
@@ -210,3 +213,13 @@ def test_calibration_predictor_applies_the_position_map_of_each_draft_step():
     expected = torch.stack([predictor.classifier(torch.cat([predictor.position_maps[min(i, 10) - 1] @ target_hidden[b],
                                                             draft_hidden[b]])) for b, i in enumerate(steps.tolist())])
     torch.testing.assert_close(predictor(target_hidden, draft_hidden, steps), expected)  # Eq. 5, W^i capped at i = 10
+
+
+def test_a_training_batch_teaches_the_continuation_itself_or_a_rows_target_labels():
+    on_policy = {"prompt_ids": [3, 4, 5], "continuation_ids": [6, 7]}
+    labeled = {"prompt_ids": [8], "continuation_ids": [9, 10, 11], "label_ids": [20, 21, 22]}
+    batch = pack_batch([on_policy, labeled], pad_id=0, device="cpu", prompt_tokens=2)
+    assert batch["input_ids"].tolist() == [[4, 5, 6, 7], [8, 9, 10, 11]]
+    assert batch["target_mask"].tolist() == [[False, True, True, False], [True, True, True, False]]
+    # position t predicts token t + 1: the next input on the target's own text, the target's argmax on human text
+    assert batch["labels"][batch["target_mask"]].tolist() == [6, 7, 20, 21, 22]

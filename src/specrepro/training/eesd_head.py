@@ -6,7 +6,8 @@ no_grad; only the head gets gradients). Data: the target's own greedy continuati
 (ShareGPT, GSM8K train, MBPP; the paper's hybrid greedy + sampling recipe is not used: its switch point and
 temperature are not given, and greedy continuations are exactly what greedy verification accepts) mixed
 with "plain" open-source text: the datasets' reference responses (ShareGPT's recorded assistant replies,
-MBPP's solutions) after the same prompts.
+MBPP's solutions) after the same prompts, and optionally (`labeled`) off-policy rows: human responses
+labelled with the target's argmax at every position, which cost one forward instead of a generation.
 
 Predictor (trained after the head, in the same job, stored in the same artifact): on the target's greedy
 continuations, the draft run teacher-forced is exactly the free-running draft whenever its earlier drafts
@@ -46,10 +47,13 @@ class EESDHeadTrainingConfig:
     exit_layer: bool = True
     shared_head: bool = False
     draft_vocab: int = 0  # V > 0: the head scores only the V tokens most frequent in the training continuations
-    prompts: Dict[str, DatasetConfig] = field(default_factory=dict)
+    prompts: Dict[str, DatasetConfig] = field(default_factory=dict)  # prompt sets for the target's continuations
+    labeled: Dict[str, DatasetConfig] = field(default_factory=dict)  # sets whose human responses get target labels
+    labeled_response_tokens: int = 128  # response tokens kept per off-policy example
+    labeled_prompt_tokens: int = 64  # prompt tokens of context when labelling
     continuation_tokens: int = 128
     generation_batch_size: int = 16
-    generation_dtype: str = ""  # dtype of the target copy that generates the continuations; "": the run's dtype
+    teacher_dtype: str = ""  # dtype of the target copy that generates continuations and labels; "": the run's
     max_prompt_tokens: int = 256
     train_prompt_tokens: int = 64
     plain_from: List[str] = field(default_factory=list)  # prompt sets whose reference responses join as plain data
@@ -60,16 +64,19 @@ class EESDHeadTrainingConfig:
 
 
 def pack_batch(rows: list[dict], pad_id: int, device, prompt_tokens: int) -> dict:
-    """Right-padded [last `prompt_tokens` prompt tokens + continuation] ids and a mask of the positions that
-    predict continuation tokens (position t predicts token t + 1)."""
+    """Right-padded [last `prompt_tokens` prompt tokens + continuation] ids, a mask of the positions that
+    predict continuation tokens (position t predicts token t + 1) and the target's token for each of them:
+    the continuation itself (the target's own greedy text), or a human response's `label_ids`."""
     prompts = [r["prompt_ids"][-prompt_tokens:] for r in rows]
     seqs = [p + r["continuation_ids"] for p, r in zip(prompts, rows)]
     ids = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)
+    labels = torch.zeros_like(ids)
     target_mask = torch.zeros(ids.shape, dtype=torch.bool)
-    for i, (prompt, seq) in enumerate(zip(prompts, seqs)):
+    for i, (prompt, seq, row) in enumerate(zip(prompts, seqs, rows)):
         ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, len(prompt) - 1 : len(seq) - 1] = torch.tensor(row.get("label_ids") or row["continuation_ids"])
         target_mask[i, len(prompt) - 1 : len(seq) - 1] = True
-    return {"input_ids": ids.to(device), "target_mask": target_mask.to(device)}
+    return {"input_ids": ids.to(device), "labels": labels.to(device), "target_mask": target_mask.to(device)}
 
 
 def batches(rows: list[dict], loop: LoopConfig, pad_id: int, device, prompt_tokens: int):
@@ -102,8 +109,8 @@ def head_logits(head: EarlyExitHead, target, batch: dict) -> tuple[torch.Tensor,
     with torch.no_grad():
         hidden_n = first_layers_hidden(target, batch["input_ids"], head.num_layers)
     hidden = head.hidden(hidden_n)
-    mask = batch["target_mask"][:, :-1]
-    return head.logits(hidden[:, :-1][mask]), batch["input_ids"][:, 1:][mask]  # the vocab head only where needed
+    mask = batch["target_mask"]
+    return head.logits(hidden[mask]), batch["labels"][mask]  # the vocab head only where needed
 
 
 @torch.inference_mode()
@@ -176,23 +183,29 @@ def train_calibration(examples: dict, hidden_size: int, loop: LoopConfig, work_d
 
 def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     """Self-distil the early-exit head (and the Cali-TS predictor); returns (head, metrics, history)."""
-    from specrepro.training.distill_data import continuation_dataset, distill_cache_dir
+    from specrepro.training.distill_data import continuation_dataset, distill_cache_dir, teacher_labeled_dataset
     from specrepro.training.loop import train_loop
 
     spec, model = cfg.training, target.model
-    generation_dtype = resolve_dtype(spec.generation_dtype, "training.generation_dtype") if spec.generation_dtype else None
+    teacher_dtype = resolve_dtype(spec.teacher_dtype, "training.teacher_dtype") if spec.teacher_dtype else None
     for p in model.parameters():
         p.requires_grad_(False)
     cache = distill_cache_dir(cfg, "continuations", spec.prompts, spec.continuation_tokens, spec.max_prompt_tokens,
-                              spec.generation_dtype)
+                              spec.teacher_dtype)
     data = continuation_dataset(target, spec.prompts, spec.continuation_tokens, spec.generation_batch_size,
-                                spec.max_prompt_tokens, cache, generation_dtype)
+                                spec.max_prompt_tokens, cache, teacher_dtype)
     generated = [row for row in data if row["continuation_ids"]]
     random.Random(spec.loop.seed).shuffle(generated)
     n_heldout = max(1, int(len(generated) * spec.heldout_fraction))
     heldout, generated = generated[:n_heldout], generated[n_heldout:]
     plain = plain_rows(spec, target.tokenizer, spec.plain_rows) if spec.plain_from else []
-    train_rows = generated + plain
+    labeled = []
+    if spec.labeled:  # off-policy: human responses with the target's argmax as labels (a forward, not a generation)
+        labeled = [row for row in teacher_labeled_dataset(
+            target, spec.labeled, spec.labeled_response_tokens, spec.generation_batch_size, spec.labeled_prompt_tokens,
+            distill_cache_dir(cfg, "labels", spec.labeled, spec.labeled_response_tokens, spec.labeled_prompt_tokens,
+                              spec.teacher_dtype), teacher_dtype) if row["continuation_ids"]]
+    train_rows = generated + plain + labeled
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
 
     vocab_ids = frequent_tokens(train_rows, spec.draft_vocab) if spec.draft_vocab else None
@@ -215,6 +228,8 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
         "heldout_top1_agreement_after": after,
         "train_sequences_generated": len(generated),
         "train_sequences_plain": len(plain),
+        "train_sequences_labeled": len(labeled),
+        "train_tokens": sum(len(row["continuation_ids"]) for row in train_rows),
         "heldout_sequences": len(heldout),
         "head_parameters": sum(p.numel() for p in head.parameters()),
     }
