@@ -39,6 +39,23 @@ def test_greedy_eesd_equals_ar_for_every_layer_count_length_and_controller(contr
         assert sum(gen.drafted) > 0
 
 
+@pytest.mark.parametrize("control", ["beta_ts", "cali_ts"])
+def test_a_thompson_round_drafts_at_least_k_min_tokens_and_stays_lossless(control):
+    target = tiny_llama(vocab_size=64, num_layers=4, logit_scale=3.0)
+    prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
+    reference = ARDecoder(target).generate(prompt, GREEDY, 32).token_ids
+    free = eesd(target, 2, control, k_max=6).generate(prompt, GREEDY, 32)
+    floored = eesd(target, 2, control, k_max=6, k_min=3).generate(prompt, GREEDY, 32)
+    assert free.token_ids == floored.token_ids == reference
+    assert min(free.drafted) < 3  # the samplers alone do stop early on this head
+    produced = len(floored.token_ids) - sum(floored.accepted)  # tokens before the first round (prefill)
+    for drafted, accepted in zip(floored.drafted, floored.accepted):
+        assert drafted >= min(3, 32 - produced - 1)  # a round drafts k_min unless the output budget is shorter
+        produced += accepted
+    with pytest.raises(SpecReproError, match="k_min"):
+        eesd(target, 2, control, k_max=2, k_min=3)
+
+
 def test_greedy_eesd_with_a_reduced_draft_vocabulary_equals_ar():
     target = tiny_llama(vocab_size=64, num_layers=4, logit_scale=3.0)
     prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))

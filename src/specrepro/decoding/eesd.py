@@ -53,6 +53,7 @@ class EESDConfig(MethodConfig):
     control: str = "beta_ts"  # fixed | beta_ts | cali_ts
     k: int = 5  # drafted tokens per round under control=fixed
     k_max: int = 16  # cap on a TS round (the paper caps only at the output length)
+    k_min: int = 1  # a TS round drafts at least k_min tokens before the sampler may stop it (beyond the paper)
     beta_alpha0: float = 1.0  # Beta-TS prior Beta(alpha0, beta0): uniform
     beta_beta0: float = 1.0
     beta_counting: str = "literal_R1"  # literal_R1 | literal_R2 | clean (controllers.BetaTS)
@@ -223,8 +224,9 @@ class EESDDecoder(DraftVerifyDecoder):
         super().__init__(model, tokenizer)
         if cfg.control not in CONTROLS:
             raise SpecReproError(f"eesd control '{cfg.control}' is not one of {', '.join(CONTROLS)}")
-        if cfg.k < 1 or cfg.k_max < 1:
-            raise SpecReproError(f"eesd needs k >= 1 and k_max >= 1, got k={cfg.k}, k_max={cfg.k_max}")
+        if cfg.k < 1 or not 1 <= cfg.k_min <= cfg.k_max:
+            raise SpecReproError(f"eesd needs k >= 1 and 1 <= k_min <= k_max, got k={cfg.k}, k_min={cfg.k_min}, "
+                                 f"k_max={cfg.k_max}")
         if cfg.control == "cali_ts" and cfg.cali_mode != "sampling" and head.calibration is None:
             raise SpecReproError("eesd control=cali_ts needs a head artifact trained with its calibration predictor "
                                  "(training.calibration.sequences > 0), or method.cali_mode=sampling")
@@ -299,6 +301,9 @@ class EESDDecoder(DraftVerifyDecoder):
             qs.append(q)
             if i == k:
                 break
+            if i < self.cfg.k_min:  # no Thompson draw below the floor
+                x = token.view(1, 1)
+                continue
             extra = {}
             if isinstance(controller, CaliTS) and controller.needs_model_prediction:
                 extra["theta_model"] = self.head.calibration.keep_probability(self.target_hidden, z, i)
