@@ -79,7 +79,7 @@ def test_continuations_from_a_bf16_copy_are_cached_apart_and_leave_the_target_in
         cfg, "continuations", prompts, 6, 64, "float32") != bf16_dir
     target = LoadedModel(model=random_llama(RandomArchConfig(vocab_size=49152)).eval(),
                          tokenizer=load_tokenizer("embedded", ModelConfig()), name="tiny")
-    rows = continuation_dataset(target, prompts, 6, 2, 64, bf16_dir, torch.bfloat16)
+    rows = continuation_dataset(target, prompts, 6, 2, 64, bf16_dir, "bfloat16")
     assert len(rows) == 3 and all(1 <= len(row["continuation_ids"]) <= 6 for row in rows)
     assert {p.dtype for p in target.model.parameters()} == {torch.float32}
     assert continuation_dataset(target, prompts, 6, 2, 64, bf16_dir)["continuation_ids"] == rows["continuation_ids"]

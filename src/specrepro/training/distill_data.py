@@ -6,7 +6,7 @@ Shared by every component trained to imitate the target (the sps draft, EESD's d
 - off-policy: human responses (GSM8K solutions, ShareGPT replies) labelled with the target's argmax
   at every position by one teacher-forced forward.
 Both are cached as `datasets` datasets under the artifacts dir, keyed by the target and the settings.
-Both can come from a bf16 copy of an fp32 target (`dtype`): ~2x the tokens per CPU second here (onednn
+Both can come from a bf16 copy of an fp32 target (`training.teacher_dtype`): ~2x the tokens per CPU second here (onednn
 kernel, generation batch 16: 330-370 against ~180 tok/s), at the price of continuations and labels that
 leave the fp32 target's greedy choice wherever bf16 rounding flips an argmax.
 """
@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from specrepro.data import load_records, reference_response, render_prompt
+from specrepro.models import resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +78,15 @@ def distill_cache_dir(cfg, kind: str, prompt_sets, tokens: int, max_prompt_token
     return Path(cfg.artifacts_dir) / ".work" / f"{kind}-{key}"
 
 
-def teacher_copy(model, dtype: torch.dtype | None):
-    """`model` itself, or a copy cast to `dtype` (casting the target in place and back would round it)."""
-    return model if dtype is None or dtype == next(model.parameters()).dtype else copy.deepcopy(model).to(dtype)
+def teacher_copy(model, dtype: str = ""):
+    """`model` itself, or a copy cast to `dtype` (`training.teacher_dtype`; casting the target in place and back
+    would round it)."""
+    cast = resolve_dtype(dtype, "training.teacher_dtype") if dtype else None
+    return model if cast is None or cast == next(model.parameters()).dtype else copy.deepcopy(model).to(cast)
 
 
 def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_size: int, max_prompt_tokens: int,
-                         cache_dir: Path, dtype: torch.dtype | None = None) -> Dataset:
+                         cache_dir: Path, dtype: str = "") -> Dataset:
     """Rows {source, prompt_ids, continuation_ids}; generated once (by a copy of the target cast to `dtype`
     when that differs from the target's own), then loaded from `cache_dir`."""
     if (cache_dir / "dataset_info.json").is_file():
@@ -146,7 +149,7 @@ def target_argmax_labels(model, rows: list[tuple[list[int], list[int]]], batch_s
 
 
 def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int, batch_size: int,
-                            max_prompt_tokens: int, cache_dir: Path, dtype: torch.dtype | None = None) -> Dataset:
+                            max_prompt_tokens: int, cache_dir: Path, dtype: str = "") -> Dataset:
     """Rows {source, prompt_ids, continuation_ids, label_ids}: human responses labelled with the target's argmax
     (of a copy cast to `dtype`, when given).
 

@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.eesd import MAX_PREDICTOR_POSITION, CalibrationPredictor, EarlyExitHead, first_layers_hidden
-from specrepro.models import resolve_dtype
 from specrepro.training.distill_data import frequent_tokens
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 
@@ -187,13 +186,12 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     from specrepro.training.loop import train_loop
 
     spec, model = cfg.training, target.model
-    teacher_dtype = resolve_dtype(spec.teacher_dtype, "training.teacher_dtype") if spec.teacher_dtype else None
     for p in model.parameters():
         p.requires_grad_(False)
     cache = distill_cache_dir(cfg, "continuations", spec.prompts, spec.continuation_tokens, spec.max_prompt_tokens,
                               spec.teacher_dtype)
     data = continuation_dataset(target, spec.prompts, spec.continuation_tokens, spec.generation_batch_size,
-                                spec.max_prompt_tokens, cache, teacher_dtype)
+                                spec.max_prompt_tokens, cache, spec.teacher_dtype)
     generated = [row for row in data if row["continuation_ids"]]
     random.Random(spec.loop.seed).shuffle(generated)
     n_heldout = max(1, int(len(generated) * spec.heldout_fraction))
@@ -204,7 +202,7 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
         labeled = [row for row in teacher_labeled_dataset(
             target, spec.labeled, spec.labeled_response_tokens, spec.generation_batch_size, spec.labeled_prompt_tokens,
             distill_cache_dir(cfg, "labels", spec.labeled, spec.labeled_response_tokens, spec.labeled_prompt_tokens,
-                              spec.teacher_dtype), teacher_dtype) if row["continuation_ids"]]
+                              spec.teacher_dtype), spec.teacher_dtype) if row["continuation_ids"]]
     train_rows = generated + plain + labeled
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
 

@@ -26,7 +26,6 @@ from specrepro.data.config import DatasetConfig
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.sar_draft import DraftHead, head_for
 from specrepro.errors import SpecReproError
-from specrepro.models import resolve_dtype
 from specrepro.training.distill_data import frequent_tokens, reference_rows
 from specrepro.training.eesd_head import batches, pack_batch
 from specrepro.training.loop import LoopConfig
@@ -104,9 +103,8 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
     if spec.continuations:
         cache = distill_cache_dir(cfg, "continuations", spec.continuations, spec.response_tokens,
                                   spec.max_prompt_tokens, spec.teacher_dtype)
-        teacher_dtype = resolve_dtype(spec.teacher_dtype, "training.teacher_dtype") if spec.teacher_dtype else None
         generated = continuation_dataset(target, spec.continuations, spec.response_tokens, spec.generation_batch_size,
-                                         spec.max_prompt_tokens, cache, teacher_dtype)
+                                         spec.max_prompt_tokens, cache, spec.teacher_dtype)
         rows += [{"prompt_ids": r["prompt_ids"], "continuation_ids": r["continuation_ids"]} for r in generated]
     rows = [r for r in rows if len(r["continuation_ids"]) > spec.head_k]
     if not rows:
