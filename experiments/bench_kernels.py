@@ -6,7 +6,11 @@ draft-then-verify method pays), the 1-token forward time ratio between the kerne
 GSM8K prompts with both kernels plus whether their greedy outputs are token-identical.
 `compare_settings` is shared with bench_attention.py.
 
+With `--min-rows N` it compares oneDNN as is with oneDNN zero-padding every input of fewer than N rows to N
+(`hardware.linear_min_rows`): its kernels for one or two rows stream the weights slower than those for 4-6.
+
     .venv/bin/python experiments/bench_kernels.py --threads 1 --dtype float32
+    .venv/bin/python experiments/bench_kernels.py --threads 1 --min-rows 5
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from specrepro.data import DatasetConfig, load_records, render_prompt
 from specrepro.decoding import ARDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.models import load_model, resolve_dtype
-from specrepro.models.kernels import KERNELS, set_linear_kernel
+from specrepro.models.kernels import KERNELS, set_linear_kernel, set_linear_min_rows
 
 LENGTHS = (1, 2, 3, 5, 8, 16, 36)
 
@@ -38,8 +42,10 @@ def forward_ms(model, ids: torch.Tensor, length: int) -> float:
     return 1e3 * (time.perf_counter() - start)
 
 
-def benchmark_args(description: str, dtype: str) -> argparse.Namespace:
+def benchmark_args(description: str, dtype: str, configure: Callable | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
+    if configure:
+        configure(parser)
     parser.add_argument("--dtype", default=dtype)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=15)
@@ -98,6 +104,16 @@ def compare_settings(settings: dict[str, Callable[[], None]], args: argparse.Nam
           + f", {first} / {second} {rate[first] / rate[second]:.2f}x; token-identical outputs {same}/{len(prompts)}")
 
 
+def use_onednn(min_rows: int) -> None:
+    set_linear_kernel("onednn")
+    set_linear_min_rows(min_rows)
+
+
 if __name__ == "__main__":
-    compare_settings({kernel: partial(set_linear_kernel, kernel) for kernel in KERNELS},
-                     benchmark_args(__doc__.splitlines()[0], "float32"))
+    args = benchmark_args(__doc__.splitlines()[0], "float32", lambda parser: parser.add_argument(
+        "--min-rows", type=int, default=1, help="compare oneDNN with and without zero-padding to this many rows"))
+    if args.min_rows > 1:
+        settings = {"onednn": partial(use_onednn, 1), f"onednn_min{args.min_rows}": partial(use_onednn, args.min_rows)}
+    else:
+        settings = {kernel: partial(set_linear_kernel, kernel) for kernel in KERNELS}
+    compare_settings(settings, args)

@@ -87,3 +87,33 @@ def test_greedy_ar_and_pld_agree_under_both_kernels(onednn):
         assert pld.token_ids == ar.token_ids
         outputs[kernel] = ar.token_ids
     assert outputs["onednn"] == outputs["torch"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_padded_inputs_compute_the_rows_of_a_full_block(onednn, dtype):
+    """hardware.linear_min_rows: fewer rows run in the min_rows kernel, so each equals its row of a full block."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 96).to(dtype)
+    block = torch.randn(1, 4, 64, dtype=dtype)
+    try:
+        kernels.set_linear_min_rows(4)
+        with torch.no_grad():
+            full = layer(block)
+            for rows in (1, 2, 3):
+                assert torch.equal(layer(block[:, :rows]), full[:, :rows])
+    finally:
+        kernels.set_linear_min_rows(1)
+    with pytest.raises(SpecReproError, match="linear_min_rows must be >= 1"):
+        kernels.set_linear_min_rows(0)
+
+
+def test_greedy_pld_equals_ar_with_padded_rows(onednn):
+    model = tiny_llama(vocab_size=64, seed=3, num_layers=2, logit_scale=4.0)
+    prompt = [1, 5, 9, 5, 9, 5, 9, 2, 7]
+    try:
+        kernels.set_linear_min_rows(5)
+        ar = ARDecoder(model).generate(prompt, Sampling(), 40)
+        pld = PLDDecoder(model, None, PLDConfig(num_pred_tokens=4)).generate(prompt, Sampling(), 40)
+    finally:
+        kernels.set_linear_min_rows(1)
+    assert pld.token_ids == ar.token_ids and sum(pld.accepted) > len(pld.accepted)

@@ -73,6 +73,7 @@ class HardwareConfig:
     dtype: str = "float32"  # float32 | bfloat16 | float16
     threads: Optional[int] = None  # torch.set_num_threads; null = torch's default
     linear_kernel: str = "onednn"  # onednn (prepacked weights on CPU, models/kernels.py) | torch
+    linear_min_rows: int = 5  # onednn: zero-pad inputs of fewer rows to this many (its few-row kernels are slower)
     # verification rows compute bit for bit what one-token steps compute (models/attention.py); for bf16
     row_invariant: bool = False
 

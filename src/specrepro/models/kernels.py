@@ -5,7 +5,10 @@ On x86 CPUs torch's fp32 `F.linear` calls MKL, whose small-batch GEMM is slow on
 same weights once. A verification pass is such a forward, so that cost divides the speedup of every
 draft-then-verify method. oneDNN with its weights reordered once ("prepacked", what inductor's CPU backend
 and IPEX use) streams the weights at memory speed for any small batch: a 1-token forward is ~1.5x faster
-and a 5-token one costs ~1.15x a 1-token one (`experiments/bench_kernels.py` measures both).
+and a 5-token one costs ~1.15x a 1-token one (`experiments/bench_kernels.py` measures both). Its kernels for
+one or two rows stream the weights more slowly than those for 4-6, so inputs of fewer than
+`hardware.linear_min_rows` rows (default 5) are zero-padded to that many: fp32 `ar` 1.12-1.15x faster here,
+token-identical (`experiments/bench_kernels.py --min-rows 5`).
 
 `set_linear_kernel("onednn")` routes `nn.Linear.forward` through `torch.ops.mkldnn._linear_pointwise`
 with a packed copy of each weight, kept per module and repacked when the weight changes in place
@@ -31,6 +34,7 @@ KERNELS = ("onednn", "torch")
 _PACKABLE = (torch.float32, torch.bfloat16)
 _torch_linear_forward = torch.nn.Linear.forward
 _packed: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple[int, torch.Tensor]]" = weakref.WeakKeyDictionary()
+_min_rows = 1  # inputs of fewer rows are zero-padded to this many (set_linear_min_rows)
 _row_invariant = False  # one-row inputs go through the many-row kernel (set_row_invariant_linear)
 
 
@@ -49,9 +53,12 @@ def _onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tens
     if entry is None or entry[0] != self.weight._version:
         entry = (self.weight._version, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()))
         _packed[self] = entry
-    if _row_invariant and x.numel() == x.shape[-1]:  # one row: oneDNN's one-row path rounds unlike its GEMM
-        out = torch.ops.mkldnn._linear_pointwise(x.reshape(1, -1).repeat(2, 1), entry[1], self.bias, "none", [], "")
-        return out[:1].reshape(*x.shape[:-1], -1)
+    rows, min_rows = x.numel() // x.shape[-1], max(_min_rows, 2 if _row_invariant else 1)
+    if rows < min_rows:  # padded: oneDNN's kernels for few rows stream the weights slower (module docstring)
+        flat = x.reshape(rows, x.shape[-1])
+        flat = torch.cat([flat, flat.new_zeros(min_rows - rows, flat.shape[1])])
+        out = torch.ops.mkldnn._linear_pointwise(flat, entry[1], self.bias, "none", [], "")
+        return out[:rows].reshape(*x.shape[:-1], -1)
     return torch.ops.mkldnn._linear_pointwise(x, entry[1], self.bias, "none", [], "")
 
 
@@ -79,6 +86,14 @@ def set_linear_kernel(kernel: str) -> str:
     if kernel == "torch":
         _packed.clear()
     return kernel
+
+
+def set_linear_min_rows(rows: int) -> None:
+    """Zero-pad every oneDNN linear input of fewer than `rows` rows to `rows` rows (1: no padding)."""
+    global _min_rows
+    if rows < 1:
+        raise SpecReproError(f"hardware.linear_min_rows must be >= 1, got {rows}")
+    _min_rows = rows
 
 
 def set_row_invariant_linear(enabled: bool) -> None:

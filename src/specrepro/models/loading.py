@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from specrepro.errors import SpecReproError
 from specrepro.models.attention import set_attention
-from specrepro.models.kernels import set_linear_kernel, set_row_invariant_linear
+from specrepro.models.kernels import set_linear_kernel, set_linear_min_rows, set_row_invariant_linear
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +208,7 @@ class ModelLoader:
         if hardware.threads:
             torch.set_num_threads(hardware.threads)
         set_linear_kernel(hardware.linear_kernel)
+        set_linear_min_rows(hardware.linear_min_rows)
         set_attention("row_invariant" if hardware.row_invariant else "sdpa")
         set_row_invariant_linear(hardware.row_invariant)
         return cls(resolve_device(hardware.device), resolve_dtype(hardware.dtype), artifacts_dir)
