@@ -19,6 +19,7 @@ from tests.conftest import tiny_llama
 from tests.test_runner import run_dirs, specrepro
 
 GREEDY = Sampling()
+SAMPLE = Sampling(do_sample=True)
 
 
 def eesd(target, num_layers, control="fixed", k=3, exit_layer=True, shared_head=False, **extra):
@@ -68,8 +69,11 @@ def test_greedy_eesd_with_a_reduced_draft_vocabulary_equals_ar():
     assert sum(gen.drafted) > 0
     hidden, layer = target.config.hidden_size, sum(p.numel() for p in target.model.layers[-1].parameters())
     assert gen.extra["extra_parameters"] == layer + hidden + len(vocab_ids) * hidden  # exit layer, norm, head rows
-    logits = head.full_vocab_logits(torch.randn(target.config.hidden_size))
-    assert torch.isinf(logits).sum() == 64 - len(vocab_ids) and int(logits.argmax()) in vocab_ids.tolist()
+    with torch.no_grad():
+        token, q, top1 = head.choose(torch.randn(target.config.hidden_size), SAMPLE, torch.Generator().manual_seed(0))
+        assert (q == 0).sum() == 64 - len(vocab_ids) and int(token) in vocab_ids.tolist() and 0 < top1 <= 1
+        token, q, _ = head.choose(torch.randn(target.config.hidden_size), GREEDY, None)
+        assert q is None and int(token) in vocab_ids.tolist()
     assert head.draft_index(torch.tensor([int(vocab_ids[1]), 1])).tolist() == [1, -100]
 
 

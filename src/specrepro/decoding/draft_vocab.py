@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from specrepro.decoding.sampling import Sampling, probs, sample
+
 MISSING = -100  # the draft index of a token outside the draft vocabulary (cross-entropy's ignore_index)
 
 
@@ -35,3 +37,14 @@ def full_vocab_logits(vocab_ids: torch.Tensor | None, logits: torch.Tensor, voca
     full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
     full[..., vocab_ids] = logits
     return full
+
+
+def choose_draft_token(vocab_ids: torch.Tensor | None, logits: torch.Tensor, vocab_size: int, sampling: Sampling,
+                       rng) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+    """One draft token from a head's logits over its draft vocabulary: (token id, q over the target's vocabulary
+    or None when greedy, the draft's top-1 probability). Greedy drafting never leaves the V draft logits."""
+    top1 = float(logits.float().softmax(-1).max())  # -inf outside the draft vocabulary adds nothing
+    if sampling.greedy:
+        return token_ids(vocab_ids, logits.argmax(-1)), None, top1
+    q = probs(full_vocab_logits(vocab_ids, logits, vocab_size), sampling)
+    return sample(q, rng), q, top1

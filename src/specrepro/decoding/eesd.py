@@ -33,7 +33,7 @@ from specrepro.decoding import draft_vocab
 from specrepro.decoding.base import parameters_beside
 from specrepro.decoding.controllers import BetaTS, CaliTS, DraftLengthController, FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder
-from specrepro.decoding.sampling import Sampling, probs, sample
+from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 
@@ -143,9 +143,9 @@ class EarlyExitHead(torch.nn.Module):
     def draft_index(self, tokens: torch.Tensor) -> torch.Tensor:
         return draft_vocab.draft_index(self.vocab_ids, tokens, self.vocab_size)
 
-    def full_vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over the target's whole vocabulary: -inf outside the draft vocabulary."""
-        return draft_vocab.full_vocab_logits(self.vocab_ids, self.logits(hidden), self.vocab_size)
+    def choose(self, hidden: torch.Tensor, sampling: Sampling, rng) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        """The draft token after `hidden`, its q (None when greedy) and top-1 probability."""
+        return draft_vocab.choose_draft_token(self.vocab_ids, self.logits(hidden), self.vocab_size, sampling, rng)
 
     def save_pretrained(self, path) -> None:
         path = Path(path)
@@ -294,9 +294,7 @@ class EESDDecoder(DraftVerifyDecoder):
             exit_input = torch.cat([self.pending, hidden_n], 1)
             self.pending = exit_input[:, :0]
             z = self.head.hidden(exit_input, self.exit_cache)[0, -1]
-            logits = self.head.full_vocab_logits(z)
-            q = probs(logits, sampling)
-            token = logits.argmax(-1) if sampling.greedy else sample(q, rng)
+            token, q, top1 = self.head.choose(z, sampling, rng)
             drafts.append(token)
             qs.append(q)
             if i == k:
@@ -307,7 +305,7 @@ class EESDDecoder(DraftVerifyDecoder):
             extra = {}
             if isinstance(controller, CaliTS) and controller.needs_model_prediction:
                 extra["theta_model"] = self.head.calibration.keep_probability(self.target_hidden, z, i)
-            if not controller.keep_drafting(float(logits.softmax(-1).max()), **extra):
+            if not controller.keep_drafting(top1, **extra):
                 break
             x = token.view(1, 1)
         self.drafted_hidden_n = torch.cat(rows, 1)

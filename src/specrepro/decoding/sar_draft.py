@@ -38,7 +38,7 @@ from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.controllers import DraftLengthController, build_controller
 from specrepro.decoding.draft_verify import DraftVerifyDecoder
-from specrepro.decoding.sampling import Sampling, probs, sample
+from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
 
 VARIANTS = ("simplified", "lstm", "transformer", "redrafter", "block")
@@ -267,12 +267,12 @@ class SARDraftDecoder(DraftVerifyDecoder):
         embed = self.model.get_input_embeddings()
         prefix, drafts, qs = tokens[0, -1:], [], []  # d_1: the target's own token (convention A)
         for j in range(1, k + 1):
-            logits = self.head.full_vocab_logits(self.head.draft_logits(self.hp[None], embed(prefix)[None])[0, -1])  # Eq. 5
-            q = probs(logits, sampling)
-            token = logits.argmax(-1) if sampling.greedy else sample(q, rng)
+            logits = self.head.draft_logits(self.hp[None], embed(prefix)[None])[0, -1]  # Eq. 5
+            token, q, top1 = draft_vocab.choose_draft_token(self.head.vocab_ids, logits, self.head.settings["vocab_size"],
+                                                            sampling, rng)
             drafts.append(token)
             qs.append(q)
-            if j == k or not controller.keep_drafting(float(logits.softmax(-1).max())):
+            if j == k or not controller.keep_drafting(top1):
                 break
             prefix = torch.cat([prefix, token.view(1)])
         return torch.stack(drafts), (None if sampling.greedy else torch.stack(qs))
