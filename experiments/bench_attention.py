@@ -1,12 +1,15 @@
-"""Attention kernels side by side in bf16: SDPA as transformers runs it vs `hardware.row_invariant`'s attention.
+"""Attention kernels side by side: SDPA as transformers runs it, with SDPA's own GQA on CPU, and `hardware.row_invariant`'s.
 
 The row-invariant attention (models/attention.py) runs every forward after a cache one query row at a time, in
 fp32 on the upcast query, keys and values. Prints, in one process (interleaved, medians of repeats), the
 1-token forward time of each on a 200-token cache, the cost of a T-token forward relative to each one's own
 1-token forward (the verify cost), and `ar` throughput on GSM8K prompts with both (outputs may differ: the two
-round differently). The oneDNN linear kernel throughout.
+round differently). `sdpa_repeat_kv` is transformers' own choice, which copies the keys and values of every layer
+n_rep times for a multi-token forward; `sdpa` (the harness's) lets SDPA group the heads itself (`enable_gqa`,
+bit-identical). The oneDNN linear kernel throughout.
 
-    .venv/bin/python experiments/bench_attention.py --threads 1
+    .venv/bin/python experiments/bench_attention.py --threads 1                   # bf16
+    .venv/bin/python experiments/bench_attention.py --threads 1 --dtype float32
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from specrepro.models.attention import ATTENTIONS, set_attention
 from specrepro.models.kernels import set_linear_kernel, set_row_invariant_linear
 
 
-def use(attention: str) -> None:
+def use(attention: str, cpu_gqa: bool = True) -> None:
     set_linear_kernel("onednn")
-    set_attention(attention)
+    set_attention(attention, cpu_gqa)
     set_row_invariant_linear(attention == "row_invariant")
 
 
 if __name__ == "__main__":
-    compare_settings({kind: partial(use, kind) for kind in ATTENTIONS},
-                     benchmark_args(__doc__.splitlines()[0], "bfloat16"))
+    settings = {"sdpa_repeat_kv": partial(use, "sdpa", cpu_gqa=False)}
+    settings.update({kind: partial(use, kind) for kind in ATTENTIONS})
+    compare_settings(settings, benchmark_args(__doc__.splitlines()[0], "bfloat16"))

@@ -65,6 +65,33 @@ def test_each_row_sees_the_keys_its_mask_allows():
         set_attention("flash")
 
 
+def test_the_row_plan_is_reused_within_a_forward_and_remade_for_a_new_mask():
+    causal = (torch.arange(10)[None, :] <= (torch.arange(3)[:, None] + 7))[None, None]
+    plan = attention.row_key_plan(causal, 3, 10)
+    assert plan == [8, 9, 10]  # prefixes: views of the cache
+    assert attention.row_key_plan(causal, 3, 10) is plan  # the next layer of the same forward
+    grouped = causal.clone()
+    grouped[0, 0, 2, 8] = False
+    regrouped = attention.row_key_plan(grouped, 3, 10)
+    assert regrouped[:2] == [8, 9] and regrouped[2].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 9]
+
+
+@pytest.mark.parametrize("kind", ["sdpa", "row_invariant"])
+def test_sdpa_grouping_heads_on_cpu_equals_repeated_keys_bit_for_bit(kind):
+    """A multi-token forward after a cache (a verification) with SDPA's own GQA computes exactly what
+    transformers' repeated keys and values compute (the tiny LLaMA has 4 query heads over 2 KV heads)."""
+    model = tiny_llama(vocab_size=96, seed=3, num_layers=2)
+    tokens = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(1))
+    logits = {}
+    try:
+        for cpu_gqa in (False, True):
+            set_attention(kind, cpu_gqa)
+            _, logits[cpu_gqa] = steps_and_block(model, tokens[:, :25], tokens[:, 25:])
+    finally:
+        set_attention("sdpa")
+    assert torch.equal(logits[False], logits[True])
+
+
 @pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
 @pytest.mark.parametrize("name_real_slots", [False, True])
 def test_space_block_real_slots_equal_one_token_steps_in_bf16(row_invariant, name_real_slots, monkeypatch):

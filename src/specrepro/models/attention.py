@@ -25,17 +25,31 @@ against the same kernels.
 A caller may name the rows that must be exact (`exact_rows=` in the model call, passed down to attention):
 only those take the one-row path, and the rest come from one SDPA call (in fp32 too). SPACE names its k + 1
 real slots, so its (k + 1)^2-row block costs k + 1 row calls and one shared call instead of (k + 1)^2.
+
+Grouped-query attention on CPU: for a multi-token forward with a mask, transformers copies each layer's keys
+and values n_rep times (`repeat_kv`) before SDPA, because CUDA's fast kernels take no mask with GQA. torch's
+CPU kernels do, bit for bit (`enable_gqa`), so `set_attention` lets every CPU call use it: on SmolLM2-135M
+(3 KV heads for 9 query heads) the copies were ~10% of a 2-3-token verification at a 200-token context.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import AttentionInterface
+from transformers.integrations import sdpa_attention
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.utils.import_utils import is_torch_greater_or_equal
 
 from specrepro.errors import SpecReproError
 
 ATTENTIONS = ("sdpa", "row_invariant")
+_transformers_use_gqa = sdpa_attention.use_gqa_in_sdpa
+_CPU_GQA = is_torch_greater_or_equal("2.5")  # SDPA's enable_gqa
+
+
+def use_gqa_in_sdpa(attention_mask, key, value) -> bool:
+    """transformers' choice, plus SDPA's own GQA on CPU whatever the mask (see the module docstring)."""
+    return (_CPU_GQA and key.device.type == "cpu") or _transformers_use_gqa(attention_mask, key, value)
 
 
 def allowed_keys(mask: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Tensor | None:
@@ -55,14 +69,36 @@ def allowed_keys(mask: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Te
     return visible if bool(visible.any(-1).all()) else None  # a row that sees nothing (padding) too
 
 
+_last_plan: tuple = (None, None, None)  # (mask, (q_len, kv_len), plan) of the last call
+
+
+def row_key_plan(mask: torch.Tensor | None, q_len: int, kv_len: int) -> list | None:
+    """Per query row, the keys it may see: a prefix length (a view, as a one-token step's cache is) or an index
+    tensor; None where `allowed_keys` leaves the call to SDPA. A forward hands every layer the same mask object,
+    built for that forward, so the plan is worked out once per forward, not once per layer."""
+    global _last_plan
+    last_mask, shape, plan = _last_plan
+    if last_mask is mask and shape == (q_len, kv_len):
+        return plan
+    allowed = allowed_keys(mask, q_len, kv_len)
+    plan = None
+    if allowed is not None:
+        plan = []
+        for row in allowed:
+            seen = row.nonzero().squeeze(1)
+            plan.append(len(seen) if int(seen[-1]) + 1 == len(seen) else seen)  # keys 0 .. n-1: a prefix
+    _last_plan = (mask, (q_len, kv_len), plan)
+    return plan
+
+
 def row_invariant_sdpa(module, query, key, value, attention_mask, exact_rows=None, **kwargs):
     """transformers' sdpa attention, one query row at a time after a cache (see the module docstring)."""
     q_len, kv_len = query.shape[2], key.shape[2]
     if kv_len == q_len:  # prefill: no cache
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     one_token_step = q_len == 1 and attention_mask is None  # it sees every cached key
-    allowed = None if one_token_step else allowed_keys(attention_mask, q_len, kv_len)
-    if allowed is None and not one_token_step:
+    plan = None if one_token_step else row_key_plan(attention_mask, q_len, kv_len)
+    if plan is None and not one_token_step:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     dtype = query.dtype
     if dtype in (torch.bfloat16, torch.float16):
@@ -76,9 +112,9 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, exact_rows=Non
         batched = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)[0]
     rows = []
     for i in (range(q_len) if batched is None else exact_rows.tolist()):
-        seen = allowed[i].nonzero().squeeze(1)
-        if int(seen[-1]) + 1 == len(seen):  # keys 0 .. n-1: a view, as the one-token step's cache is
-            row_keys, row_values = key[:, :, :len(seen)], value[:, :, :len(seen)]
+        seen = plan[i]
+        if isinstance(seen, int):
+            row_keys, row_values = key[:, :, :seen], value[:, :, :seen]
         else:
             index = seen.to(key.device)
             row_keys, row_values = key.index_select(2, index), value.index_select(2, index)
@@ -91,9 +127,11 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, exact_rows=Non
     return batched.to(dtype), None
 
 
-def set_attention(kind: str) -> str:
-    """Make every model in this process that uses "sdpa" attention run `kind`; returns it."""
+def set_attention(kind: str, cpu_gqa: bool = True) -> str:
+    """Make every model in this process that uses "sdpa" attention run `kind`; returns it. `cpu_gqa=False` keeps
+    transformers' own GQA choice (K/V copies on CPU), for experiments/bench_attention.py."""
     if kind not in ATTENTIONS:
         raise SpecReproError(f"attention '{kind}' is not one of {', '.join(ATTENTIONS)}")
+    sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa if cpu_gqa else _transformers_use_gqa
     AttentionInterface.register("sdpa", row_invariant_sdpa if kind == "row_invariant" else sdpa_attention_forward)
     return kind
