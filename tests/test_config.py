@@ -85,7 +85,8 @@ def test_an_option_at_its_default_leaves_older_run_names_alone():
     assert run_name(compose_run("method=jacobi", "dataset=gsm8k", "method.sliding=true")) != run_name(jacobi)
 
 
-def test_only_half_precision_row_invariant_runs_changed_identity(monkeypatch):
+def test_only_half_precision_runs_changed_identity(monkeypatch):
+    """bf16 runs carry markers for their fp32 attention (rows and CPU calls); fp32 runs keep their names."""
     from specrepro import runner
 
     configs = {(dtype, flag): compose_run("method=pld", f"hardware.dtype={dtype}", f"hardware.row_invariant={flag}")
@@ -95,4 +96,5 @@ def test_only_half_precision_row_invariant_runs_changed_identity(monkeypatch):
     before = {key: (runner.run_name(cfg), runner.reference_key(cfg)) for key, cfg in configs.items()}
     changed = {key for key in configs if names[key][0] != before[key][0] and names[key][1] != before[key][1]}
     unchanged = {key for key in configs if names[key] == before[key]}
-    assert changed == {("bfloat16", "true")} and len(unchanged) == 3
+    assert changed == {("bfloat16", "true"), ("bfloat16", "false")} and len(unchanged) == 2
+    assert names[("bfloat16", "true")] != names[("bfloat16", "false")]

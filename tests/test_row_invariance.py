@@ -92,6 +92,23 @@ def test_sdpa_grouping_heads_on_cpu_equals_repeated_keys_bit_for_bit(kind):
     assert torch.equal(logits[False], logits[True])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_cpu_attention_runs_half_precision_in_fp32_and_fp32_unchanged(dtype):
+    """`cpu_sdpa`: half-precision q/k/v are attended in fp32 and rounded back once; fp32 is SDPA as it was."""
+    model = tiny_llama(vocab_size=96, seed=3, num_layers=1)
+    module = model.model.layers[0].self_attn  # 4 query heads over 2 KV heads
+    gen = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(1, heads, 5, 16, generator=gen) for heads in (4, 2, 2))
+    mask = torch.ones(1, 1, 5, 5, dtype=torch.bool).tril()
+    half = [t.to(dtype) for t in (query, key, value)]
+    out, _ = attention.cpu_sdpa(module, *half, mask, scaling=0.25)
+    expected, _ = sdpa_attention_forward(module, *[t.float() for t in half], mask, scaling=0.25)
+    assert out.dtype == dtype and torch.equal(out, expected.to(dtype))
+    if dtype == torch.bfloat16:  # bf16 SDPA on the same inputs rounds differently inside
+        native, _ = sdpa_attention_forward(module, *half, mask, scaling=0.25)
+        assert (native.float() - expected).abs().max() > 0
+
+
 @pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
 @pytest.mark.parametrize("name_real_slots", [False, True])
 def test_space_block_real_slots_equal_one_token_steps_in_bf16(row_invariant, name_real_slots, monkeypatch):

@@ -34,12 +34,16 @@ _loaded_models: dict[str, LoadedModel] = {}  # a sweep in one process loads each
 
 
 def hardware_identity(hardware: dict) -> dict:
-    """The hardware config as it enters run names and reference keys. Row-invariant attention in bf16/fp16 has
-    computed its rows in fp32 since 2026-11-23 (models/attention.py): those runs carry a marker, so that a
-    re-run does not resume, or compare against, a record of the earlier half-precision rows."""
+    """The hardware config as it enters run names and reference keys. Attention in bf16/fp16 has changed its
+    arithmetic twice (models/attention.py): row-invariant rows in fp32 since 2026-11-23, every CPU call in fp32
+    since 2026-11-25. Such runs carry markers, so that a re-run does not resume, or compare against, a record
+    of the earlier half-precision attention."""
     hardware = drop_at_default(dict(hardware), {"linear_min_rows": 1})  # records before it had no padding
-    if hardware.get("row_invariant") and hardware.get("dtype") in ("bfloat16", "float16"):
-        return hardware | {"row_attention": "float32"}
+    if hardware.get("dtype") not in ("bfloat16", "float16"):
+        return hardware
+    hardware["cpu_attention"] = "float32"
+    if hardware.get("row_invariant"):
+        hardware["row_attention"] = "float32"
     return hardware
 
 
