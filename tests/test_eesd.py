@@ -131,6 +131,28 @@ def test_beta_ts_posterior_counts_follow_each_reading_of_q_v():
     assert clean.next_length() == 8
 
 
+def test_beta_ts_break_even_draws_once_a_round_and_drafts_while_theta_to_the_k_pays():
+    confident = BetaTS(900.0, 100.0, 8, np.random.default_rng(0), decision="break_even", break_even=0.2)
+    lengths = [confident.next_length() for _ in range(200)]  # theta ~ 0.9: 0.9^15 = 0.21, capped at k_max
+    assert set(lengths) == {8} and all(confident.keep_drafting(0.0) for _ in range(20))
+    middling = BetaTS(500.0, 500.0, 8, np.random.default_rng(0), decision="break_even", break_even=0.2)
+    assert {middling.next_length() for _ in range(200)} == {2}  # theta ~ 0.5: 0.25 >= 0.2 > 0.125
+    doubtful = BetaTS(1.0, 999.0, 8, np.random.default_rng(0), decision="break_even", break_even=0.2)
+    assert {doubtful.next_length() for _ in range(200)} == {1}  # a round drafts at least one token
+    uniform = BetaTS(1.0, 1.0, 8, np.random.default_rng(0), decision="break_even", break_even=0.2)
+    assert len({uniform.next_length() for _ in range(200)}) > 3  # a wide posterior explores lengths
+    with pytest.raises(SpecReproError, match="decision"):
+        BetaTS(1.0, 1.0, 8, np.random.default_rng(0), decision="greedy")
+
+
+def test_greedy_eesd_with_break_even_beta_ts_equals_ar():
+    target = tiny_llama(vocab_size=64, num_layers=4, logit_scale=3.0)
+    prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
+    reference = ARDecoder(target).generate(prompt, GREEDY, 32).token_ids
+    gen = eesd(target, 2, "beta_ts", k_max=6, beta_decision="break_even").generate(prompt, GREEDY, 32)
+    assert gen.token_ids == reference and sum(gen.drafted) > 0
+
+
 def test_cali_ts_posterior_and_theta_hat_updates_by_hand():
     cali = CaliTS(sigma_m=0.2, sigma_s=0.5, theta0=0.5, k_max=8, rng=np.random.default_rng(0))
     assert cali.posterior(0.9) == pytest.approx((0.9, 0.04))  # no verification yet: the model prior alone

@@ -7,6 +7,7 @@ sampling plug in here too.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 from specrepro.errors import SpecReproError
@@ -99,17 +100,37 @@ class BetaTS(DraftLengthController):
     literal_R1 (Q_v = accepted drafts + the target's token): r = a, n = min(a + 2, k);
     literal_R2 (Q_v = accepted drafts only): r = a - 1, n = min(a + 1, k);
     clean (geometric stopping model): r = a, n = a + [a < k].
+
+    `decision` is what a draw of theta decides. "bernoulli" (the paper): keep drafting with probability theta,
+    so within a round the length is geometric. "break_even" (beyond the paper; Thompson sampling proper, which
+    acts optimally for the drawn parameter): draw theta once per round and draft the longest chain whose last
+    token is still reached and accepted with probability theta^k >= `break_even`, the acceptance at which one
+    more draft token pays for itself (its draft cost in AR steps times the tokens an AR step is worth).
     """
 
-    def __init__(self, alpha0: float, beta0: float, k_max: int, rng, counting: str = "literal_R1"):
+    def __init__(self, alpha0: float, beta0: float, k_max: int, rng, counting: str = "literal_R1",
+                 decision: str = "bernoulli", break_even: float = 0.2):
         if counting not in ("literal_R1", "literal_R2", "clean"):
             raise SpecReproError(f"Beta-TS counting '{counting}' is not one of literal_R1, literal_R2, clean")
+        if decision not in ("bernoulli", "break_even"):
+            raise SpecReproError(f"Beta-TS decision '{decision}' is not one of bernoulli, break_even")
+        if not 0 < break_even < 1:
+            raise SpecReproError(f"Beta-TS break_even must be in (0, 1), got {break_even}")
         self.alpha, self.beta, self.k_max, self.rng, self.counting = alpha0, beta0, k_max, rng, counting
+        self.decision, self.break_even = decision, break_even
 
     def next_length(self) -> int:
-        return self.k_max
+        if self.decision == "bernoulli":
+            return self.k_max
+        theta = self.rng.beta(self.alpha, self.beta)  # one draw per round
+        if theta >= 1.0:
+            return self.k_max
+        chain = math.floor(math.log(self.break_even) / math.log(theta)) if theta > 0 else 0  # theta^k >= break_even
+        return max(1, min(self.k_max, chain))
 
     def keep_drafting(self, top1_prob: float) -> bool:
+        if self.decision == "break_even":  # the round's length was chosen with its draw
+            return True
         theta = self.rng.beta(self.alpha, self.beta)  # re-drawn at every draft step (Alg. 2, line 8)
         return bool(self.rng.random() < theta)  # chi ~ Bernoulli(theta)
 

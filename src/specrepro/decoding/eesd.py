@@ -57,6 +57,8 @@ class EESDConfig(MethodConfig):
     beta_alpha0: float = 1.0  # Beta-TS prior Beta(alpha0, beta0): uniform
     beta_beta0: float = 1.0
     beta_counting: str = "literal_R1"  # literal_R1 | literal_R2 | clean (controllers.BetaTS)
+    beta_decision: str = "bernoulli"  # bernoulli (the paper) | break_even (one draw a round sets its length)
+    beta_break_even: float = 0.2  # break_even: draft while theta^k >= this (a draft token's cost x an AR step's worth)
     sigma_m: float = 0.2  # Cali-TS: the predictor's error (prior std of mu)
     sigma_s: float = 0.5  # Cali-TS: std of one round's sample mean of chi
     theta0: float = 0.5  # Cali-TS: initial theta_hat
@@ -265,7 +267,8 @@ class EESDDecoder(DraftVerifyDecoder):
         if cfg.control == "fixed":
             return FixedLength(cfg.k)
         if cfg.control == "beta_ts":
-            return BetaTS(cfg.beta_alpha0, cfg.beta_beta0, cfg.k_max, rng, cfg.beta_counting)
+            return BetaTS(cfg.beta_alpha0, cfg.beta_beta0, cfg.k_max, rng, cfg.beta_counting, cfg.beta_decision,
+                          cfg.beta_break_even)
         return CaliTS(cfg.sigma_m, cfg.sigma_s, cfg.theta0, cfg.k_max, rng, cfg.cali_mode, cfg.theta_update)
 
     def target_forward(self, input_ids, cache, logits_to_keep: int = 0):
