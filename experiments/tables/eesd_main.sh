@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # EESD Tables 1-3 (GSM8K, XSum, HumanEval, MT-Bench: speedup, HM, v_d, r_d) on the embedded model: sps and
-# self_sd (METHODS), eesd with each draft-length control in CONTROLS plus fixed K = 1, and Medusa-style heads
+# self_sd (METHODS), eesd with each draft-length control in CONTROLS plus fixed K = 1 and break-even Beta-TS
+# (beyond the paper), and Medusa-style heads
 # (sar_draft block), all with paired timing.
 # Train first (same results_dir): specrepro train method=sps; specrepro train method=self_sd;
 # specrepro train method=eesd method.draft_vocab=4096;
@@ -20,6 +21,7 @@ COMMON=(model=smollm2_135m dataset=${DATASETS:-gsm8k,xsum,humaneval,mt_bench} da
 EESD=(method=eesd method.draft_vocab=${DRAFT_VOCAB:-4096})
 "$SPECREPRO" run -m "${EESD[@]}" method.control="$CONTROLS" "${COMMON[@]}"
 "$SPECREPRO" run -m "${EESD[@]}" method.control=fixed method.k=1 "${COMMON[@]}"
+"$SPECREPRO" run -m "${EESD[@]}" method.control=beta_ts method.beta_decision=break_even "${COMMON[@]}"
 "$SPECREPRO" run -m method=sar_draft method.variant=block method.draft_vocab=4096 method.k=2 "${COMMON[@]}"
 "$SPECREPRO" run -m method="$METHODS" "${COMMON[@]}"
 for table in eesd_table1 eesd_table2 eesd_table3; do "$SPECREPRO" table "$table" --results-dir "$RESULTS"; done

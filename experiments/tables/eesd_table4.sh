@@ -14,5 +14,6 @@ KS=${KS:-1,2,4,5,6,10}
 COMMON=(model=smollm2_135m method=eesd method.draft_vocab=${DRAFT_VOCAB:-4096} dataset=gsm8k,xsum dataset.limit=${LIMIT:-20} decoding=greedy
   timing.paired=true hardware.threads=${THREADS:-1} results_dir="$RESULTS" "$@")
 "$SPECREPRO" run -m method.control=beta_ts,cali_ts "${COMMON[@]}"
+"$SPECREPRO" run -m method.control=beta_ts method.beta_decision=break_even "${COMMON[@]}"
 "$SPECREPRO" run -m method.control=fixed method.k="$KS" "${COMMON[@]}"
 "$SPECREPRO" table eesd_table4 --results-dir "$RESULTS"
