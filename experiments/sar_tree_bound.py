@@ -26,8 +26,7 @@ from transformers import DynamicCache
 
 from specrepro.config import ModelConfig
 from specrepro.decoding.sar_draft import DraftHead
-from specrepro.decoding.space import additive_mask
-from specrepro.decoding.verify import crop_cache
+from specrepro.decoding.verify import additive_mask, crop_cache
 from specrepro.models import load_model
 from specrepro.models.kernels import set_linear_kernel
 

@@ -12,7 +12,7 @@ from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder, lookup_ngram
 from specrepro.decoding.sampling import Sampling, warp_logits
 from specrepro.decoding.sps import SPSDecoder
-from specrepro.decoding.verify import crop_cache, greedy_verify
+from specrepro.decoding.verify import crop_cache, greedy_verify, keep_tree_path, tree_attention, tree_verify
 from tests.conftest import tiny_llama
 
 GREEDY = Sampling()
@@ -125,6 +125,41 @@ def test_greedy_verify_accepts_the_matching_prefix():
     assert greedy_verify(torch.tensor([3, 4, 5]), logits) == ([3, 4, 9], 2)
     assert greedy_verify(torch.tensor([3, 4, 9]), logits) == ([3, 4, 9, 1], 3)
     assert greedy_verify(torch.tensor([7, 4, 9]), logits) == ([3], 0)
+
+
+def test_a_tree_verification_sees_ancestors_and_accepts_the_matching_path():
+    # node 0 -> node 1 is the main chain, node 2 is node 0's sibling, node 3 node 2's child
+    parents = [-1, 0, -1, 2]
+    allow, positions = tree_attention(parents, past=2)
+    assert positions.tolist() == [2, 3, 4, 3, 4]
+    assert allow.int().tolist() == [[1, 1, 1, 0, 0, 0, 0],
+                                    [1, 1, 1, 1, 0, 0, 0],
+                                    [1, 1, 1, 1, 1, 0, 0],
+                                    [1, 1, 1, 0, 0, 1, 0],
+                                    [1, 1, 1, 0, 0, 1, 1]]
+    logits = torch.full((5, 10), -1.0)
+    for row, token in enumerate([7, 1, 2, 8, 9]):  # the target's argmax after [last, node 0, ..., node 3]
+        logits[row, token] = 1.0
+    drafts = torch.tensor([3, 4, 7, 8])
+    assert tree_verify(drafts, parents, None, logits, GREEDY, None) == ([7, 8, 9], [2, 3])  # via the sibling
+    assert tree_verify(torch.tensor([7, 1, 5, 8]), parents, None, logits, GREEDY, None) == ([7, 1, 2], [0, 1])
+    assert tree_verify(torch.tensor([5, 1, 6, 8]), parents, None, logits, GREEDY, None) == ([7], [])
+
+
+def test_keeping_a_tree_path_leaves_the_cache_of_that_sequence(target):
+    ids = torch.tensor([prompts()[0][:12]])
+    tree, chain = DynamicCache(config=target.config), DynamicCache(config=target.config)
+    with torch.no_grad():
+        target(ids[:, :8], past_key_values=tree)
+        allow, positions = tree_attention([-1, 0, -1, 2], past=8)
+        nodes = torch.cat([ids[:, 8:9], torch.tensor([[5, 6]]), ids[:, 9:11]], 1)  # root, chain, then the path
+        mask = torch.zeros(allow.shape).masked_fill(~allow, torch.finfo(torch.float32).min)[None, None]
+        target(nodes, past_key_values=tree, attention_mask=mask, position_ids=positions[None])
+        target(ids[:, :11], past_key_values=chain)
+    keep_tree_path(tree, 9, [2, 3])
+    for a, b in zip(tree.layers, chain.layers):
+        torch.testing.assert_close(a.keys, b.keys)
+        torch.testing.assert_close(a.values, b.values)
 
 
 def test_lookup_ngram_finds_the_continuation():

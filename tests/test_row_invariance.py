@@ -10,8 +10,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specrepro.decoding import ARDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
-from specrepro.decoding.space import SpaceDecoder, additive_mask, block_layout
+from specrepro.decoding.space import SpaceDecoder, block_layout
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.verify import additive_mask
 from specrepro.errors import SpecReproError
 from specrepro.models import kernels
 from specrepro.models import attention

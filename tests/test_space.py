@@ -11,7 +11,8 @@ from transformers import DynamicCache
 
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
-from specrepro.decoding.space import SpaceConfig, SpaceDecoder, additive_mask, block_layout
+from specrepro.decoding.space import SpaceConfig, SpaceDecoder, block_layout
+from specrepro.decoding.verify import additive_mask
 from specrepro.errors import SpecReproError
 from specrepro.models.loading import LoadedModel
 from specrepro.training.space_sft import IGNORE, grouped_sample, pad_batch, sar_sample, sar_sft_loss

@@ -1,7 +1,8 @@
-"""The draft-then-verify loop that every chain-drafting method shares.
+"""The draft-then-verify loop that every drafting method shares.
 
-A subclass only says how to draft (`propose`) and how to roll its own drafter state back
-(`after_verify`); verification, cache rollback, sampling and draft-length control live here once.
+A subclass only says how to draft (`propose` a chain, or `propose_tree` a token tree) and how to roll its own
+drafter state back (`after_verify`); verification, cache rollback, sampling and draft-length control live
+here once.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from transformers import DynamicCache
 from specrepro.decoding.base import Decoder, GenerationBuilder
 from specrepro.decoding.controllers import DraftLengthController
 from specrepro.decoding.sampling import Sampling, next_token
-from specrepro.decoding.verify import crop_cache, speculative_verify
+from specrepro.decoding.verify import (additive_mask, crop_cache, keep_tree_path, speculative_verify, tree_attention,
+                                      tree_verify)
 
 
 class DraftVerifyDecoder(Decoder):
@@ -30,15 +32,30 @@ class DraftVerifyDecoder(Decoder):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft up to k tokens after `tokens` (1, n). Returns (drafts (m,), q (m, vocab) or None if one-hot)."""
 
+    def propose_tree(
+        self, tokens: torch.Tensor, k: int, sampling: Sampling, rng, controller: DraftLengthController
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[int] | None]:
+        """Draft a token tree of depth <= k: (nodes (n,), q (n, vocab) or None, each node's parent (-1: the last
+        token) or None for a chain). Nodes 0, 1, ... that descend one from the other form the main chain, which
+        the controller counts; the others are alternatives. By default, the chain of `propose`."""
+        drafts, q = self.propose(tokens, k, sampling, rng, controller)
+        return drafts, q, None
+
     def start(self, prompt_ids: torch.Tensor) -> None:
         """Reset per-generation drafter state (caches) before the first proposal."""
 
-    def after_verify(self, tokens: torch.Tensor, n_accepted: int) -> None:
-        """Roll drafter state back to the committed `tokens` (1, n) after a verification."""
+    def after_verify(self, tokens: torch.Tensor, n_accepted: int, rows: list[int] | None = None) -> None:
+        """Roll drafter state back to the committed `tokens` (1, n) after a verification; `rows` are the verify
+        inputs that were kept ([last token, accepted nodes]; None: the first n_accepted + 1, as in a chain)."""
 
-    def target_forward(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0):
-        """One target forward on the shared cache; subclasses may ask for hidden states too."""
-        return self.model(input_ids, past_key_values=cache, logits_to_keep=logits_to_keep)
+    def target_forward(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None):
+        """One target forward on the shared cache; subclasses may ask for hidden states too. `tree`: (allowed
+        keys, position ids) of a tree verification (`verify.tree_attention`), None for a causal chain."""
+        if tree is None:
+            return self.model(input_ids, past_key_values=cache, logits_to_keep=logits_to_keep)
+        allow, positions = tree
+        return self.model(input_ids, past_key_values=cache, logits_to_keep=logits_to_keep,
+                          attention_mask=additive_mask(allow, self.model.dtype), position_ids=positions[None])
 
     def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
         controller = self.new_controller()
@@ -53,13 +70,38 @@ class DraftVerifyDecoder(Decoder):
             # k drafts + 1 bonus token must fit the budget
             k = max(0, min(controller.next_length(), out.remaining - 1))
             with out.timed("draft"):
-                drafts, q = self.propose(tokens, k, sampling, rng, controller) if k else (tokens.new_empty(0), None)
+                drafts, q, parents = (self.propose_tree(tokens, k, sampling, rng, controller) if k
+                                      else (tokens.new_empty(0), None, None))
             with out.timed("verify"):
                 verify_input = torch.cat([tokens[:, -1], drafts]).view(1, -1)
-                logits = self.target_forward(verify_input, cache).logits[0]
-                new_tokens, n_accepted = speculative_verify(drafts, q, logits, sampling, rng)
-                crop_cache(cache, tokens.shape[1] + n_accepted)
+                committed = tokens.shape[1]
+                if parents is None:
+                    logits = self.target_forward(verify_input, cache).logits[0]
+                    new_tokens, n_accepted = speculative_verify(drafts, q, logits, sampling, rng)
+                    crop_cache(cache, committed + n_accepted)
+                    rows = None
+                else:
+                    allow, positions = tree_attention(parents, committed - 1)
+                    logits = self.target_forward(verify_input, cache, tree=(allow.to(self.device),
+                                                                            positions.to(self.device))).logits[0]
+                    new_tokens, path = tree_verify(drafts, parents, q, logits, sampling, rng)
+                    keep_tree_path(cache, committed, path)
+                    n_accepted, rows = len(path), [0] + [node + 1 for node in path]
             kept = out.commit(new_tokens, drafted=len(drafts))
             tokens = torch.cat([tokens, tokens.new_tensor([kept])], dim=1)
-            controller.update(len(drafts), n_accepted)
-            self.after_verify(tokens, n_accepted)
+            controller.update(*main_chain(parents, len(drafts), n_accepted, rows))
+            self.after_verify(tokens, n_accepted, rows)
+
+
+def main_chain(parents: list[int] | None, n: int, n_accepted: int, rows: list[int] | None) -> tuple[int, int]:
+    """(drafted, accepted) of a round's main chain (node 0, its child 1, ...): what a draft-length controller
+    learns from; a tree's other nodes are alternatives for positions the chain drafts too."""
+    if parents is None:
+        return n, n_accepted
+    drafted = 0
+    while drafted < n and parents[drafted] == drafted - 1:
+        drafted += 1
+    accepted = 0
+    while accepted < n_accepted and rows[accepted + 1] == accepted + 1:
+        accepted += 1
+    return drafted, accepted

@@ -277,5 +277,5 @@ class SARDraftDecoder(DraftVerifyDecoder):
             prefix = torch.cat([prefix, token.view(1)])
         return torch.stack(drafts), (None if sampling.greedy else torch.stack(qs))
 
-    def after_verify(self, tokens, n_accepted):
+    def after_verify(self, tokens, n_accepted, rows=None):
         self.hp = self.verify_hidden[n_accepted]  # h_p at the last verified position (it produced the bonus token)

@@ -41,7 +41,7 @@ from transformers import DynamicCache
 from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding.base import Decoder, GenerationBuilder
 from specrepro.decoding.sampling import Sampling, next_token, probs, sample
-from specrepro.decoding.verify import crop_cache, keep_cache_positions, speculative_verify
+from specrepro.decoding.verify import additive_mask, crop_cache, keep_cache_positions, speculative_verify
 from specrepro.errors import SpecReproError
 
 MASK_TOKEN = "[M]"
@@ -65,12 +65,6 @@ def block_layout(k: int) -> tuple[torch.Tensor, torch.Tensor]:
     same_group_masks = (~real[:, None]) & (group[:, None] == group[None, :])
     allow = causal & (real[None, :] | same_group_masks)
     return allow, group + slot  # anchor/c_g at offset g; mask j of group g at offset g + j
-
-
-def additive_mask(allow: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A (1, 1, q, kv) float mask for transformers' 4-D attention_mask: 0 where allowed, the dtype's min elsewhere."""
-    mask = torch.zeros(allow.shape, dtype=dtype, device=allow.device)
-    return mask.masked_fill(~allow, torch.finfo(dtype).min)[None, None]
 
 
 class SpaceDecoder(Decoder):

@@ -81,7 +81,7 @@ class SPSDecoder(DraftVerifyDecoder):
         self.draft_cached = tokens.shape[1] + len(drafts) - 1
         return torch.stack(drafts), (None if sampling.greedy else torch.stack(qs))
 
-    def after_verify(self, tokens, n_accepted):
+    def after_verify(self, tokens, n_accepted, rows=None):
         # keep the draft's KV only for positions that are still committed tokens
         self.draft_cached = min(self.draft_cached, tokens.shape[1] - 1)
         crop_cache(self.draft_cache, self.draft_cached)

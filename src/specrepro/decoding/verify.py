@@ -5,7 +5,12 @@
   accept draft x_i with probability min(1, p(x_i)/q(x_i)); on the first rejection draw from
   norm(max(p - q, 0)); if every draft is accepted draw a bonus token from p. Deterministic drafters
   (prompt lookup, ...) pass q = None, i.e. q is one-hot on the draft.
+- `tree_verify`: the same for a token tree (siblings are alternatives for one position): greedy walks the
+  target's argmax down the tree; sampling runs one speculative-sampling stage per child, in order, against
+  what the earlier stages left of p (SpecInfer's multi-step speculative sampling, Miao et al. 2024).
+- `tree_attention`: the attention pattern and positions of a tree verification (a node sees its ancestors).
 - `crop_cache`: roll a transformers cache back to a length after a rejection.
+- `keep_tree_path`: keep a tree verification's accepted path in the cache.
 - `keep_cache_positions`: keep chosen positions of a cache (drafts interleaved with real tokens, SPACE).
 """
 
@@ -62,6 +67,77 @@ def speculative_verify(
     return drafts[:n_accepted].tolist() + [int(last)], n_accepted
 
 
+def additive_mask(allow: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A (1, 1, q, kv) float mask for transformers' 4-D attention_mask: 0 where allowed, the dtype's min elsewhere."""
+    mask = torch.zeros(allow.shape, dtype=dtype, device=allow.device)
+    return mask.masked_fill(~allow, torch.finfo(dtype).min)[None, None]
+
+
+def tree_attention(parents: list[int], past: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [last token, node 0, ..., node n-1] of a tree verification after `past` cached positions: (allowed
+    keys (n + 1, past + n + 1) bool, position ids (n + 1,)). A node sees the cache, the last token, its
+    ancestors and itself; parents[i] is node i's parent, -1 for the last token."""
+    n = len(parents)
+    allow = torch.zeros(n + 1, past + n + 1, dtype=torch.bool)
+    allow[:, : past + 1] = True
+    depth = [0] * (n + 1)
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"node {i}'s parent {parent} must be -1 or an earlier node")
+        allow[i + 1] = allow[parent + 1]
+        allow[i + 1, past + i + 1] = True
+        depth[i + 1] = depth[parent + 1] + 1
+    return allow, past + torch.tensor(depth)
+
+
+def tree_verify(
+    drafts: torch.Tensor,
+    parents: list[int],
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    sampling: Sampling,
+    rng: torch.Generator,
+) -> tuple[list[int], list[int]]:
+    """Accept the longest path of a draft tree. drafts: (n,), parents as in `tree_attention`, draft_probs: (n,
+    vocab) the q each node was drawn from (None: every node is a deterministic draft), target_logits: (n + 1,
+    vocab) at [last token, nodes...]. Returns (accepted drafts + the target's token, accepted node indices).
+
+    Sampling: at a node, each child x in turn is accepted with probability min(1, p(x)/q(x)); on a rejection p
+    becomes norm(max(p - q, 0)), the distribution of what that stage would have emitted, and the next child is
+    tried against it; after the last child the token is drawn from what is left. Every stage is exact speculative
+    sampling against the current p, so the emitted token is distributed as p. Siblings must be drafted without
+    seeing each other's acceptance (deterministic alternatives, or draws from their q).
+    """
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        children.setdefault(parent, []).append(i)
+    path, node = [], -1
+    while True:
+        if sampling.greedy:
+            choice = int(target_logits[node + 1].argmax(-1))
+            match = [c for c in children.get(node, []) if int(drafts[c]) == choice]
+            if not match:
+                return [int(drafts[i]) for i in path] + [choice], path
+            node = match[0]
+            path.append(node)
+            continue
+        p = probs(target_logits[node + 1], sampling)
+        for child in children.get(node, []):
+            x = int(drafts[child])
+            q = draft_probs[child] if draft_probs is not None else torch.nn.functional.one_hot(drafts[child], p.shape[-1])
+            if float(torch.rand((), generator=rng, device=p.device)) * float(q[x]) <= float(p[x]) and float(p[x]) > 0:
+                node = child
+                path.append(node)
+                break
+            residual = (p - q).clamp_min(0)
+            total = residual.sum()
+            if total <= 0:  # p == q: the stage could not reject
+                continue
+            p = residual / total
+        else:
+            return [int(drafts[i]) for i in path] + [int(sample(p, rng))], path
+
+
 def cache_length(cache, layer: int = 0) -> int:
     return cache.get_seq_length(layer)
 
@@ -77,6 +153,17 @@ def crop_cache(cache, length: int) -> None:
             extra = layer.keys.shape[-2] - length
             if extra > 0:
                 layer.crop(-extra)
+
+
+def keep_tree_path(cache, committed: int, path: list[int]) -> None:
+    """After a tree verification appended its n + 1 rows at position `committed` - 1 (the last committed token,
+    then the nodes), keep the prefix, that token and the accepted `path` (node indices)."""
+    if path == list(range(len(path))):  # a prefix of the nodes, as every chain's path is
+        crop_cache(cache, committed + len(path))
+        return
+    device = cache.layers[0].keys.device
+    keep = torch.cat([torch.arange(committed, device=device), committed + torch.tensor(path, device=device)])
+    keep_cache_positions(cache, keep)
 
 
 def keep_cache_positions(cache, positions: torch.Tensor) -> None:
