@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+import specrepro.decoding.draft_verify as draft_verify
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.controllers import BetaTS, CaliTS
 from specrepro.decoding.eesd import (CalibrationPredictor, EarlyExitHead, EESDConfig, EESDDecoder, find_head,
                                      first_layers_hidden)
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.verify import keep_tree_path
 from specrepro.errors import SpecReproError
 from specrepro.training.eesd_head import pack_batch
 from tests.conftest import tiny_llama
@@ -38,6 +40,23 @@ def test_greedy_eesd_equals_ar_for_every_layer_count_length_and_controller(contr
         gen = eesd(target, num_layers, control, k, exit_layer, shared_head, k_max=6).generate(prompt, GREEDY, 32)
         assert gen.token_ids == reference, (num_layers, k, exit_layer, shared_head)
         assert sum(gen.drafted) > 0
+
+
+@pytest.mark.parametrize("control", ["fixed", "beta_ts"])
+def test_greedy_eesd_with_a_token_tree_equals_ar(control, monkeypatch):
+    target = tiny_llama(vocab_size=64, num_layers=4, logit_scale=3.0)
+    prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
+    reference = ARDecoder(target).generate(prompt, GREEDY, 40).token_ids
+    paths = []
+    monkeypatch.setattr(draft_verify, "keep_tree_path",
+                        lambda cache, committed, path: paths.append(path) or keep_tree_path(cache, committed, path))
+    for k, width in ((1, 4), (3, 2), (2, 5)):
+        gen = eesd(target, 2, control, k, k_max=4, tree_width=width).generate(prompt, GREEDY, 40)
+        assert gen.token_ids == reference, (k, width)
+        assert max(gen.drafted) > k  # the siblings were verified too
+    assert any(path and path[0] != 0 for path in paths)  # a sibling, not the chain, was accepted
+    with pytest.raises(SpecReproError, match="tree_width"):
+        eesd(target, 2, tree_width=0)
 
 
 @pytest.mark.parametrize("control", ["beta_ts", "cali_ts"])
@@ -70,9 +89,9 @@ def test_greedy_eesd_with_a_reduced_draft_vocabulary_equals_ar():
     hidden, layer = target.config.hidden_size, sum(p.numel() for p in target.model.layers[-1].parameters())
     assert gen.extra["extra_parameters"] == layer + hidden + len(vocab_ids) * hidden  # exit layer, norm, head rows
     with torch.no_grad():
-        token, q, top1 = head.choose(torch.randn(target.config.hidden_size), SAMPLE, torch.Generator().manual_seed(0))
+        token, q, top1 = head.choose(head.logits(torch.randn(target.config.hidden_size)), SAMPLE, torch.Generator().manual_seed(0))
         assert (q == 0).sum() == 64 - len(vocab_ids) and int(token) in vocab_ids.tolist() and 0 < top1 <= 1
-        token, q, _ = head.choose(torch.randn(target.config.hidden_size), GREEDY, None)
+        token, q, _ = head.choose(head.logits(torch.randn(target.config.hidden_size)), GREEDY, None)
         assert q is None and int(token) in vocab_ids.tolist()
     assert head.draft_index(torch.tensor([int(vocab_ids[1]), 1])).tolist() == [1, -100]
 

@@ -93,6 +93,15 @@ def test_eesd_with_a_reduced_draft_vocabulary_preserves_the_target_distribution(
     assert p_value(EESDDecoder(target, None, head, cfg), exact) > 1e-3
 
 
+@pytest.mark.parametrize("vocab_ids", [None, [3, 0, 4]])
+def test_eesd_with_a_token_tree_preserves_the_target_distribution(models, exact, vocab_ids):
+    # a sampled chain (its q) and deterministic siblings (one-hot q), one speculative stage per child
+    target = models[0]
+    head = EarlyExitHead(target, 1, draft_vocab_ids=None if vocab_ids is None else torch.tensor(vocab_ids)).eval()
+    cfg = EESDConfig(num_layers=1, control="fixed", k=2, draft_vocab=len(vocab_ids or []), tree_width=3)
+    assert p_value(EESDDecoder(target, None, head, cfg), exact) > 1e-3
+
+
 def test_wrong_acceptance_rule_is_detected(models, exact, monkeypatch):
     monkeypatch.setattr(draft_verify, "speculative_verify", accept_whenever_draft_possible)
     target, draft = models

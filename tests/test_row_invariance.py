@@ -9,6 +9,7 @@ from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specrepro.decoding import ARDecoder
+from specrepro.decoding.eesd import EarlyExitHead, EESDConfig, EESDDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.space import SpaceDecoder, block_layout
 from specrepro.decoding.sampling import Sampling
@@ -143,6 +144,19 @@ def test_bf16_greedy_space_is_token_identical_to_ar(row_invariant):
     ar = ARDecoder(model).generate(prompt, Sampling(), 48).token_ids
     for k in (2, 5):
         assert SpaceDecoder(model, None, 95, k).generate(prompt, Sampling(), 48).token_ids == ar
+
+
+@pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
+def test_bf16_greedy_eesd_with_a_token_tree_is_token_identical_to_ar(row_invariant):
+    """A tree verification's rows (siblings at one position, each seeing only its ancestors) compute what the
+    one-token steps compute: the tree's mask takes the same per-row key gathering as SPACE's."""
+    model = tiny_llama(vocab_size=96, seed=4, num_layers=3, logit_scale=3.0).to(torch.bfloat16)
+    prompt = list(range(3, 40))
+    ar = ARDecoder(model).generate(prompt, Sampling(), 48).token_ids
+    for k in (1, 2):
+        head = EarlyExitHead(model, 1).to(torch.bfloat16).eval()
+        decoder = EESDDecoder(model, None, head, EESDConfig(num_layers=1, control="fixed", k=k, tree_width=4))
+        assert decoder.generate(prompt, Sampling(), 48).token_ids == ar
 
 
 @pytest.mark.embedded

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 _NOT_IN_RUN_HASH = ("logger", "results_dir", "artifacts_dir", "resume", "run_name", "reference")
 # options added after runs existed: hashed only when set away from their default (tracking.drop_at_default)
 _HASHED_WHEN_SET = {"reference_nll": False, "method.sliding": False, "method.k_min": 1,
-                    "method.beta_decision": "bernoulli", "method.beta_break_even": 0.2}
+                    "method.beta_decision": "bernoulli", "method.beta_break_even": 0.2, "method.tree_width": 1}
 _loaded_models: dict[str, LoadedModel] = {}  # a sweep in one process loads each target once
 
 

@@ -12,6 +12,11 @@ cropping and recomputing them: it runs layers 0..N-1 only for the one input they
 draft), then layers N..L-1 over all k+1 inputs. The shared loop's `crop_cache` then drops the rejected
 positions in every layer. Reused layer-0..N-1 rows were computed one token at a time, as `ar` computes
 them, so greedy output stays identical to `ar`.
+
+Token tree (`method.tree_width` w > 1, beyond the paper): the head's next w - 1 best tokens at the first draft
+position join the chain as its first node's siblings, and one forward verifies the tree (the shared
+`verify.tree_verify`). On a CPU whose linears pad inputs to `hardware.linear_min_rows` rows, a verification of
+up to that many rows costs about what one of two rows does, so the alternatives are nearly free.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from specrepro.decoding.base import parameters_beside
 from specrepro.decoding.controllers import BetaTS, CaliTS, DraftLengthController, FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder
 from specrepro.decoding.sampling import Sampling
-from specrepro.decoding.verify import crop_cache
+from specrepro.decoding.verify import additive_mask, crop_cache
 from specrepro.errors import SpecReproError
 
 CONTROLS = ("fixed", "beta_ts", "cali_ts")
@@ -65,6 +70,7 @@ class EESDConfig(MethodConfig):
     cali_mode: str = "both"  # both | model (w/o Sampling-Prediction) | sampling (w/o Model-Prediction)
     theta_update: str = "successes_only"  # successes_only | literal (Eq. 8 as printed)
     control_seed: int = 0  # seeds each generation's Thompson draws
+    tree_width: int = 1  # w > 1: the head's top-w tokens at the first draft position, verified as a tree (beyond the paper)
 
 
 class CalibrationPredictor(torch.nn.Module):
@@ -145,9 +151,14 @@ class EarlyExitHead(torch.nn.Module):
     def draft_index(self, tokens: torch.Tensor) -> torch.Tensor:
         return draft_vocab.draft_index(self.vocab_ids, tokens, self.vocab_size)
 
-    def choose(self, hidden: torch.Tensor, sampling: Sampling, rng) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-        """The draft token after `hidden`, its q (None when greedy) and top-1 probability."""
-        return draft_vocab.choose_draft_token(self.vocab_ids, self.logits(hidden), self.vocab_size, sampling, rng)
+    def choose(self, logits: torch.Tensor, sampling: Sampling, rng) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        """The draft token for the head's `logits`, its q (None when greedy) and top-1 probability."""
+        return draft_vocab.choose_draft_token(self.vocab_ids, logits, self.vocab_size, sampling, rng)
+
+    def alternatives(self, logits: torch.Tensor, chosen: torch.Tensor, count: int) -> torch.Tensor:
+        """The `count` best tokens for the head's `logits` other than `chosen`, best first."""
+        best = self.token_ids(logits.topk(min(count + 1, logits.shape[-1])).indices)
+        return best[best != chosen][:count]
 
     def save_pretrained(self, path) -> None:
         path = Path(path)
@@ -176,17 +187,24 @@ def _copy_module(module: torch.nn.Module) -> torch.nn.Module:
     return clone
 
 
-def run_layers(target, hidden: torch.Tensor, layers, cache: DynamicCache | None, cache_layer: int) -> torch.Tensor:
+def run_layers(target, hidden: torch.Tensor, layers, cache: DynamicCache | None, cache_layer: int,
+               tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Run decoder `layers` of `target`'s architecture on (B, T, d) hidden states that continue `cache`.
 
     What LlamaModel.forward does for its layers: positions follow the cache length of `cache_layer` (the
     first layer run), the causal mask is sized against that layer (layers hold different lengths here),
-    and rotary embeddings come from the target's `rotary_emb`.
+    and rotary embeddings come from the target's `rotary_emb`. `tree` (allowed keys, positions) of a tree
+    verification (`verify.tree_attention`) replaces the causal mask and positions; its last T rows are these.
     """
-    past = cache.get_seq_length(cache_layer) if cache is not None else 0
-    position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device).unsqueeze(0)
-    mask = create_causal_mask(config=target.config, inputs_embeds=hidden, attention_mask=None,
-                              past_key_values=cache, position_ids=position_ids, layer_idx=cache_layer)
+    if tree is not None:
+        allow, positions = tree
+        position_ids = positions[-hidden.shape[1]:].unsqueeze(0)
+        mask = additive_mask(allow[-hidden.shape[1]:], hidden.dtype)
+    else:
+        past = cache.get_seq_length(cache_layer) if cache is not None else 0
+        position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device).unsqueeze(0)
+        mask = create_causal_mask(config=target.config, inputs_embeds=hidden, attention_mask=None,
+                                  past_key_values=cache, position_ids=position_ids, layer_idx=cache_layer)
     rope = target.model.rotary_emb(hidden, position_ids=position_ids)
     for layer in layers:
         hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
@@ -194,10 +212,11 @@ def run_layers(target, hidden: torch.Tensor, layers, cache: DynamicCache | None,
     return hidden
 
 
-def first_layers_hidden(target, input_ids: torch.Tensor, num_layers: int, cache: DynamicCache | None = None):
+def first_layers_hidden(target, input_ids: torch.Tensor, num_layers: int, cache: DynamicCache | None = None,
+                        tree=None):
     """H^N: the target's residual stream after its first N layers (= output_hidden_states[N])."""
     embeds = target.model.embed_tokens(input_ids)
-    return run_layers(target, embeds, target.model.layers[:num_layers], cache, cache_layer=0)
+    return run_layers(target, embeds, target.model.layers[:num_layers], cache, cache_layer=0, tree=tree)
 
 
 def find_head(ref: str, artifacts_dir, model_name: str, settings: dict) -> Path:
@@ -226,6 +245,8 @@ class EESDDecoder(DraftVerifyDecoder):
         super().__init__(model, tokenizer)
         if cfg.control not in CONTROLS:
             raise SpecReproError(f"eesd control '{cfg.control}' is not one of {', '.join(CONTROLS)}")
+        if cfg.tree_width < 1:
+            raise SpecReproError(f"eesd tree_width must be >= 1, got {cfg.tree_width}")
         if cfg.k < 1 or not 1 <= cfg.k_min <= cfg.k_max:
             raise SpecReproError(f"eesd needs k >= 1 and 1 <= k_min <= k_max, got k={cfg.k}, k_min={cfg.k_min}, "
                                  f"k_max={cfg.k_max}")
@@ -271,14 +292,14 @@ class EESDDecoder(DraftVerifyDecoder):
                           cfg.beta_break_even)
         return CaliTS(cfg.sigma_m, cfg.sigma_s, cfg.theta0, cfg.k_max, rng, cfg.cali_mode, cfg.theta_update)
 
-    def target_forward(self, input_ids, cache, logits_to_keep: int = 0):
+    def target_forward(self, input_ids, cache, logits_to_keep: int = 0, tree=None):
         """The full target on [last token, drafts], reusing the layer 0..N-1 rows the draft already computed."""
         n = self.head.num_layers
         self.cache, self.verify_start = cache, cache.get_seq_length(n)
         reused = cache.get_seq_length(0) - self.verify_start  # inputs the draft already ran through layers < N
-        fresh = first_layers_hidden(self.model, input_ids[:, reused:], n, cache)
+        fresh = first_layers_hidden(self.model, input_ids[:, reused:], n, cache, tree)
         self.hidden_n = torch.cat([self.drafted_hidden_n, fresh], 1) if reused else fresh
-        final = self.model.model.norm(run_layers(self.model, self.hidden_n, self.model.model.layers[n:], cache, n))
+        final = self.model.model.norm(run_layers(self.model, self.hidden_n, self.model.model.layers[n:], cache, n, tree))
         self.final_hidden = final[0]
         logits = self.model.lm_head(final[:, -logits_to_keep:] if logits_to_keep else final)
         return CausalLMOutputWithPast(logits=logits)
@@ -289,6 +310,16 @@ class EESDDecoder(DraftVerifyDecoder):
         self.pending = self.hidden_n  # layer-N rows the exit layer has not consumed, ending at the last committed position
         self.target_hidden = self.final_hidden[-1]  # H_t^(T) of Eq. 5: the row that produced the last token
 
+    def propose_tree(self, tokens, k, sampling: Sampling, rng, controller):
+        drafts, q = self.propose(tokens, k, sampling, rng, controller)
+        if self.cfg.tree_width == 1:
+            return drafts, q, None
+        siblings = self.head.alternatives(self.first_logits, drafts[0], self.cfg.tree_width - 1)
+        parents = list(range(-1, len(drafts) - 1)) + [-1] * len(siblings)
+        if q is not None:  # a sibling is a deterministic draft: its q is one-hot
+            q = torch.cat([q, torch.nn.functional.one_hot(siblings, q.shape[-1]).to(q.dtype)])
+        return torch.cat([drafts, siblings]), q, parents
+
     def propose(self, tokens, k, sampling: Sampling, rng, controller):
         x, drafts, qs, rows = tokens[:, -1:], [], [], []
         for i in range(1, k + 1):
@@ -297,7 +328,10 @@ class EESDDecoder(DraftVerifyDecoder):
             exit_input = torch.cat([self.pending, hidden_n], 1)
             self.pending = exit_input[:, :0]
             z = self.head.hidden(exit_input, self.exit_cache)[0, -1]
-            token, q, top1 = self.head.choose(z, sampling, rng)
+            logits = self.head.logits(z)
+            token, q, top1 = self.head.choose(logits, sampling, rng)
+            if i == 1:
+                self.first_logits = logits
             drafts.append(token)
             qs.append(q)
             if i == k:
@@ -314,9 +348,13 @@ class EESDDecoder(DraftVerifyDecoder):
         self.drafted_hidden_n = torch.cat(rows, 1)
         return torch.stack(drafts), (None if sampling.greedy else torch.stack(qs))
 
-    def after_verify(self, tokens, n_accepted):
+    def after_verify(self, tokens, n_accepted, rows=None):
         committed = tokens.shape[1] - 1  # positions that keep KV; the last committed token is fed next round
         exit_len = min(self.exit_cache.get_seq_length() if self.head.layer is not None else committed, committed)
+        if rows is not None:  # a tree: keep the accepted path's rows; the exit layer saw only the main chain
+            self.hidden_n, self.final_hidden = self.hidden_n[:, rows], self.final_hidden[rows]
+            on_chain = next((j for j, row in enumerate(rows) if row != j), len(rows))
+            exit_len = min(exit_len, self.verify_start + on_chain)
         crop_cache(self.exit_cache, exit_len)
         # layer-N rows known for positions [known_start, ...): unconsumed pending rows, then this verification's
         known = torch.cat([self.pending, self.hidden_n], 1)
