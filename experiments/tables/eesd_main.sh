@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # EESD Tables 1-3 (GSM8K, XSum, HumanEval, MT-Bench: speedup, HM, v_d, r_d) on the embedded model: sps and
 # self_sd (METHODS), eesd with each draft-length control in CONTROLS plus fixed K = 1 and break-even Beta-TS
-# (beyond the paper), both also with a token tree of the head's top 4 at the first draft position
-# (method.tree_width=4, beyond the paper), and Medusa-style heads (sar_draft block), all with paired timing.
+# (beyond the paper), and with a token tree of the head's top 4 at the first draft position (method.tree_width=4,
+# beyond the paper) fixed K = 2 and break-even 0.15 with K <= 2, and Medusa-style heads (sar_draft block), all with paired timing.
 # Train first (same results_dir): specrepro train method=sps; specrepro train method=self_sd;
 # specrepro train method=eesd method.draft_vocab=4096;
 # specrepro train method=sar_draft method.variant=block method.draft_vocab=4096 training=sar_draft_distilled
@@ -20,8 +20,12 @@ COMMON=(model=smollm2_135m dataset=${DATASETS:-gsm8k,xsum,humaneval,mt_bench} da
   decoding=greedy timing.paired=true hardware.threads=${THREADS:-1} results_dir="$RESULTS" "$@")
 EESD=(method=eesd method.draft_vocab=${DRAFT_VOCAB:-4096})
 "$SPECREPRO" run -m "${EESD[@]}" method.control="$CONTROLS" "${COMMON[@]}"
-"$SPECREPRO" run -m "${EESD[@]}" method.control=fixed method.k=1 method.tree_width=1,4 "${COMMON[@]}"
-"$SPECREPRO" run -m "${EESD[@]}" method.control=beta_ts method.beta_decision=break_even method.tree_width=1,4 "${COMMON[@]}"
+"$SPECREPRO" run -m "${EESD[@]}" method.control=fixed method.k=1 "${COMMON[@]}"
+"$SPECREPRO" run -m "${EESD[@]}" method.control=fixed method.k=2 method.tree_width=4 "${COMMON[@]}"
+"$SPECREPRO" run -m "${EESD[@]}" method.control=beta_ts method.beta_decision=break_even "${COMMON[@]}"
+# with the tree, a round of K = 2 verifies 6 rows and K = 3 7 (1.16 AR steps here): cap K at 2
+"$SPECREPRO" run -m "${EESD[@]}" method.control=beta_ts method.beta_decision=break_even method.beta_break_even=0.15 \
+  method.k_max=2 method.tree_width=4 "${COMMON[@]}"
 "$SPECREPRO" run -m method=sar_draft method.variant=block method.draft_vocab=4096 method.k=2 "${COMMON[@]}"
 "$SPECREPRO" run -m method="$METHODS" "${COMMON[@]}"
 for table in eesd_table1 eesd_table2 eesd_table3; do "$SPECREPRO" table "$table" --results-dir "$RESULTS"; done

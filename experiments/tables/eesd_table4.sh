@@ -18,5 +18,6 @@ COMMON=(model=smollm2_135m method=eesd method.draft_vocab=${DRAFT_VOCAB:-4096} d
 "$SPECREPRO" run -m method.control=beta_ts method.beta_decision=break_even "${COMMON[@]}"
 "$SPECREPRO" run -m method.control=fixed method.k="$KS" "${COMMON[@]}"
 "$SPECREPRO" run -m method.control=fixed method.k=1,2 method.tree_width=4 "${COMMON[@]}"
-"$SPECREPRO" run -m method.control=beta_ts method.beta_decision=break_even method.tree_width=4 "${COMMON[@]}"
+"$SPECREPRO" run -m method.control=beta_ts method.beta_decision=break_even method.beta_break_even=0.15 method.k_max=2 \
+  method.tree_width=4 "${COMMON[@]}"
 "$SPECREPRO" table eesd_table4 --results-dir "$RESULTS"
