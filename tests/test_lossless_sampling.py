@@ -20,6 +20,7 @@ from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.eesd import EarlyExitHead, EESDConfig, EESDDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling, warp_logits
+from specrepro.decoding.sar_draft import SARDraftConfig, SARDraftDecoder, head_for
 from specrepro.decoding.sps import SPSDecoder
 from tests.conftest import tiny_llama
 
@@ -100,6 +101,14 @@ def test_eesd_with_a_token_tree_preserves_the_target_distribution(models, exact,
     head = EarlyExitHead(target, 1, draft_vocab_ids=None if vocab_ids is None else torch.tensor(vocab_ids)).eval()
     cfg = EESDConfig(num_layers=1, control="fixed", k=2, draft_vocab=len(vocab_ids or []), tree_width=3)
     assert p_value(EESDDecoder(target, None, head, cfg), exact) > 1e-3
+
+
+def test_sar_draft_with_a_token_tree_preserves_the_target_distribution(models, exact):
+    target = models[0]
+    torch.manual_seed(0)
+    head = head_for(target, "block", 2, 8, 1).eval()
+    cfg = SARDraftConfig(variant="block", k=2, k_max=2, head_k=2, tree_width=3)
+    assert p_value(SARDraftDecoder(target, None, head, cfg), exact) > 1e-3
 
 
 def test_wrong_acceptance_rule_is_detected(models, exact, monkeypatch):

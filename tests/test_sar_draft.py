@@ -7,8 +7,10 @@ import json
 import pytest
 import torch
 
+from specrepro.decoding import draft_verify
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.verify import keep_tree_path
 from specrepro.decoding.sar_draft import VARIANTS, DraftHead, SARDraftConfig, SARDraftDecoder, head_for
 from specrepro.errors import SpecReproError
 from tests.conftest import tiny_llama
@@ -19,11 +21,11 @@ FAMILY = [(v, 1, False) for v in VARIANTS] + [("transformer", 0, False), ("trans
                                               ("simplified", 1, True), ("block", 1, True)]
 
 
-def sar(target, variant, k=4, transformer_layers=1, controller="fixed", shared=False):
+def sar(target, variant, k=4, transformer_layers=1, controller="fixed", shared=False, tree_width=1):
     torch.manual_seed(0)
     head = head_for(target, variant, 4, 32, transformer_layers, shared).eval()
     cfg = SARDraftConfig(variant=variant, k=k, k_max=4, controller=controller, transformer_layers=transformer_layers,
-                         shared_lm_head=shared)
+                         shared_lm_head=shared, tree_width=tree_width)
     return SARDraftDecoder(target, None, head, cfg)
 
 
@@ -40,9 +42,27 @@ def test_greedy_sar_equals_ar_for_every_variant_and_k(variant, layers, shared):
         assert gen.extra["extra_parameters"] == own  # a shared LM head is the target's, not counted
 
 
-def test_h_p_is_the_verified_row_that_produced_the_last_committed_token():
+def test_greedy_sar_with_a_token_tree_equals_ar(monkeypatch):
     target = tiny_llama(vocab_size=64, num_layers=2, logit_scale=3.0)
-    decoder = sar(target, "simplified", k=3)
+    prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
+    reference = ARDecoder(target).generate(prompt, GREEDY, 40).token_ids
+    paths = []
+    monkeypatch.setattr(draft_verify, "keep_tree_path",
+                        lambda cache, committed, path: paths.append(path) or keep_tree_path(cache, committed, path))
+    for variant in ("simplified", "block"):
+        for k, width in ((1, 4), (2, 4), (3, 2)):
+            gen = sar(target, variant, k, tree_width=width).generate(prompt, GREEDY, 40)
+            assert gen.token_ids == reference, (variant, k, width)
+            assert max(gen.drafted) > k  # the siblings were verified too
+    assert any(path and path[0] != 0 for path in paths)  # a sibling, not the chain, was accepted
+    with pytest.raises(SpecReproError, match="tree_width"):
+        sar(target, "block", tree_width=0)
+
+
+@pytest.mark.parametrize("tree_width", [1, 4])
+def test_h_p_is_the_verified_row_that_produced_the_last_committed_token(tree_width):
+    target = tiny_llama(vocab_size=64, num_layers=2, logit_scale=3.0)
+    decoder = sar(target, "simplified", k=3, tree_width=tree_width)
     prompt = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(2))
     seen = []
     original = decoder.propose

@@ -3,6 +3,11 @@
 A subclass only says how to draft (`propose` a chain, or `propose_tree` a token tree) and how to roll its own
 drafter state back (`after_verify`); verification, cache rollback, sampling and draft-length control live
 here once.
+
+Token trees beyond the paper (`tree_width` w > 1): a drafter that can name its next-best tokens at the first
+draft position (`first_alternatives`) gets them verified as siblings of its chain's first node, in the same
+forward. On a CPU whose linears pad inputs to `hardware.linear_min_rows` rows, a verification of up to that
+many rows costs about what one of two rows does, so the alternatives are nearly free.
 """
 
 from __future__ import annotations
@@ -15,12 +20,15 @@ from transformers import DynamicCache
 from specrepro.decoding.base import Decoder, GenerationBuilder
 from specrepro.decoding.controllers import DraftLengthController
 from specrepro.decoding.sampling import Sampling, next_token
+from specrepro.errors import SpecReproError
 from specrepro.decoding.verify import (additive_mask, crop_cache, keep_tree_path, speculative_verify, tree_attention,
                                       tree_verify)
 
 
 class DraftVerifyDecoder(Decoder):
     """Target-model KV cache + draft proposals + shared verification (greedy or speculative sampling)."""
+
+    tree_width = 1  # w > 1: the first draft position's w - 1 next-best tokens join the chain as siblings
 
     @abstractmethod
     def new_controller(self) -> DraftLengthController:
@@ -37,9 +45,21 @@ class DraftVerifyDecoder(Decoder):
     ) -> tuple[torch.Tensor, torch.Tensor | None, list[int] | None]:
         """Draft a token tree of depth <= k: (nodes (n,), q (n, vocab) or None, each node's parent (-1: the last
         token) or None for a chain). Nodes 0, 1, ... that descend one from the other form the main chain, which
-        the controller counts; the others are alternatives. By default, the chain of `propose`."""
+        the controller counts; the others are alternatives. By default, the chain of `propose`, with
+        `tree_width` - 1 siblings of its first node when the tree is on."""
         drafts, q = self.propose(tokens, k, sampling, rng, controller)
-        return drafts, q, None
+        if self.tree_width == 1:
+            return drafts, q, None
+        siblings = self.first_alternatives(drafts[0], self.tree_width - 1)
+        parents = list(range(-1, len(drafts) - 1)) + [-1] * len(siblings)
+        if q is not None:  # a sibling is a deterministic draft: its q is one-hot
+            q = torch.cat([q, torch.nn.functional.one_hot(siblings, q.shape[-1]).to(q.dtype)])
+        return torch.cat([drafts, siblings]), q, parents
+
+    def first_alternatives(self, chosen: torch.Tensor, count: int) -> torch.Tensor:
+        """Up to `count` best draft tokens for the last proposal's first position other than `chosen`, best
+        first: what a drafter that supports `tree_width` > 1 provides."""
+        raise SpecReproError(f"{self.name} does not draft token trees (tree_width {self.tree_width})")
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         """Reset per-generation drafter state (caches) before the first proposal."""
@@ -51,11 +71,14 @@ class DraftVerifyDecoder(Decoder):
     def target_forward(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None):
         """One target forward on the shared cache; subclasses may ask for hidden states too. `tree`: (allowed
         keys, position ids) of a tree verification (`verify.tree_attention`), None for a causal chain."""
+        return self.model(input_ids, past_key_values=cache, logits_to_keep=logits_to_keep, **self.tree_inputs(tree))
+
+    def tree_inputs(self, tree) -> dict:
+        """The model's attention mask and position ids for a tree verification's `tree`; {} for a chain."""
         if tree is None:
-            return self.model(input_ids, past_key_values=cache, logits_to_keep=logits_to_keep)
+            return {}
         allow, positions = tree
-        return self.model(input_ids, past_key_values=cache, logits_to_keep=logits_to_keep,
-                          attention_mask=additive_mask(allow, self.model.dtype), position_ids=positions[None])
+        return {"attention_mask": additive_mask(allow, self.model.dtype), "position_ids": positions[None]}
 
     def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
         controller = self.new_controller()

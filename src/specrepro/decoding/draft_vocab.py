@@ -48,3 +48,9 @@ def choose_draft_token(vocab_ids: torch.Tensor | None, logits: torch.Tensor, voc
         return token_ids(vocab_ids, logits.argmax(-1)), None, top1
     q = probs(full_vocab_logits(vocab_ids, logits, vocab_size), sampling)
     return sample(q, rng), q, top1
+
+
+def alternatives(vocab_ids: torch.Tensor | None, logits: torch.Tensor, chosen: torch.Tensor, count: int) -> torch.Tensor:
+    """Token ids of the `count` best draft tokens for `logits` other than `chosen`, best first."""
+    best = token_ids(vocab_ids, logits.topk(min(count + 1, logits.shape[-1])).indices)
+    return best[best != chosen][:count]

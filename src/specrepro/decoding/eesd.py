@@ -14,9 +14,7 @@ positions in every layer. Reused layer-0..N-1 rows were computed one token at a 
 them, so greedy output stays identical to `ar`.
 
 Token tree (`method.tree_width` w > 1, beyond the paper): the head's next w - 1 best tokens at the first draft
-position join the chain as its first node's siblings, and one forward verifies the tree (the shared
-`verify.tree_verify`). On a CPU whose linears pad inputs to `hardware.linear_min_rows` rows, a verification of
-up to that many rows costs about what one of two rows does, so the alternatives are nearly free.
+position join the chain as its first node's siblings (`draft_verify.DraftVerifyDecoder.propose_tree`).
 """
 
 from __future__ import annotations
@@ -155,11 +153,6 @@ class EarlyExitHead(torch.nn.Module):
         """The draft token for the head's `logits`, its q (None when greedy) and top-1 probability."""
         return draft_vocab.choose_draft_token(self.vocab_ids, logits, self.vocab_size, sampling, rng)
 
-    def alternatives(self, logits: torch.Tensor, chosen: torch.Tensor, count: int) -> torch.Tensor:
-        """The `count` best tokens for the head's `logits` other than `chosen`, best first."""
-        best = self.token_ids(logits.topk(min(count + 1, logits.shape[-1])).indices)
-        return best[best != chosen][:count]
-
     def save_pretrained(self, path) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -253,7 +246,7 @@ class EESDDecoder(DraftVerifyDecoder):
         if cfg.control == "cali_ts" and cfg.cali_mode != "sampling" and head.calibration is None:
             raise SpecReproError("eesd control=cali_ts needs a head artifact trained with its calibration predictor "
                                  "(training.calibration.sequences > 0), or method.cali_mode=sampling")
-        self.head, self.cfg = head, cfg
+        self.head, self.cfg, self.tree_width = head, cfg, cfg.tree_width
 
     @property
     def extra_parameters(self) -> int:
@@ -310,15 +303,8 @@ class EESDDecoder(DraftVerifyDecoder):
         self.pending = self.hidden_n  # layer-N rows the exit layer has not consumed, ending at the last committed position
         self.target_hidden = self.final_hidden[-1]  # H_t^(T) of Eq. 5: the row that produced the last token
 
-    def propose_tree(self, tokens, k, sampling: Sampling, rng, controller):
-        drafts, q = self.propose(tokens, k, sampling, rng, controller)
-        if self.cfg.tree_width == 1:
-            return drafts, q, None
-        siblings = self.head.alternatives(self.first_logits, drafts[0], self.cfg.tree_width - 1)
-        parents = list(range(-1, len(drafts) - 1)) + [-1] * len(siblings)
-        if q is not None:  # a sibling is a deterministic draft: its q is one-hot
-            q = torch.cat([q, torch.nn.functional.one_hot(siblings, q.shape[-1]).to(q.dtype)])
-        return torch.cat([drafts, siblings]), q, parents
+    def first_alternatives(self, chosen, count):
+        return draft_vocab.alternatives(self.head.vocab_ids, self.first_logits, chosen, count)
 
     def propose(self, tokens, k, sampling: Sampling, rng, controller):
         x, drafts, qs, rows = tokens[:, -1:], [], [], []

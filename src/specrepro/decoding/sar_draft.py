@@ -19,6 +19,8 @@ followed by the target's frozen LM head (block: the ResBlocks feed it), for targ
 against their size (SmolLM2-135M: a 2P x V W_3 is 75% of the target). `draft_vocab` = V > 0 (not in the paper;
 `decoding/draft_vocab.py`) makes the output layer score only the V most frequent tokens of the training data:
 W_3 is then 2P x V, or the shared head is the target's V rows, frozen.
+Token tree (`tree_width` w > 1, beyond the paper, as Medusa's trees): the head's next w - 1 best tokens at the
+first draft position join the chain as siblings of its first node (`DraftVerifyDecoder.propose_tree`).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class SARDraftConfig(MethodConfig):
     shared_lm_head: bool = False  # W_3 into the target's frozen LM head instead of its own 2P x V output
     draft_vocab: int = 0  # V > 0: the output scores only the V most frequent training tokens (set at training)
     head: str = "sar_head"  # trained head artifact (newest matching the variant); "none": untrained random head
+    tree_width: int = 1  # w > 1: the head's top-w tokens at the first draft position, verified as a tree (beyond the paper)
 
 
 class DraftHead(nn.Module):
@@ -226,7 +229,9 @@ class SARDraftDecoder(DraftVerifyDecoder):
         if not 1 <= cfg.k <= head.k or cfg.k_max > head.k:
             raise SpecReproError(f"sar_draft needs 1 <= k, k_max <= {head.k} (the head's trained k), got k={cfg.k}, "
                                  f"k_max={cfg.k_max}")
-        self.head, self.cfg = head, cfg
+        if cfg.tree_width < 1:
+            raise SpecReproError(f"sar_draft tree_width must be >= 1, got {cfg.tree_width}")
+        self.head, self.cfg, self.tree_width = head, cfg, cfg.tree_width
 
     @property
     def extra_parameters(self) -> int:
@@ -254,9 +259,9 @@ class SARDraftDecoder(DraftVerifyDecoder):
     def new_controller(self) -> DraftLengthController:
         return build_controller(self.cfg.controller, self.cfg.k, self.cfg.k_max)
 
-    def target_forward(self, input_ids, cache, logits_to_keep: int = 0):
+    def target_forward(self, input_ids, cache, logits_to_keep: int = 0, tree=None):
         """The target's forward, keeping its last-layer (post-norm) hidden states for h_p."""
-        hidden = self.model.model(input_ids, past_key_values=cache).last_hidden_state
+        hidden = self.model.model(input_ids, past_key_values=cache, **self.tree_inputs(tree)).last_hidden_state
         self.verify_hidden = hidden[0]
         return CausalLMOutputWithPast(logits=self.model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden))
 
@@ -268,6 +273,8 @@ class SARDraftDecoder(DraftVerifyDecoder):
         prefix, drafts, qs = tokens[0, -1:], [], []  # d_1: the target's own token (convention A)
         for j in range(1, k + 1):
             logits = self.head.draft_logits(self.hp[None], embed(prefix)[None])[0, -1]  # Eq. 5
+            if j == 1:
+                self.first_logits = logits
             token, q, top1 = draft_vocab.choose_draft_token(self.head.vocab_ids, logits, self.head.settings["vocab_size"],
                                                             sampling, rng)
             drafts.append(token)
@@ -277,5 +284,9 @@ class SARDraftDecoder(DraftVerifyDecoder):
             prefix = torch.cat([prefix, token.view(1)])
         return torch.stack(drafts), (None if sampling.greedy else torch.stack(qs))
 
+    def first_alternatives(self, chosen, count):
+        return draft_vocab.alternatives(self.head.vocab_ids, self.first_logits, chosen, count)
+
     def after_verify(self, tokens, n_accepted, rows=None):
-        self.hp = self.verify_hidden[n_accepted]  # h_p at the last verified position (it produced the bonus token)
+        # h_p at the last verified position (it produced the bonus token); in a tree, the accepted path's last row
+        self.hp = self.verify_hidden[n_accepted if rows is None else rows[-1]]
