@@ -10,8 +10,8 @@ import torch
 from specrepro.decoding import draft_verify
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
-from specrepro.decoding.verify import keep_tree_path
 from specrepro.decoding.sar_draft import VARIANTS, DraftHead, SARDraftConfig, SARDraftDecoder, head_for
+from specrepro.decoding.verify import keep_tree_path
 from specrepro.errors import SpecReproError
 from tests.conftest import tiny_llama
 from tests.test_runner import FAST, run_dirs, specrepro

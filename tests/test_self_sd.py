@@ -11,10 +11,12 @@ from omegaconf import OmegaConf
 
 from specrepro.cli import CONF_DIR
 from specrepro.config import register_configs
+from specrepro.decoding import draft_verify
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.controllers import AdaptiveDraftExit
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.self_sd import SelfSDConfig, SelfSDDecoder, SkipSet, skipped_sublayers
+from specrepro.decoding.verify import keep_tree_path
 from specrepro.errors import SpecReproError
 from tests.conftest import tiny_llama
 from tests.test_runner import FAST, run_dirs, specrepro
@@ -51,6 +53,20 @@ def test_greedy_self_sd_equals_ar(sharp_model, attn_skip, mlp_skip, control):
         assert max(gen.drafted) <= 5
         if control == "fixed":  # k drafts per step until the budget caps them
             assert gen.drafted[0] == 5
+
+
+def test_greedy_self_sd_with_a_token_tree_equals_ar(sharp_model, monkeypatch):
+    prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
+    reference = ARDecoder(sharp_model).generate(prompt, GREEDY, 40).token_ids
+    paths = []
+    monkeypatch.setattr(draft_verify, "keep_tree_path",
+                        lambda cache, committed, path: paths.append(path) or keep_tree_path(cache, committed, path))
+    for control, k, width in (("fixed", 1, 4), ("fixed", 2, 4), ("adaptive", 5, 3)):
+        gen = SelfSDDecoder(sharp_model, None, [1, 3], [0, 2], SelfSDConfig(control=control, k=k, tree_width=width))
+        assert gen.generate(prompt, GREEDY, 40).token_ids == reference, (control, k, width)
+    assert any(path and path[0] != 0 for path in paths)  # a sibling, not the chain, was accepted
+    with pytest.raises(SpecReproError, match="tree_width"):
+        SelfSDDecoder(sharp_model, None, [1], [2], SelfSDConfig(tree_width=0))
 
 
 def test_adaptive_exit_drafts_variable_lengths(sharp_model):

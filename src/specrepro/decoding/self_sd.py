@@ -9,6 +9,9 @@ threshold gamma (§3.4, Eq. 2-4; `controllers.AdaptiveDraftExit`), or drafts a f
 Sub-layers are skipped without copying modeling code: inside `skipped_sublayers` a skipped sub-layer's
 `forward` (and its pre-norm's) is replaced by one that leaves the residual stream unchanged, as the
 official code does (a skipped sub-layer bypasses its RMSNorm too).
+
+Token tree (`tree_width` w > 1, beyond the paper): the draft's next w - 1 best tokens at the first draft position
+join the chain as siblings of its first node (`DraftVerifyDecoder.propose_tree`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import List, Optional
 import torch
 
 from specrepro.config import MethodConfig, register_method_schema
+from specrepro.decoding import draft_vocab
 from specrepro.decoding.controllers import AdaptiveDraftExit, DraftLengthController, FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder
 from specrepro.decoding.sampling import Sampling, probs, sample
@@ -46,6 +50,7 @@ class SelfSDConfig(MethodConfig):
     beta1: float = 0.5
     beta2: float = 0.9
     carry_gamma: bool = True  # gamma carries over from one generation to the next (official code, Fig. 5)
+    tree_width: int = 1  # w > 1: the draft's top-w tokens at the first draft position, verified as a tree (beyond the paper)
 
 
 @dataclass
@@ -149,6 +154,9 @@ class SelfSDDecoder(DraftVerifyDecoder):
             raise SpecReproError(f"self_sd control '{cfg.control}' is not one of adaptive, fixed")
         if cfg.k < 1:
             raise SpecReproError(f"self_sd k must be at least 1, got {cfg.k}")
+        if cfg.tree_width < 1:
+            raise SpecReproError(f"self_sd tree_width must be >= 1, got {cfg.tree_width}")
+        self.tree_width = cfg.tree_width
         self.attn_skip, self.mlp_skip = sorted(set(attn_skip)), sorted(set(mlp_skip))
         self.cfg = cfg
         self.gamma = cfg.gamma0  # carried across generations when cfg.carry_gamma
@@ -189,9 +197,9 @@ class SelfSDDecoder(DraftVerifyDecoder):
             self.controller = AdaptiveDraftExit(c.k, self.gamma, c.alpha, c.epsilon, c.beta1, c.beta2)
         return self.controller
 
-    def target_forward(self, input_ids, cache, logits_to_keep=0):
+    def target_forward(self, input_ids, cache, logits_to_keep=0, tree=None):
         self.cache = cache  # the verified cache, which `propose` drafts on
-        return super().target_forward(input_ids, cache, logits_to_keep)
+        return super().target_forward(input_ids, cache, logits_to_keep, tree)
 
     def propose(self, tokens, k, sampling: Sampling, rng, controller):
         # KV cache (note §2.5): the draft reads the full model's K/V of the verified prefix, and its
@@ -209,6 +217,8 @@ class SelfSDDecoder(DraftVerifyDecoder):
                 position = torch.full((1, 1), verified + step, dtype=torch.long, device=tokens.device)
                 logits = self.model(step_input, past_key_values=self.cache, position_ids=position,
                                     logits_to_keep=1).logits[0, -1]
+                if step == 0:
+                    self.first_logits = logits
                 if sampling.greedy:
                     token = logits.argmax(-1)
                 else:
@@ -222,6 +232,9 @@ class SelfSDDecoder(DraftVerifyDecoder):
                     break
         crop_cache(self.cache, verified)
         return torch.stack(drafts), (torch.stack(qs) if qs else None)
+
+    def first_alternatives(self, chosen, count):
+        return draft_vocab.alternatives(None, self.first_logits, chosen, count)
 
     def _decode(self, prompt_ids, sampling, out, rng) -> None:
         super()._decode(prompt_ids, sampling, out, rng)

@@ -82,9 +82,9 @@ class PrefilledSelfSD(SelfSDDecoder):
         super().__init__(*args, **kwargs)
         self.prefills = prefills
 
-    def target_forward(self, input_ids, cache, logits_to_keep=0):
+    def target_forward(self, input_ids, cache, logits_to_keep=0, tree=None):
         if cache.get_seq_length() > 0:
-            return super().target_forward(input_ids, cache, logits_to_keep)
+            return super().target_forward(input_ids, cache, logits_to_keep, tree)
         key = tuple(input_ids[0].tolist())
         if key not in self.prefills:
             logits = super().target_forward(input_ids, cache, logits_to_keep).logits
