@@ -167,8 +167,14 @@ def keep_tree_path(cache, committed: int, path: list[int]) -> None:
 
 
 def keep_cache_positions(cache, positions: torch.Tensor) -> None:
-    """Keep only `positions` (ascending indices along the sequence axis) in every layer of a DynamicCache."""
+    """Keep only `positions` (ascending indices along the sequence axis) in every layer of a DynamicCache.
+    The kept rows after the unchanged prefix move down in place and the rest is cropped, so a round costs
+    a copy of a few rows, not of the whole cache."""
+    moved = positions != torch.arange(len(positions), device=positions.device)
+    start = int(moved.nonzero()[0]) if moved.any() else len(positions)
+    source = positions[start:]
     for layer in cache.layers:
-        if getattr(layer, "is_initialized", False):
-            layer.keys = layer.keys.index_select(-2, positions)
-            layer.values = layer.values.index_select(-2, positions)
+        if getattr(layer, "is_initialized", False) and len(source):
+            layer.keys[..., start : len(positions), :] = layer.keys.index_select(-2, source)
+            layer.values[..., start : len(positions), :] = layer.values.index_select(-2, source)
+    crop_cache(cache, len(positions))
