@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SAR (001) Table 2 on the embedded model: trains one sar_draft head per variant (simplified = the paper's SAR,
 # block = Medusa, redrafter = ReDrafter, lstm), each with its own output layer W_3 over a 4,096-token draft
-# vocabulary, on references + the target's own continuations (training=sar_draft_distilled; training skips
+# vocabulary, on references + the target's own continuations (TRAINING, default sar_draft_onpolicy: EESD's cached
+# bf16 continuations and 800 steps, ~35 min a head on 1 thread; sar_draft_distilled: ~13 min; training skips
 # finished artifacts), then decodes GSM8K and sql_context with paired timing (ar timed right before each sample),
 # and GSM8K again in bf16 with row-invariant forwards, then the simplified and block heads with a token tree
 # (method.tree_width=4, beyond the paper).
@@ -16,7 +17,7 @@ SPECREPRO=${SPECREPRO:-.venv/bin/specrepro}
 COMMON=(model=smollm2_135m method=sar_draft method.draft_vocab=${DRAFT_VOCAB:-4096} hardware.threads=${THREADS:-1}
   results_dir="$RESULTS")
 HEADS=("${COMMON[@]}" method.variant="${VARIANTS:-simplified,block,redrafter,lstm}")
-"$SPECREPRO" train -m "${HEADS[@]}" training=sar_draft_distilled
+"$SPECREPRO" train -m "${HEADS[@]}" training=${TRAINING:-sar_draft_onpolicy}
 "$SPECREPRO" run -m "${HEADS[@]}" method.k=${K:-2} dataset=gsm8k,sql_context dataset.limit=${LIMIT:-10} \
   decoding=greedy timing.paired=true "$@"
 "$SPECREPRO" run -m "${HEADS[@]}" method.k=${K:-2} dataset=gsm8k dataset.limit=${LIMIT:-10} decoding=greedy \
