@@ -13,6 +13,8 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.sar_draft import VARIANTS, DraftHead, SARDraftConfig, SARDraftDecoder, head_for
 from specrepro.decoding.verify import keep_tree_path
 from specrepro.errors import SpecReproError
+from specrepro.training.distill_data import target_hidden_states
+from specrepro.training.sar_head import anchor_batch
 from tests.conftest import tiny_llama
 from tests.test_runner import FAST, run_dirs, specrepro
 
@@ -77,6 +79,26 @@ def test_h_p_is_the_verified_row_that_produced_the_last_committed_token(tree_wid
         with torch.no_grad():
             fresh = target.model(tokens[:, :-1]).last_hidden_state[0, -1]  # the row that predicted tokens[-1]
         assert torch.allclose(hp, fresh, atol=1e-5)
+
+
+def test_cached_training_hidden_states_and_anchors_follow_convention_a(tmp_path):
+    target = tiny_llama(vocab_size=64, num_layers=2)
+    rows = [{"prompt_ids": [5, 6, 7, 8], "continuation_ids": [9, 10, 11, 12, 13, 14]},
+            {"prompt_ids": [3], "continuation_ids": [20, 21, 22]}]
+    hidden = target_hidden_states(target, rows, 3, 2, False, tmp_path / "hidden")
+    for row, states in zip(rows, hidden):
+        seq = row["prompt_ids"][-3:] + row["continuation_ids"]
+        with torch.no_grad():  # the row of position t predicts seq[t + 1]: h_p of continuation token i
+            fresh = target.model(torch.tensor([seq])).last_hidden_state[0, len(seq) - len(row["continuation_ids"]) - 1 : -1]
+        assert torch.allclose(states, fresh, atol=1e-5)
+    cached = target_hidden_states(None, rows, 3, 2, False, tmp_path / "hidden")  # loaded, not recomputed
+    assert all(torch.equal(a, b) for a, b in zip(cached, hidden))
+    batch = anchor_batch(rows, hidden, 3, 1000)
+    assert len(batch["hp"]) == 5 + 2  # every position whose next-but-one token is a continuation token
+    assert batch["inputs"][0].tolist() == [9, 10, 11] and batch["targets"][0].tolist() == [10, 11, 12]
+    assert batch["inputs"][6].tolist()[:2] == [21, 22] and batch["valid"][6].tolist() == [True, False, False]
+    assert torch.equal(batch["hp"][6], hidden[1][1])
+    assert len(anchor_batch(rows, hidden, 3, 4)["hp"]) == 4
 
 
 def test_simplified_prefix_states_are_the_alpha_weighted_means():
@@ -152,12 +174,16 @@ def test_sampling_runs_through_speculative_verification():
 @pytest.mark.embedded
 def test_untrained_sar_draft_is_lossless_on_the_embedded_model(embedded):
     tok = embedded.tokenizer
-    decoder = SARDraftDecoder(embedded.model, tok, head_for(embedded.model, "simplified", 3, 256, 1).eval(),
-                              SARDraftConfig(k=3, k_max=3))
-    for text in ("The capital of France is", "def fibonacci(n):", "Question: 3 apples plus 4 apples? Answer:"):
-        prompt = tok(text, return_tensors="pt").input_ids
-        reference = ARDecoder(embedded.model, tok).generate(prompt, GREEDY, 64).token_ids
-        assert decoder.generate(prompt, GREEDY, 64).token_ids == reference
+    prompts = [tok(text, return_tensors="pt").input_ids for text in
+               ("The capital of France is", "def fibonacci(n):", "Question: 3 apples plus 4 apples? Answer:")]
+    references = [ARDecoder(embedded.model, tok).generate(prompt, GREEDY, 48).token_ids for prompt in prompts]
+    for variant in VARIANTS:
+        torch.manual_seed(0)
+        head = head_for(embedded.model, variant, 3, 256, 1).eval()
+        for cfg in (SARDraftConfig(variant=variant, k=3, k_max=3), SARDraftConfig(variant=variant, k=2, k_max=3, tree_width=4)):
+            decoder = SARDraftDecoder(embedded.model, tok, head, cfg)
+            for prompt, reference in zip(prompts, references):
+                assert decoder.generate(prompt, GREEDY, 48).token_ids == reference, (variant, cfg.tree_width)
 
 
 def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_path):

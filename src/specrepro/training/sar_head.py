@@ -2,8 +2,9 @@
 
 Eq. 8 (maximised): (1 - lambda) E[sum_i log p(w_i | w_<i)] + lambda E[(1/k) sum_i sum_j log q(w_{i+j} | ...)].
 Read with the note's convention A (section 8 A1): for an anchor t, q_0 predicts x[t+j+1] from (h_p[t],
-h_q(x[t+1..t+j])), j = 1..k; h_p[t] is the target's last-layer (post-norm) hidden state, computed under
-no_grad. With the target frozen the p-term carries no gradient; it is still computed (at the anchors) and
+h_q(x[t+1..t+j])), j = 1..k; h_p[t] is the target's last-layer (post-norm) hidden state. The target is
+frozen, so h_p is computed once for every row and cached (`distill_data.target_hidden_states`, shared by every
+head trained on the same rows): a step is the head's forward and backward alone. With the target frozen the p-term carries no gradient; it is still computed (at the anchors) and
 logged, so `lam` only weighs the two reported terms (paper's stage 2: lam = 1). The joint LoRA mode is not
 implemented.
 
@@ -27,7 +28,6 @@ from specrepro.decoding import draft_vocab
 from specrepro.decoding.sar_draft import DraftHead, head_for
 from specrepro.errors import SpecReproError
 from specrepro.training.distill_data import frequent_tokens, reference_rows
-from specrepro.training.eesd_head import batches, pack_batch
 from specrepro.training.loop import LoopConfig
 
 
@@ -53,46 +53,61 @@ class SARHeadTrainingConfig:
     loop: LoopConfig = field(default_factory=LoopConfig)
 
 
-def sar_terms(head: DraftHead, target, batch: dict, anchors: int, generator: torch.Generator | None = None):
-    """Eq. 8's two NLL terms at up to `anchors` random anchors, and the draft's top-1 hits per depth j."""
-    ids, mask, k = batch["input_ids"], batch["target_mask"], head.k
+def anchor_batch(rows: list[dict], hidden: list[torch.Tensor], k: int, anchors: int,
+                 generator: torch.Generator | None = None) -> dict:
+    """Up to `anchors` random anchors of `rows` (convention A): for the position t that predicted continuation
+    token i, h_p[t] (the row's cached hidden state i), the draft inputs x[t+1..t+k] = continuation[i..i+k-1] and
+    their targets x[t+j+1] = continuation[i+j], j = 1..k, valid where that is still a continuation token."""
+    hp, windows, valid = [], [], []
+    steps = torch.arange(k + 1)
+    for row, states in zip(rows, hidden):
+        n = len(row["continuation_ids"])
+        window = torch.arange(n - 1)[:, None] + steps  # anchors with at least a depth-1 target
+        windows.append(torch.tensor(row["continuation_ids"] + [0] * k)[window])
+        valid.append(window[:, 1:] < n)
+        hp.append(states[: n - 1])
+    hp, windows, valid = torch.cat(hp), torch.cat(windows), torch.cat(valid)
+    if len(hp) > anchors:
+        keep = torch.randperm(len(hp), generator=generator)[:anchors]
+        hp, windows, valid = hp[keep], windows[keep], valid[keep]
+    return {"hp": hp, "inputs": windows[:, :k], "targets": windows[:, 1:], "valid": valid}
+
+
+def sar_terms(head: DraftHead, target, batch: dict):
+    """Eq. 8's two NLL terms at a batch of anchors (`anchor_batch`), and the draft's top-1 hits per depth j."""
+    device = next(head.parameters()).device
+    hp, inputs, targets, valid = (batch[name].to(device) for name in ("hp", "inputs", "targets", "valid"))
+    hp = hp.to(next(head.parameters()).dtype)
     with torch.no_grad():
-        hidden = target.model(input_ids=ids).last_hidden_state  # h_p: post final norm
-        emb = target.get_input_embeddings()(ids)
-    starts = mask[:, : ids.shape[1] - k - 1].nonzero()  # anchors whose next token is a response token
-    if len(starts) > anchors:
-        starts = starts[torch.randperm(len(starts), generator=generator, device="cpu")[:anchors].to(ids.device)]
-    b, t = starts[:, 0], starts[:, 1]
-    offsets = torch.arange(1, k + 1, device=ids.device)
-    rows, cols = b[:, None], t[:, None] + offsets  # x[t+1..t+k]: the TLM's inputs
-    targets, valid = ids[rows, cols + 1], mask[rows, cols]  # x[t+j+1], kept where it is a response token
-    logits = head.draft_logits(hidden[b, t], emb[rows, cols])  # (N, k, V), V: the draft vocabulary
+        emb = target.get_input_embeddings()(inputs)
+    logits = head.draft_logits(hp, emb)  # (N, k, V), V: the draft vocabulary
     vocab, vocab_size = head.vocab_ids, head.settings["vocab_size"]
     # mean over anchors and depths (1/k sum_j); tokens outside a reduced draft vocabulary carry no loss
     loss_q = F.cross_entropy(logits[valid].float(), draft_vocab.draft_index(vocab, targets[valid], vocab_size),
                              ignore_index=draft_vocab.MISSING)
-    with torch.no_grad():
-        loss_p = F.cross_entropy(target.lm_head(hidden[b, t]).float(), ids[b, t + 1])
+    with torch.no_grad():  # the target's own next-token NLL at the anchors: h_p[t] predicts x[t+1]
+        loss_p = F.cross_entropy(target.lm_head(hp.to(target.lm_head.weight.dtype)).float(), inputs[:, 0])
     hits = ((draft_vocab.token_ids(vocab, logits.argmax(-1)) == targets) & valid).sum(0)
     return loss_p, loss_q, hits, valid.sum(0)
 
 
 @torch.no_grad()
-def heldout_accuracy(head, target, rows, pad_id, device, spec) -> list[float]:
+def heldout_accuracy(head, target, rows, hidden, spec) -> list[float]:
     """Teacher-forced top-1 accuracy of draft depth j = 1..k on held-out rows (fixed anchors)."""
     hits = total = 0
     generator = torch.Generator().manual_seed(0)
     for start in range(0, len(rows), 4):
-        batch = pack_batch(rows[start : start + 4], pad_id, device, spec.train_prompt_tokens)
-        *_, h, n = sar_terms(head, target, batch, spec.anchors_per_batch, generator)
+        batch = anchor_batch(rows[start : start + 4], hidden[start : start + 4], head.k, spec.anchors_per_batch, generator)
+        *_, h, n = sar_terms(head, target, batch)
         hits, total = hits + h, total + n
     return [round(float(a), 4) for a in (hits / total.clamp(min=1))] if len(rows) else []
 
 
 def train_sar_head(cfg, target, work_dir, log_metrics, device):
     """Train one SAR-family head on the frozen target; returns (head, metrics, history)."""
-    from specrepro.training.distill_data import continuation_dataset, distill_cache_dir
-    from specrepro.training.loop import train_loop
+    from specrepro.training.distill_data import (continuation_dataset, distill_cache_dir, hidden_cache_dir,
+                                                 target_hidden_states)
+    from specrepro.training.loop import micro_batch_indices, train_loop
 
     spec, model = cfg.training, target.model
     if not 0 < spec.lam <= 1:
@@ -110,23 +125,31 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
     if not rows:
         raise SpecReproError("sar_draft training found no responses longer than head_k tokens in its data")
     random.Random(spec.loop.seed).shuffle(rows)
+    # h_p of every row, once: the target is frozen, so a training step is the head's own forward and backward
+    autocast = spec.loop.bf16_autocast
+    hidden = target_hidden_states(model, rows, spec.train_prompt_tokens, spec.generation_batch_size, autocast,
+                                  hidden_cache_dir(cfg, rows, spec.train_prompt_tokens, autocast))
     n_heldout = max(1, int(len(rows) * spec.heldout_fraction))
     heldout, train_rows = rows[:n_heldout], rows[n_heldout:] or rows
-    pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
+    heldout_hidden, train_hidden = hidden[:n_heldout], hidden[n_heldout:] or hidden
 
     torch.manual_seed(spec.loop.seed)
     vocab_ids = frequent_tokens(train_rows, spec.draft_vocab) if spec.draft_vocab else None
     head = head_for(model, spec.variant, spec.head_k, spec.proj_size, spec.transformer_layers,
                     spec.shared_lm_head, vocab_ids).to(device)
-    before = heldout_accuracy(head, model, heldout, pad_id, device, spec)
+    before = heldout_accuracy(head, model, heldout, heldout_hidden, spec)
+
+    def batch_for_step(step: int, micro: int) -> dict:
+        picked = micro_batch_indices(step, micro, len(train_rows), spec.loop)
+        return anchor_batch([train_rows[i] for i in picked], [train_hidden[i] for i in picked], head.k,
+                            spec.anchors_per_batch)
 
     def loss_fn(head, batch):
-        loss_p, loss_q, hits, total = sar_terms(head, model, batch, spec.anchors_per_batch)
+        loss_p, loss_q, hits, total = sar_terms(head, model, batch)
         return (1 - spec.lam) * loss_p + spec.lam * loss_q, {  # Eq. 8 (as a loss to minimise)
             "loss_p": float(loss_p), "loss_q": float(loss_q.detach()), "top1_depth1": float(hits[0] / total[0].clamp(min=1))}
 
-    history = train_loop(head, loss_fn, batches(train_rows, spec.loop, pad_id, device, spec.train_prompt_tokens),
-                         spec.loop, work_dir / "head", log_metrics, device)
+    history = train_loop(head, loss_fn, batch_for_step, spec.loop, work_dir / "head", log_metrics, device)
     head.eval()
     target_parameters = sum(p.numel() for p in model.parameters())
     metrics = {
@@ -137,7 +160,7 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
         "target_parameters": target_parameters,
         "extra_memory_pct": 100.0 * head.num_parameters() / target_parameters,  # |theta'| / |theta|
         "heldout_top1_by_depth_before": before,
-        "heldout_top1_by_depth_after": heldout_accuracy(head, model, heldout, pad_id, device, spec),
+        "heldout_top1_by_depth_after": heldout_accuracy(head, model, heldout, heldout_hidden, spec),
         "train_sequences": len(train_rows),
         "heldout_sequences": len(heldout),
     }
