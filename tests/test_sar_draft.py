@@ -209,6 +209,21 @@ def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_p
     specrepro("run", *FAST, *reduced, "dataset=gsm8k", "dataset.limit=2", "logger=none", cwd=tmp_path)
     runs = [json.loads((p / "metrics.json").read_text()) for k, p in run_dirs(tmp_path).items() if k.startswith("sar_draft:")]
     assert len(runs) == 2 and all(m["lossless"] == 1.0 for m in runs)
+    # joint mode (Eq. 8 with lam < 1): LoRA on the target; the artifact is the merged target with the head beside it
+    joint = [*shape, "training.lam=0.25", "training.joint_lora.r=4"]
+    specrepro("train", "model=tiny_random", *joint, "training.references.gsm8k.limit=12", "training.references.sql.limit=6",
+              "training.response_tokens=16", "training.loop.steps=2", "training.loop.batch_size=2",
+              "training.anchors_per_batch=32", "hardware.threads=1", "logger=none", cwd=tmp_path)
+    (joint_head,) = [p for p in (tmp_path / "results" / "artifacts").glob("sar_head-tiny_random-*")
+                     if (p / "config.json").is_file()]
+    assert json.loads((joint_head / "artifact.json").read_text())["metrics"]["joint"] is True
+    specrepro("run", *FAST, *shape, "model.name=tiny_sar_joint", "model.source=artifact", f"model.id={joint_head.name}",
+              f"method.head={joint_head.name}", "dataset=gsm8k", "dataset.limit=2", "logger=none", cwd=tmp_path)
+    run = next(p for k, p in run_dirs(tmp_path).items() if k.startswith("sar_draft:") and "tiny_sar_joint" in p.name)
+    assert json.loads((run / "metrics.json").read_text())["lossless"] == 1.0
+    out = specrepro("train", "model=tiny_random", *shape, "training.lam=0.5", "hardware.threads=1", "logger=none",
+                    cwd=tmp_path, check=False)
+    assert out.returncode == 2 and "joint_lora.r" in out.stderr
     # a head of another variant is not picked up
     out = specrepro("run", *FAST, "method=sar_draft", "method.variant=block", "dataset=gsm8k", "dataset.limit=1",
                     "logger=none", cwd=tmp_path, check=False)

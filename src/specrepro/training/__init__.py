@@ -29,7 +29,8 @@ TRAINERS = {"sps_draft": train_sps_draft, "eesd_head": train_eesd_head,
 
 # training options added after artifacts existed: hashed only when set away from their default
 # (tracking.drop_at_default)
-_HASHED_WHEN_SET = {"training.acq_restarts": 10, "training.teacher_dtype": ""}
+_HASHED_WHEN_SET = {"training.acq_restarts": 10, "training.teacher_dtype": "",
+                    "training.joint_lora": {"r": 0, "alpha": 16, "dropout": 0.05}}
 
 
 def artifact_path(cfg) -> Path:

@@ -205,12 +205,26 @@ def hidden_cache_dir(cfg, rows: list[dict], prompt_tokens: int, autocast: bool) 
     return Path(cfg.artifacts_dir) / ".work" / f"hidden-{key}"
 
 
+def continuation_hidden(model, rows: list[dict], prompt_tokens: int) -> list[torch.Tensor]:
+    """Per row, the target's last-layer (post-norm) hidden states at the positions that predict its continuation
+    tokens, (len(continuation), H), teacher-forced on [last `prompt_tokens` prompt tokens + continuation]
+    (with gradients where the caller enables them)."""
+    device = next(model.parameters()).device
+    prompts = [r["prompt_ids"][-prompt_tokens:] for r in rows]
+    seqs = [p + r["continuation_ids"] for p, r in zip(prompts, rows)]
+    ids = torch.zeros((len(seqs), max(map(len, seqs))), dtype=torch.long)
+    for i, seq in enumerate(seqs):  # right padding: a causal mask keeps it away from real positions
+        ids[i, : len(seq)] = torch.tensor(seq)
+    hidden = model.model(input_ids=ids.to(device)).last_hidden_state
+    # position t predicts token t + 1: from the prompt's last token to the continuation's last but one
+    return [hidden[i, len(p) - 1 : len(s) - 1] for i, (p, s) in enumerate(zip(prompts, seqs))]
+
+
 @torch.no_grad()
 def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size: int, autocast: bool,
                          cache_dir: Path) -> list[torch.Tensor]:
-    """Per row, the frozen target's last-layer (post-norm) hidden states at the positions that predict its
-    continuation tokens, (len(continuation), H), teacher-forced on [last `prompt_tokens` prompt tokens +
-    continuation]; under bf16 autocast when `autocast`, stored in the forward's dtype (bf16 under autocast).
+    """`continuation_hidden` of every row under bf16 autocast when `autocast`, stored in the forward's dtype (bf16
+    under autocast).
 
     A head trained on a frozen target needs them at every step; computing them once turns each training step
     into the head's own forward and backward. Cached in `cache_dir` (written atomically)."""
@@ -223,16 +237,9 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
     states = []
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt_ids"][-prompt_tokens:]) + len(rows[i]["continuation_ids"]))
     for start in tqdm(range(0, len(order), batch_size), desc="target hidden states", unit="batch"):
-        batch = [rows[i] for i in order[start : start + batch_size]]
-        prompts = [r["prompt_ids"][-prompt_tokens:] for r in batch]
-        seqs = [p + r["continuation_ids"] for p, r in zip(prompts, batch)]
-        ids = torch.zeros((len(seqs), max(map(len, seqs))), dtype=torch.long)
-        for i, seq in enumerate(seqs):  # right padding: a causal mask keeps it away from real positions
-            ids[i, : len(seq)] = torch.tensor(seq)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            hidden = model.model(input_ids=ids.to(device)).last_hidden_state
-        # position t predicts token t + 1: from the prompt's last token to the continuation's last but one
-        states += [hidden[i, len(p) - 1 : len(s) - 1].cpu() for i, (p, s) in enumerate(zip(prompts, seqs))]
+            states += [h.cpu() for h in continuation_hidden(model, [rows[i] for i in order[start : start + batch_size]],
+                                                             prompt_tokens)]
     by_row = [None] * len(rows)
     for position, index in enumerate(order):
         by_row[index] = states[position]

@@ -4,9 +4,14 @@ Eq. 8 (maximised): (1 - lambda) E[sum_i log p(w_i | w_<i)] + lambda E[(1/k) sum_
 Read with the note's convention A (section 8 A1): for an anchor t, q_0 predicts x[t+j+1] from (h_p[t],
 h_q(x[t+1..t+j])), j = 1..k; h_p[t] is the target's last-layer (post-norm) hidden state. The target is
 frozen, so h_p is computed once for every row and cached (`distill_data.target_hidden_states`, shared by every
-head trained on the same rows): a step is the head's forward and backward alone. With the target frozen the p-term carries no gradient; it is still computed (at the anchors) and
-logged, so `lam` only weighs the two reported terms (paper's stage 2: lam = 1). The joint LoRA mode is not
-implemented.
+head trained on the same rows): a step is the head's forward and backward alone. With the target frozen the
+p-term carries no gradient; it is still computed (at the anchors) and logged (paper's stage 2: lam = 1).
+
+Joint mode (lam < 1, the paper's lam = 0.25): LoRA adapters of rank `joint_lora.r` on the target's attention and MLP
+projections (peft; Table 4: r_p = 16 on GSM8K) train with the head in one stage, the q-term's gradient reaching
+them through h_p, so every step runs the target forward and backward. The p-term is the target's NLL at the same
+anchors. The artifact then holds the merged target (a full model: `model.source=artifact`) beside the head, and
+`lossless` compares with `ar` on that fine-tuned target.
 
 Data (the paper trains on ground truth, not distillation): the bundled datasets' reference responses after
 their prompts (GSM8K train solutions and Spider train SQL by default). Optionally the target's own greedy
@@ -22,11 +27,13 @@ from typing import Dict
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.sar_draft import DraftHead, head_for
 from specrepro.errors import SpecReproError
+from specrepro.training.cllm import LoRAConfig
 from specrepro.training.distill_data import frequent_tokens, reference_rows
 from specrepro.training.loop import LoopConfig
 
@@ -40,7 +47,8 @@ class SARHeadTrainingConfig:
     transformer_layers: int = 1
     shared_lm_head: bool = False
     draft_vocab: int = 0  # V > 0: the output scores only the V tokens most frequent in the training responses
-    lam: float = 1.0  # Eq. 8's lambda (separate mode, stage 2: 1)
+    lam: float = 1.0  # Eq. 8's lambda: 1 = separate mode, stage 2 (target frozen); < 1 = joint mode (paper: 0.25)
+    joint_lora: LoRAConfig = field(default_factory=LoRAConfig)  # joint mode: LoRA on the target, r > 0
     references: Dict[str, DatasetConfig] = field(default_factory=dict)  # ground-truth responses after their prompts
     continuations: Dict[str, DatasetConfig] = field(default_factory=dict)  # optional: the target's greedy continuations
     response_tokens: int = 128
@@ -73,8 +81,9 @@ def anchor_batch(rows: list[dict], hidden: list[torch.Tensor], k: int, anchors: 
     return {"hp": hp, "inputs": windows[:, :k], "targets": windows[:, 1:], "valid": valid}
 
 
-def sar_terms(head: DraftHead, target, batch: dict):
-    """Eq. 8's two NLL terms at a batch of anchors (`anchor_batch`), and the draft's top-1 hits per depth j."""
+def sar_terms(head: DraftHead, target, batch: dict, train_target: bool = False):
+    """Eq. 8's two NLL terms at a batch of anchors (`anchor_batch`), and the draft's top-1 hits per depth j; the
+    p-term carries a gradient only when `train_target` (joint mode)."""
     device = next(head.parameters()).device
     hp, inputs, targets, valid = (batch[name].to(device) for name in ("hp", "inputs", "targets", "valid"))
     hp = hp.to(next(head.parameters()).dtype)
@@ -85,7 +94,7 @@ def sar_terms(head: DraftHead, target, batch: dict):
     # mean over anchors and depths (1/k sum_j); tokens outside a reduced draft vocabulary carry no loss
     loss_q = F.cross_entropy(logits[valid].float(), draft_vocab.draft_index(vocab, targets[valid], vocab_size),
                              ignore_index=draft_vocab.MISSING)
-    with torch.no_grad():  # the target's own next-token NLL at the anchors: h_p[t] predicts x[t+1]
+    with torch.set_grad_enabled(train_target):  # the target's own next-token NLL at the anchors: h_p[t] predicts x[t+1]
         loss_p = F.cross_entropy(target.lm_head(hp.to(target.lm_head.weight.dtype)).float(), inputs[:, 0])
     hits = ((draft_vocab.token_ids(vocab, logits.argmax(-1)) == targets) & valid).sum(0)
     return loss_p, loss_q, hits, valid.sum(0)
@@ -103,15 +112,33 @@ def heldout_accuracy(head, target, rows, hidden, spec) -> list[float]:
     return [round(float(a), 4) for a in (hits / total.clamp(min=1))] if len(rows) else []
 
 
+class JointSAR(nn.Module):
+    """Joint mode: the draft head and the target with its LoRA adapters, trained as one module; saved as the merged
+    target (config.json + weights) with the head's files beside it."""
+
+    def __init__(self, head: DraftHead, target: nn.Module):
+        super().__init__()
+        self.head, self.target = head, target
+
+    def save_pretrained(self, path) -> None:
+        self.target.save_pretrained(path)
+        self.head.save_pretrained(path)
+
+
 def train_sar_head(cfg, target, work_dir, log_metrics, device):
-    """Train one SAR-family head on the frozen target; returns (head, metrics, history)."""
-    from specrepro.training.distill_data import (continuation_dataset, distill_cache_dir, hidden_cache_dir,
-                                                 target_hidden_states)
+    """Train one SAR-family head, on the frozen target or jointly with LoRA on it; returns (head or JointSAR, metrics,
+    history)."""
+    from specrepro.training.distill_data import (continuation_dataset, continuation_hidden, distill_cache_dir,
+                                                 hidden_cache_dir, target_hidden_states)
     from specrepro.training.loop import micro_batch_indices, train_loop
 
     spec, model = cfg.training, target.model
+    joint = spec.lam < 1
     if not 0 < spec.lam <= 1:
-        raise SpecReproError(f"sar_draft training needs 0 < lam <= 1 with the target frozen, got {spec.lam}")
+        raise SpecReproError(f"sar_draft training needs 0 < lam <= 1 (1: target frozen; < 1: joint), got {spec.lam}")
+    if joint and spec.joint_lora.r <= 0:
+        raise SpecReproError(f"sar_draft joint training (lam = {spec.lam} < 1) trains the target through LoRA: "
+                             "set training.joint_lora.r > 0 (Table 4: 16 on GSM8K)")
     for p in model.parameters():
         p.requires_grad_(False)
     rows = reference_rows(spec.references, target.tokenizer, spec.max_prompt_tokens, spec.response_tokens)
@@ -125,43 +152,66 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
     if not rows:
         raise SpecReproError("sar_draft training found no responses longer than head_k tokens in its data")
     random.Random(spec.loop.seed).shuffle(rows)
-    # h_p of every row, once: the target is frozen, so a training step is the head's own forward and backward
-    autocast = spec.loop.bf16_autocast
-    hidden = target_hidden_states(model, rows, spec.train_prompt_tokens, spec.generation_batch_size, autocast,
-                                  hidden_cache_dir(cfg, rows, spec.train_prompt_tokens, autocast))
     n_heldout = max(1, int(len(rows) * spec.heldout_fraction))
     heldout, train_rows = rows[:n_heldout], rows[n_heldout:] or rows
-    heldout_hidden, train_hidden = hidden[:n_heldout], hidden[n_heldout:] or hidden
+    autocast = spec.loop.bf16_autocast
+    if not joint:  # h_p of every row, once: a training step is the head's own forward and backward
+        hidden = target_hidden_states(model, rows, spec.train_prompt_tokens, spec.generation_batch_size, autocast,
+                                      hidden_cache_dir(cfg, rows, spec.train_prompt_tokens, autocast))
+        train_hidden = hidden[n_heldout:] or hidden
+
+    def heldout_hidden() -> list[torch.Tensor]:
+        if not joint:
+            return hidden[:n_heldout]
+        with torch.no_grad():  # joint mode: the target changes every step, so h_p comes from a live forward
+            return [h for i in range(0, len(heldout), 4)
+                    for h in continuation_hidden(model, heldout[i : i + 4], spec.train_prompt_tokens)]
 
     torch.manual_seed(spec.loop.seed)
     vocab_ids = frequent_tokens(train_rows, spec.draft_vocab) if spec.draft_vocab else None
     head = head_for(model, spec.variant, spec.head_k, spec.proj_size, spec.transformer_layers,
                     spec.shared_lm_head, vocab_ids).to(device)
-    before = heldout_accuracy(head, model, heldout, heldout_hidden, spec)
+    before = heldout_accuracy(head, model, heldout, heldout_hidden(), spec)
+    trained: nn.Module = head
+    if joint:
+        from peft import LoraConfig, get_peft_model
+
+        trained = JointSAR(head, get_peft_model(model, LoraConfig(
+            r=spec.joint_lora.r, lora_alpha=spec.joint_lora.alpha, lora_dropout=spec.joint_lora.dropout,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])))
 
     def batch_for_step(step: int, micro: int) -> dict:
         picked = micro_batch_indices(step, micro, len(train_rows), spec.loop)
+        if joint:
+            return {"rows": [train_rows[i] for i in picked]}
         return anchor_batch([train_rows[i] for i in picked], [train_hidden[i] for i in picked], head.k,
                             spec.anchors_per_batch)
 
-    def loss_fn(head, batch):
-        loss_p, loss_q, hits, total = sar_terms(head, model, batch)
+    def loss_fn(module, batch):
+        if joint:  # LoRA injected into `model` in place: its forward is the adapted target's
+            batch = anchor_batch(batch["rows"], continuation_hidden(model, batch["rows"], spec.train_prompt_tokens),
+                                 head.k, spec.anchors_per_batch)
+        loss_p, loss_q, hits, total = sar_terms(head, model, batch, train_target=joint)
         return (1 - spec.lam) * loss_p + spec.lam * loss_q, {  # Eq. 8 (as a loss to minimise)
             "loss_p": float(loss_p), "loss_q": float(loss_q.detach()), "top1_depth1": float(hits[0] / total[0].clamp(min=1))}
 
-    history = train_loop(head, loss_fn, batch_for_step, spec.loop, work_dir / "head", log_metrics, device)
+    history = train_loop(trained, loss_fn, batch_for_step, spec.loop, work_dir / "head", log_metrics, device)
+    if joint:
+        trained.target = trained.target.merge_and_unload()
+        model = trained.target.requires_grad_(False).eval()
     head.eval()
     target_parameters = sum(p.numel() for p in model.parameters())
     metrics = {
         "variant": spec.variant,
         "shared_lm_head": spec.shared_lm_head,
         "draft_vocab": spec.draft_vocab,
+        "joint": joint,
         "head_parameters": head.num_parameters(),  # the shared LM head is the target's: not counted
         "target_parameters": target_parameters,
         "extra_memory_pct": 100.0 * head.num_parameters() / target_parameters,  # |theta'| / |theta|
         "heldout_top1_by_depth_before": before,
-        "heldout_top1_by_depth_after": heldout_accuracy(head, model, heldout, heldout_hidden, spec),
+        "heldout_top1_by_depth_after": heldout_accuracy(head, model, heldout, heldout_hidden(), spec),
         "train_sequences": len(train_rows),
         "heldout_sequences": len(heldout),
     }
-    return head, metrics, history
+    return trained, metrics, history
