@@ -10,7 +10,7 @@ import torch
 from specrepro.decoding import draft_verify
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
-from specrepro.decoding.sar_draft import VARIANTS, DraftHead, SARDraftConfig, SARDraftDecoder, head_for
+from specrepro.decoding.sar_draft import VARIANTS, DraftHead, SARDraftConfig, SARDraftDecoder, find_head, head_for
 from specrepro.decoding.verify import keep_tree_path
 from specrepro.errors import SpecReproError
 from specrepro.training.distill_data import target_hidden_states
@@ -217,6 +217,7 @@ def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_p
     (joint_head,) = [p for p in (tmp_path / "results" / "artifacts").glob("sar_head-tiny_random-*")
                      if (p / "config.json").is_file()]
     assert json.loads((joint_head / "artifact.json").read_text())["metrics"]["joint"] is True
+    assert find_head("sar_head", tmp_path / "results" / "artifacts", "tiny_random", "lstm", False) == artifact  # not the base's
     specrepro("run", *FAST, *shape, "model.name=tiny_sar_joint", "model.source=artifact", f"model.id={joint_head.name}",
               f"method.head={joint_head.name}", "dataset=gsm8k", "dataset.limit=2", "logger=none", cwd=tmp_path)
     run = next(p for k, p in run_dirs(tmp_path).items() if k.startswith("sar_draft:") and "tiny_sar_joint" in p.name)

@@ -207,8 +207,10 @@ def find_head(ref: str, artifacts_dir, model_name: str, variant: str, shared_lm_
     def matches(path: Path) -> bool:
         meta = path / HEAD_FILES[0]
         settings = json.loads(meta.read_text()) if meta.is_file() else {}
+        # a joint-mode head belongs to the fine-tuned target saved beside it (config.json): taken only when named
+        named = path.name == Path(ref).name
         return (settings.get("variant") == variant and settings.get("shared_lm_head", False) == shared_lm_head
-                and settings.get("draft_vocab", 0) == vocab)
+                and settings.get("draft_vocab", 0) == vocab and (named or not (path / "config.json").is_file()))
 
     path = find_matching_artifact(ref, artifacts_dir, model_name, matches)
     if path is not None:
