@@ -6,11 +6,11 @@ Shared by every component trained to imitate the target (the sps draft, EESD's d
 - off-policy: human responses (GSM8K solutions, ShareGPT replies) labelled with the target's argmax
   at every position by one teacher-forced forward.
 Both are cached as `datasets` datasets under the artifacts dir, keyed by the target and the settings.
-- features: the frozen target's last-layer hidden states at every response position of such rows, computed
-  once and shared by every head trained on the same rows (`target_hidden_states`).
 Both can come from a bf16 copy of an fp32 target (`training.teacher_dtype`): ~2x the tokens per CPU second here (onednn
 kernel, generation batch 16: 330-370 against ~180 tok/s), at the price of continuations and labels that
 leave the fp32 target's greedy choice wherever bf16 rounding flips an argmax.
+Features: the frozen target's last-layer hidden states at every response position of such rows, computed once
+and shared by every head trained on the same rows (`target_hidden_states`).
 """
 
 from __future__ import annotations
