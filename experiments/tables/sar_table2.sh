@@ -4,8 +4,8 @@
 # vocabulary, on references + the target's own continuations (TRAINING, default sar_draft_onpolicy: EESD's cached
 # bf16 continuations and 800 steps; the target's hidden states of the training rows are computed once and shared by
 # the four heads, then each head takes 4-10 min on 1 thread; training skips finished artifacts), then decodes GSM8K
-# and sql_context with paired timing (ar timed right before each sample), and GSM8K again in bf16 with row-invariant forwards, then every head with a token tree (method.tree_width=4,
-# beyond the paper).
+# and sql_context with paired timing (ar timed right before each sample), and GSM8K again in bf16 with row-invariant
+# forwards, then every head with a token tree (method.tree_width=4, beyond the paper).
 # Usage: experiments/tables/sar_table2.sh [results dir] [extra run overrides...]
 # LIMIT (prompts per dataset, default 10), VARIANTS (default simplified,block,redrafter,lstm), K (draft length,
 # default 2), DRAFT_VOCAB (default 4096), TREE_VARIANTS (default: VARIANTS).
