@@ -21,6 +21,7 @@ from specrepro.decoding.eesd import EarlyExitHead, EESDConfig, EESDDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling, warp_logits
 from specrepro.decoding.sar_draft import SARDraftConfig, SARDraftDecoder, head_for
+from specrepro.decoding.self_sd import SelfSDConfig, SelfSDDecoder
 from specrepro.decoding.sps import SPSDecoder
 from tests.conftest import tiny_llama
 
@@ -101,6 +102,14 @@ def test_eesd_with_a_token_tree_preserves_the_target_distribution(models, exact,
     head = EarlyExitHead(target, 1, draft_vocab_ids=None if vocab_ids is None else torch.tensor(vocab_ids)).eval()
     cfg = EESDConfig(num_layers=1, control="fixed", k=2, draft_vocab=len(vocab_ids or []), tree_width=3)
     assert p_value(EESDDecoder(target, None, head, cfg), exact) > 1e-3
+
+
+@pytest.mark.parametrize("tree_width", [1, 3])
+def test_self_sd_with_a_reduced_draft_vocabulary_preserves_the_target_distribution(models, exact, tree_width):
+    # the draft vocabulary: token 1 (the corpus' most frequent) + the prompt's 0, 3, 4; token 2 has q = 0
+    cfg = SelfSDConfig(control="fixed", k=2, draft_vocab=1, tree_width=tree_width)
+    decoder = SelfSDDecoder(models[0], None, [1], [0], cfg, vocab_ranking=torch.tensor([1, 2]))
+    assert p_value(decoder, exact) > 1e-3
 
 
 def test_sar_draft_with_a_token_tree_preserves_the_target_distribution(models, exact):

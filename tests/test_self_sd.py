@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from specrepro.cli import CONF_DIR
 from specrepro.config import register_configs
-from specrepro.decoding import draft_verify
+from specrepro.decoding import draft_verify, draft_vocab
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.controllers import AdaptiveDraftExit
 from specrepro.decoding.sampling import Sampling
@@ -67,6 +67,27 @@ def test_greedy_self_sd_with_a_token_tree_equals_ar(sharp_model, monkeypatch):
     assert any(path and path[0] != 0 for path in paths)  # a sibling, not the chain, was accepted
     with pytest.raises(SpecReproError, match="tree_width"):
         SelfSDDecoder(sharp_model, None, [1], [2], SelfSDConfig(tree_width=0))
+
+
+@pytest.mark.parametrize("control,k,width", [("fixed", 2, 1), ("fixed", 1, 4), ("adaptive", 5, 3)])
+def test_greedy_self_sd_with_a_reduced_draft_vocabulary_equals_ar(sharp_model, control, k, width):
+    prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
+    reference = ARDecoder(sharp_model).generate(prompt, GREEDY, 40).token_ids
+    ranking = torch.randperm(64, generator=torch.Generator().manual_seed(0))
+    cfg = SelfSDConfig(control=control, k=k, tree_width=width, draft_vocab=16)
+    decoder = SelfSDDecoder(sharp_model, None, [1, 3], [0, 2], cfg, vocab_ranking=ranking)
+    gen = decoder.generate(prompt, GREEDY, 40)
+    assert gen.token_ids == reference
+    vocab = set(decoder.vocab_ids.tolist())
+    assert vocab == set(ranking[:16].tolist()) | set(prompt[0].tolist()) and gen.extra["draft_vocab"] == len(vocab)
+    assert sum(gen.accepted) > len(gen.accepted)  # drafts were accepted
+
+
+def test_draft_vocabulary_is_frequent_tokens_then_the_prompts_own():
+    vocab = draft_vocab.with_prompt_tokens(torch.tensor([7, 2, 70, 5]), torch.tensor([[5, 9, 9, 99, 3]]), 64)
+    assert vocab.tolist() == [7, 2, 5, 3, 9]  # ids beyond the model's vocabulary are dropped
+    with pytest.raises(SpecReproError, match="tokenizer"):
+        SelfSDDecoder(tiny_llama(vocab_size=8, seed=0), None, [0], [], SelfSDConfig(draft_vocab=4))
 
 
 def test_adaptive_exit_drafts_variable_lengths(sharp_model):
@@ -167,21 +188,29 @@ def test_search_cli_writes_skip_sets_that_runs_use(tmp_path):
     common = ["train", "method=self_sd", "model=tiny_random", "model.random.num_layers=3", "logger=none",
               "hardware.threads=1", "training.iterations=4", "training.init_points=2", "training.dev_records=1",
               "training.max_new_tokens=6", "training.max_prompt_tokens=48"]
-    for search in ("training.search=bayes", "training.gp_inputs=binary", "training.search=random"):
-        specrepro(*common, search, cwd=tmp_path)
+    for search in ("training.search=bayes", "training.gp_inputs=binary training.recheck_top=0", "training.search=random"):
+        specrepro(*common, *search.split(), cwd=tmp_path)
     artifacts = sorted((tmp_path / "results" / "artifacts").glob("self_sd_skip_set-tiny_random-*"))
     assert len(artifacts) == 3
     for path in artifacts:
         meta = json.loads((path / "artifact.json").read_text())
         skip = json.loads((path / "skip_set.json").read_text())
         assert len(meta["history"]) == 4 and skip["num_layers"] == 3
-        assert meta["metrics"]["best_objective"] == max(row["objective"] for row in meta["history"])
+        rechecks = meta["metrics"]["best_rechecks"]  # the best sets timed twice more (recheck_top 5 by default)
+        if rechecks:
+            assert len(rechecks) == 3 and rechecks[0] in [row["objective"] for row in meta["history"]]
+            assert meta["metrics"]["best_objective"] == pytest.approx(sum(rechecks) / 3)
+        else:
+            assert meta["metrics"]["best_objective"] == max(row["objective"] for row in meta["history"])
         assert all(0 <= i < 3 for i in skip["attn_skip"] + skip["mlp_skip"])
-    specrepro("run", *FAST, "model.random.num_layers=3", "method=self_sd", f"method.skip_set={artifacts[0].name}",
-              "dataset=cnn_dm", "dataset.limit=2", "logger=none", cwd=tmp_path)
-    runs = run_dirs(tmp_path)
-    metrics = json.loads((next(p for k, p in runs.items() if k.startswith("self_sd:")) / "metrics.json").read_text())
-    assert metrics["lossless"] == 1.0 and metrics["complete"]
+    for vocab in (0, 32):  # 32: the draft scores the bundled ShareGPT's 32 most frequent tokens + the prompt's
+        specrepro("run", *FAST, "model.random.num_layers=3", "method=self_sd", f"method.skip_set={artifacts[0].name}",
+                  f"method.draft_vocab={vocab}", "dataset=cnn_dm", "dataset.limit=2", "logger=none", cwd=tmp_path)
+    runs = [path for key, path in run_dirs(tmp_path).items() if key.startswith("self_sd:")]
+    assert len(runs) == 2
+    for path in runs:
+        metrics = json.loads((path / "metrics.json").read_text())
+        assert metrics["lossless"] == 1.0 and metrics["complete"]
 
 
 @pytest.mark.embedded

@@ -9,6 +9,9 @@ A head holds its draft vocabulary as a `vocab_ids` buffer (V token ids, most fre
 
 from __future__ import annotations
 
+import functools
+from collections import Counter
+
 import torch
 
 from specrepro.decoding.sampling import Sampling, probs, sample
@@ -54,3 +57,34 @@ def alternatives(vocab_ids: torch.Tensor | None, logits: torch.Tensor, chosen: t
     """Token ids of the `count` best draft tokens for `logits` other than `chosen`, best first."""
     best = token_ids(vocab_ids, logits.topk(min(count + 1, logits.shape[-1])).indices)
     return best[best != chosen][:count]
+
+
+def _strings(value):
+    """Every string inside a JSON value (a row, a conversation, ...), depth first."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+@functools.lru_cache(maxsize=4)
+def corpus_ranking(tokenizer, path: str) -> torch.Tensor:
+    """Token ids by their count in a text corpus (every string of every row of a bundled or local file), most
+    frequent first, then by id; tokens the corpus lacks are left out. FR-Spec ranks by a general corpus too."""
+    from specrepro.data.files import read_rows
+
+    texts = [text for row in read_rows(path) for text in _strings(row)]
+    counts = Counter(token for ids in tokenizer(texts, add_special_tokens=False)["input_ids"] for token in ids)
+    return torch.tensor(sorted(counts, key=lambda token: (-counts[token], token)), dtype=torch.long)
+
+
+def with_prompt_tokens(frequent: torch.Tensor, prompt_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A prompt's draft vocabulary: the `frequent` token ids, then the prompt's own tokens that are not among
+    them (a summary copies names from its article), ids below `vocab_size` only."""
+    frequent = frequent[frequent < vocab_size]
+    prompt = prompt_ids.flatten().unique().to(frequent.device)
+    return torch.cat([frequent, prompt[~torch.isin(prompt, frequent) & (prompt < vocab_size)]])

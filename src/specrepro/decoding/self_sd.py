@@ -12,6 +12,11 @@ official code does (a skipped sub-layer bypasses its RMSNorm too).
 
 Token tree (`tree_width` w > 1, beyond the paper): the draft's next w - 1 best tokens at the first draft position
 join the chain as siblings of its first node (`DraftVerifyDecoder.propose_tree`).
+
+Reduced draft vocabulary (`draft_vocab` V > 0, beyond the paper; FR-Spec): the draft's LM head scores only the V
+tokens most frequent in a general corpus plus the prompt's own tokens (`decoding/draft_vocab.py`). On the
+embedded model the full head is ~0.16 of a forward, a quarter of a half-skipped draft step. Lossless either way:
+the full model verifies over the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.controllers import AdaptiveDraftExit, DraftLengthController, FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder
-from specrepro.decoding.sampling import Sampling, probs, sample
+from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 
@@ -51,6 +56,8 @@ class SelfSDConfig(MethodConfig):
     beta2: float = 0.9
     carry_gamma: bool = True  # gamma carries over from one generation to the next (official code, Fig. 5)
     tree_width: int = 1  # w > 1: the draft's top-w tokens at the first draft position, verified as a tree (beyond the paper)
+    draft_vocab: int = 0  # V > 0: the draft scores the V corpus-frequent tokens + the prompt's (beyond the paper)
+    draft_vocab_corpus: str = "sharegpt/sharegpt_v3_first1000.json.gz"  # ranks tokens for draft_vocab
 
 
 @dataclass
@@ -143,7 +150,10 @@ def check_skip_set(attn_skip, mlp_skip, num_layers: int) -> None:
 class SelfSDDecoder(DraftVerifyDecoder):
     name = "self_sd"
 
-    def __init__(self, model, tokenizer, attn_skip, mlp_skip, cfg: SelfSDConfig):
+    def __init__(self, model, tokenizer, attn_skip, mlp_skip, cfg: SelfSDConfig,
+                 vocab_ranking: torch.Tensor | None = None):
+        """`vocab_ranking`: token ids, most frequent first, whose first `cfg.draft_vocab` form the draft vocabulary
+        (with the prompt's tokens); by default `cfg.draft_vocab_corpus` ranked with `tokenizer`."""
         super().__init__(model, tokenizer)
         self.num_layers = len(decoder_layers(model))
         check_skip_set(attn_skip, mlp_skip, self.num_layers)
@@ -157,6 +167,14 @@ class SelfSDDecoder(DraftVerifyDecoder):
         if cfg.tree_width < 1:
             raise SpecReproError(f"self_sd tree_width must be >= 1, got {cfg.tree_width}")
         self.tree_width = cfg.tree_width
+        if cfg.draft_vocab < 0:
+            raise SpecReproError(f"self_sd draft_vocab must be >= 0 (0: the whole vocabulary), got {cfg.draft_vocab}")
+        if cfg.draft_vocab and vocab_ranking is None:
+            if tokenizer is None:
+                raise SpecReproError("self_sd draft_vocab needs a tokenizer to rank its corpus' tokens")
+            vocab_ranking = draft_vocab.corpus_ranking(tokenizer, cfg.draft_vocab_corpus)
+        self.frequent = vocab_ranking[:cfg.draft_vocab] if cfg.draft_vocab else None
+        self.vocab_ids, self.draft_head = None, None  # this prompt's draft vocabulary and LM-head rows (`start`)
         self.attn_skip, self.mlp_skip = sorted(set(attn_skip)), sorted(set(mlp_skip))
         self.cfg = cfg
         self.gamma = cfg.gamma0  # carried across generations when cfg.carry_gamma
@@ -197,6 +215,23 @@ class SelfSDDecoder(DraftVerifyDecoder):
             self.controller = AdaptiveDraftExit(c.k, self.gamma, c.alpha, c.epsilon, c.beta1, c.beta2)
         return self.controller
 
+    def start(self, prompt_ids):
+        if self.frequent is None:
+            return
+        head = self.model.lm_head
+        self.vocab_ids = draft_vocab.with_prompt_tokens(self.frequent, prompt_ids, head.weight.shape[0]).to(head.weight.device)
+        self.draft_head = torch.nn.Linear(head.in_features, len(self.vocab_ids), bias=False, device=head.weight.device,
+                                          dtype=head.weight.dtype)
+        with torch.no_grad():
+            self.draft_head.weight.copy_(head.weight[self.vocab_ids])
+
+    def draft_logits(self, step_input, position) -> torch.Tensor:
+        """The skipped-layer draft's last logits: over the whole vocabulary, or over `vocab_ids` (draft_vocab)."""
+        if self.draft_head is None:
+            return self.model(step_input, past_key_values=self.cache, position_ids=position, logits_to_keep=1).logits[0, -1]
+        hidden = self.model.model(step_input, past_key_values=self.cache, position_ids=position).last_hidden_state
+        return self.draft_head(hidden[0, -1])
+
     def target_forward(self, input_ids, cache, logits_to_keep=0, tree=None):
         self.cache = cache  # the verified cache, which `propose` drafts on
         return super().target_forward(input_ids, cache, logits_to_keep, tree)
@@ -215,27 +250,26 @@ class SelfSDDecoder(DraftVerifyDecoder):
         with skipped_sublayers(self.model, self.attn_skip, self.mlp_skip):
             for step in range(k):
                 position = torch.full((1, 1), verified + step, dtype=torch.long, device=tokens.device)
-                logits = self.model(step_input, past_key_values=self.cache, position_ids=position,
-                                    logits_to_keep=1).logits[0, -1]
+                logits = self.draft_logits(step_input, position)
                 if step == 0:
                     self.first_logits = logits
-                if sampling.greedy:
-                    token = logits.argmax(-1)
-                else:
-                    q = probs(logits, sampling)  # Alg. 4: sample from the warped draft distribution
-                    token = sample(q, rng)
+                # Alg. 4: q = the warped draft distribution (zero outside a reduced draft vocabulary)
+                token, q, top1 = draft_vocab.choose_draft_token(self.vocab_ids, logits, self.model.config.vocab_size,
+                                                                sampling, rng)
+                if q is not None:
                     qs.append(q)
                 drafts.append(token)
                 step_input = token.view(1, 1)
                 # Alg. 3/4: exit after a token whose max draft probability is below gamma (the token is kept)
-                if not controller.keep_drafting(float(logits.float().softmax(-1).max())):
+                if not controller.keep_drafting(top1):
                     break
         crop_cache(self.cache, verified)
         return torch.stack(drafts), (torch.stack(qs) if qs else None)
 
     def first_alternatives(self, chosen, count):
-        return draft_vocab.alternatives(None, self.first_logits, chosen, count)
+        return draft_vocab.alternatives(self.vocab_ids, self.first_logits, chosen, count)
 
     def _decode(self, prompt_ids, sampling, out, rng) -> None:
         super()._decode(prompt_ids, sampling, out, rng)
-        out.gen.extra.update(attn_skipped=len(self.attn_skip), mlp_skipped=len(self.mlp_skip))  # which set ran
+        out.gen.extra.update(attn_skipped=len(self.attn_skip), mlp_skipped=len(self.mlp_skip),  # which set ran
+                             draft_vocab=0 if self.vocab_ids is None else len(self.vocab_ids))

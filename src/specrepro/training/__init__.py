@@ -30,7 +30,9 @@ TRAINERS = {"sps_draft": train_sps_draft, "eesd_head": train_eesd_head,
 # training options added after artifacts existed: hashed only when set away from their default
 # (tracking.drop_at_default)
 _HASHED_WHEN_SET = {"training.acq_restarts": 10, "training.teacher_dtype": "",
-                    "training.joint_lora": {"r": 0, "alpha": 16, "dropout": 0.05}}
+                    "training.joint_lora": {"r": 0, "alpha": 16, "dropout": 0.05},
+                    "training.recheck_top": 0, "training.recheck_repeats": 2, "training.decoder.draft_vocab": 0,
+                    "training.decoder.draft_vocab_corpus": "sharegpt/sharegpt_v3_first1000.json.gz"}
 
 
 def artifact_path(cfg) -> Path:

@@ -4,9 +4,12 @@ z in {0,1}^{2L} (L attention + L MLP sub-layers, L = the model's own depth) is r
 thresholded (0.5, as in the official `searching.py`); variables 0..L-1 are attention, L..2L-1 MLP. The
 objective, maximised, is the decode throughput of greedy self_sd on a few development prompts: generated
 tokens / (draft + verify time), the inverse of the paper's "average inference time per verified token"
-(`objective=tokens_per_s`); by default it is divided by ar's throughput on the same prompts timed right
-before (`paired_speedup`): on a shared machine the load drifts during a search, and raw timings then
-reward whichever sets ran while the machine was quiet. Prefill is the full model whatever the skip set,
+(`objective=tokens_per_s`); by default it is divided by ar's throughput on the same prompts, each prompt
+decoded by ar right before self_sd (`paired_speedup`): on a shared machine the load drifts during a search, and
+raw timings then reward whichever sets ran while the machine was quiet (timing ar on all prompts before
+self_sd on all let a load spike during ar's half make a set that accepts nothing the best of a search).
+`recheck_top` n > 0 evaluates the n best sets `recheck_repeats` more times at the end and keeps the best mean:
+one lucky timing no longer picks the set. Prefill is the full model whatever the skip set,
 so it is computed once per prompt and left out of the objective. `search=random` draws the same number of
 uniform points (each sub-layer skipped with probability 1 - threshold) for the ablation. `gp_inputs=binary`
 fits the GP on the thresholded points instead of the official code's raw ones (`relaxed`): the objective is a
@@ -60,6 +63,8 @@ class SelfSDSearchConfig:
     dev_records: int = 4  # per set, taken from the END of the file (evaluation runs take records from the start)
     max_prompt_tokens: Optional[int] = None  # keep only the last tokens of each prompt; null = whole prompt
     max_new_tokens: int = 32
+    recheck_top: int = 0  # n > 0: the n best sets are evaluated recheck_repeats more times; the best mean wins
+    recheck_repeats: int = 2
     decoder: SelfSDConfig = field(default_factory=SelfSDConfig)  # draft control during the search
 
 
@@ -97,17 +102,23 @@ class PrefilledSelfSD(SelfSDDecoder):
         return SimpleNamespace(logits=logits)
 
 
-def decode_throughput(decoder, prompts, max_new_tokens: int) -> tuple[float, dict]:
-    """Generated tokens after the first / (draft + verify seconds) over greedy generations of all prompts."""
-    tokens = seconds = drafted = accepted = steps = 0
+def decode_throughput(decoder, prompts, max_new_tokens: int, ar=None) -> tuple[float, float | None, dict]:
+    """Generated tokens after the first / (draft + verify seconds) over greedy generations of all prompts, and
+    the same for `ar` decoding each prompt right before `decoder` (None without `ar`)."""
+    tokens = seconds = ar_tokens = ar_seconds = drafted = accepted = steps = 0
     for ids in prompts:
+        if ar is not None:
+            gen = ar.generate(ids, Sampling(), max_new_tokens)
+            ar_tokens += len(gen.token_ids) - 1
+            ar_seconds += gen.draft_time + gen.verify_time
         gen = decoder.generate(ids, Sampling(), max_new_tokens)
         tokens += len(gen.token_ids) - 1
         seconds += gen.draft_time + gen.verify_time
         drafted += sum(gen.drafted)
         accepted += sum(gen.accepted) - len(gen.accepted)  # draft tokens kept (bonus/correction excluded)
         steps += gen.steps
-    return tokens / seconds, {"accept_rate": accepted / max(drafted, 1), "mat": tokens / max(steps, 1)}
+    ar_tps = ar_tokens / ar_seconds if ar is not None else None
+    return tokens / seconds, ar_tps, {"accept_rate": accepted / max(drafted, 1), "mat": tokens / max(steps, 1)}
 
 
 def to_skip_set(params: dict, num_layers: int, threshold: float) -> tuple[list[int], list[int]]:
@@ -116,6 +127,22 @@ def to_skip_set(params: dict, num_layers: int, threshold: float) -> tuple[list[i
     attn = [i for i in range(num_layers) if values[i] > threshold]
     mlp = [i for i in range(num_layers) if values[num_layers + i] > threshold]
     return attn, mlp
+
+
+def recheck(history: list[dict], spec: SelfSDSearchConfig, evaluate) -> dict:
+    """The best of the `recheck_top` best distinct sets of `history` by their mean objective over their first
+    evaluation and `recheck_repeats` more; its row, with those values as `rechecks` and `objective` their mean."""
+    candidates, seen = [], set()
+    for row in sorted(history, key=lambda row: -row["objective"]):
+        key = (tuple(row["attn_skip"]), tuple(row["mlp_skip"]))
+        if key not in seen:
+            seen.add(key)
+            candidates.append(row)
+    rows = []
+    for row in tqdm(candidates[:spec.recheck_top], desc="self_sd skip-set recheck", unit="set"):
+        values = [row["objective"]] + [evaluate(row["attn_skip"], row["mlp_skip"])[0] for _ in range(spec.recheck_repeats)]
+        rows.append(row | {"rechecks": values, "objective": sum(values) / len(values)})
+    return max(rows, key=lambda row: row["objective"])
 
 
 def restart_limited_ucb(kappa: float, restarts: int):
@@ -142,16 +169,18 @@ def train_self_sd_skip_set(cfg, target, work_dir, log_metrics, device):
         raise SpecReproError(f"self_sd search gp_inputs '{spec.gp_inputs}' is not one of binary, relaxed")
     if spec.objective not in ("tokens_per_s", "paired_speedup"):
         raise SpecReproError(f"self_sd search objective '{spec.objective}' is not one of tokens_per_s, paired_speedup")
+    if spec.recheck_top < 0 or spec.recheck_repeats < 1:
+        raise SpecReproError(f"self_sd search needs recheck_top >= 0 and recheck_repeats >= 1, "
+                             f"got {spec.recheck_top} and {spec.recheck_repeats}")
     num_layers = len(decoder_layers(target.model))
     prompts = dev_prompts(spec, target.tokenizer)
     prefills: dict = {}
     ar = ARDecoder(target.model, target.tokenizer)
 
-    def objective(params: dict) -> tuple[float, dict]:
-        attn, mlp = to_skip_set(params, num_layers, spec.threshold)
+    def evaluate(attn: list[int], mlp: list[int]) -> tuple[float, dict]:
         decoder = PrefilledSelfSD(target.model, target.tokenizer, attn, mlp, spec.decoder, prefills=prefills)
-        ar_now = decode_throughput(ar, prompts, spec.max_new_tokens)[0] if spec.objective == "paired_speedup" else None
-        tps, stats = decode_throughput(decoder, prompts, spec.max_new_tokens)
+        paired = ar if spec.objective == "paired_speedup" else None
+        tps, ar_now, stats = decode_throughput(decoder, prompts, spec.max_new_tokens, paired)
         stats["tokens_per_s"] = tps
         if ar_now is not None:
             stats["ar_tokens_per_s"] = ar_now
@@ -162,8 +191,9 @@ def train_self_sd_skip_set(cfg, target, work_dir, log_metrics, device):
                                      random_state=spec.seed, verbose=0, allow_duplicate_points=True)
     optimizer.set_gp_params(alpha=spec.gp_alpha)
     uniform = np.random.RandomState(spec.seed)
-    objective(optimizer.random_sample(1)[0])  # untimed: fills the prefill cache, warms kernels up
-    ar_tps, _ = decode_throughput(ar, prompts, spec.max_new_tokens)
+    # untimed: fills the prefill cache, warms kernels up
+    evaluate(*to_skip_set(optimizer.random_sample(1)[0], num_layers, spec.threshold))
+    ar_tps = decode_throughput(ar, prompts, spec.max_new_tokens)[0]
     log.info("ar on %d development prompts: %.2f tokens/s", len(prompts), ar_tps)
 
     history, best = [], None
@@ -176,11 +206,11 @@ def train_self_sd_skip_set(cfg, target, work_dir, log_metrics, device):
             params = optimizer.random_sample(1)[0]
         else:
             params = optimizer.suggest()
-        value, stats = objective(params)
+        attn, mlp = to_skip_set(params, num_layers, spec.threshold)
+        value, stats = evaluate(attn, mlp)
         if spec.search == "bayes":
             seen = params if spec.gp_inputs == "relaxed" else {k: float(v > spec.threshold) for k, v in params.items()}
             optimizer.register(params=seen, target=value)
-        attn, mlp = to_skip_set(params, num_layers, spec.threshold)
         row = {"iteration": iteration, "objective": value, **stats,
                "speedup_vs_ar": stats.get("ar_tokens_per_s") and stats["tokens_per_s"] / stats["ar_tokens_per_s"],
                "n_attn_skipped": len(attn), "n_mlp_skipped": len(mlp), "attn_skip": attn, "mlp_skip": mlp,
@@ -193,12 +223,14 @@ def train_self_sd_skip_set(cfg, target, work_dir, log_metrics, device):
         log_metrics({k: v for k, v in row.items() if not isinstance(v, list)} | {"best_objective": best["objective"]},
                     iteration)
         bar.set_postfix(objective=f"{value:.2f}", best=f"{best['objective']:.2f}")
+    if spec.recheck_top:
+        best = recheck(history, spec, evaluate)
 
     metrics = {
         "search": spec.search, "objective": spec.objective, "iterations": spec.iterations, "dev_prompts": len(prompts),
         "ar_tokens_per_s": ar_tps, "best_objective": best["objective"], "best_tokens_per_s": best["tokens_per_s"],
         "best_speedup_vs_ar": best["speedup_vs_ar"], "best_iteration": best["iteration"],
-        "best_accept_rate": best["accept_rate"], "best_mat": best["mat"],
+        "best_accept_rate": best["accept_rate"], "best_mat": best["mat"], "best_rechecks": best.get("rechecks", []),
         "n_attn_skipped": best["n_attn_skipped"], "n_mlp_skipped": best["n_mlp_skipped"],
         "search_seconds": time.perf_counter() - start,
     }
