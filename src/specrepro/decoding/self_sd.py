@@ -219,7 +219,8 @@ class SelfSDDecoder(DraftVerifyDecoder):
         if self.frequent is None:
             return
         head = self.model.lm_head
-        self.vocab_ids = draft_vocab.with_prompt_tokens(self.frequent, prompt_ids, head.weight.shape[0]).to(head.weight.device)
+        vocab_ids = draft_vocab.with_prompt_tokens(self.frequent, prompt_ids, head.weight.shape[0])
+        self.vocab_ids = vocab_ids.to(head.weight.device)
         self.draft_head = torch.nn.Linear(head.in_features, len(self.vocab_ids), bias=False, device=head.weight.device,
                                           dtype=head.weight.dtype)
         with torch.no_grad():
@@ -228,7 +229,8 @@ class SelfSDDecoder(DraftVerifyDecoder):
     def draft_logits(self, step_input, position) -> torch.Tensor:
         """The skipped-layer draft's last logits: over the whole vocabulary, or over `vocab_ids` (draft_vocab)."""
         if self.draft_head is None:
-            return self.model(step_input, past_key_values=self.cache, position_ids=position, logits_to_keep=1).logits[0, -1]
+            return self.model(step_input, past_key_values=self.cache, position_ids=position,
+                              logits_to_keep=1).logits[0, -1]
         hidden = self.model.model(step_input, past_key_values=self.cache, position_ids=position).last_hidden_state
         return self.draft_head(hidden[0, -1])
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from specrepro.decoding.self_sd import SelfSDConfig
 from specrepro.errors import SpecReproError
 from specrepro.models import ModelLoader
 from specrepro.tracking import config_hash, drop_at_default, wandb_init
@@ -32,7 +33,7 @@ TRAINERS = {"sps_draft": train_sps_draft, "eesd_head": train_eesd_head,
 _HASHED_WHEN_SET = {"training.acq_restarts": 10, "training.teacher_dtype": "",
                     "training.joint_lora": {"r": 0, "alpha": 16, "dropout": 0.05},
                     "training.recheck_top": 0, "training.recheck_repeats": 2, "training.decoder.draft_vocab": 0,
-                    "training.decoder.draft_vocab_corpus": "sharegpt/sharegpt_v3_first1000.json.gz"}
+                    "training.decoder.draft_vocab_corpus": SelfSDConfig.draft_vocab_corpus}
 
 
 def artifact_path(cfg) -> Path:

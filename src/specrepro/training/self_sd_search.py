@@ -140,7 +140,8 @@ def recheck(history: list[dict], spec: SelfSDSearchConfig, evaluate) -> dict:
             candidates.append(row)
     rows = []
     for row in tqdm(candidates[:spec.recheck_top], desc="self_sd skip-set recheck", unit="set"):
-        values = [row["objective"]] + [evaluate(row["attn_skip"], row["mlp_skip"])[0] for _ in range(spec.recheck_repeats)]
+        again = [evaluate(row["attn_skip"], row["mlp_skip"])[0] for _ in range(spec.recheck_repeats)]
+        values = [row["objective"], *again]
         rows.append(row | {"rechecks": values, "objective": sum(values) / len(values)})
     return max(rows, key=lambda row: row["objective"])
 
