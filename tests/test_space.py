@@ -7,6 +7,8 @@ import random
 
 import pytest
 import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
 from transformers import DynamicCache
 
 from specrepro.decoding.ar import ARDecoder
@@ -14,7 +16,7 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.space import SpaceConfig, SpaceDecoder, block_layout
 from specrepro.decoding.verify import additive_mask
 from specrepro.errors import SpecReproError
-from specrepro.models.loading import LoadedModel
+from specrepro.models.loading import LoadedModel, load_model
 from specrepro.training.space_sft import IGNORE, grouped_sample, pad_batch, sar_sample, sar_sft_loss
 from tests.conftest import tiny_llama
 from tests.test_lossless_sampling import VOCAB, exact, models, p_value  # noqa: F401  (fixtures)
@@ -150,13 +152,22 @@ def test_space_refuses_a_model_without_mask_token():
 
 
 def test_sar_sft_then_lossless_space_run(tmp_path):
-    """`train method=space` (LoRA with the [M] row trainable) then `run method=space` on the checkpoint: lossless."""
+    """`train method=space` (LoRA with the [M] row trainable) then `run method=space` on the checkpoint: lossless.
+    The artifact is the adapter alone; loading merges it into the base model, the trained [M] row included."""
     limits = [f"training.data.{name}.limit=3" for name in ("sharegpt", "gsm8k", "mbpp", "spider")]
     specrepro("train", "method=space", "model=tiny_random", "logger=none", "hardware.threads=1", "training.loop.steps=3",
               "training.eval_tokens=8", "training.heldout_prompts=2", "training.lora.r=4", *limits, cwd=tmp_path)
     [checkpoint] = (tmp_path / "results" / "artifacts").glob("space-*")
     config = json.loads((checkpoint / "config.json").read_text())
-    assert config["space_k"] == 6 and config["space_mask_token_id"] == config["vocab_size"] - 1
+    mask_id = config["space_mask_token_id"]
+    assert config["space_k"] == 6 and mask_id == config["vocab_size"] - 1
+    assert (checkpoint / "adapter_model.safetensors").is_file() and not (checkpoint / "model.safetensors").exists()
+    trained_rows = [v for k, v in load_file(checkpoint / "adapter_model.safetensors").items() if "trainable_tokens" in k]
+    loaded = load_model(OmegaConf.create({"source": "artifact", "id": str(checkpoint), "name": "space"}),
+                        torch.device("cpu"), torch.float32)
+    assert loaded.model.config.space_mask_token_id == mask_id and not hasattr(loaded.model, "peft_config")
+    for matrix in (loaded.model.get_input_embeddings().weight, loaded.model.get_output_embeddings().weight):
+        assert any(torch.equal(matrix[mask_id], row.reshape(-1)) for row in trained_rows)
     assert json.loads((checkpoint / "artifact.json").read_text())["metrics"]["sar_samples"] > 0
     specrepro("run", "model=tiny_random", "model.source=artifact", "model.id=space", "method=space", "method.k=3",
               "dataset=gsm8k", "dataset.limit=2", "decoding.max_new_tokens=12", "timing.warmup_tokens=4",

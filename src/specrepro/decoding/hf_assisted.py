@@ -75,7 +75,7 @@ class HFAssistedDecoder(Decoder):
             cache_lengths.append(cache.get_seq_length() if cache is not None else 0)
             drafted.append(inputs.shape[1] - 1 if inputs is not None else 0)
 
-        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))  # HF samples from the global RNG
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng, device=rng.device)))  # HF samples from the global RNG
         hook = self.model.register_forward_pre_hook(record_call, with_kwargs=True)
         try:
             output = self.model.generate(

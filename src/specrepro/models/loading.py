@@ -7,11 +7,14 @@ Sources:
   later loads take about a second.
 - `random`: a small randomly initialised LLaMA built from a config (unit tests, smoke runs).
 - `artifact`: a component trained by `specrepro train`, by artifact name (under the artifacts dir) or path.
+  A LoRA artifact holds only its adapter: it loads its base model (the training run's `model` config) and
+  merges the adapter into it.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -168,6 +171,25 @@ def resolve_artifact(ref: str, artifacts_dir: str | Path) -> Path:
     return path
 
 
+def merged_adapter(path: Path, dtype: torch.dtype, artifacts_dir: str | Path) -> torch.nn.Module:
+    """A LoRA artifact's base model (as its training config names it) with the adapter merged in; the
+    artifact's `config.json` (the base config plus what training added, e.g. a new token) replaces the base's."""
+    from omegaconf import OmegaConf
+    from peft import PeftModel
+    from transformers import AutoConfig
+
+    from specrepro.training.artifacts import METADATA
+
+    base_cfg = OmegaConf.create(json.loads((path / METADATA).read_text())["config"]["model"])
+    base = load_model(base_cfg, torch.device("cpu"), dtype, artifacts_dir).model
+    config = AutoConfig.from_pretrained(path)
+    if config.vocab_size != base.get_input_embeddings().weight.shape[0]:  # rows training added; the adapter sets them
+        base.resize_token_embeddings(config.vocab_size, mean_resizing=False)
+    model = PeftModel.from_pretrained(base, path).merge_and_unload()
+    model.config = config
+    return model.to(dtype)
+
+
 def load_model(cfg, device: torch.device, dtype: torch.dtype, artifacts_dir: str | Path = "results/artifacts") -> LoadedModel:
     """Load the model a `model/` config names, in eval mode on `device` with `dtype`."""
     if cfg.source == "random":
@@ -179,7 +201,10 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype, artifacts_dir: str
         tokenizer = AutoTokenizer.from_pretrained(path)
     elif cfg.source == "artifact":
         path = resolve_artifact(cfg.id, artifacts_dir)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        if (path / "adapter_config.json").is_file():
+            model = merged_adapter(path, dtype, artifacts_dir)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
     elif cfg.source == "hf":
         if not cfg.id:

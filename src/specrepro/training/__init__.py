@@ -80,6 +80,8 @@ def train(cfg) -> Path:
     component_model, metrics, history = TRAINERS[component](cfg, target, work_dir, log_metrics, device)
     staging = staging_dir(final)
     component_model.save_pretrained(staging)
+    if hasattr(component_model, "peft_config"):  # a LoRA adapter alone: loading merges it into its base model
+        component_model.get_base_model().config.save_pretrained(staging)
     if target.tokenizer is not None:
         target.tokenizer.save_pretrained(staging)
     publish(staging, final, {"component": component, "metrics": metrics, "history": history,

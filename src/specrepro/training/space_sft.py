@@ -19,8 +19,8 @@ groups * k mask predictions instead of k, for ~groups * k more tokens of compute
 `continuations` (beyond the paper) adds the model's own greedy answers to bundled prompts as responses,
 so the masks learn to guess what this model says (self-distillation, as EESD's head).
 
-The checkpoint is saved as a full model (`space-*`, LoRA merged) whose config records the mask id and
-the training k (`space_mask_token_id`, `space_k`); `method=space` decodes it with any k <= that k. Before
+The checkpoint is saved as a full model (`space-*`; with LoRA the adapter alone, merged when it is loaded)
+whose config records the mask id and the training k (`space_mask_token_id`, `space_k`); `method=space` decodes it with any k <= that k. Before
 and after training, greedy SPACE decoding on held-out prompts gives the mean accepted tokens per step.
 """
 
@@ -226,7 +226,9 @@ def train_space_sft(cfg, target, work_dir, log_metrics, device):
         model = get_peft_model(model, LoraConfig(
             r=spec.lora.r, lora_alpha=spec.lora.alpha, lora_dropout=spec.lora.dropout,
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-            trainable_token_indices=[mask_id]))  # the new [M] row must learn too
+            # the new [M] row must learn too (and an untied head's row, so the adapter restores it)
+            trainable_token_indices={"embed_tokens": [mask_id],
+                                     **({} if model.config.tie_word_embeddings else {"lm_head": [mask_id]})}))
     else:
         model.requires_grad_(True)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_of_turn
@@ -237,10 +239,11 @@ def train_space_sft(cfg, target, work_dir, log_metrics, device):
     torch.manual_seed(spec.loop.seed)
     history = train_loop(model, lambda m, batch: sar_sft_loss(m, batch, spec.mask_loss_weight), batch_for_step,
                          spec.loop, work_dir, log_metrics, device)
-    if spec.lora.r:
-        model = model.merge_and_unload()
     model.requires_grad_(False).eval()
-    after = heldout_mat(model, tokenizer, eval_prompts, spec.k, spec.eval_tokens)
+    # with LoRA the adapter is what gets saved (merged when loaded); the base model with the adapter
+    # layers injected runs the decoder
+    after = heldout_mat(model.get_base_model() if spec.lora.r else model, tokenizer, eval_prompts, spec.k,
+                        spec.eval_tokens)
     n_sar = sum(any(s["is_mask"]) for s in samples)
     metrics = {
         "mask_token_id": mask_id, "k": spec.k, "p_ar": spec.p_ar, "train_samples": len(samples), "sar_samples": n_sar,

@@ -1,0 +1,46 @@
+"""The CUDA path, on tiny random LLaMAs (skipped where no GPU is present, as on CI): every decoder's greedy
+output equals `ar`'s on the GPU, and speculative sampling on the GPU preserves the target distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.eesd import CalibrationPredictor, EarlyExitHead, EESDConfig, EESDDecoder
+from specrepro.decoding.jacobi import JacobiDecoder
+from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.self_sd import SelfSDConfig, SelfSDDecoder
+from specrepro.decoding.space import SpaceDecoder
+from specrepro.decoding.sps import SPSDecoder
+from tests.conftest import tiny_llama
+from tests.test_decoding import decoders, prompts
+from tests.test_lossless_sampling import exact_distribution, p_value
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA = torch.device("cuda")
+
+
+def test_greedy_decoders_equal_ar_on_cuda():
+    target = tiny_llama(vocab_size=64, seed=1, num_layers=4, logit_scale=3.0).to(CUDA)
+    draft = tiny_llama(vocab_size=64, seed=2, num_layers=1).to(CUDA)
+    head = EarlyExitHead(target, 2, True, False).to(CUDA).eval()
+    head.calibration = CalibrationPredictor(target.config.hidden_size).to(CUDA)
+    found = decoders(target, draft) | {
+        "self_sd": SelfSDDecoder(target, None, [1, 3], [0, 2], SelfSDConfig(control="adaptive", k=5)),
+        "self_sd_tree": SelfSDDecoder(target, None, [1, 3], [0, 2], SelfSDConfig(control="fixed", k=1, tree_width=4)),
+        "eesd": EESDDecoder(target, None, head, EESDConfig(num_layers=2, control="fixed", k=3)),
+        "jacobi": JacobiDecoder(target, block_size=6),
+        "space_untrained_masks": SpaceDecoder(target, None, mask_id=0, k=3),
+    }
+    for name, decoder in found.items():
+        for prompt in prompts():
+            reference = ARDecoder(target).generate(prompt, Sampling(), 40).token_ids
+            assert decoder.generate(prompt, Sampling(), 40).token_ids == reference, name
+
+
+def test_speculative_sampling_preserves_the_target_distribution_on_cuda():
+    target = tiny_llama(5, seed=3, logit_scale=4.0).to(CUDA)
+    draft = tiny_llama(5, seed=4, num_layers=1, logit_scale=4.0).to(CUDA)
+    exact = exact_distribution(tiny_llama(5, seed=3, logit_scale=4.0))  # enumerated on the CPU copy
+    assert p_value(SPSDecoder(target, None, draft, 3, "fixed", 16), exact) > 1e-3
