@@ -181,7 +181,7 @@ def merged_adapter(path: Path, dtype: torch.dtype, artifacts_dir: str | Path) ->
     from specrepro.training.artifacts import METADATA
 
     base_cfg = OmegaConf.create(json.loads((path / METADATA).read_text())["config"]["model"])
-    base = load_model(base_cfg, torch.device("cpu"), dtype, artifacts_dir).model
+    base = load_model(base_cfg, torch.device("cpu"), torch.float32, artifacts_dir).model  # merged in fp32, then cast
     config = AutoConfig.from_pretrained(path)
     if config.vocab_size != base.get_input_embeddings().weight.shape[0]:  # rows training added; the adapter sets them
         base.resize_token_embeddings(config.vocab_size, mean_resizing=False)

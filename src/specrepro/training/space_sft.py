@@ -19,9 +19,10 @@ groups * k mask predictions instead of k, for ~groups * k more tokens of compute
 `continuations` (beyond the paper) adds the model's own greedy answers to bundled prompts as responses,
 so the masks learn to guess what this model says (self-distillation, as EESD's head).
 
-The checkpoint is saved as a full model (`space-*`; with LoRA the adapter alone, merged when it is loaded)
-whose config records the mask id and the training k (`space_mask_token_id`, `space_k`); `method=space` decodes it with any k <= that k. Before
-and after training, greedy SPACE decoding on held-out prompts gives the mean accepted tokens per step.
+The checkpoint is saved as a full model (`space-*`; with LoRA the adapter alone, merged when it is
+loaded) whose config records the mask id and the training k (`space_mask_token_id`, `space_k`);
+`method=space` decodes it with any k <= that k. Before and after training, greedy SPACE decoding on
+held-out prompts gives the mean accepted tokens per step.
 """
 
 from __future__ import annotations
