@@ -75,7 +75,8 @@ class HFAssistedDecoder(Decoder):
             cache_lengths.append(cache.get_seq_length() if cache is not None else 0)
             drafted.append(inputs.shape[1] - 1 if inputs is not None else 0)
 
-        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng, device=rng.device)))  # HF samples from the global RNG
+        # HF samples from the global RNG; the seed is drawn on the generator's device (CUDA generators too)
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng, device=rng.device)))
         hook = self.model.register_forward_pre_hook(record_call, with_kwargs=True)
         try:
             output = self.model.generate(
