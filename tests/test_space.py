@@ -17,7 +17,7 @@ from specrepro.decoding.space import SpaceConfig, SpaceDecoder, block_layout
 from specrepro.decoding.verify import additive_mask
 from specrepro.errors import SpecReproError
 from specrepro.models.loading import LoadedModel, load_model
-from specrepro.training.space_sft import IGNORE, grouped_sample, pad_batch, sar_sample, sar_sft_loss
+from specrepro.training.space_sft import IGNORE, add_mask_token, grouped_sample, pad_batch, sar_sample, sar_sft_loss
 from tests.conftest import tiny_llama
 from tests.test_lossless_sampling import VOCAB, exact, models, p_value  # noqa: F401  (fixtures)
 from tests.test_runner import run_dirs, specrepro
@@ -144,6 +144,14 @@ def test_grouped_sample_trains_what_the_one_cut_layout_trains():
         first = len(prompt) + len(response) + g * k
         torch.testing.assert_close(logits[first : first + k], expected, atol=1e-5, rtol=1e-4)
         assert grouped["labels"][first + 1 : first + k + 1] == response[m + 1 : m + k + 1]  # mask j -> y_{m+j}
+
+
+def test_training_a_sar_sft_checkpoint_again_keeps_its_trained_mask():
+    model = tiny_llama()
+    model.config.space_mask_token_id = MASK
+    embeddings = model.get_input_embeddings().weight.clone()
+    assert add_mask_token(model, None, None) == MASK
+    assert torch.equal(model.get_input_embeddings().weight, embeddings)
 
 
 def test_space_refuses_a_model_without_mask_token():

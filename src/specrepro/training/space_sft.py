@@ -68,7 +68,13 @@ class SpaceSFTConfig:
 
 
 def add_mask_token(model, tokenizer, std: Optional[float]) -> int:
-    """Add [M] to the tokenizer and a normally initialised row for it to the embeddings (and an untied head)."""
+    """Add [M] to the tokenizer and a normally initialised row for it to the embeddings (and an untied head).
+
+    A SAR-SFT checkpoint (`model.source=artifact`) already has a trained [M]: it is kept, so training
+    continues from it."""
+    trained_id = getattr(model.config, "space_mask_token_id", None)
+    if trained_id is not None:
+        return int(trained_id)
     tokenizer.add_tokens([MASK_TOKEN], special_tokens=True)
     mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
     if mask_id >= model.get_input_embeddings().weight.shape[0]:
