@@ -120,12 +120,12 @@ def test_space_block_real_slots_equal_one_token_steps_in_bf16(row_invariant, nam
     tokens = torch.randint(0, 95, (1, 28), generator=torch.Generator().manual_seed(0))
     prefix, real = tokens[:, :24], tokens[0, 24:]
     allow, offsets = block_layout(k)
-    block = torch.cat([real[:, None], torch.full((k + 1, k), 95)], 1).view(1, -1)
+    block = torch.cat([real, torch.full(((k + 1) * k,), 95)])[None]  # real slots first, then the mask groups
     full = torch.cat([torch.ones(len(allow), 24, dtype=torch.bool), allow], 1)
     cache = DynamicCache()
     with torch.no_grad():
         model(prefix, past_key_values=cache)
-        exact = {"exact_rows": torch.arange(0, len(allow), k + 1)} if name_real_slots else {}
+        exact = {"exact_rows": torch.arange(k + 1)} if name_real_slots else {}
         calls = []
         monkeypatch.setattr(attention, "sdpa_attention_forward",
                             lambda *args, **kwargs: calls.append(1) or sdpa_attention_forward(*args, **kwargs))
@@ -133,7 +133,7 @@ def test_space_block_real_slots_equal_one_token_steps_in_bf16(row_invariant, nam
                        attention_mask=additive_mask(full, model.dtype), **exact).logits[0]
         monkeypatch.undo()
     steps, _ = steps_and_block(model, prefix, real[None])
-    assert torch.equal(logits[:: k + 1], steps)
+    assert torch.equal(logits[: k + 1], steps)
     assert len(calls) == 3 * ((1 + (k + 1)) if name_real_slots else (k + 1) ** 2)  # per layer
 
 

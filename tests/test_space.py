@@ -27,8 +27,11 @@ MASK = 63
 
 
 def test_block_layout_is_figure_3():
-    """k = 2: `LLMs are [M] [M] auto [M] [M] model [M] [M]` from `are` on; rows are queries."""
-    allow, offsets = block_layout(2)
+    """k = 2: `LLMs are [M] [M] auto [M] [M] model [M] [M]` from `are` on; rows are queries. The block is
+    stored real slots first (are auto model, then each group's masks): `figure` reorders it as Fig. 3."""
+    stored_allow, stored_offsets = block_layout(2)
+    figure = [0, 3, 4, 1, 5, 6, 2, 7, 8]
+    allow, offsets = stored_allow[figure][:, figure], stored_offsets[figure]
     figure_3 = [  # columns: are [M] [M] auto [M] [M] model [M] [M]
         [1, 0, 0, 0, 0, 0, 0, 0, 0],
         [1, 1, 0, 0, 0, 0, 0, 0, 0],
@@ -43,7 +46,8 @@ def test_block_layout_is_figure_3():
     assert allow.int().tolist() == figure_3
     assert offsets.tolist() == (allow.sum(-1) - 1).tolist()  # Eq. 7 with no cached prefix
     allow5, _ = block_layout(5)  # the prose, not Eq. 6's literal i - j < k: no mask sees an earlier group's masks
-    assert not allow5[6 + 1, 1:6].any() and allow5[6 + 2, 6 + 1]
+    group_0, group_1 = range(6, 11), range(11, 16)
+    assert not allow5[group_1][:, group_0].any() and allow5[group_1[1], group_1[0]] and allow5[group_1[0], 1]
 
 
 def test_one_block_equals_plain_causal_forwards():
@@ -53,16 +57,15 @@ def test_one_block_equals_plain_causal_forwards():
     cache = DynamicCache(config=model.config)
     model(torch.tensor([prefix]), past_key_values=cache)
     allow, offsets = block_layout(k)
-    block = [anchor] + [MASK] * k
-    for c in candidates:
-        block += [c] + [MASK] * k
+    block = [anchor] + candidates + [MASK] * k * (k + 1)
     full = torch.cat([torch.ones(len(block), len(prefix), dtype=torch.bool), allow], 1)
     with torch.no_grad():
         logits = model(torch.tensor([block]), past_key_values=cache, position_ids=(len(prefix) + offsets)[None],
                        attention_mask=additive_mask(full, model.dtype)).logits[0]
         for g in range(k + 1):
             plain = model(torch.tensor([prefix + [anchor] + candidates[:g] + [MASK] * k])).logits[0, -(k + 1):]
-            assert torch.allclose(logits[g * (k + 1) : (g + 1) * (k + 1)], plain, atol=1e-5)
+            group = logits[k + 1 + g * k : k + 1 + (g + 1) * k]
+            assert torch.allclose(torch.cat([logits[g : g + 1], group]), plain, atol=1e-5)
 
 
 class OracleSpace(SpaceDecoder):

@@ -13,7 +13,12 @@ each group sits right after its anchor) make one forward do two jobs:
 - draft: the k masks after the last accepted real token guess the k tokens after that target token;
   they are the next step's candidates (Sec. 3.2: "commences from the (i*+1)-th mask token group").
 Real tokens never see masks, so their keys and values equal plain AR's: after a step the cache keeps the
-anchor and the accepted candidates (a gather, since they are interleaved with masks) and drops the rest.
+anchor and the accepted candidates and drops the rest.
+
+The block is stored real slots first, [anchor, c_1..c_k] then the k + 1 mask groups: with the mask and the
+position ids carrying the layout, the order of a block's slots changes nothing in what it computes, and this
+one makes the keys a real slot sees a prefix of the cache (a view, not a gather, on the
+`hardware.row_invariant` one-row path) and the kept cache a crop.
 
 The LM head (LLaMA-family `model.model` + `lm_head`) runs on the k + 1 real slots and the one mask group
 used, 2k + 1 rows instead of (k + 1)^2, in two calls; for k <= 3 one call over all (k + 1)^2 is cheaper.
@@ -42,7 +47,7 @@ from transformers import DynamicCache
 from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding.base import Decoder, GenerationBuilder
 from specrepro.decoding.sampling import Sampling, next_token, probs, sample
-from specrepro.decoding.verify import additive_mask, crop_cache, keep_cache_positions, speculative_verify
+from specrepro.decoding.verify import additive_mask, crop_cache, speculative_verify
 from specrepro.errors import SpecReproError
 
 MASK_TOKEN = "[M]"
@@ -61,15 +66,16 @@ class SpaceConfig(MethodConfig):
 
 
 def block_layout(k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(allow, offsets) of one step's block: allow[a, b] = query a may attend key b (Eq. 6); offsets = Eq. 7."""
-    size = (k + 1) ** 2
-    index = torch.arange(size)
-    group, slot = index // (k + 1), index % (k + 1)
-    real = slot == 0
-    causal = index[:, None] >= index[None, :]
-    same_group_masks = (~real[:, None]) & (group[:, None] == group[None, :])
-    allow = causal & (real[None, :] | same_group_masks)
-    return allow, group + slot  # anchor/c_g at offset g; mask j of group g at offset g + j
+    """(allow, offsets) of one step's block stored as [anchor, c_1..c_k, group 0's k masks, .., group k's]:
+    allow[a, b] = query a may attend key b (Eq. 6); offsets = Eq. 7."""
+    index = torch.arange((k + 1) ** 2)
+    real = index <= k
+    group = torch.where(real, index, (index - k - 1) // k)  # real slot g anchors group g
+    slot = torch.where(real, 0, (index - k - 1) % k + 1)  # 0: the real token; j: the group's j-th mask
+    sees_real = real[None, :] & (group[None, :] <= group[:, None])  # the real tokens up to its group's anchor
+    masks = ~real[:, None] & ~real[None, :]
+    same_group_masks = masks & (group[:, None] == group[None, :]) & (slot[None, :] <= slot[:, None])
+    return sees_real | same_group_masks, group + slot  # anchor/c_g at offset g; mask j of group g at offset g + j
 
 
 class SpaceDecoder(Decoder):
@@ -84,7 +90,7 @@ class SpaceDecoder(Decoder):
         allow, offsets = block_layout(k)
         self.block_allow = allow.to(self.device)
         self.block_offsets = offsets.to(self.device)
-        self.real_slots = torch.arange(0, (k + 1) ** 2, k + 1, device=self.device)  # anchor, c_1..c_k
+        self.real_slots = torch.arange(k + 1, device=self.device)  # anchor, c_1..c_k: the block's first rows
         self.head_on_block = (k + 1) ** 2 <= HEAD_BLOCK_ROWS
 
     @classmethod
@@ -121,7 +127,7 @@ class SpaceDecoder(Decoder):
             anchor = out.gen.token_ids[-1]
             with out.timed("verify"):  # one forward verifies c_1..c_k and drafts from every mask group (Eq. 5-7)
                 real = torch.cat([torch.tensor([anchor], device=device), candidates])  # anchor, c_1..c_k
-                block = torch.cat([real[:, None], masks.expand(k + 1, k)], 1).view(1, -1)  # each followed by k masks
+                block = torch.cat([real, masks.repeat(1, k + 1)[0]])[None]  # then k masks for each
                 allow = torch.cat([torch.ones(len(self.block_allow), n_cached, dtype=torch.bool, device=device),
                                    self.block_allow], 1)
                 hidden = self.model.model(
@@ -130,19 +136,18 @@ class SpaceDecoder(Decoder):
                     exact_rows=self.real_slots,  # with hardware.row_invariant only these take the one-row path
                 ).last_hidden_state[0]
                 # the head only where it is needed: the real slots, and every mask slot if one pass is cheaper
-                logits = self.model.lm_head(hidden if self.head_on_block else hidden[self.real_slots])
-                target_logits = logits[self.real_slots] if self.head_on_block else logits
+                logits = self.model.lm_head(hidden if self.head_on_block else hidden[: k + 1])
+                target_logits = logits[: k + 1]
                 tokens, n_accepted = speculative_verify(candidates, q, target_logits, sampling, rng,
                                                         self.residual_resample)
-            keep = torch.cat([torch.arange(n_cached, device=device), n_cached + self.real_slots[: n_accepted + 1]])
-            keep_cache_positions(cache, keep)  # the anchor and accepted candidates; masks and rejects dropped
             n_cached += n_accepted + 1
+            crop_cache(cache, n_cached)  # the anchor and accepted candidates; rejects and masks dropped
             accepted_per_position[:n_accepted] += 1
             out.commit(tokens, drafted=k)
             if out.done:
                 break
             with out.timed("draft"):  # the mask group after the last accepted real token guesses past the new token
-                group = slice(n_accepted * (k + 1) + 1, (n_accepted + 1) * (k + 1))
+                group = slice(k + 1 + n_accepted * k, k + 1 + (n_accepted + 1) * k)
                 mask_logits = logits[group] if self.head_on_block else self.model.lm_head(hidden[group])
                 candidates, q = self._draft(mask_logits, sampling, rng)
         out.gen.extra.update(k=k, accepted_per_position=accepted_per_position.tolist())

@@ -11,7 +11,7 @@
 - `tree_attention`: the attention pattern and positions of a tree verification (a node sees its ancestors).
 - `crop_cache`: roll a transformers cache back to a length after a rejection.
 - `keep_tree_path`: keep a tree verification's accepted path in the cache.
-- `keep_cache_positions`: keep chosen positions of a cache (drafts interleaved with real tokens, SPACE).
+- `keep_cache_positions`: keep chosen positions of a cache (a tree's accepted path).
 """
 
 from __future__ import annotations
