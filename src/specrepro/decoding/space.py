@@ -53,7 +53,8 @@ from specrepro.errors import SpecReproError
 MASK_TOKEN = "[M]"
 # Blocks of at most this many slots (k <= 3) run the LM head once over every slot: streaming the head's
 # 49k x d weights once for 9-16 rows costs less than twice for the real slots and then the drafting group
-# (fp32 k = 2 on this CPU: ~0.1 of an ar step saved). Larger blocks compute more rows than the two calls read.
+# (fp32 k = 2 on this CPU: ~0.1 of an ar step saved). From 25 rows on, the one call's extra rows cost more than
+# the second pass it saves.
 HEAD_BLOCK_ROWS = 16
 
 
