@@ -12,7 +12,7 @@ import shutil
 import pytest
 import yaml
 
-from specrepro.tables import TABLES_DIR, RunInfo, TableSpec, _matches, local_runs, write_table
+from specrepro.tables import TABLES_DIR, Column, Row, RunInfo, TableSpec, _matches, build_table, local_runs, write_table
 from tests.test_runner import FAST, run_dirs, specrepro
 
 TINY = [*FAST, "decoding.max_new_tokens=48", "dataset.limit=2", "logger=none"]  # 48: long enough for pld to draft
@@ -134,3 +134,14 @@ def test_selector_values_from_the_environment_pin_a_recipes_runs(monkeypatch):
     monkeypatch.delenv("CLLM4")
     monkeypatch.delenv("LIMIT")
     assert [r.name for r in (older, newer) if _matches(r, select)] == ["older"]  # only the default limit 10 applies
+
+
+def test_a_row_label_names_the_recipes_variable(monkeypatch):
+    """"SPACE (k = ${K:-5})" labels the row by the k its selector picks, the default when K is unset."""
+    runs = [RunInfo(f"space-k{k}", {"mat": float(k)}, {"method": {"k": k}}, 0.0) for k in (2, 5)]
+    row = Row(label=["SPACE (k = ${K:-5})"], select={"method.k": "${K:-5}"})
+    spec = TableSpec("t", "p", "title", "", ["Method"], [row], [Column("MAT", "mat")])
+    monkeypatch.delenv("K", raising=False)
+    assert build_table(spec, runs)[1][0][:3] == ["SPACE (k = 5)", "–", "5.00"]
+    monkeypatch.setenv("K", "2")
+    assert build_table(spec, runs)[1][0][:3] == ["SPACE (k = 2)", "–", "2.00"]

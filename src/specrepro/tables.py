@@ -17,7 +17,8 @@ A selector maps keys to wanted values (a list = any of them; null = a record wit
 metrics.json key (method, model, dataset, decoding, ...) or a dotted path in the run's config.yaml
 (method.num_pred_tokens, dataset.limit, ...). A value written "${NAME}" or "${NAME:-default}" comes from the
 environment, so a recipe's variables (the artifact it decoded, its prompt count) pin the cells to its runs; an
-unset NAME without a default leaves that key unconstrained. A cell shows the newest complete run matching table,
+unset NAME without a default leaves that key unconstrained. A row label may name such variables too
+("SPACE (k = ${K:-5})"), so it says which runs the recipe made. A cell shows the newest complete run matching table,
 row and column selectors; the `runs` column names every run behind the row, as footnotes.
 """
 
@@ -151,6 +152,12 @@ def _lookup(run: RunInfo, key: str):
 
 
 _ENV_VALUE = re.compile(r"^\$\{(\w+)(?::-(.*))?\}$")
+_ENV_IN_TEXT = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+
+
+def _label_from_environment(label: str) -> str:
+    """A row label with its "${NAME}" / "${NAME:-default}" parts from the environment (unset: the default or "")."""
+    return _ENV_IN_TEXT.sub(lambda ref: os.environ.get(ref[1], ref[2] or ""), label)
 
 
 def _from_environment(select: dict) -> dict:
@@ -190,7 +197,7 @@ def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[l
     footnotes: list[str] = []
     body = []
     for row in spec.rows:
-        cells = list(row.label) + [""] * (len(spec.row_header) - len(row.label))
+        cells = [_label_from_environment(label) for label in row.label] + [""] * (len(spec.row_header) - len(row.label))
         used: list[str] = []
         for column in spec.columns:
             candidates = [r for r in runs if _matches(r, {**spec.select, **row.select, **column.select})]
