@@ -8,8 +8,8 @@
 # Usage: experiments/tables/space_main.sh [results dir] [extra overrides...]
 # K (the main runs' k, default 5 as the paper), KS (the sweep's, default 2,3,4,5,6; both at most the checkpoint's
 # training k: 3 for training=space_grouped_k3, 2 for space_grouped_k2), LIMIT (prompts per dataset, default 10),
-# SWEEP_LIMIT (k sweep, default 5), PASS10_LIMIT (HumanEval problems sampled 10 times at T 0.6, top-k 10, top-p 0.95, default 3; the
-# paper's temperature is not stated).
+# SWEEP_LIMIT (k sweep, default 5), PASS10_LIMIT (HumanEval problems sampled 10 times at T 0.6, top-k 10,
+# top-p 0.95, default 3; the paper's temperature is not stated).
 # MT-Bench runs are judged by judge=local unless overridden (e.g. judge=openai); the quality runs (ar on each
 # checkpoint) also score the NLL of the references under their weights (reference_nll=true).
 set -euo pipefail
