@@ -145,3 +145,11 @@ def test_a_row_label_names_the_recipes_variable(monkeypatch):
     assert build_table(spec, runs)[1][0][:3] == ["SPACE (k = 5)", "–", "5.00"]
     monkeypatch.setenv("K", "2")
     assert build_table(spec, runs)[1][0][:3] == ["SPACE (k = 2)", "–", "2.00"]
+
+
+def test_a_cell_is_a_metric_never_a_config_flag_of_that_name():
+    """A run without the metric shows "–", not its config's `reference_nll: false` as 0.00."""
+    runs = [RunInfo("no-nll", {"mat": 1.5}, {"reference_nll": False}, 0.0)]
+    spec = TableSpec("t", "p", "title", "", ["Method"], [Row(label=["space"])],
+                     [Column("MAT", "mat"), Column("Ref NLL", "reference_nll")])
+    assert build_table(spec, runs)[1][0][1:5] == ["–", "1.50", "–", "–"]

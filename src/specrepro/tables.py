@@ -202,7 +202,7 @@ def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[l
         for column in spec.columns:
             candidates = [r for r in runs if _matches(r, {**spec.select, **row.select, **column.select})]
             run = max(candidates, key=lambda r: (r.order, r.name)) if candidates else None
-            value = _lookup(run, column.key) if run else None
+            value = run.metrics.get(column.key) if run else None  # a metric; a config flag of that name is not one
             if run is not None and value is not None and run.name not in used:
                 used.append(run.name)
             cells += [_format(row.paper.get(column.label), column), _format(value, column, column.scale)]
