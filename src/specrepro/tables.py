@@ -151,20 +151,19 @@ def _lookup(run: RunInfo, key: str):
     return node
 
 
-_ENV_VALUE = re.compile(r"^\$\{(\w+)(?::-(.*))?\}$")
-_ENV_IN_TEXT = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+_ENV_REF = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")  # "${NAME}" or "${NAME:-default}"
 
 
 def _label_from_environment(label: str) -> str:
     """A row label with its "${NAME}" / "${NAME:-default}" parts from the environment (unset: the default or "")."""
-    return _ENV_IN_TEXT.sub(lambda ref: os.environ.get(ref[1], ref[2] or ""), label)
+    return _ENV_REF.sub(lambda ref: os.environ.get(ref[1], ref[2] or ""), label)
 
 
 def _from_environment(select: dict) -> dict:
     """The selector with its "${NAME}" / "${NAME:-default}" values read from the environment; unset: key dropped."""
     resolved = {}
     for key, wanted in select.items():
-        ref = _ENV_VALUE.match(wanted) if isinstance(wanted, str) else None
+        ref = _ENV_REF.fullmatch(wanted) if isinstance(wanted, str) else None
         if ref:
             wanted = os.environ.get(ref[1], ref[2])
             if wanted is None:
