@@ -7,11 +7,13 @@ plus one hf_assisted run."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import pytest
 import yaml
 
+from specrepro.errors import SpecReproError
 from specrepro.tables import TABLES_DIR, Column, Row, RunInfo, TableSpec, _matches, build_table, local_runs, write_table
 from tests.test_runner import FAST, run_dirs, specrepro
 
@@ -83,11 +85,7 @@ def test_table_from_fixed_records_is_reproducible(tiny_sweep, tmp_path):
     assert csv_rows[2].endswith(f"{footnotes[2]};{footnotes[3]}")
 
 
-def test_table_cli_and_shipped_specs(tiny_sweep, tmp_path):
-    for spec_path in sorted(TABLES_DIR.glob("*.yaml")):  # every shipped spec parses
-        spec = TableSpec.load(spec_path.stem)
-        assert spec.rows and spec.columns
-        assert (TABLES_DIR / spec.recipe).is_file(), f"{spec_path.stem} has no recipe"
+def test_table_cli(tiny_sweep, tmp_path):
     out = specrepro("table", "specbench_small", "--results-dir", str(tiny_sweep / "results"), cwd=tmp_path)
     assert (tiny_sweep / "results" / "specbench" / "specbench_small.md").is_file()
     assert "wrote" in out.stdout
@@ -153,3 +151,128 @@ def test_a_cell_is_a_metric_never_a_config_flag_of_that_name():
     spec = TableSpec("t", "p", "title", "", ["Method"], [Row(label=["space"])],
                      [Column("MAT", "mat"), Column("Ref NLL", "reference_nll")])
     assert build_table(spec, runs)[1][0][1:5] == ["–", "1.50", "–", "–"]
+
+
+SMALL_TABLE = """\
+paper: small
+title: A small table
+row_header: [Method]
+rows:
+  - {label: ar, select: {method: ar}, paper: {MAT: 1.0}}
+columns:
+  - {label: MAT, key: mat, fmt: "{:.2f}"}
+"""
+
+# each: (the edit to SMALL_TABLE that breaks it, what the one-line error must say)
+MALFORMED = {
+    "yaml syntax": (("title: A small table", "title: [A small table"), "YAML syntax error"),
+    "top level a list": ((SMALL_TABLE, "- paper: small\n"), "top level: expected a mapping, got a list"),
+    "empty file": ((SMALL_TABLE, ""), "top level: expected a mapping, got null"),
+    "no rows": (("rows:\n  - {label: ar, select: {method: ar}, paper: {MAT: 1.0}}\n", ""),
+                "top level: missing required key 'rows'"),
+    "unknown key": (("fmt:", "fomt:"), "columns[0]: unknown key 'fomt' (did you mean 'fmt'?)"),
+    "columns a string": (('columns:\n  - {label: MAT, key: mat, fmt: "{:.2f}"}', "columns: mat"),
+                         "columns: expected a non-empty list, got a string 'mat'"),
+    "select not a mapping": (("select: {method: ar}", "select: method=ar"),
+                             "rows[0].select: expected a mapping, got a string 'method=ar'"),
+    "column without key": (("key: mat, ", ""), "columns[0]: missing required key 'key'"),
+    "paper number for no column": (("paper: {MAT: 1.0}", "paper: {MTA: 1.0}"),
+                                   "rows[0].paper: no column labelled 'MTA'"),
+    "bad fmt": (('"{:.2f}"', '"{:.2f"'), "columns[0].fmt: '{:.2f' cannot format a number"),
+    "scale not a number": (('fmt: "{:.2f}"', "scale: x100"),
+                           "columns[0].scale: expected a number, got a string 'x100'"),
+}
+
+
+def write_spec(tmp_path, edit=None):
+    spec = SMALL_TABLE.replace(*edit) if edit else SMALL_TABLE
+    assert edit is None or spec != SMALL_TABLE
+    path = tmp_path / "small.yaml"
+    path.write_text(spec)
+    return path
+
+
+@pytest.mark.parametrize("spec_name", sorted(p.stem for p in TABLES_DIR.glob("*.yaml")))
+def test_every_shipped_spec_is_valid(spec_name):
+    spec = TableSpec.load(spec_name)
+    assert spec.rows and spec.columns
+    assert (TABLES_DIR / spec.recipe).is_file(), f"{spec_name} has no recipe"
+
+
+def test_the_small_spec_is_valid(tmp_path):
+    spec = TableSpec.load("small", write_spec(tmp_path).parent)
+    assert spec.rows[0].label == ["ar"] and spec.rows[0].paper == {"MAT": 1.0} and spec.columns[0].key == "mat"
+
+
+@pytest.mark.parametrize("variant", MALFORMED)
+def test_a_malformed_spec_is_one_line_naming_file_and_fault(variant, tmp_path):
+    edit, expected = MALFORMED[variant]
+    path = write_spec(tmp_path, edit)
+    with pytest.raises(SpecReproError) as raised:
+        TableSpec.load("small", tmp_path)
+    message = str(raised.value)
+    assert message.startswith(f"invalid table spec {path}: ") and expected in message
+    assert "\n" not in message
+
+
+def test_an_unknown_spec_name_lists_the_known_ones(tmp_path):
+    write_spec(tmp_path)
+    with pytest.raises(SpecReproError, match=r"no table spec 'smal' \(.*smal.yaml does not exist; known: small\)"):
+        TableSpec.load("smal", tmp_path)
+
+
+def test_table_cli_takes_a_spec_path_and_reports_a_bad_one_in_one_line(tmp_path):
+    """A spec file path works; a malformed one exits 2 with one `specrepro: error:` line; a corrupt run record is
+    skipped with a warning, never a traceback."""
+    good = write_spec(tmp_path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SMALL_TABLE.replace(*MALFORMED["select not a mapping"][0]))
+    corrupt = tmp_path / "results" / "runs" / "torn" / "metrics.json"
+    corrupt.parent.mkdir(parents=True)
+    corrupt.write_text('{"complete": tr')
+
+    out = specrepro("table", str(good), "--results-dir", "results", cwd=tmp_path)
+    assert (tmp_path / "results" / "small" / "small.md").is_file() and "wrote" in out.stdout
+    (warning,) = out.stderr.splitlines()
+    assert warning.startswith("skipping a run record: results/runs/torn/metrics.json: ")
+
+    failed = specrepro("table", str(bad), cwd=tmp_path, check=False)
+    assert failed.returncode == 2
+    (line,) = failed.stderr.splitlines()
+    assert line == (f"specrepro: error: invalid table spec {bad}: "
+                    "rows[0].select: expected a mapping, got a string 'method=ar'")
+
+
+def test_a_corrupt_run_record_is_skipped_with_a_warning_naming_it(tmp_path, caplog):
+    """A truncated or corrupt metrics.json / config.yaml leaves that run out of the table, with one warning line."""
+    runs = tmp_path / "runs"
+    records = {
+        "good": ('{"complete": true, "method": "ar", "mat": 1.5}', "method: {name: ar}\n"),
+        "incomplete": ('{"complete": false}', None),  # still running: skipped quietly
+        "truncated": ('{"complete": true, "mat": 1.', None),
+        "not_an_object": ("[1, 2]", None),
+        "not_utf8": (b"\xff\xfe{}", None),
+        "bad_config": ('{"complete": true}', "method: {name: ar\n"),
+    }
+    for name, (metrics, config) in records.items():
+        (runs / name).mkdir(parents=True)
+        metrics_path = runs / name / "metrics.json"
+        metrics_path.write_bytes(metrics) if isinstance(metrics, bytes) else metrics_path.write_text(metrics)
+        if config is not None:
+            (runs / name / "config.yaml").write_text(config)
+
+    with caplog.at_level(logging.WARNING, logger="specrepro.tables"):
+        found = local_runs(tmp_path)
+    assert [run.name for run in found] == ["good"]
+    warnings = [record.getMessage() for record in caplog.records]
+    assert len(warnings) == 4 and all("\n" not in warning for warning in warnings)
+    for name in ("truncated", "not_an_object", "not_utf8"):
+        assert any(str(runs / name / "metrics.json") in warning for warning in warnings), name
+    assert any(str(runs / "bad_config" / "config.yaml") in warning for warning in warnings)
+
+
+def test_a_cell_holding_no_number_shows_its_text():
+    """A record whose metric is not a number (hand-edited, or from another version) shows it, not a traceback."""
+    runs = [RunInfo("odd", {"mat": [1.5]}, {}, 0.0)]
+    spec = TableSpec("t", "p", "title", "", ["Method"], [Row(label=["space"])], [Column("MAT", "mat")])
+    assert build_table(spec, runs)[1][0][1:3] == ["–", "[1.5]"]

@@ -1,6 +1,7 @@
 """`specrepro table NAME`: regenerate a paper's table from run records, "paper" and "here" side by side.
 
-A table spec is a small YAML file, `experiments/tables/<NAME>.yaml` (see the ones there):
+A table spec is a small YAML file, `experiments/tables/<NAME>.yaml` (see the ones there), or any file given as
+`specrepro table PATH.yaml`:
 
     paper: eesd                      # output goes to <results dir>/<paper>/<NAME>.md and .csv
     title: "Table 1: GSM8K and XSum"
@@ -13,6 +14,8 @@ A table spec is a small YAML file, `experiments/tables/<NAME>.yaml` (see the one
     columns:                         # label, metric key in metrics.json, optional selector, format, scale
       - {label: GSM8K HM, key: hm, select: {dataset: gsm8k}, fmt: "{:.2f}"}
 
+paper, title, rows (each with a label) and columns (each with a label and a key) are required; a key not shown
+here, a value of the wrong type or a paper number for no column makes the spec invalid (one line naming the place).
 A selector maps keys to wanted values (a list = any of them; null = a record without the key); a key is a
 metrics.json key (method, model, dataset, decoding, ...) or a dotted path in the run's config.yaml
 (method.num_pred_tokens, dataset.limit, ...). A value written "${NAME}" or "${NAME:-default}" comes from the
@@ -26,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -38,6 +43,8 @@ from types import SimpleNamespace
 import yaml
 
 from specrepro.errors import SpecReproError
+
+log = logging.getLogger(__name__)
 
 TABLES_DIR = Path(__file__).resolve().parents[2] / "experiments" / "tables"
 MISSING_CELL = "–"
@@ -74,17 +81,134 @@ class TableSpec:
 
     @classmethod
     def load(cls, name: str, tables_dir: Path = TABLES_DIR) -> "TableSpec":
-        path = tables_dir / f"{name}.yaml"
+        """Spec NAME from `tables_dir`, or the spec file NAME if it ends in .yaml; SpecReproError if it is malformed."""
+        path = Path(name) if name.endswith((".yaml", ".yml")) else tables_dir / f"{name}.yaml"
         if not path.is_file():
             known = ", ".join(sorted(p.stem for p in tables_dir.glob("*.yaml"))) or "none"
             raise SpecReproError(f"no table spec '{name}' ({path} does not exist; known: {known})")
-        raw = yaml.safe_load(path.read_text())
-        rows = [Row(label=[str(v) for v in _as_list(r["label"])], select=r.get("select", {}), paper=r.get("paper", {}))
-                for r in raw["rows"]]
-        return cls(name=name, paper=raw["paper"], title=raw["title"], source=raw.get("source", ""),
-                   row_header=list(raw.get("row_header", ["Row"])), rows=rows,
-                   columns=[Column(**c) for c in raw["columns"]], select=raw.get("select", {}),
-                   note=raw.get("note", ""), recipe=raw.get("recipe", f"{name}.sh"))
+        try:
+            return cls.from_yaml(path.stem, yaml.safe_load(path.read_text()))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, _Invalid) as exc:
+            raise SpecReproError(f"invalid table spec {path}: {_one_line(exc)}") from None
+
+    @classmethod
+    def from_yaml(cls, name: str, raw) -> "TableSpec":
+        """The spec from its parsed YAML, checked against the schema (module docstring); _Invalid says what is wrong."""
+        raw = _mapping(raw, "top level", required=("paper", "title", "rows", "columns"),
+                       optional=("source", "select", "row_header", "note", "recipe"))
+        columns = [_column(c, f"columns[{i}]") for i, c in enumerate(_items(raw["columns"], "columns"))]
+        row_header = _labels(raw.get("row_header", ["Row"]), "row_header")
+        rows = [_row(r, f"rows[{i}]", columns, len(row_header)) for i, r in enumerate(_items(raw["rows"], "rows"))]
+        return cls(name=name, paper=_text(raw["paper"], "paper"), title=_text(raw["title"], "title"),
+                   source=_text(raw.get("source", ""), "source"), row_header=row_header, rows=rows, columns=columns,
+                   select=_selector(raw.get("select", {}), "select"), note=_text(raw.get("note", ""), "note"),
+                   recipe=_text(raw.get("recipe", f"{name}.sh"), "recipe"))
+
+
+# ---- the spec's schema ----
+
+class _Invalid(Exception):
+    """A spec that does not fit the schema; the message says where (`rows[2].select`) and what is wrong."""
+
+
+def _one_line(exc: Exception) -> str:
+    """An exception's message on one line; a YAML syntax error as its problem and position."""
+    mark = getattr(exc, "problem_mark", None)
+    if isinstance(exc, yaml.YAMLError) and mark is not None:
+        return f"YAML syntax error: {exc.problem or exc.context} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(exc).split())
+
+
+def _kind(value) -> str:
+    """What a value is, for a message: "a mapping", "a list", "null", or a scalar's type and value."""
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list" if value else "an empty list"
+    kinds = {str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    kind = kinds.get(type(value), type(value).__name__)
+    return f"{kind} {value!r:.40}"
+
+
+def _mapping(value, where: str, required: tuple = (), optional: tuple = ()) -> dict:
+    """`value` if it is a mapping; given `required`/`optional`, with every required key and no other."""
+    if not isinstance(value, dict):
+        raise _Invalid(f"{where}: expected a mapping, got {_kind(value)}")
+    allowed = (*required, *optional)
+    unknown = [key for key in value if key not in allowed] if allowed else []
+    if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), allowed, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(allowed)}"
+        raise _Invalid(f"{where}: unknown key '{unknown[0]}' ({hint})")
+    for key in required:
+        if key not in value:
+            raise _Invalid(f"{where}: missing required key '{key}'")
+    return value
+
+
+def _items(value, where: str) -> list:
+    if not isinstance(value, list) or not value:
+        raise _Invalid(f"{where}: expected a non-empty list, got {_kind(value)}")
+    return value
+
+
+def _text(value, where: str) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(f"{where}: expected a string, got {_kind(value)}")
+    return value
+
+
+def _label(value, where: str) -> str:
+    """A label: a string, or a number (`[pld, 2]`)."""
+    if value is None or isinstance(value, (dict, list)):
+        raise _Invalid(f"{where}: expected a string or number, got {_kind(value)}")
+    return str(value)
+
+
+def _labels(value, where: str) -> list[str]:
+    """One label or a list of them."""
+    return [_label(label, where) for label in (value if isinstance(value, list) else [value])]
+
+
+def _selector(value, where: str) -> dict:
+    """Keys to a wanted value or a list of them (strings, numbers, booleans, null)."""
+    for key, wanted in _mapping(value, where).items():
+        for one in wanted if isinstance(wanted, list) else [wanted]:
+            if isinstance(one, (dict, list)):
+                raise _Invalid(f"{where}: {key}: expected a value or a list of values, got {_kind(one)}")
+    return value
+
+
+def _column(raw, where: str) -> Column:
+    raw = _mapping(raw, where, required=("label", "key"), optional=("select", "fmt", "scale"))
+    fmt = _text(raw.get("fmt", "{:.2f}"), f"{where}.fmt")
+    try:
+        fmt.format(1.0)
+    except (ValueError, IndexError, KeyError) as exc:
+        raise _Invalid(f"{where}.fmt: {fmt!r} cannot format a number ({_one_line(exc)})") from None
+    scale = raw.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise _Invalid(f"{where}.scale: expected a number, got {_kind(scale)}")
+    return Column(label=_label(raw["label"], f"{where}.label"), key=_text(raw["key"], f"{where}.key"),
+                  select=_selector(raw.get("select", {}), f"{where}.select"), fmt=fmt, scale=float(scale))
+
+
+def _row(raw, where: str, columns: list[Column], width: int) -> Row:
+    """A row; its label fills at most `width` (row_header) columns, its paper numbers name columns."""
+    raw = _mapping(raw, where, required=("label",), optional=("select", "paper"))
+    label = _labels(raw["label"], f"{where}.label")
+    if len(label) > width:
+        raise _Invalid(f"{where}.label: {len(label)} labels, but row_header has {width}")
+    paper = {}
+    for key, number in _mapping(raw.get("paper", {}), f"{where}.paper").items():
+        if str(key) not in {column.label for column in columns}:
+            raise _Invalid(f"{where}.paper: no column labelled '{key}'")
+        if isinstance(number, (dict, list)):
+            raise _Invalid(f"{where}.paper: {key}: expected a number or string, got {_kind(number)}")
+        paper[str(key)] = number
+    return Row(label=label, select=_selector(raw.get("select", {}), f"{where}.select"), paper=paper)
 
 
 def _as_list(value) -> list:
@@ -102,19 +226,32 @@ class RunInfo:
 
 
 def local_runs(results_dir: str | Path) -> list[RunInfo]:
-    """Complete runs under `<results dir>/runs/`."""
+    """Complete runs under `<results dir>/runs/`; a record that cannot be read is skipped with a warning."""
     runs = []
     for metrics_path in sorted(Path(results_dir).glob("runs/*/metrics.json")):
-        try:
-            metrics = json.loads(metrics_path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if not metrics.get("complete"):
-            continue
         config_path = metrics_path.parent / "config.yaml"
-        config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
-        runs.append(RunInfo(metrics_path.parent.name, metrics, config, metrics_path.stat().st_mtime))
+        try:
+            metrics = _read_mapping(metrics_path, json.loads)
+            if not metrics.get("complete"):
+                continue
+            config = _read_mapping(config_path, yaml.safe_load) if config_path.is_file() else {}
+            order = metrics_path.stat().st_mtime
+        except (OSError, ValueError) as exc:
+            log.warning("skipping a run record: %s", exc)
+            continue
+        runs.append(RunInfo(metrics_path.parent.name, metrics, config, order))
     return runs
+
+
+def _read_mapping(path: Path, parse) -> dict:
+    """The mapping in a run's metrics.json or config.yaml; ValueError naming the file if it holds none."""
+    try:
+        value = parse(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: {_one_line(exc)}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a mapping, got {_kind(value)}")
+    return value
 
 
 def wandb_runs(project: str, entity: str | None, group: str | None) -> list[RunInfo]:
@@ -182,8 +319,8 @@ def _matches(run: RunInfo, select: dict) -> bool:
 def _format(value, column: Column, scale: float = 1.0) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return MISSING_CELL
-    if isinstance(value, str):
-        return value
+    if not isinstance(value, (int, float)):
+        return str(value)  # text as printed (a paper's "1.0×"), or whatever a record holds
     return column.fmt.format(value * scale)
 
 
@@ -241,21 +378,22 @@ def render_csv(header, body, footnotes) -> str:
 
 def write_table(name: str, results_dir: str | Path = "results", source: str = "local", project: str = "specrepro",
                 entity: str | None = None, group: str | None = None, tables_dir: Path = TABLES_DIR) -> Path:
-    """Regenerate table NAME into `<results dir>/<paper>/<NAME>.md` and `.csv`; return the .md path."""
+    """Regenerate table NAME (or spec file NAME.yaml) into `<results dir>/<paper>/<NAME>.md` and `.csv`;
+    return the .md path."""
     spec = TableSpec.load(name, tables_dir)
     runs = local_runs(results_dir) if source == "local" else wandb_runs(project, entity, group)
     header, body, footnotes = build_table(spec, runs)
     out_dir = Path(results_dir) / spec.paper
     out_dir.mkdir(parents=True, exist_ok=True)
-    md_path = out_dir / f"{name}.md"
+    md_path = out_dir / f"{spec.name}.md"
     md_path.write_text(render_markdown(spec, header, body, footnotes))
-    (out_dir / f"{name}.csv").write_text(render_csv(header, body, footnotes))
+    md_path.with_suffix(".csv").write_text(render_csv(header, body, footnotes))
     return md_path
 
 
 def main(args: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="specrepro table", description="Regenerate a paper table from run records.")
-    parser.add_argument("name", help=f"a table spec in {TABLES_DIR} (without .yaml)")
+    parser.add_argument("name", help=f"a table spec in {TABLES_DIR} (without .yaml), or a spec file path.yaml")
     parser.add_argument("--results-dir", default="results", help="where the run records are (<dir>/runs) and the table goes")
     parser.add_argument("--source", choices=("local", "wandb"), default="local",
                         help="local run records, or W&B runs through its public API (online only)")
