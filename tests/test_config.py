@@ -50,7 +50,8 @@ def test_unknown_option_fails_at_composition():
 def test_a_newer_artifact_under_the_same_prefix_is_a_new_run_and_a_new_reference(tmp_path):
     import os
 
-    from specrepro.runner import reference_config, reference_key, run_name
+    from specrepro.identity import reference_key, run_name
+    from specrepro.runner import reference_config
 
     def publish(name: str, mtime: float) -> None:
         (tmp_path / name).mkdir()
@@ -61,40 +62,33 @@ def test_a_newer_artifact_under_the_same_prefix_is_a_new_run_and_a_new_reference
     weights = compose_run("method=jacobi", "model.source=artifact", "model.id=cllm", f"artifacts_dir={tmp_path}")
     publish("self_sd_skip_set-m-aaaa", 1_000)
     publish("cllm-m-aaaa", 1_000)
-    before = run_name(method), run_name(weights), reference_key(weights)
-    assert reference_key(reference_config(weights)) == reference_key(weights)
+    before = run_name(method, "data"), run_name(weights, "data"), reference_key(weights, "data")
+    assert reference_key(reference_config(weights), "data") == reference_key(weights, "data")
     publish("self_sd_skip_set-m-bbbb", 2_000)
     publish("cllm-m-bbbb", 2_000)
-    assert run_name(method) != before[0]
-    assert run_name(weights) != before[1] and reference_key(weights) != before[2]
+    assert run_name(method, "data") != before[0]
+    assert run_name(weights, "data") != before[1] and reference_key(weights, "data") != before[2]
 
 
-def test_an_option_at_its_default_leaves_older_run_names_alone():
-    from omegaconf import OmegaConf
+@pytest.mark.parametrize("override", ["reference_nll=true", "method.sliding=true", "hardware.linear_min_rows=1",
+                                      "hardware.row_invariant=true", "timing.paired=true", "decoding.seed=3"])
+def test_every_option_that_changes_a_run_changes_its_name(override):
+    """Run identity is a hash of the full resolved config: no option is left out to keep older names."""
+    from specrepro.identity import run_name
 
-    from specrepro.runner import run_name
-
-    cfg = compose_run("method=pld", "dataset=gsm8k")
-    older = OmegaConf.create({k: v for k, v in OmegaConf.to_container(cfg).items() if k != "reference_nll"})
-    assert run_name(cfg) == run_name(older)  # a run made before reference_nll existed keeps its name
-    assert run_name(compose_run("method=pld", "dataset=gsm8k", "reference_nll=true")) != run_name(cfg)
-    jacobi = compose_run("method=jacobi", "dataset=gsm8k")
-    older = OmegaConf.to_container(jacobi)
-    del older["method"]["sliding"]  # a nested option added later
-    assert run_name(jacobi) == run_name(OmegaConf.create(older))
-    assert run_name(compose_run("method=jacobi", "dataset=gsm8k", "method.sliding=true")) != run_name(jacobi)
+    method = "method=jacobi" if override.startswith("method.") else "method=pld"
+    assert run_name(compose_run(method, override), "data") != run_name(compose_run(method), "data")
 
 
-def test_only_half_precision_runs_changed_identity(monkeypatch):
-    """bf16 runs carry markers for their fp32 attention (rows and CPU calls); fp32 runs keep their names."""
-    from specrepro import runner
+@pytest.mark.parametrize("override", ["logger=none", "results_dir=elsewhere", "resume=false", "reference=false"])
+def test_where_results_go_is_not_part_of_a_run(override):
+    from specrepro.identity import run_name
 
-    configs = {(dtype, flag): compose_run("method=pld", f"hardware.dtype={dtype}", f"hardware.row_invariant={flag}")
-               for dtype in ("float32", "bfloat16") for flag in ("true", "false")}
-    names = {key: (runner.run_name(cfg), runner.reference_key(cfg)) for key, cfg in configs.items()}
-    monkeypatch.setattr(runner, "hardware_identity", lambda hardware: hardware)  # identities before the marker
-    before = {key: (runner.run_name(cfg), runner.reference_key(cfg)) for key, cfg in configs.items()}
-    changed = {key for key in configs if names[key][0] != before[key][0] and names[key][1] != before[key][1]}
-    unchanged = {key for key in configs if names[key] == before[key]}
-    assert changed == {("bfloat16", "true"), ("bfloat16", "false")} and len(unchanged) == 2
-    assert names[("bfloat16", "true")] != names[("bfloat16", "false")]
+    assert run_name(compose_run("method=pld", override), "data") == run_name(compose_run("method=pld"), "data")
+
+
+def test_the_data_a_run_decodes_is_part_of_its_name_and_reference():
+    from specrepro.identity import reference_key, run_name
+
+    cfg = compose_run("method=pld")
+    assert run_name(cfg, "a") != run_name(cfg, "b") and reference_key(cfg, "a") != reference_key(cfg, "b")

@@ -12,6 +12,8 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from specrepro.errors import SpecReproError
+
 
 @dataclass
 class RandomArchConfig:
@@ -40,9 +42,18 @@ class ModelConfig:
 
 @dataclass
 class MethodConfig:
-    """Base of every method's schema; each method adds its own fields in a subclass."""
+    """Base of every method's schema; each method adds its own fields in a subclass, and refuses values outside
+    their range in its `__post_init__`, which runs whenever the dataclass is built (`OmegaConf.to_object` too)."""
 
     name: str = MISSING
+
+    def require(self, valid: bool, option: str, expected: str) -> None:
+        """Unless `valid`, raise SpecReproError `method.<option> must be <expected>, got <value>`."""
+        if not valid:
+            raise SpecReproError(f"method.{option} must be {expected}, got {getattr(self, option)!r}")
+
+    def require_one_of(self, option: str, choices: tuple[str, ...]) -> None:
+        self.require(getattr(self, option) in choices, option, f"one of {', '.join(choices)}")
 
 
 @dataclass
@@ -65,6 +76,7 @@ class LoggerConfig:
     group: Optional[str] = None  # default: the sweep's directory name in a multirun
     tags: List[str] = field(default_factory=list)
     mode: Optional[str] = None  # online | offline | disabled; default: $WANDB_MODE, else online if logged in
+    init_timeout: float = 15.0  # seconds to reach the W&B server before the run is logged offline instead
 
 
 @dataclass

@@ -6,6 +6,8 @@ import fcntl
 import json
 import logging
 import math
+import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,67 +21,16 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
 from specrepro.metrics.judge import judge_run
 from specrepro.metrics.quality import reference_nll, score_sample
-from specrepro.metrics.speed import lossless, paired_speedup, speed_metrics, speedups
+from specrepro.metrics.speed import (impossible_generation, impossible_metrics, lossless, paired_speedup,
+                                     speed_metrics, speedups)
 from specrepro.models import LoadedModel, ModelLoader
-from specrepro.models.loading import resolve_artifact
-from specrepro.tracking import RunRecord, config_hash, drop_at_default, log_to_wandb
+from specrepro.identity import records_fingerprint, reference_key, run_name
+from specrepro.provenance import now, provenance
+from specrepro.tracking import RunRecord, log_to_wandb
 
 log = logging.getLogger(__name__)
 
-# Keys that do not change what a run computes: left out of the run name's hash.
-_NOT_IN_RUN_HASH = ("logger", "results_dir", "artifacts_dir", "resume", "run_name", "reference")
-# options added after runs existed: hashed only when set away from their default (tracking.drop_at_default)
-_HASHED_WHEN_SET = {"reference_nll": False, "method.sliding": False, "method.k_min": 1,
-                    "method.beta_decision": "bernoulli", "method.beta_break_even": 0.2, "method.tree_width": 1}
 _loaded_models: dict[str, LoadedModel] = {}  # a sweep in one process loads each target once
-
-
-def hardware_identity(hardware: dict) -> dict:
-    """The hardware config as it enters run names and reference keys. Attention in bf16/fp16 has changed its
-    arithmetic twice (models/attention.py): row-invariant rows in fp32 since 2026-11-23, every CPU call in fp32
-    since 2026-11-25. Such runs carry markers, so that a re-run does not resume, or compare against, a record
-    of the earlier half-precision attention."""
-    hardware = drop_at_default(dict(hardware), {"linear_min_rows": 1})  # records before it had no padding
-    if hardware.get("dtype") not in ("bfloat16", "float16"):
-        return hardware
-    hardware["cpu_attention"] = "float32"
-    if hardware.get("row_invariant"):
-        hardware["row_attention"] = "float32"
-    return hardware
-
-
-def run_name(cfg: DictConfig) -> str:
-    if cfg.run_name:
-        return cfg.run_name
-    content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in _NOT_IN_RUN_HASH}
-    drop_at_default(content, _HASHED_WHEN_SET)
-    content["hardware"] = hardware_identity(content["hardware"])
-    if content["dataset"]["metric"] != "mt_bench" or content.get("judge", {}).get("name", "none") == "none":
-        content.pop("judge", None)  # the judge changes only judged MT-Bench runs (and keeps older run names)
-    artifacts = resolved_artifacts(cfg)
-    if artifacts:  # runs on no trained artifact keep their names
-        content["artifacts"] = artifacts
-    return f"{cfg.model.name}-{cfg.method.name}-{cfg.dataset.name}-{cfg.decoding.name}-{config_hash(content)}"
-
-
-def model_artifact(cfg: DictConfig) -> dict[str, str]:
-    """The checkpoint a `model.source=artifact` config resolves to now (its id may be a prefix: the newest)."""
-    return {"model": resolve_artifact(cfg.model.id, cfg.artifacts_dir).name} if cfg.model.source == "artifact" else {}
-
-
-def resolved_artifacts(cfg: DictConfig) -> dict[str, str]:
-    """Every trained artifact a run uses, as resolved now: a newer one under the same prefix is a new run."""
-    method = DECODERS.get(cfg.method.name)
-    found = method.resolve_artifacts(cfg.method, cfg.model.name, cfg.artifacts_dir) if method else {}
-    return model_artifact(cfg) | found
-
-
-def reference_key(cfg: DictConfig) -> str:
-    """Runs with equal keys decode the same prompts on the same weights with the same decoding."""
-    content = OmegaConf.to_container(cfg, resolve=True)
-    key = {k: content[k] for k in ("model", "dataset", "decoding")}
-    key["hardware"] = hardware_identity(content["hardware"])
-    return config_hash(key | model_artifact(cfg))
 
 
 def validate(cfg: DictConfig) -> None:
@@ -91,6 +42,19 @@ def validate(cfg: DictConfig) -> None:
         raise SpecReproError("decoding.do_sample=true needs decoding.temperature > 0 (use decoding=greedy instead)")
     if not 0 < cfg.decoding.top_p <= 1:
         raise SpecReproError(f"decoding.top_p must be in (0, 1], got {cfg.decoding.top_p}")
+    if cfg.decoding.top_k < 0:
+        raise SpecReproError(f"decoding.top_k must be 0 (off) or positive, got {cfg.decoding.top_k}")
+    if cfg.hardware.threads is not None and cfg.hardware.threads < 1:
+        raise SpecReproError(f"hardware.threads must be positive (or null for torch's default), got {cfg.hardware.threads}")
+
+
+def check_fits_context(ids: list[int], cfg: DictConfig, target: LoadedModel, record_id: str) -> None:
+    """Refuse a prompt that leaves no room for the token budget in the model's context."""
+    context = getattr(target.model.config, "max_position_embeddings", None)
+    if context is not None and len(ids) + cfg.decoding.max_new_tokens > context:
+        raise SpecReproError(
+            f"record {record_id}: a {len(ids)}-token prompt plus decoding.max_new_tokens={cfg.decoding.max_new_tokens} "
+            f"exceeds model '{cfg.model.name}''s {context}-token context; shorten the prompt or the budget")
 
 
 def load_target(cfg: DictConfig, loader: ModelLoader) -> LoadedModel:
@@ -117,10 +81,15 @@ def decode_record(record, index, cfg, target, decoder, ar_decoder, sampling) -> 
         for _ in record.turns:
             prompt = render_prompt(record, target.tokenizer, cfg.dataset, history)
             ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            check_fits_context(ids, cfg, target, record.id)
             seed = sample_seed(cfg, index, s)
             if ar_decoder is not None:
                 ar_gen = ar_decoder.generate(ids, sampling, cfg.decoding.max_new_tokens, seed)
             gen = decoder.generate(ids, sampling, cfg.decoding.max_new_tokens, seed).to_dict()
+            problem = impossible_generation(gen)
+            if problem:
+                raise SpecReproError(f"method '{cfg.method.name}' reported impossible step counts on record "
+                                     f"{record.id} ({problem}); the run is not recorded as complete")
             gen["prompt_tokens"] = len(ids)
             gen["seed"] = seed
             if ar_decoder is not None:
@@ -163,6 +132,10 @@ def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool)
             metrics["lossless_paired"] = lossless(gens, [{"token_ids": g["ar_token_ids"]} for g in gens])
     by_id = {row["id"]: row for row in reference_rows or []}
     if reference_rows is not None and all(row["id"] in by_id for row in rows):
+        for row in rows:  # later turns follow each run's own (sampled) answers; the first prompt must match
+            if by_id[row["id"]]["prompts"][:1] != row["prompts"][:1]:
+                raise SpecReproError(f"the `ar` reference decoded a different prompt for record {row['id']}; "
+                                     "it is not comparable (delete it to re-run it)")
         ref_gens = [g for row in rows for sample in by_id[row["id"]]["samples"] for g in sample]
         metrics.update(speedups(gens, ref_gens))
         if greedy:
@@ -194,14 +167,23 @@ def reference_config(cfg: DictConfig) -> DictConfig:
 @contextmanager
 def run_lock(run_dir: Path):
     """An exclusive lock on `<run dir>/.lock`: a second job that needs the same run waits, then finds it done."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(run_dir / ".lock", "a")
-    except OSError as exc:
-        raise SpecReproError(f"cannot write the run record to {run_dir}: {exc.strerror or exc}") from None
-    with handle:
+    lock_path = run_dir / ".lock"
+    while True:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            handle = open(lock_path, "a")
+        except OSError as exc:
+            raise SpecReproError(f"cannot write the run record to {run_dir}: {exc.strerror or exc}") from None
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, or when a killed job's process dies
-        yield
+        if lock_path.exists() and os.stat(lock_path).st_ino == os.fstat(handle.fileno()).st_ino:
+            break
+        handle.close()  # the holder removed the directory of a failed run: lock the new one
+    with handle:
+        try:
+            yield
+        finally:
+            if [p.name for p in run_dir.iterdir()] == [".lock"]:  # failed before recording anything
+                shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def run(cfg: DictConfig, group: str | None = None) -> dict:
@@ -210,23 +192,27 @@ def run(cfg: DictConfig, group: str | None = None) -> dict:
     Concurrent jobs (joblib/submitit sweeps, a re-launched sweep) that need the same run are serialised
     by its lock."""
     validate(cfg)
-    with run_lock(Path(cfg.results_dir) / "runs" / run_name(cfg)):
-        return _run_locked(cfg, group)
+    records = load_records(cfg.dataset)
+    fingerprint = records_fingerprint(records)
+    name = run_name(cfg, fingerprint)
+    with run_lock(Path(cfg.results_dir) / "runs" / name):
+        return _run_locked(cfg, group, name, records, fingerprint)
 
 
-def _run_locked(cfg: DictConfig, group: str | None) -> dict:
-    name = run_name(cfg)
+def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fingerprint: str) -> dict:
     record = RunRecord(Path(cfg.results_dir) / "runs" / name)
     if cfg.resume and record.complete:
         log.info("run %s is already complete; skipping (resume=false to redo it)", name)
         return record.metrics()
-    records = load_records(cfg.dataset)
 
     loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
     target = load_target(cfg, loader)
     decoder = build_decoder(cfg.method, target, loader)  # before the reference run: a bad method fails fast
+    for rec in records:  # every first-turn prompt, before anything is decoded
+        ids = target.tokenizer(render_prompt(rec, target.tokenizer, cfg.dataset, []), add_special_tokens=False)
+        check_fits_context(ids["input_ids"], cfg, target, rec.id)
 
-    ref_key = reference_key(cfg)
+    ref_key = reference_key(cfg, fingerprint)
     reference = None
     if cfg.reference and cfg.method.name != "ar":
         reference = find_reference(cfg, ref_key)
@@ -239,6 +225,7 @@ def _run_locked(cfg: DictConfig, group: str | None) -> dict:
     sampling = Sampling.from_config(cfg.decoding)
 
     rows = record.start(cfg, cfg.resume)
+    started_at = record.started_at()
     done = {row["id"] for row in rows}
     todo = [(i, r) for i, r in enumerate(records) if r.id not in done]
     if todo:
@@ -249,7 +236,11 @@ def _run_locked(cfg: DictConfig, group: str | None) -> dict:
         rows.append(row)
     rows.sort(key=lambda row: row["index"])
 
-    metrics = summarize(rows, reference.rows() if reference else None, Sampling.from_config(cfg.decoding).greedy)
+    metrics = summarize(rows, reference.rows() if reference else None, sampling.greedy)
+    problem = impossible_metrics(metrics)
+    if problem:
+        raise SpecReproError(f"method '{cfg.method.name}' produced impossible metrics ({problem}); "
+                             "the run is not recorded as complete")
     if cfg.dataset.metric == "mt_bench":
         metrics.update(judge_run(cfg, records, rows, loader, record.dir))
     metrics.update(
@@ -259,9 +250,11 @@ def _run_locked(cfg: DictConfig, group: str | None) -> dict:
         dataset=cfg.dataset.name,
         decoding=cfg.decoding.name,
         n_samples=len(rows),
+        data_fingerprint=fingerprint,
         reference_key=ref_key,
         reference_run=reference.dir.name if reference else None,
         lossless_method=decoder.lossless,
+        provenance=provenance(cfg.hardware, loader.device) | {"started_at": started_at, "finished_at": now()},
     )
     record.finish(metrics)
     log_to_wandb(cfg, record, name, group, metrics, rows)
@@ -292,6 +285,7 @@ TABLE_COLUMNS = [
     ("verify_cost_p", "verify_cost_paired", "{:.2f}"),
     ("lossless", "lossless", "{:.2f}"),
     ("lossless_paired", "lossless_paired", "{:.2f}"),
+    ("error", "error", "{}"),
 ]
 QUALITY_KEYS = ["gsm8k_acc", "rouge_l", "rouge_2", "pass@1", "pass@10", "mt_bench_score"]
 

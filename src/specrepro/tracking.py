@@ -21,6 +21,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specrepro.errors import SpecReproError
+from specrepro.provenance import now, provenance
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide the record from the rest of the team
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
             handle.flush()
@@ -38,6 +40,12 @@ def atomic_write(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def config_hash(node) -> str:
@@ -74,13 +82,25 @@ class RunRecord:
         self.dir = Path(run_dir)
         self.generations_path = self.dir / "generations.jsonl"
         self.metrics_path = self.dir / "metrics.json"
+        self.provenance_path = self.dir / "provenance.json"  # what started the run, and when
 
     @property
     def complete(self) -> bool:
-        return self.metrics_path.is_file() and self.metrics().get("complete", False)
+        """Finished: `metrics.json` says so. A corrupt one (edited, or a disk fault) is not: the run is redone."""
+        if not self.metrics_path.is_file():
+            return False
+        try:
+            return bool(self.metrics().get("complete", False))
+        except (ValueError, AttributeError):
+            log.warning("%s is corrupt: the run is not complete and will be redone", self.metrics_path)
+            return False
 
     def metrics(self) -> dict:
         return json.loads(self.metrics_path.read_text())
+
+    def started_at(self) -> str:
+        """When this run first started (kept across resumes)."""
+        return json.loads(self.provenance_path.read_text())["started_at"]
 
     def start(self, cfg, resume: bool) -> list[dict]:
         """Prepare the directory; return the rows of finished samples to resume from (none if not resuming)."""
@@ -98,6 +118,9 @@ class RunRecord:
         # rewrite without a torn last line, so appends start on a clean line
         atomic_write(self.generations_path, "".join(json.dumps(r) + "\n" for r in rows))
         atomic_write(self.dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        if not rows or not self.provenance_path.is_file():
+            started = {"started_at": now(), **provenance(cfg.hardware)}
+            atomic_write(self.provenance_path, json.dumps(started, indent=2) + "\n")
         return rows
 
     def rows(self) -> list[dict]:
@@ -136,25 +159,33 @@ def wandb_mode(logger_cfg) -> str:
 SAMPLE_COLUMNS = ["id", "new_tokens", "tokens_per_s", "accepted", "score"]
 
 
-def wandb_init(cfg, name: str, run_dir: Path, group: str | None = None, job_type: str = "decode"):
-    """Start a W&B run for this job (None when logger=none); never raises."""
+_wandb_unreachable = False  # once the server did not answer, later runs of this process go offline at once
+
+
+def wandb_init(cfg, name: str, run_dir: Path, group: str | None = None, job_type: str = "decode",
+               origin: dict | None = None):
+    """Start a W&B run for this job (None when logger=none); never raises. An online run whose server does not
+    answer within `logger.init_timeout` is logged offline instead (said once per process). `origin` is the
+    record's provenance (default: this process's)."""
+    global _wandb_unreachable
     if cfg.logger.name != "wandb":
         return None
     try:
         import wandb
 
-        return wandb.init(
-            project=cfg.logger.project,
-            entity=cfg.logger.entity,
-            group=cfg.logger.group or group,
-            tags=list(cfg.logger.tags),
-            name=name,
-            job_type=job_type,
-            config=OmegaConf.to_container(cfg, resolve=True),
-            dir=str(run_dir),
-            mode=wandb_mode(cfg.logger),
-            reinit="finish_previous",
-        )
+        config = OmegaConf.to_container(cfg, resolve=True) | {"provenance": origin or provenance(cfg.hardware)}
+        kwargs = dict(project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group or group,
+                      tags=list(cfg.logger.tags), name=name, job_type=job_type, config=config, dir=str(run_dir),
+                      reinit="finish_previous")
+        mode = wandb_mode(cfg.logger)
+        if mode == "online" and not _wandb_unreachable:
+            try:
+                return wandb.init(mode=mode, settings=wandb.Settings(init_timeout=cfg.logger.init_timeout), **kwargs)
+            except Exception as exc:
+                _wandb_unreachable = True
+                log.warning("W&B did not answer (%s): logging offline under %s; `wandb sync` uploads it later",
+                            type(exc).__name__, run_dir)
+        return wandb.init(mode="offline" if mode == "online" else mode, **kwargs)
     except Exception as exc:  # W&B must never cost the local record
         log.warning("W&B could not start (%s: %s); results are kept locally in %s", type(exc).__name__, exc, run_dir)
         return None
@@ -162,7 +193,7 @@ def wandb_init(cfg, name: str, run_dir: Path, group: str | None = None, job_type
 
 def log_to_wandb(cfg, record: RunRecord, run_name: str, group: str | None, metrics: dict, rows: list[dict]) -> None:
     """Log a finished run to W&B: summary metrics and a per-sample table. Failures never touch the record."""
-    run = wandb_init(cfg, run_name, record.dir, group)
+    run = wandb_init(cfg, run_name, record.dir, group, origin=metrics.get("provenance"))
     if run is None:
         return
     try:

@@ -85,3 +85,34 @@ def lossless(gens: list[dict], reference: list[dict]) -> float:
     if len(gens) != len(reference) or not gens:
         return math.nan
     return fmean(float(g["token_ids"] == r["token_ids"]) for g, r in zip(gens, reference))
+
+
+def impossible_generation(gen: dict) -> str | None:
+    """Why a Generation's step counts cannot be true (None when they can): every step commits at least one
+    token and at most its drafts plus the target's own, and the steps account for every token but the
+    prefill's."""
+    accepted, drafted = gen["accepted"], gen["drafted"]
+    if not gen["steps"] == len(accepted) == len(drafted):
+        return f"{gen['steps']} steps but {len(accepted)} accepted and {len(drafted)} drafted counts"
+    if any(a < 1 for a in accepted):
+        return "a step committed no token"
+    over = [(a, d) for a, d in zip(accepted, drafted) if a > d + 1]
+    if over:
+        return f"a step committed {over[0][0]} tokens from {over[0][1]} drafts (at most drafts + 1)"
+    if not 0 <= len(gen["token_ids"]) - sum(accepted) <= 1:
+        return f"{len(gen['token_ids'])} tokens but the steps committed {sum(accepted)} after prefill"
+    return None
+
+
+def impossible_metrics(metrics: dict) -> str | None:
+    """Why a run's aggregate metrics cannot be true (None when they can)."""
+    bounds = {"accept_rate": (0, 1), "draft_token_share": (0, 1), "hm": (0, 100), "lossless": (0, 1),
+              "lossless_paired": (0, 1)}
+    for key, (low, high) in bounds.items():
+        value = metrics.get(key)
+        if value is not None and not math.isnan(value) and not low <= value <= high:
+            return f"{key} {value:.2f} is outside [{low}, {high}]"
+    mat, drafted = metrics.get("mat"), metrics.get("mean_drafted_per_step")
+    if mat is not None and drafted is not None and mat > drafted + 1 + 1e-9:
+        return f"mat {mat:.2f} is more than the {drafted:.2f} tokens drafted per step + 1"
+    return None

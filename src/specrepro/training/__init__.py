@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from specrepro.decoding.self_sd import SelfSDConfig
 from specrepro.errors import SpecReproError
 from specrepro.models import ModelLoader
+from specrepro.provenance import now, provenance
 from specrepro.tracking import config_hash, drop_at_default, wandb_init
 from specrepro.training.artifacts import is_complete, publish, staging_dir
 from specrepro.training.cllm import train_cllm
@@ -71,6 +72,7 @@ def train(cfg) -> Path:
     if not cfg.resume:
         (work_dir / "checkpoint.pt").unlink(missing_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)
+    started_at = now()
     run = wandb_init(cfg, final.name, work_dir, job_type="train")
 
     def log_metrics(metrics: dict, step: int) -> None:
@@ -84,8 +86,9 @@ def train(cfg) -> Path:
         component_model.get_base_model().config.save_pretrained(staging)
     if target.tokenizer is not None:
         target.tokenizer.save_pretrained(staging)
+    origin = provenance(cfg.hardware, device) | {"started_at": started_at, "finished_at": now()}
     publish(staging, final, {"component": component, "metrics": metrics, "history": history,
-                             "config": OmegaConf.to_container(cfg, resolve=True)})
+                             "config": OmegaConf.to_container(cfg, resolve=True), "provenance": origin})
     if run is not None:
         run.summary.update(metrics)
         try:

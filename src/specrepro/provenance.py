@@ -1,0 +1,91 @@
+"""Where a number came from: code version, library versions, machine and kernel settings, and when.
+
+Every run record (`metrics.json`), artifact (`artifact.json`) and W&B config carries `provenance()`;
+tables print it in their footer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import subprocess
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+RECORD_VERSION = 2  # bump when a record's meaning changes: it enters every run's identity
+
+
+def now() -> str:
+    """The current time, UTC, ISO 8601 to the second."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@lru_cache(maxsize=1)
+def code_version() -> dict:
+    """The git commit (and whether the work tree differs from it) of a source checkout; otherwise the package
+    version that is installed."""
+    source = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+
+    try:
+        top = Path(git("rev-parse", "--show-toplevel"))
+        if source.is_relative_to(top):
+            return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"commit": None, "dirty": None}
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_description(device: torch.device | str | None = None) -> dict:
+    """The CPU (model, cores) and, when the run is on one, the GPU (name, count)."""
+    info = {"cpu": cpu_name(), "cpu_cores": os.cpu_count()}
+    if device is not None and torch.device(device).type == "cuda":
+        info.update(gpu=torch.cuda.get_device_name(torch.device(device)), gpu_count=torch.cuda.device_count())
+    return info
+
+
+def machine_label(info: dict) -> str:
+    """One line for a table footer: the GPU when there is one, else the CPU and its cores."""
+    if info.get("gpu"):
+        return f"{info['gpu_count']} x {info['gpu']}"
+    return f"{info.get('cpu')}, {info.get('cpu_cores')} cores"
+
+
+def provenance(hardware=None, device: torch.device | str | None = None) -> dict:
+    """What produced a record: code and library versions, the machine, threads and kernel options, the time."""
+    hardware = dict(hardware or {})
+    return {
+        "record_version": RECORD_VERSION,
+        "code": {**code_version(), "specrepro": _version("specrepro")},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": _version("transformers")},
+        "machine": device_description(device),
+        "threads": torch.get_num_threads(),
+        "dtype": hardware.get("dtype"),
+        "kernels": {k: hardware[k] for k in ("linear_kernel", "linear_min_rows", "row_invariant") if k in hardware},
+    }
