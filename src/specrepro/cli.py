@@ -25,6 +25,7 @@ USAGE = """usage: specrepro {run,train} [hydra overrides...] | specrepro table N
   specrepro run --help                                               (Hydra's help: groups and options)
   specrepro table specbench_small [--results-dir results] [--source local|wandb]   (a paper table)"""
 POINTER_FILE = "specrepro_run.txt"  # in each Hydra job dir: the run record it wrote
+FAILURE_FILE = "specrepro_failed.txt"  # in each Hydra job dir whose job failed: the one-line reason
 
 log = logging.getLogger("specrepro")
 
@@ -40,15 +41,25 @@ def sweep_group() -> str | None:
 
 
 def run_job(cfg: DictConfig) -> None:
+    """One `specrepro run` job. In a sweep a failed job leaves its reason in its job dir and the sweep goes on
+    (the sweep table lists it, and the command exits non-zero at the end)."""
     from specrepro.runner import results_table, run
 
+    output_dir = Path(HydraConfig.get().runtime.output_dir)
+    sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         metrics = run(cfg, group=sweep_group())
     except SpecReproError as exc:
-        fail(str(exc))
-    output_dir = Path(HydraConfig.get().runtime.output_dir)
+        if not sweeping:
+            fail(str(exc))
+        print(f"specrepro: error: job {HydraConfig.get().job.num}: {exc}", file=sys.stderr)
+        (output_dir / FAILURE_FILE).write_text(f"{exc}\n")
+        return
+    except Exception as exc:  # a bug: Hydra logs the traceback; the sweep table still names the job
+        (output_dir / FAILURE_FILE).write_text(f"{type(exc).__name__}: {exc}\n".splitlines()[0] + "\n")
+        raise
     (output_dir / POINTER_FILE).write_text(str(Path(cfg.results_dir) / "runs" / metrics["run_name"]) + "\n")
-    if HydraConfig.get().mode != RunMode.MULTIRUN:
+    if not sweeping:
         print(results_table([metrics]))
 
 
@@ -70,6 +81,10 @@ def hydra_app(config_name: str, task, args: list[str]) -> None:
     register_configs()
     sys.argv = [f"specrepro {config_name}", *args]
     hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(task)()
+    from specrepro.callbacks import SweepTable
+
+    if SweepTable.failed_jobs:
+        sys.exit(1)
 
 
 def main() -> None:
