@@ -1,0 +1,179 @@
+"""No silent wrong numbers: impossible metrics fail the run, a run's identity covers the data it decodes, a failed
+sweep job is reported while the others run, bad input gets one line, and records carry their provenance."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from specrepro.errors import SpecReproError
+from specrepro.metrics.speed import impossible_generation, impossible_metrics, speed_metrics
+from tests.test_runner import FAST, run_dirs, specrepro
+
+
+def _gen(accepted, drafted, n_tokens=None, steps=None):
+    n_tokens = sum(accepted) + 1 if n_tokens is None else n_tokens
+    return {"token_ids": list(range(n_tokens)), "accepted": accepted, "drafted": drafted,
+            "steps": len(accepted) if steps is None else steps, "wall_time": 1.0, "draft_time": 0.0,
+            "verify_time": 0.0}
+
+
+def test_possible_step_counts_pass():
+    assert impossible_generation(_gen([1, 3, 2], [2, 2, 2])) is None
+    assert impossible_generation(_gen([1, 1], [0, 0])) is None
+    assert impossible_metrics(speed_metrics([_gen([1, 3, 2], [2, 2, 2])])) is None
+
+
+@pytest.mark.parametrize("gen, problem", [
+    (_gen([31], [3]), "31 tokens from 3 drafts"),  # hf_assisted's collapsed counting on transformers 5.24
+    (_gen([2, 0], [1, 1]), "no token"),
+    (_gen([1, 1], [0, 0], steps=1), "1 steps but 2"),
+    (_gen([1, 1], [0, 0], n_tokens=9), "9 tokens but the steps committed 2"),
+])
+def test_impossible_step_counts_are_named(gen, problem):
+    assert problem in impossible_generation(gen)
+
+
+@pytest.mark.parametrize("metrics, problem", [
+    ({"accept_rate": 3.0}, "accept_rate 3.00"), ({"hm": 142.9}, "hm 142.90"),
+    ({"draft_token_share": -0.1}, "draft_token_share"), ({"mat": 31.0, "mean_drafted_per_step": 3.0}, "mat 31.00"),
+])
+def test_impossible_run_metrics_are_named(metrics, problem):
+    assert problem in impossible_metrics(metrics)
+
+
+def test_a_decoder_reporting_impossible_counts_fails_the_run_and_records_nothing_complete(tmp_path, monkeypatch):
+    from specrepro import runner
+    from specrepro.decoding.ar import ARDecoder
+    from tests.test_config import compose_run
+
+    class Overcounting(ARDecoder):
+        def _decode(self, prompt_ids, sampling, out, rng):
+            super()._decode(prompt_ids, sampling, out, rng)
+            out.gen.steps, out.gen.accepted, out.gen.drafted = 1, [len(out.gen.token_ids) - 1], [3]
+
+    monkeypatch.setattr(runner, "build_decoder", lambda method, target, ctx: Overcounting(target.model, target.tokenizer))
+    cfg = compose_run(*FAST, "method=pld", "dataset.limit=1", "logger=none", "reference=false",
+                      f"results_dir={tmp_path}")
+    with pytest.raises(SpecReproError, match="impossible step counts"):
+        runner.run(cfg)
+    assert not list(tmp_path.glob("runs/*/metrics.json"))
+
+
+def _gsm8k_file(path: Path, questions: list[str]) -> None:
+    path.write_text("".join(json.dumps({"question": q, "answer": "#### 1"}) + "\n" for q in questions))
+
+
+def test_an_edited_dataset_file_is_a_new_run_and_never_reuses_the_old_reference(tmp_path):
+    data = tmp_path / "my.jsonl"
+    _gsm8k_file(data, ["What is 2 + 2?", "What is 3 + 5?"])
+    args = ["run", *FAST, "dataset=gsm8k", f"dataset.path={data}", "logger=none"]
+    specrepro(*args, "method=ar", cwd=tmp_path)
+    [old_ar] = run_dirs(tmp_path).values()
+
+    _gsm8k_file(data, ["What is 2 + 2?", "What is 7 + 9?"])
+    specrepro(*args, "method=pld", cwd=tmp_path)
+    runs = run_dirs(tmp_path)
+    assert len(runs) == 3  # a new ar reference was decoded for the edited file
+    pld = json.loads(next(p for k, p in runs.items() if k.startswith("pld:")).joinpath("metrics.json").read_text())
+    assert pld["reference_run"] != old_ar.name and pld["lossless"] == 1.0
+    new_ar = json.loads((tmp_path / "results" / "runs" / pld["reference_run"] / "metrics.json").read_text())
+    assert new_ar["data_fingerprint"] == pld["data_fingerprint"] != json.loads((old_ar / "metrics.json").read_text())["data_fingerprint"]
+
+    out = specrepro(*args, "method=ar", cwd=tmp_path)  # the edited file's ar run exists now: reused
+    assert "already complete" in out.stdout + out.stderr and len(run_dirs(tmp_path)) == 3
+
+
+def test_a_reference_that_decoded_other_prompts_is_refused():
+    from specrepro.runner import summarize
+
+    row = {"id": "0", "prompts": ["new question"], "scores": {},
+           "samples": [[{**_gen([1], [0]), "token_ids": [5, 6]}]]}
+    stale = {**row, "prompts": ["old question"]}
+    with pytest.raises(SpecReproError, match="different prompt for record 0"):
+        summarize([row], [stale], greedy=True)
+    assert summarize([row], [row], greedy=True)["lossless"] == 1.0
+
+
+def test_a_failed_sweep_job_is_reported_and_the_others_run(tmp_path):
+    proc = specrepro("run", "-m", *FAST, "logger=none", "dataset.limit=1,-1,2", cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert sorted(m["n_samples"] for m in map(lambda p: json.loads((p / "metrics.json").read_text()),
+                                               run_dirs(tmp_path).values())) == [1, 2]
+    failed = [line for line in proc.stdout.splitlines() if "FAILED" in line]
+    assert len(failed) == 1 and "dataset.limit=-1" in failed[0] and "limit must be positive" in failed[0]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    ("hardware.threads=-1", "hardware.threads must be positive"),
+    ("decoding.top_k=-1", "decoding.top_k must be 0 (off) or positive"),
+])
+def test_bad_values_are_refused_in_one_line(tmp_path, override, message):
+    start = time.monotonic()
+    proc = specrepro("run", *FAST, "dataset.limit=1", "logger=none", override, cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and time.monotonic() - start < 60
+    [line] = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"specrepro: error: {message}") and line.endswith("got -1")
+    assert not (tmp_path / "results" / "runs").exists() or not list((tmp_path / "results" / "runs").iterdir())
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_decoding(tmp_path):
+    data = tmp_path / "long.jsonl"
+    _gsm8k_file(data, ["What is 1 + 1?", "word " * 5000])  # the tiny model's context is 4096 tokens
+    proc = specrepro("run", *FAST, "method=ar", "dataset=gsm8k", f"dataset.path={data}", "logger=none",
+                     cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("specrepro: error:")]
+    assert "record 1" in line and "4096-token context" in line
+    assert not list((tmp_path / "results" / "runs").iterdir())  # nothing decoded, no empty run directory left
+
+
+def test_a_corrupt_metrics_file_is_redone_not_a_traceback(tmp_path):
+    args = ["run", *FAST, "method=ar", "dataset.limit=1", "logger=none"]
+    specrepro(*args, cwd=tmp_path)
+    [run_dir] = run_dirs(tmp_path).values()
+    (run_dir / "metrics.json").write_text('{"complete": tr')
+    proc = specrepro(*args, cwd=tmp_path)
+    assert "is corrupt" in proc.stdout + proc.stderr
+    assert json.loads((run_dir / "metrics.json").read_text())["complete"] is True
+
+
+def test_records_carry_provenance_and_are_readable_by_the_team(tmp_path):
+    old_umask = os.umask(0o022)
+    try:
+        specrepro("run", *FAST, "method=ar", "dataset.limit=1", "logger=none", cwd=tmp_path)
+    finally:
+        os.umask(old_umask)
+    [run_dir] = run_dirs(tmp_path).values()
+    for name in ("metrics.json", "config.yaml", "generations.jsonl", "provenance.json"):
+        assert stat.S_IMODE((run_dir / name).stat().st_mode) == 0o644, name
+    origin = json.loads((run_dir / "metrics.json").read_text())["provenance"]
+    assert origin["record_version"] >= 2 and len(origin["code"]["commit"]) == 40 and origin["code"]["dirty"] in (True, False)
+    assert origin["versions"]["torch"] and origin["versions"]["transformers"]
+    assert origin["machine"]["cpu"] and origin["machine"]["cpu_cores"] >= 1 and origin["threads"] == 1
+    assert origin["dtype"] == "float32" and origin["kernels"]["linear_kernel"] == "onednn"
+    assert origin["started_at"] <= origin["finished_at"]
+
+
+def test_an_unreachable_wandb_server_costs_at_most_its_timeout_and_logs_offline(tmp_path):
+    env = {"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_API_KEY": "x" * 40}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        start = time.monotonic()
+        proc = specrepro("run", *FAST, "method=ar", "dataset.limit=1", "logger=wandb", "logger.mode=online",
+                         "logger.init_timeout=3", cwd=tmp_path)
+        elapsed = time.monotonic() - start
+    finally:
+        for key, value in old.items():
+            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+    [run_dir] = run_dirs(tmp_path).values()
+    assert list(run_dir.glob("wandb/offline-run-*"))
+    assert (proc.stdout + proc.stderr).count("logging offline") == 1
+    assert elapsed < 90  # was ~100 s in wandb.init's own timeout alone
