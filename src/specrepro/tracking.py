@@ -54,19 +54,6 @@ def config_hash(node) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:8]
 
 
-def drop_at_default(content: dict, defaults: dict) -> dict:
-    """`content` without the options (dotted paths) that sit at their given default: options added after records
-    existed enter a hash only when set, so older records keep their names."""
-    for path, default in defaults.items():
-        *parents, key = path.split(".")
-        node = content
-        for parent in parents:
-            node = node.get(parent, {})
-        if key in node and node[key] == default:
-            del node[key]
-    return content
-
-
 def _json_safe(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None

@@ -7,11 +7,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from specrepro.decoding.self_sd import SelfSDConfig
 from specrepro.errors import SpecReproError
 from specrepro.models import ModelLoader
 from specrepro.provenance import now, provenance
-from specrepro.tracking import config_hash, drop_at_default, wandb_init
+from specrepro.tracking import config_hash, wandb_init
 from specrepro.training.artifacts import is_complete, publish, staging_dir
 from specrepro.training.cllm import train_cllm
 from specrepro.training.eesd_head import train_eesd_head
@@ -29,17 +28,9 @@ TRAINERS = {"sps_draft": train_sps_draft, "eesd_head": train_eesd_head,
             "space": train_space_sft, "space_sft_control": train_space_sft}
 
 
-# training options added after artifacts existed: hashed only when set away from their default
-# (tracking.drop_at_default)
-_HASHED_WHEN_SET = {"training.acq_restarts": 10, "training.teacher_dtype": "",
-                    "training.joint_lora": {"r": 0, "alpha": 16, "dropout": 0.05},
-                    "training.recheck_top": 0, "training.recheck_repeats": 2, "training.decoder.draft_vocab": 0,
-                    "training.decoder.draft_vocab_corpus": SelfSDConfig.draft_vocab_corpus}
-
-
 def artifact_path(cfg) -> Path:
     """`<artifacts_dir>/<component>-<model>-<hash of model + training config>`."""
-    content = drop_at_default(OmegaConf.to_container(cfg, resolve=True), _HASHED_WHEN_SET)
+    content = OmegaConf.to_container(cfg, resolve=True)
     training, dtype = content["training"], content["hardware"]["dtype"]
     key = config_hash({"model": content["model"], "training": training, "dtype": dtype})
     return Path(cfg.artifacts_dir) / f"{cfg.training.component}-{cfg.model.name}-{key}"
