@@ -24,8 +24,8 @@ needs_landlock = pytest.mark.skipif(
 )
 
 
-def run(source: str, **limits) -> ExecResult:
-    result = run_program(textwrap.dedent(source), **limits)
+def run(source: str, tests: str = "", **limits) -> ExecResult:
+    result = run_program(textwrap.dedent(source), tests=textwrap.dedent(tests), **limits)
     assert result.status in STATUSES
     assert result.passed == (result.status == "passed")
     return result
@@ -66,6 +66,7 @@ def test_program_may_write_inside_its_temp_dir():
     assert result.status == "passed", result.detail
 
 
+
 @pytest.mark.parametrize(
     "source, expected",
     [
@@ -87,7 +88,7 @@ def test_errors_fail(source, expected):
         "import os\nos._exit(0)\nassert False",
         "raise SystemExit",
         "exit(0)",
-        # a program cannot forge the completion report: it does not know the per-run nonce
+        # stray bytes on every descriptor are no report of having reached the end
         """
         import os
         for fd in range(3, 256):
@@ -101,6 +102,176 @@ def test_errors_fail(source, expected):
 )
 def test_exit_before_the_end_is_not_a_pass(source):
     result = run(source)
+    assert result.status == "failed", result.detail
+
+
+def test_tests_run_in_their_own_process_against_the_programs_names():
+    result = run(
+        """
+        import os
+        def pid():
+            return os.getpid()
+        """,
+        """
+        import os
+        assert pid() != os.getpid()
+        assert pid() == pid()
+        """,
+    )
+    assert result.status == "passed", result.detail
+
+
+def test_plain_data_crosses_and_other_objects_stay_in_the_program():
+    result = run(
+        """
+        import collections
+        Point = collections.namedtuple("Point", "x y")
+        class Pair:
+            def __init__(self, a, b):
+                self.a, self.b = a, b
+        def longest(pairs):
+            return max(pair.b - pair.a for pair in pairs)
+        def values():
+            return [Point(1, 2), {3, frozenset({4})}, {"k": b"x", 5: None}, 1j, True, 2.5, float("inf")]
+        def refuse(reason):
+            raise ValueError(reason)
+        """,
+        """
+        assert values() == [(1, 2), {3, frozenset({4})}, {"k": b"x", 5: None}, 1j, True, 2.5, float("inf")]
+        assert [type(value) for value in values()] == [tuple, set, dict, complex, bool, float, float]
+        assert longest([Pair(1, 5), Pair(2, 3)]) == 4
+        assert Pair(1, 2).b == 2
+        try:
+            refuse("no")
+        except ValueError as error:
+            assert str(error) == "no"
+        else:
+            raise AssertionError("refuse() did not raise")
+        """,
+    )
+    assert result.status == "passed", result.detail
+
+
+def test_the_tests_process_is_out_of_the_programs_reach():
+    result = run(
+        """
+        import posix
+        def peers():
+            found, opened = 0, []
+            for pid in filter(str.isdigit, posix.listdir("/proc")):
+                try:
+                    cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+                except OSError:  # exited meanwhile
+                    continue
+                if b"sandbox.py" in cmdline and int(pid) != posix.getpid():
+                    found += 1
+                    for path in (f"/proc/{pid}/mem", f"/proc/{pid}/environ", f"/proc/{pid}/fd/0"):
+                        try:
+                            open(path, "rb").close()
+                            opened.append(path)
+                        except OSError:
+                            pass
+            return found, opened
+        """,
+        """
+        found, opened = peers()
+        assert found >= 1 and opened == [], (found, opened)
+        """,
+    )
+    assert result.status == "passed", result.detail
+
+
+@pytest.mark.parametrize(
+    "program, tests, expected",
+    [
+        ("def answer():\n    return 41", "assert answer() == 42", "AssertionError"),
+        ("answer = 42", "assert missing() == 42", "NameError"),
+        ("def answer():\n    return 42\nimport os\nos._exit(0)", "answer()", "did not run to its end"),
+    ],
+)
+def test_failing_tests_fail(program, tests, expected):
+    result = run(program, tests)
+    assert result.status == "failed"
+    assert expected in result.detail
+
+
+# Ways for a program to pass tests it does not solve. All but the second fooled the old sandbox, which
+# ran the tests appended to the program, in its interpreter, and took a nonce as proof of the end.
+@pytest.mark.parametrize(
+    "program, tests",
+    [
+        # the old report of having reached the end: the nonce, read from the child's frame or from gc
+        (
+            """
+            import gc, os, sys
+            frames = []
+            frame = sys._getframe()
+            while frame is not None:
+                frames.append(frame.f_locals)
+                frame = frame.f_back
+            for found in frames + [d for d in gc.get_objects() if isinstance(d, dict) and "config" in d]:
+                config = found.get("config")
+                if isinstance(config, dict) and "nonce" in config:
+                    os.write(config["result_fd"], config["nonce"].encode())
+                    break
+            os._exit(0)
+            """,
+            "assert answer() == 42",
+        ),
+        # the new one, on every descriptor
+        (
+            """
+            import os
+            for fd in range(3, 64):
+                try:
+                    os.write(fd, b'["ready"]\\n')
+                except OSError:
+                    pass
+            os._exit(0)
+            """,
+            "assert answer() == 42",
+        ),
+        # an object equal to anything
+        (
+            """
+            class Anything:
+                def __eq__(self, other):
+                    return True
+            def answer():
+                return Anything()
+            """,
+            "assert answer() == 42",
+        ),
+        # builtins patched in the program's interpreter
+        (
+            """
+            import builtins
+            builtins.abs = lambda number: 0
+            def answer():
+                return 0
+            """,
+            "assert abs(answer() - 42) < 1e-9",
+        ),
+        # failing assertions skipped by a trace function
+        (
+            """
+            import linecache, sys
+            def skip_asserts(frame, event, arg):
+                line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+                if event == "line" and line.lstrip().startswith("assert"):
+                    frame.f_lineno += 1
+                return skip_asserts
+            sys.settrace(skip_asserts)
+            sys._getframe().f_trace = skip_asserts
+            def answer():
+                return 41
+            """,
+            "assert answer() == 42\nprint('after the assertion')",
+        ),
+    ],
+)
+def test_program_cannot_forge_a_pass(program, tests):
+    result = run(program, tests)
     assert result.status == "failed", result.detail
 
 

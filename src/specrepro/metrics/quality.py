@@ -93,8 +93,8 @@ def score_sample(
 
     - "rouge": rouge_l, rouge_2 of completions[0] against `reference`;
     - "gsm8k_acc": 1.0 / 0.0 for completions[0];
-    - "pass_at_k": every completion is a full program (prompt + completion), run in the sandbox with
-      the task's tests appended (`_tests_to_append`); n_correct, n, pass@1, and pass@10 when n >= 10;
+    - "pass_at_k": every completion is a full program (prompt + completion), run in the sandbox with the
+      task's tests (`task_tests`) in a process of their own; n_correct, n, pass@1, and pass@10 when n >= 10;
     - "mt_bench", "none": {} (MT-Bench is judged elsewhere).
     """
     if metric not in METRICS:
@@ -110,7 +110,7 @@ def score_sample(
     return _pass_at_k_scores(completions, fields, timeout_s)
 
 
-def _tests_to_append(fields: dict) -> str:
+def task_tests(fields: dict) -> str:
     """HumanEval: `test` (defines check) and `check(entry_point)`; MBPP: `test_setup_code`, `test_list`."""
     if "entry_point" in fields:
         return f"\n\n{fields['test']}\n\ncheck({fields['entry_point']})\n"
@@ -120,9 +120,9 @@ def _tests_to_append(fields: dict) -> str:
 
 
 def _pass_at_k_scores(programs: list[str], fields: dict, timeout_s: float) -> dict[str, float]:
-    tests = _tests_to_append(fields)
+    tests = task_tests(fields)
     n = len(programs)
-    n_correct = sum(run_program(program + tests, timeout_s=timeout_s).passed for program in programs)
+    n_correct = sum(run_program(program, tests, timeout_s=timeout_s).passed for program in programs)
     scores = {"n_correct": n_correct, "n": n, "pass@1": pass_at_k(n, n_correct, 1)}
     if n >= 10:
         scores["pass@10"] = pass_at_k(n, n_correct, 10)

