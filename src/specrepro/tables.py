@@ -43,6 +43,7 @@ from types import SimpleNamespace
 import yaml
 
 from specrepro.errors import SpecReproError
+from specrepro.provenance import machine_label
 
 log = logging.getLogger(__name__)
 
@@ -351,7 +352,26 @@ def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[l
     return header, body, footnotes
 
 
-def render_markdown(spec: TableSpec, header, body, footnotes) -> str:
+def provenance_footer(runs: list[RunInfo], command: str) -> list[str]:
+    """Lines saying where the table's numbers come from: machines, code versions, dates, and how to regenerate."""
+    origins = [run.metrics.get("provenance") or {} for run in runs]
+    machines = sorted({machine_label(o["machine"]) for o in origins if o.get("machine")})
+    commits = sorted({o["code"]["commit"][:10] + ("+dirty" if o["code"].get("dirty") else "")
+                      for o in origins if (o.get("code") or {}).get("commit")})
+    versions = sorted({f"torch {o['versions']['torch']}, transformers {o['versions']['transformers']}"
+                       for o in origins if o.get("versions")})
+    dates = sorted(d for o in origins for d in (o.get("started_at"), o.get("finished_at")) if d)
+    unknown = sum(not o for o in origins)
+    lines = [f"- Machine: {'; '.join(machines) or 'unknown'}",
+             f"- Code: {', '.join(commits) or 'unknown'} ({'; '.join(versions) or 'library versions unknown'})",
+             f"- Dates: {dates[0][:10]} to {dates[-1][:10]}" if dates else "- Dates: unknown",
+             f"- Regenerate: `{command}`"]
+    if unknown:
+        lines.insert(0, f"- {unknown} run(s) predate provenance records (record_version < 2)")
+    return lines
+
+
+def render_markdown(spec: TableSpec, header, body, footnotes, footer: list[str]) -> str:
     lines = [f"# {spec.title}", ""]
     if spec.source:
         lines += [f"Paper numbers: {spec.source}.", ""]
@@ -359,35 +379,39 @@ def render_markdown(spec: TableSpec, header, body, footnotes) -> str:
         lines += [spec.note.strip(), ""]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
-    lines += ["", f"Regenerate: `experiments/tables/{spec.recipe}` (runs and table) or `specrepro table {spec.name}` "
-              f"(table only). {MISSING_CELL} = no number (not in the paper, or no run yet).",
-              "", "Runs:", ""]
+    lines += ["", f"{MISSING_CELL} = no number (not in the paper, or no run yet).", "", "Runs:", ""]
     lines += [f"{i}. `{name}`" for i, name in enumerate(footnotes, 1)] or ["(none)"]
+    lines += ["", "Provenance:", "", *footer]
     return "\n".join(lines) + "\n"
 
 
-def render_csv(header, body, footnotes) -> str:
+def render_csv(header, body, footnotes, footer: list[str]) -> str:
+    """The table as CSV; the provenance footer follows as `#` comment lines (pandas: `comment="#"`)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(header)
     for row in body:
         names = [footnotes[int(mark.strip("[]")) - 1] for mark in row[-1].split() if mark.startswith("[")]
         writer.writerow(row[:-1] + [";".join(names)])
-    return out.getvalue()
+    return out.getvalue() + "".join(f"# {line.removeprefix('- ')}\n" for line in footer)
 
 
 def write_table(name: str, results_dir: str | Path = "results", source: str = "local", project: str = "specrepro",
-                entity: str | None = None, group: str | None = None, tables_dir: Path = TABLES_DIR) -> Path:
-    """Regenerate table NAME (or spec file NAME.yaml) into `<results dir>/<paper>/<NAME>.md` and `.csv`;
-    return the .md path."""
+                entity: str | None = None, group: str | None = None, tables_dir: Path = TABLES_DIR,
+                out_dir: str | Path | None = None, command: str | None = None) -> Path:
+    """Regenerate table NAME (or spec file NAME.yaml) into `<out dir>/<NAME>.md` and `.csv` (default out dir:
+    `<results dir>/<paper>`), with a provenance footer naming `command` (default: this table's own); return the
+    .md path."""
     spec = TableSpec.load(name, tables_dir)
     runs = local_runs(results_dir) if source == "local" else wandb_runs(project, entity, group)
     header, body, footnotes = build_table(spec, runs)
-    out_dir = Path(results_dir) / spec.paper
+    by_name = {run.name: run for run in runs}
+    footer = provenance_footer([by_name[n] for n in footnotes], command or f"specrepro table {name} --results-dir {results_dir}")
+    out_dir = Path(out_dir) if out_dir is not None else Path(results_dir) / spec.paper
     out_dir.mkdir(parents=True, exist_ok=True)
     md_path = out_dir / f"{spec.name}.md"
-    md_path.write_text(render_markdown(spec, header, body, footnotes))
-    md_path.with_suffix(".csv").write_text(render_csv(header, body, footnotes))
+    md_path.write_text(render_markdown(spec, header, body, footnotes, footer))
+    md_path.with_suffix(".csv").write_text(render_csv(header, body, footnotes, footer))
     return md_path
 
 
