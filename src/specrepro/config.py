@@ -81,12 +81,18 @@ class LoggerConfig:
 
 @dataclass
 class HardwareConfig:
+    """Where and how the models compute (conf/hardware/ holds named presets of it)."""
+
     device: str = "auto"  # auto = cuda when present, else cpu
     dtype: str = "float32"  # float32 | bfloat16 | float16
     threads: Optional[int] = None  # torch.set_num_threads; null = torch's default
-    linear_kernel: str = "onednn"  # onednn (prepacked weights on CPU, models/kernels.py) | torch
-    linear_min_rows: int = 5  # onednn: zero-pad inputs of fewer rows to this many (its few-row kernels are slower)
-    # verification rows compute bit for bit what one-token steps compute (models/attention.py); for bf16
+    # CPU nn.Linear: onednn (prepacked weights, models/kernels.py: ~1.5x faster steps, cheap small-batch verify) | torch
+    linear_kernel: str = "onednn"
+    # onednn: zero-pad inputs of fewer rows to this many (its 1-2-row kernels stream weights slower;
+    # experiments/bench_kernels.py --min-rows measures it); 1 = no padding
+    linear_min_rows: int = 5
+    # a verification row computes bit for bit what a one-token step does, attention in fp32 (models/attention.py):
+    # needed for lossless bf16
     row_invariant: bool = False
 
 
@@ -165,6 +171,7 @@ def register_configs() -> None:
     cs.store(group="dataset", name="base_dataset", node=DatasetConfig)
     cs.store(group="decoding", name="base_decoding", node=DecodingConfig)
     cs.store(group="logger", name="base_logger", node=LoggerConfig)
+    cs.store(group="hardware", name="base_hardware", node=HardwareConfig)
     cs.store(group="judge", name="base_judge", node=JudgeConfig)
     for name, schema in _METHOD_SCHEMAS.items():
         cs.store(group="method", name=f"base_{name}", node=schema)
