@@ -21,7 +21,7 @@ COMMON=(decoding=greedy timing.paired=true reference_nll=true hardware.threads=$
 CLLM_MODEL=(model=smollm2_135m model.name=smollm2_135m_cllm model.source=artifact model.id="$CLLM" method=cllm)
 "$SPECREPRO" run -m "${CLLM_MODEL[@]}" "${GSM8K[@]}" method.block_size=2,4,8,16,32 "${COMMON[@]}"
 "$SPECREPRO" run -m model=smollm2_135m method=jacobi "${GSM8K[@]}" method.block_size=2,4,8,16,32 "${COMMON[@]}"
-MT_BENCH=(dataset=mt_bench dataset.ids_path=experiments/tables/mt_bench_8_ids.json judge=local)
+MT_BENCH=(dataset=mt_bench dataset.ids_path=mt_bench/one_per_category_ids.json judge=local)
 "$SPECREPRO" run -m "${CLLM_MODEL[@]}" "${MT_BENCH[@]}" method.block_size=4,16 "${COMMON[@]}"
 "$SPECREPRO" run -m model=smollm2_135m method=jacobi "${MT_BENCH[@]}" method.block_size=4,16 "${COMMON[@]}"
 if [[ -n "${CLLM4:-}" ]]; then

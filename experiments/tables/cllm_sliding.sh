@@ -14,7 +14,7 @@ SPECREPRO=${SPECREPRO:-.venv/bin/specrepro}
 : "${CLLM4:?set CLLM4 to the artifact of a CLLM trained with n = 4}"
 GSM8K=(dataset=gsm8k dataset.template=cllm dataset.prompt_style=completion dataset.few_shot=0 "dataset.cut_at=[Question]"
   dataset.limit=${LIMIT:-10})
-MT_BENCH=(dataset=mt_bench dataset.ids_path=experiments/tables/mt_bench_8_ids.json judge=local)
+MT_BENCH=(dataset=mt_bench dataset.ids_path=mt_bench/one_per_category_ids.json judge=local)
 COMMON=(decoding=greedy timing.paired=true reference_nll=true hardware.threads=${THREADS:-1} results_dir="$RESULTS" "$@")
 BF16=(hardware.dtype=bfloat16 hardware.row_invariant=true)
 BASE=(model=smollm2_135m method=jacobi)

@@ -21,7 +21,7 @@ BASE=(model=smollm2_135m method=jacobi)
 CLLM_MODEL=(model=smollm2_135m model.name=smollm2_135m_cllm model.source=artifact model.id="$CLLM" method=cllm)
 GSM8K=(dataset=gsm8k dataset.template=cllm dataset.prompt_style=completion dataset.few_shot=0 "dataset.cut_at=[Question]"
   dataset.limit=${LIMIT:-10})
-MT_BENCH=(dataset=mt_bench dataset.ids_path=experiments/tables/mt_bench_8_ids.json judge=local)
+MT_BENCH=(dataset=mt_bench dataset.ids_path=mt_bench/one_per_category_ids.json judge=local)
 COMMON=(decoding=greedy timing.paired=true reference_nll=true hardware.threads=${THREADS:-1} results_dir="$RESULTS" "$@")
 "$SPECREPRO" run "${BASE[@]}" "${GSM8K[@]}" "${COMMON[@]}"
 "$SPECREPRO" run "${CLLM_MODEL[@]}" "${GSM8K[@]}" "${COMMON[@]}"

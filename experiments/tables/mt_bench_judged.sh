@@ -9,6 +9,6 @@ RESULTS=${1:-results}
 shift || true
 SPECREPRO=${SPECREPRO:-.venv/bin/specrepro}
 "$SPECREPRO" run -m model=smollm2_135m method=ar,pld dataset=mt_bench \
-  dataset.ids_path=experiments/tables/mt_bench_8_ids.json judge=local \
+  dataset.ids_path=mt_bench/one_per_category_ids.json judge=local \
   hardware.threads=${THREADS:-1} results_dir="$RESULTS" "$@"
 "$SPECREPRO" table mt_bench_judged --results-dir "$RESULTS"

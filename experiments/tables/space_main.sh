@@ -25,7 +25,7 @@ BASE=(model=smollm2_135m)
 SFT_CONTROL=(model=smollm2_135m model.name=smollm2_135m_sft model.source=artifact model.id="$SFT")
 SAR_SFT=(model.name=smollm2_135m_space model.source=artifact model.id="$SPACE")
 TASKS=(dataset=xsum,humaneval dataset.limit=${LIMIT:-10})
-MT_BENCH=(dataset=mt_bench dataset.ids_path=experiments/tables/mt_bench_8_ids.json judge=local reference_nll=true)
+MT_BENCH=(dataset=mt_bench dataset.ids_path=mt_bench/one_per_category_ids.json judge=local reference_nll=true)
 # speed: SPACE on SAR-SFT, lossless against ar on the same checkpoint
 "$SPECREPRO" run -m "${SAR_SFT[@]}" method=space method.k=$K "${TASKS[@]}" timing.paired=true "${COMMON[@]}"
 SWEEP=("${SAR_SFT[@]}" method=space method.k=${KS:-2,3,4,5,6} dataset=xsum dataset.limit=${SWEEP_LIMIT:-5} timing.paired=true)
