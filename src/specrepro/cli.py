@@ -1,4 +1,5 @@
-"""Entry points: `specrepro run ...` (decode + score + record), `specrepro train ...`, `specrepro table NAME`.
+"""Entry points: `specrepro run ...` (decode + score + record), `specrepro train ...`, `specrepro table NAME`,
+`specrepro reproduce PAPER` (train + run + table, from experiments/reproduce/).
 
 `run` and `train` are Hydra apps over the configs in `conf/`; every override and `-m` multirun works.
 User errors (bad data, unreachable model, bad values) print one line and exit with status 2.
@@ -18,12 +19,13 @@ from omegaconf import DictConfig
 from specrepro.errors import SpecReproError
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-USAGE = """usage: specrepro {run,train} [hydra overrides...] | specrepro table NAME
+USAGE = """usage: specrepro {run,train} [hydra overrides...] | specrepro table NAME | specrepro reproduce PAPER
 
   specrepro run model=smollm2_135m method=pld dataset=gsm8k dataset.limit=20
   specrepro run -m method=ar,sps,pld dataset=gsm8k dataset.limit=20   (a sweep; prints one table)
   specrepro run --help                                               (Hydra's help: groups and options)
-  specrepro table specbench_small [--results-dir results] [--source local|wandb]   (a paper table)"""
+  specrepro table specbench_small [--results-dir results] [--source local|wandb]   (a paper table)
+  specrepro reproduce cllm [--dry-run] [overrides...]   (train, run and tabulate one paper, or all)"""
 POINTER_FILE = "specrepro_run.txt"  # in each Hydra job dir: the run record it wrote
 FAILURE_FILE = "specrepro_failed.txt"  # in each Hydra job dir whose job failed: the one-line reason
 
@@ -97,11 +99,12 @@ def main() -> None:
         hydra_app("run", run_job, rest)
     elif command == "train":
         hydra_app("train", train_job, rest)
-    elif command == "table":
+    elif command in ("table", "reproduce"):
+        from specrepro.reproduce import main as reproduce_main
         from specrepro.tables import main as table_main
 
         try:
-            table_main(rest)
+            (table_main if command == "table" else reproduce_main)(rest)
         except SpecReproError as exc:
             fail(str(exc))
     else:

@@ -424,7 +424,10 @@ def main(args: list[str]) -> None:
     parser.add_argument("--project", default="specrepro", help="W&B project (--source wandb)")
     parser.add_argument("--entity", default=None, help="W&B entity (--source wandb; default: yours)")
     parser.add_argument("--group", default=None, help="W&B group, e.g. one sweep (--source wandb)")
+    parser.add_argument("--out-dir", default=None, help="where the table goes (default: <results dir>/<paper>)")
+    parser.add_argument("--command", default=None, help="the regenerating command the provenance footer names")
     opts = parser.parse_args(args)
-    path = write_table(opts.name, opts.results_dir, opts.source, opts.project, opts.entity, opts.group)
+    path = write_table(opts.name, opts.results_dir, opts.source, opts.project, opts.entity, opts.group,
+                       out_dir=opts.out_dir, command=opts.command)
     print(path.read_text())
     print(f"wrote {path} and {path.with_suffix('.csv')}")

@@ -1,0 +1,112 @@
+"""`specrepro reproduce <paper>|all`: train what a paper's tables need, run their sweeps, write the tables.
+
+A paper's pipeline is a short explicit list of stages in `experiments/reproduce/<paper>.yaml`:
+
+    paper: cllm
+    stages:
+      - {train: [method=cllm, training.stage=trajectories], minutes: 16}   # `specrepro train ...`
+      - {run: [-m, +experiment=cllm_table1], minutes: 10}                  # `specrepro run ...`
+      - {table: cllm_table1}                                               # `specrepro table ...`
+
+Every train and run stage works in `<results dir>/reproduce/<paper>/` (its runs and artifacts: one machine, one
+pipeline), and the tables go to `<results dir>/<paper>/`. Each stage is resumable on its own (a finished
+artifact or run is reused, an interrupted one resumes), so a killed pipeline picks up where it stopped when
+called again. `minutes` is the stage's measured time on a 2-core CPU; each call records what it measured in
+`<work dir>/stages.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from specrepro.errors import SpecReproError
+from specrepro.tracking import atomic_write
+
+PIPELINES_DIR = Path(__file__).resolve().parents[2] / "experiments" / "reproduce"
+STAGE_KINDS = ("train", "run", "table")
+
+
+def load_pipeline(name: str, pipelines_dir: Path = PIPELINES_DIR) -> tuple[str, list[dict]]:
+    """(paper, stages) of a pipeline name or spec file path, checked: one line naming what is wrong."""
+    path = Path(name) if name.endswith(".yaml") else pipelines_dir / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in pipelines_dir.glob("*.yaml")))
+        raise SpecReproError(f"no reproduce pipeline '{name}' (known: {known}, all)")
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecReproError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("paper"), str) or not isinstance(spec.get("stages"), list):
+        raise SpecReproError(f"{path}: needs `paper` (a name) and `stages` (a list)")
+    for i, stage in enumerate(spec["stages"]):
+        kinds = [k for k in STAGE_KINDS if k in (stage if isinstance(stage, dict) else {})]
+        if len(kinds) != 1 or set(stage) - {*STAGE_KINDS, "minutes"}:
+            raise SpecReproError(f"{path}: stage {i + 1} must have exactly one of {', '.join(STAGE_KINDS)} (and minutes)")
+        value = stage[kinds[0]]
+        if not (isinstance(value, str) if kinds[0] == "table" else isinstance(value, list)):
+            raise SpecReproError(f"{path}: stage {i + 1}: {kinds[0]} takes {'a table name' if kinds[0] == 'table' else 'a list of overrides'}")
+    return spec["paper"], spec["stages"]
+
+
+def describe(stage: dict) -> str:
+    kind = next(k for k in STAGE_KINDS if k in stage)
+    return f"{kind} {stage[kind]}" if kind == "table" else f"{kind} {' '.join(map(str, stage[kind]))}"
+
+
+def stage_command(stage: dict, work_dir: Path, out_dir: Path, overrides: list[str], paper_command: str) -> list[str]:
+    """The `specrepro ...` command line of one stage, run in a process of its own."""
+    cli = [sys.executable, "-m", "specrepro.cli"]
+    if "table" in stage:
+        return [*cli, "table", stage["table"], "--results-dir", str(work_dir), "--out-dir", str(out_dir),
+                "--command", paper_command]
+    kind = "train" if "train" in stage else "run"
+    return [*cli, kind, *map(str, stage[kind]), f"results_dir={work_dir}", *overrides]
+
+
+def reproduce(name: str, results_dir: str = "results", overrides: list[str] = (), dry_run: bool = False,
+              pipelines_dir: Path = PIPELINES_DIR) -> None:
+    """Run (or, with dry_run, list) every stage of one paper's pipeline."""
+    paper, stages = load_pipeline(name, pipelines_dir)
+    work_dir, out_dir = Path(results_dir) / "reproduce" / paper, Path(results_dir) / paper
+    paper_command = " ".join(["specrepro reproduce", name, *overrides])
+    measured_path = work_dir / "stages.json"
+    measured = json.loads(measured_path.read_text()) if measured_path.is_file() else {}
+    total = sum(stage.get("minutes", 0) for stage in stages)
+    print(f"{paper}: {len(stages)} stages, about {total} min on a 2-core CPU from nothing cached "
+          f"(runs and artifacts in {work_dir}, tables in {out_dir})")
+    for i, stage in enumerate(stages, 1):
+        expected = f"about {stage['minutes']} min" if "minutes" in stage else "under a minute"
+        if describe(stage) in measured:
+            expected += f"; {measured[describe(stage)]:.1f} min in this directory's last call"
+        print(f"[{i}/{len(stages)}] {describe(stage)} ({expected})", flush=True)
+        if dry_run:
+            continue
+        start = time.monotonic()
+        proc = subprocess.run(stage_command(stage, work_dir, out_dir, list(overrides), paper_command))
+        if proc.returncode != 0:
+            raise SpecReproError(f"{paper}: stage {i} ({describe(stage)}) failed with exit status {proc.returncode}; "
+                                 f"run `specrepro reproduce {name}` again to resume from it")
+        measured[describe(stage)] = round((time.monotonic() - start) / 60, 2)
+        atomic_write(measured_path, json.dumps(measured, indent=2) + "\n")
+        print(f"[{i}/{len(stages)}] done in {measured[describe(stage)]:.1f} min", flush=True)
+
+
+def main(args: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="specrepro reproduce",
+                                     description="Train, run and tabulate one paper (or all) from nothing cached.")
+    parser.add_argument("paper", help=f"a pipeline in {PIPELINES_DIR} (without .yaml), a pipeline file, or all")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides added to every train and run stage")
+    parser.add_argument("--results-dir", default="results", help="runs and artifacts under <dir>/reproduce/<paper>, "
+                                                                 "tables under <dir>/<paper>")
+    parser.add_argument("--dry-run", action="store_true", help="list the stages and their expected time, run nothing")
+    opts = parser.parse_args(args)
+    names = sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")) if opts.paper == "all" else [opts.paper]
+    for name in names:
+        reproduce(name, opts.results_dir, opts.overrides, opts.dry_run)

@@ -1,0 +1,107 @@
+"""`specrepro reproduce`: a tiny-model pipeline (train -> run -> table) end to end, killed between stages and
+resumed, then called again with everything reused; and every shipped pipeline is well formed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specrepro.errors import SpecReproError
+from specrepro.reproduce import PIPELINES_DIR, load_pipeline
+from tests.test_runner import FAST, specrepro
+from tests.test_training import TINY_TRAINING
+
+TRAIN = [o for o in TINY_TRAINING if not o.startswith(("model=", "logger=", "hardware."))]
+TABLE = """paper: tiny
+title: "A tiny pipeline"
+select: {model: tiny_random}
+rows:
+  - {label: [AR], select: {method: ar}}
+  - {label: [SPS], select: {method: sps}}
+columns:
+  - {label: MAT, key: mat}
+  - {label: lossless, key: lossless}
+"""
+
+
+def _pipeline(tmp_path: Path) -> Path:
+    (tmp_path / "tiny_table.yaml").write_text(TABLE)
+    pipeline = {"paper": "tiny", "stages": [
+        {"train": TRAIN, "minutes": 1},
+        {"run": ["-m", "method=ar,sps", "dataset.limit=2", *[o for o in FAST if not o.startswith(("model=", "hardware."))]],
+         "minutes": 1},
+        {"table": str(tmp_path / "tiny_table.yaml")},
+    ]}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(json.dumps(pipeline))  # JSON is YAML
+    return path
+
+
+def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_everything(tmp_path):
+    pipeline = _pipeline(tmp_path)
+    args = ["reproduce", str(pipeline), "model=tiny_random", "logger=none", "hardware.threads=1"]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    proc = subprocess.Popen([sys.executable, "-m", "specrepro.cli", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    stages = tmp_path / "results" / "reproduce" / "tiny" / "stages.json"
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline and not stages.is_file():
+        time.sleep(0.05)
+    assert proc.poll() is None, "the pipeline ended before it could be killed after its first stage"
+    os.killpg(proc.pid, signal.SIGKILL)  # between the train and the run stage, or inside the run stage
+    proc.wait()
+    assert not (tmp_path / "results" / "tiny" / "tiny_table.md").exists()
+
+    out = specrepro(*args, cwd=tmp_path)
+    assert "[3/3] table" in out.stdout and "done in" in out.stdout
+    table = (tmp_path / "results" / "tiny" / "tiny_table.md").read_text()
+    assert "| AR |" in table and "| SPS |" in table and "Provenance:" in table
+    assert f"Regenerate: `specrepro reproduce {pipeline} model=tiny_random" in table
+    runs = tmp_path / "results" / "reproduce" / "tiny" / "runs"
+    sps = next(json.loads((p / "metrics.json").read_text()) for p in runs.iterdir()
+               if json.loads((p / "metrics.json").read_text())["method"] == "sps")
+    assert sps["lossless"] == 1.0 and sps["provenance"]["record_version"] >= 2
+    artifacts = sorted(p.name for p in (tmp_path / "results" / "reproduce" / "tiny" / "artifacts").iterdir())
+
+    start = time.monotonic()
+    again = specrepro(*args, cwd=tmp_path)
+    assert time.monotonic() - start < 60
+    assert "already trained" in again.stdout + again.stderr and "already complete" in again.stdout + again.stderr
+    assert sorted(p.name for p in (tmp_path / "results" / "reproduce" / "tiny" / "artifacts").iterdir()) == artifacts
+    assert (tmp_path / "results" / "tiny" / "tiny_table.md").read_text() == table
+
+
+def test_dry_run_lists_the_stages_and_runs_nothing(tmp_path):
+    pipeline = _pipeline(tmp_path)
+    out = specrepro("reproduce", str(pipeline), "--dry-run", cwd=tmp_path)
+    assert "3 stages, about 2 min" in out.stdout and "[1/3] train method=sps" in out.stdout
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("paper", sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")))
+def test_every_shipped_pipeline_is_well_formed(paper):
+    from tests.test_config import compose_run
+
+    _, stages = load_pipeline(paper)
+    assert any("table" in stage for stage in stages)
+    for stage in stages:
+        if "run" in stage or "train" in stage:
+            overrides = [o for o in stage.get("run", stage.get("train")) if o != "-m"]
+            compose_run(*overrides, config="run" if "run" in stage else "train")  # composes
+
+
+@pytest.mark.parametrize("text, message", [
+    ("paper: x\n", "needs `paper`"), ("paper: x\nstages: [{train: [a=1], run: [b=2]}]\n", "exactly one of"),
+    ("paper: x\nstages: [{table: [a]}]\n", "takes a table name"), ("paper: [\n", "not valid YAML"),
+])
+def test_a_malformed_pipeline_is_one_line(tmp_path, text, message):
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(SpecReproError, match=message):
+        load_pipeline(str(tmp_path / "bad.yaml"))
