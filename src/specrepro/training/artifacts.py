@@ -3,7 +3,8 @@
 A finished artifact holds the component (e.g. `save_pretrained` files) and `artifact.json` (its training
 config, metrics and history); `artifact.json` is written last, atomically, so its presence marks the
 artifact complete. Runs name an artifact by its full directory name, by its prefix (`sps_draft`: the
-newest complete match) or by a path.
+newest complete match) or by a path. A named directory without that marker (a staging directory, training
+that never finished) is refused, as is an artifact whose weights do not read back whole.
 """
 
 from __future__ import annotations
@@ -13,13 +14,25 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+from specrepro.errors import SpecReproError
+from specrepro.models.loading import unreadable_weights
 from specrepro.tracking import atomic_write
 
 METADATA = "artifact.json"
 
 
 def is_complete(path: Path) -> bool:
-    return (path / METADATA).is_file()
+    """A published artifact; a staging directory never is, even once its metadata is written."""
+    return not path.name.endswith(".staging") and (path / METADATA).is_file()
+
+
+def check_intact(path: Path) -> Path:
+    """`path`, if its weights read back whole; else one clear error naming the artifact."""
+    bad = unreadable_weights(path)
+    if bad is not None:
+        raise SpecReproError(f"artifact {path.name} is damaged ({bad.name} is truncated or unreadable): delete {path} "
+                             "and train it again with the `specrepro train` command that made it")
+    return path
 
 
 def staging_dir(final: Path) -> Path:
@@ -40,17 +53,23 @@ def publish(staging: Path, final: Path, metadata: dict) -> Path:
 
 
 def find_artifact(ref: str, artifacts_dir: str | Path) -> Path | None:
-    """Resolve an artifact reference: exact name, newest complete `<ref>-*`, or a path."""
-    root = Path(artifacts_dir)
-    exact = root / ref
-    if is_complete(exact) or (exact / "config.json").is_file():
+    """Resolve an artifact reference: exact name, newest complete `<ref>-*`, or a path; None if none exists.
+    A directory `ref` names that is not a complete artifact is an error."""
+    root, path = Path(artifacts_dir), Path(ref).expanduser()
+    exact = root / ref  # `ref` itself when it is absolute
+    if is_complete(exact):
         return exact
-    matches = [p for p in root.glob(f"{ref}-*") if is_complete(p)]
-    if matches:
-        return max(matches, key=lambda p: (p / METADATA).stat().st_mtime)
-    path = Path(ref).expanduser()
-    if is_complete(path) or (path / "config.json").is_file():
+    if not path.is_absolute():  # Path.glob takes relative patterns only
+        matches = [p for p in root.glob(f"{ref}-*") if is_complete(p)]
+        if matches:
+            return max(matches, key=lambda p: (p / METADATA).stat().st_mtime)
+    if is_complete(path):
         return path
+    for named in (exact, path):
+        if named.is_dir():
+            raise SpecReproError(f"{named} is an incomplete artifact (a staging directory, or no {METADATA}: its "
+                                 "training did not finish): train it again, or load a plain model directory with "
+                                 "source=hf")
     return None
 
 
@@ -65,4 +84,5 @@ def find_matching_artifact(ref: str, artifacts_dir: str | Path, model_name: str 
     if "/" not in ref:
         candidates += sorted((p for p in root.glob(f"{prefix}*") if is_complete(p)),
                              key=lambda p: (p / METADATA).stat().st_mtime, reverse=True)
-    return next((path for path in candidates if matches(path)), None)
+    found = next((path for path in candidates if matches(path)), None)
+    return None if found is None else check_intact(found)

@@ -1,0 +1,203 @@
+"""Damaged or missing models and artifacts (issue 32): one clear line and a quick non-zero exit, or a repair.
+
+Cases: a damaged converted embedded checkpoint (converted again), a truncated artifact, an absolute artifact path
+that is not one, a half-written artifact directory, and a hub model that is not cached while the hub is
+unreachable (no retries: a few seconds, not 75).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from specrepro.config import RandomArchConfig
+from specrepro.errors import SpecReproError
+from specrepro.models import loading
+from specrepro.models.loading import EMBEDDED_FILES, checkpoint_damage, embedded_checkpoint, random_llama
+from specrepro.training.artifacts import METADATA, find_artifact, find_matching_artifact
+from tests.test_runner import FAST, specrepro
+
+UNREACHABLE_HUB = "http://127.0.0.1:9"  # the discard port: the connection is refused at once
+
+
+def write_model(path: Path, vocab_size: int = 64) -> Path:
+    """A tiny random LLaMA saved with save_pretrained (config.json + model.safetensors)."""
+    random_llama(RandomArchConfig(vocab_size=vocab_size)).save_pretrained(path)
+    return path
+
+
+def write_artifact(root: Path, name: str, complete: bool = True) -> Path:
+    path = write_model(root / name)
+    if complete:
+        (path / METADATA).write_text(json.dumps({"component": "sps_draft", "metrics": {}}))
+    return path
+
+
+def truncate(file: Path) -> None:
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+def one_error_line(proc) -> str:
+    """The run's single `specrepro: error:` line; no traceback and no retry noise on stderr."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("specrepro: error:")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Retrying" not in proc.stderr, proc.stderr[-3000:]
+    return lines[0]
+
+
+# a. the converted embedded checkpoint
+
+
+def fake_conversion(calls: list):
+    def convert(target: Path) -> Path:
+        calls.append(target)
+        target.mkdir(parents=True)
+        write_model(target)
+        for name in EMBEDDED_FILES[2:]:
+            (target / name).write_text("{}")
+        return target
+
+    return convert
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing tokenizer", "empty config"])
+def test_a_damaged_embedded_checkpoint_is_converted_again(tmp_path, monkeypatch, damage):
+    calls = []
+    monkeypatch.setattr(loading, "_convert_embedded", fake_conversion(calls))
+    target = embedded_checkpoint(str(tmp_path))
+    assert calls == [target] and checkpoint_damage(target) is None
+    {"truncated": lambda: truncate(target / "model.safetensors"),
+     "missing tokenizer": lambda: (target / "tokenizer.json").unlink(),
+     "empty config": lambda: (target / "config.json").write_text("")}[damage]()
+    assert checkpoint_damage(target) is not None
+    assert embedded_checkpoint(str(tmp_path)) == target
+    assert len(calls) == 2 and checkpoint_damage(target) is None
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # the damaged copy is gone
+    embedded_checkpoint(str(tmp_path))
+    assert len(calls) == 2  # an intact copy is not converted again
+
+
+def test_an_unwritable_cache_dir_is_one_clear_error():
+    with pytest.raises(SpecReproError, match="writable directory"):
+        embedded_checkpoint("/proc/specrepro-cache")
+
+
+@pytest.mark.embedded
+def test_a_truncated_embedded_checkpoint_is_rebuilt_for_real(tmp_path):
+    target = tmp_path / "models" / loading.EMBEDDED_NAME
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+    (target / "model.safetensors").write_bytes(b"\x10\x00\x00")
+    assert embedded_checkpoint(str(tmp_path)) == target
+    assert checkpoint_damage(target) is None
+    assert [p.name for p in tmp_path.joinpath("models").iterdir()] == [target.name]
+
+
+# b. a truncated artifact
+
+
+def test_a_truncated_artifact_is_one_line_naming_it(tmp_path):
+    artifact = write_artifact(tmp_path / "results" / "artifacts", "sps_draft-tiny_random-00000000")
+    truncate(artifact / "model.safetensors")
+    start = time.monotonic()
+    line = one_error_line(specrepro("run", *FAST, "method=sps", "dataset.limit=1", "logger=none", cwd=tmp_path,
+                                    check=False))
+    assert "sps_draft-tiny_random-00000000 is damaged" in line and "delete" in line
+    assert time.monotonic() - start < 60
+
+
+def test_a_truncated_head_artifact_found_by_its_settings_is_an_error(tmp_path):
+    artifact = tmp_path / "eesd_head-tiny-00000000"
+    write_model(artifact)
+    (artifact / METADATA).write_text("{}")
+    shutil.move(artifact / "model.safetensors", artifact / "eesd_head.safetensors")
+    assert find_matching_artifact("eesd_head", tmp_path, "tiny", lambda p: True) == artifact
+    truncate(artifact / "eesd_head.safetensors")
+    with pytest.raises(SpecReproError, match="eesd_head-tiny-00000000 is damaged"):
+        find_matching_artifact("eesd_head", tmp_path, "tiny", lambda p: True)
+
+
+# c. an absolute path
+
+
+def test_an_absolute_draft_path_that_is_not_an_artifact_is_one_line(tmp_path):
+    line = one_error_line(specrepro("run", *FAST, "method=sps", f"method.draft.id={tmp_path}/no-such-draft",
+                                    "dataset.limit=1", "logger=none", cwd=tmp_path, check=False))
+    assert f"no trained artifact '{tmp_path}/no-such-draft'" in line
+
+
+def test_an_absolute_path_to_a_complete_artifact_resolves(tmp_path):
+    artifact = write_artifact(tmp_path / "elsewhere", "sps_draft-tiny-00000000")
+    assert find_artifact(str(artifact), tmp_path / "artifacts") == artifact
+    assert find_artifact(str(tmp_path / "nothing"), tmp_path / "artifacts") is None
+
+
+# d. a half-written artifact directory
+
+
+def test_a_half_written_artifact_given_by_path_is_refused_in_one_line(tmp_path):
+    staging = write_artifact(tmp_path / "results" / "artifacts", ".sps_draft-tiny_random-00000000.staging")
+    line = one_error_line(specrepro("run", *FAST, "method=sps", f"method.draft.id={staging}", "dataset.limit=1",
+                                    "logger=none", cwd=tmp_path, check=False))
+    assert f"{staging} is an incomplete artifact" in line
+
+
+@pytest.mark.parametrize("staging", [True, False])
+def test_an_artifact_without_its_completion_marker_is_incomplete(tmp_path, staging):
+    root = tmp_path / "artifacts"
+    name = ".sps_draft-tiny-00000000.staging" if staging else "sps_draft-tiny-00000000"
+    half = write_artifact(root, name, complete=staging)  # a staging dir is incomplete even with its marker
+    for ref in (name, str(half)):
+        with pytest.raises(SpecReproError, match="incomplete artifact"):
+            find_artifact(ref, root)
+    done = write_artifact(root, "sps_draft-tiny-11111111")
+    assert find_artifact("sps_draft", root) == done  # the prefix still finds the complete one
+
+
+# e. a hub model neither cached nor reachable
+
+
+@pytest.mark.parametrize(
+    "overrides, env, message",
+    [
+        (["model.name=x", "model.source=hf", "model.id=someorg/not-cached"], {},
+         "model 'someorg/not-cached'"),
+        (["model.name=x", "model.source=hf", "model.id=someorg/not-cached"], {"HF_ENDPOINT": UNREACHABLE_HUB},
+         "model 'someorg/not-cached' is not a local directory nor in the local Hugging Face cache"),
+        (["model=tiny_random", "model.tokenizer=someorg/no-tokenizer"], {"HF_ENDPOINT": UNREACHABLE_HUB},
+         f"the hub ({UNREACHABLE_HUB}) is unreachable"),
+        (["model=tiny_random", "model.tokenizer=someorg/no-tokenizer"], {"HF_HUB_OFFLINE": "1"},
+         "tokenizer 'someorg/no-tokenizer' is not a local directory nor in the local Hugging Face cache"),
+    ],
+    ids=["as-is", "model", "tokenizer", "offline"],
+)
+def test_an_uncached_hub_model_fails_fast_when_the_hub_is_unreachable(tmp_path, monkeypatch, overrides, env, message):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty Hugging Face cache (the subprocess's env)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    start = time.monotonic()
+    proc = specrepro("run", *overrides, "method=ar", "dataset.limit=1", "logger=none", "hardware.threads=1",
+                     cwd=tmp_path, check=False)
+    elapsed = time.monotonic() - start
+    line = one_error_line(proc)
+    assert message in line
+    assert elapsed < 45, f"took {elapsed:.0f} s"  # ~15 s here, most of it imports; the hub's retries took 75 s
+
+
+def test_a_cached_hub_model_loads_without_asking_an_unreachable_hub(tmp_path, monkeypatch):
+    """The adapter lookup of `from_pretrained(local_files_only=True)` would otherwise retry the hub for 23 s."""
+    repo = tmp_path / "hf" / "hub" / "models--someorg--tiny"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    write_model(repo / "snapshots" / commit, vocab_size=49152)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_ENDPOINT", UNREACHABLE_HUB)
+    proc = specrepro("run", *FAST, "model.name=tiny_hub", "model.source=hf", "model.id=someorg/tiny",
+                     "model.tokenizer=embedded", "method=ar", "dataset.limit=1", "logger=none", cwd=tmp_path)
+    assert "Retrying" not in proc.stderr, proc.stderr[-3000:]
