@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 
 from specrepro.errors import SpecReproError
 
+CONTROLLERS = ("fixed", "heuristic")  # the kinds `build_controller` builds
+
 
 class DraftLengthController(ABC):
     @abstractmethod
@@ -89,7 +91,7 @@ def build_controller(kind: str, k: int, k_max: int = 64) -> DraftLengthControlle
         return FixedLength(k)
     if kind == "heuristic":
         return HeuristicLength(k, k_max=k_max)
-    raise SpecReproError(f"unknown draft-length controller '{kind}' (fixed, heuristic)")
+    raise SpecReproError(f"unknown draft-length controller '{kind}' ({', '.join(CONTROLLERS)})")
 
 
 class BetaTS(DraftLengthController):

@@ -70,6 +70,28 @@ class EESDConfig(MethodConfig):
     control_seed: int = 0  # seeds each generation's Thompson draws
     tree_width: int = 1  # w > 1: the head's top-w tokens at the first draft position, verified as a tree (beyond the paper)
 
+    def __post_init__(self):
+        self.require(self.num_layers >= 1, "num_layers", ">= 1")  # and below the target's depth: checked on loading
+        self.require(self.draft_vocab >= 0, "draft_vocab", ">= 0 (0: the whole vocabulary)")
+        self.require(not self.draft_vocab or (self.head != "none" and not self.shared_head), "draft_vocab",
+                     "0 without a trained head of its own (head=none or shared_head=true)")
+        self.require_one_of("control", CONTROLS)
+        self.require(self.k >= 1, "k", ">= 1")
+        self.require(self.k_max >= 1, "k_max", ">= 1")
+        self.require(1 <= self.k_min <= self.k_max, "k_min", f"between 1 and k_max ({self.k_max})")
+        self.require(self.beta_alpha0 > 0, "beta_alpha0", "> 0")
+        self.require(self.beta_beta0 > 0, "beta_beta0", "> 0")
+        self.require_one_of("beta_counting", ("literal_R1", "literal_R2", "clean"))
+        self.require_one_of("beta_decision", ("bernoulli", "break_even"))
+        self.require(0 < self.beta_break_even < 1, "beta_break_even", "in (0, 1)")
+        self.require(self.sigma_m > 0, "sigma_m", "> 0")
+        self.require(self.sigma_s > 0, "sigma_s", "> 0")
+        self.require(0 <= self.theta0 <= 1, "theta0", "in [0, 1]")
+        self.require_one_of("cali_mode", ("both", "model", "sampling"))
+        self.require_one_of("theta_update", ("successes_only", "literal"))
+        self.require(self.control_seed >= 0, "control_seed", ">= 0")
+        self.require(self.tree_width >= 1, "tree_width", ">= 1")
+
 
 class CalibrationPredictor(torch.nn.Module):
     """Eq. 5: theta_M = P(keep drafting) = softmax(W_p [W^i H_t^(T); H_{t+i}^(D)])[1], W^i per draft position i."""
@@ -236,13 +258,6 @@ class EESDDecoder(DraftVerifyDecoder):
 
     def __init__(self, model, tokenizer, head: EarlyExitHead, cfg: EESDConfig):
         super().__init__(model, tokenizer)
-        if cfg.control not in CONTROLS:
-            raise SpecReproError(f"eesd control '{cfg.control}' is not one of {', '.join(CONTROLS)}")
-        if cfg.tree_width < 1:
-            raise SpecReproError(f"eesd tree_width must be >= 1, got {cfg.tree_width}")
-        if cfg.k < 1 or not 1 <= cfg.k_min <= cfg.k_max:
-            raise SpecReproError(f"eesd needs k >= 1 and 1 <= k_min <= k_max, got k={cfg.k}, k_min={cfg.k_min}, "
-                                 f"k_max={cfg.k_max}")
         if cfg.control == "cali_ts" and cfg.cali_mode != "sampling" and head.calibration is None:
             raise SpecReproError("eesd control=cali_ts needs a head artifact trained with its calibration predictor "
                                  "(training.calibration.sequences > 0), or method.cali_mode=sampling")
@@ -265,8 +280,6 @@ class EESDDecoder(DraftVerifyDecoder):
     def from_config(cls, cfg: EESDConfig, target, ctx) -> "EESDDecoder":
         settings = cls.head_settings(cfg)
         if cfg.head == "none":
-            if cfg.draft_vocab:
-                raise SpecReproError("eesd draft_vocab is chosen when the head is trained: name a trained head")
             head = EarlyExitHead(target.model, cfg.num_layers, cfg.exit_layer, cfg.shared_head).eval()
             if cfg.control == "cali_ts":
                 head.calibration = CalibrationPredictor(target.model.config.hidden_size)  # theta_M = 0.5

@@ -1,8 +1,8 @@
 """`hf_assisted`: transformers' own `generate` (assisted generation, prompt lookup, or plain) as an external peer.
 
-Its output is turned into a Generation so that it is measured by the same code as our methods. Steps and
-accepted lengths are read off the target's forward calls: a pre-hook records the cache length before
-each call, and the growth between calls is what that step committed.
+Its output is turned into a Generation so that it is measured by the same code as our methods. Steps are
+read off `generate` through public hooks, not its internals (`StepRecorder`): its streamer receives the
+tokens each step commits, and a forward pre-hook on the target sees how many drafts each step verified.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from transformers import Cache
+from transformers.generation import BaseStreamer
 
 from specrepro.config import MethodConfig, ModelConfig, register_method_schema
 from specrepro.decoding.base import Decoder, GenerationBuilder, parameters_beside
@@ -28,14 +30,19 @@ class HFAssistedConfig(MethodConfig):
     num_assistant_tokens: int = 5
     num_assistant_tokens_schedule: str = "constant"  # constant | heuristic
 
+    def __post_init__(self):
+        self.require_one_of("mode", ("prompt_lookup", "assistant", "plain"))
+        self.require(self.prompt_lookup_num_tokens >= 1, "prompt_lookup_num_tokens", ">= 1")
+        self.require(self.max_matching_ngram_size >= 1, "max_matching_ngram_size", ">= 1")
+        self.require(self.num_assistant_tokens >= 1, "num_assistant_tokens", ">= 1")
+        self.require_one_of("num_assistant_tokens_schedule", ("constant", "heuristic"))
+
 
 class HFAssistedDecoder(Decoder):
     name = "hf_assisted"
 
     def __init__(self, model, tokenizer, cfg: HFAssistedConfig, assistant=None):
         super().__init__(model, tokenizer)
-        if cfg.mode not in ("prompt_lookup", "assistant", "plain"):
-            raise SpecReproError(f"hf_assisted mode '{cfg.mode}' is not one of prompt_lookup, assistant, plain")
         self.cfg = cfg
         self.assistant = assistant
 
@@ -66,34 +73,53 @@ class HFAssistedDecoder(Decoder):
         return kwargs
 
     def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
-        cache_lengths: list[int] = []
-        drafted: list[int] = []
-
-        def record_call(module, args, kwargs):
-            cache = kwargs.get("past_key_values")
-            inputs = kwargs.get("input_ids", args[0] if args else None)
-            cache_lengths.append(cache.get_seq_length() if cache is not None else 0)
-            drafted.append(inputs.shape[1] - 1 if inputs is not None else 0)
-
+        recorder = StepRecorder()
         # HF samples from the global RNG; the seed is drawn on the generator's device (CUDA generators too)
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng, device=rng.device)))
-        hook = self.model.register_forward_pre_hook(record_call, with_kwargs=True)
+        hook = self.model.register_forward_pre_hook(recorder.record_forward, with_kwargs=True)
         try:
             output = self.model.generate(
                 prompt_ids,
                 attention_mask=torch.ones_like(prompt_ids),
+                streamer=recorder,
                 **self.generate_kwargs(sampling, out.max_new_tokens),
             )
         finally:
             hook.remove()
-        new_tokens = output[0, prompt_ids.shape[1] :].tolist()
-        out.commit(new_tokens[:1], prefill=True)
-        # call i (after prefill) committed the growth of the cache up to call i + 1
-        ends = cache_lengths[2:] + [prompt_ids.shape[1] + len(new_tokens) - 1]
-        position = 1
-        for start, end, n_drafted in zip(cache_lengths[1:], ends, drafted[1:]):
-            step = new_tokens[position : position + (end - start)]
-            position += len(step)
-            if step:
-                out.commit(step, drafted=n_drafted)
+        if [token for chunk in recorder.chunks for token in chunk] != output[0].tolist():
+            raise SpecReproError("hf_assisted: generate streamed other tokens than it returned; its steps cannot be counted")
+        prompt, first, *steps = recorder.chunks
+        out.commit(first[:1], prefill=True)
+        # HF's first forward is the prefill and, when the prompt already yields drafts, their verification: its first
+        # token is the prefill token (as for every method), and the tokens it committed after that one count as a
+        # step that drafted the candidates after the first (no step when the first is rejected)
+        committed = len(prompt) + 1
+        for tokens, fed_end in zip([first[1:], *steps], recorder.fed_ends[1:]):
+            if tokens and not out.done:
+                out.commit(tokens, drafted=max(fed_end - committed, 0))
+            committed += len(tokens)
         out.gen.extra["phase_times"] = "not separable: HF interleaves drafting and verification"
+
+
+class StepRecorder(BaseStreamer):
+    """`generate`'s steps: it streams the prompt, then the tokens each step commits, and `record_forward` (a
+    forward pre-hook on the target) sees where each step's input ended. The tokens the target was fed beyond
+    the committed sequence were that step's drafts."""
+
+    def __init__(self):
+        self.chunks: list[list[int]] = []  # the prompt, then each step's committed tokens
+        self.fed_ends: list[int] = []  # per chunk: cached + fed positions of the target's last forward before it
+        self.fed_end = 0
+
+    def record_forward(self, module, args, kwargs) -> None:
+        inputs = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+        # found by type: transformers renamed this argument from `past_key_values` to `cache` during 5.x
+        cache = next((value for value in kwargs.values() if isinstance(value, Cache)), None)
+        self.fed_end = (cache.get_seq_length() if cache is not None else 0) + inputs.shape[1]
+
+    def put(self, value: torch.Tensor) -> None:
+        self.chunks.append(value.reshape(-1).tolist())  # batch size 1: (1, n) or (1,)
+        self.fed_ends.append(self.fed_end)
+
+    def end(self) -> None:
+        pass

@@ -52,12 +52,19 @@ class JacobiConfig(MethodConfig):
     block_size: int = 16  # n: tokens per Jacobi block (the known first token + n - 1 guesses)
     sliding: bool = False  # beyond the paper: a sliding window of n - 1 guesses instead of a shrinking block
 
+    def __post_init__(self):
+        self.require(self.block_size >= 1, "block_size", ">= 1")
+
 
 @register_method_schema("cllm")
 @dataclass
 class CLLMConfig(JacobiConfig):
     name: str = "cllm"
     artifact_prefix: str = "cllm"  # the run's model must be a consistency-trained artifact named cllm-*
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.require(bool(self.artifact_prefix), "artifact_prefix", "an artifact name prefix")
 
 
 class JacobiDecoder(Decoder):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from specrepro.config import MethodConfig, register_method_schema
-from specrepro.decoding.controllers import DraftLengthController, build_controller
+from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
 from specrepro.decoding.draft_verify import DraftVerifyDecoder
 from specrepro.decoding.sampling import Sampling
 
@@ -25,6 +25,13 @@ class PLDConfig(MethodConfig):
     num_pred_tokens: int = 10  # draft length (the controller's start value)
     controller: str = "fixed"  # fixed | heuristic
     match: str = "latest"  # latest | earliest occurrence of the n-gram (transformers takes the earliest)
+
+    def __post_init__(self):
+        self.require(self.max_ngram >= 1, "max_ngram", ">= 1")
+        self.require(1 <= self.min_ngram <= self.max_ngram, "min_ngram", f"between 1 and max_ngram ({self.max_ngram})")
+        self.require(self.num_pred_tokens >= 1, "num_pred_tokens", ">= 1")
+        self.require_one_of("controller", CONTROLLERS)
+        self.require_one_of("match", ("latest", "earliest"))
 
 
 def lookup_ngram(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k: int, latest: bool) -> torch.Tensor:

@@ -38,7 +38,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding import draft_vocab
-from specrepro.decoding.controllers import DraftLengthController, build_controller
+from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
 from specrepro.decoding.draft_verify import DraftVerifyDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
@@ -62,6 +62,19 @@ class SARDraftConfig(MethodConfig):
     draft_vocab: int = 0  # V > 0: the output scores only the V most frequent training tokens (set at training)
     head: str = "sar_head"  # trained head artifact (newest matching the variant); "none": untrained random head
     tree_width: int = 1  # w > 1: the head's top-w tokens at the first draft position, verified as a tree (beyond the paper)
+
+    def __post_init__(self):
+        self.require_one_of("variant", VARIANTS)
+        self.require(self.k >= 1, "k", ">= 1")  # k and k_max at most the head's trained k: checked on loading
+        self.require_one_of("controller", CONTROLLERS)
+        self.require(self.controller != "heuristic" or self.k_max >= self.k, "k_max", f">= k ({self.k})")
+        self.require(self.head_k >= 1, "head_k", ">= 1")
+        self.require(self.proj_size >= 1, "proj_size", ">= 1")
+        self.require(self.transformer_layers >= 0, "transformer_layers", ">= 0")
+        self.require(self.draft_vocab >= 0, "draft_vocab", ">= 0 (0: the whole vocabulary)")
+        self.require(not self.draft_vocab or self.head != "none", "draft_vocab", "0 with head=none (it is chosen when "
+                     "the head is trained)")
+        self.require(self.tree_width >= 1, "tree_width", ">= 1")
 
 
 class DraftHead(nn.Module):
@@ -231,8 +244,6 @@ class SARDraftDecoder(DraftVerifyDecoder):
         if not 1 <= cfg.k <= head.k or cfg.k_max > head.k:
             raise SpecReproError(f"sar_draft needs 1 <= k, k_max <= {head.k} (the head's trained k), got k={cfg.k}, "
                                  f"k_max={cfg.k_max}")
-        if cfg.tree_width < 1:
-            raise SpecReproError(f"sar_draft tree_width must be >= 1, got {cfg.tree_width}")
         self.head, self.cfg, self.tree_width = head, cfg, cfg.tree_width
 
     @property
@@ -248,8 +259,6 @@ class SARDraftDecoder(DraftVerifyDecoder):
     @classmethod
     def from_config(cls, cfg: SARDraftConfig, target, ctx) -> "SARDraftDecoder":
         if cfg.head == "none":
-            if cfg.draft_vocab:
-                raise SpecReproError("sar_draft draft_vocab is chosen when the head is trained: name a trained head")
             head = head_for(target.model, cfg.variant, cfg.head_k, cfg.proj_size, cfg.transformer_layers,
                             cfg.shared_lm_head).eval()
         else:

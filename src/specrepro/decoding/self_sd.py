@@ -59,6 +59,19 @@ class SelfSDConfig(MethodConfig):
     draft_vocab: int = 0  # V > 0: the draft scores the V corpus-frequent tokens + the prompt's (beyond the paper)
     draft_vocab_corpus: str = "sharegpt/sharegpt_v3_first1000.json.gz"  # ranks tokens for draft_vocab
 
+    def __post_init__(self):
+        for option in ("attn_skip", "mlp_skip"):  # and below the model's depth: checked on loading
+            self.require(all(i >= 0 for i in getattr(self, option)), option, "block indices >= 0")
+        self.require_one_of("control", ("adaptive", "fixed"))
+        self.require(self.k >= 1, "k", ">= 1")
+        self.require(0 <= self.gamma0 <= 1, "gamma0", "in [0, 1]")
+        self.require(0 < self.alpha <= 1, "alpha", "in (0, 1]")
+        self.require(self.epsilon >= 0, "epsilon", ">= 0")
+        self.require(0 <= self.beta1 <= 1, "beta1", "in [0, 1]")
+        self.require(0 <= self.beta2 <= 1, "beta2", "in [0, 1]")
+        self.require(self.tree_width >= 1, "tree_width", ">= 1")
+        self.require(self.draft_vocab >= 0, "draft_vocab", ">= 0 (0: the whole vocabulary)")
+
 
 @dataclass
 class SkipSet:
@@ -160,15 +173,7 @@ class SelfSDDecoder(DraftVerifyDecoder):
         if model.config._attn_implementation == "eager":
             # with layers holding different lengths, only a kernel that needs no mask for one query works
             raise SpecReproError("self_sd drafting needs sdpa or flash attention, not eager")
-        if cfg.control not in ("adaptive", "fixed"):
-            raise SpecReproError(f"self_sd control '{cfg.control}' is not one of adaptive, fixed")
-        if cfg.k < 1:
-            raise SpecReproError(f"self_sd k must be at least 1, got {cfg.k}")
-        if cfg.tree_width < 1:
-            raise SpecReproError(f"self_sd tree_width must be >= 1, got {cfg.tree_width}")
         self.tree_width = cfg.tree_width
-        if cfg.draft_vocab < 0:
-            raise SpecReproError(f"self_sd draft_vocab must be >= 0 (0: the whole vocabulary), got {cfg.draft_vocab}")
         if cfg.draft_vocab and vocab_ranking is None:
             if tokenizer is None:
                 raise SpecReproError("self_sd draft_vocab needs a tokenizer to rank its corpus' tokens")

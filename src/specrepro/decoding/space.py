@@ -65,6 +65,9 @@ class SpaceConfig(MethodConfig):
     k: int = 5  # masks per group = candidates per step (paper default 5; at most the checkpoint's training k)
     residual_resample: bool = True  # true: exact speculative sampling; false: paper's Alg. 1 (not distribution-preserving)
 
+    def __post_init__(self):
+        self.require(self.k >= 1, "k", ">= 1")  # its upper bound, the checkpoint's training k, is checked on loading
+
 
 def block_layout(k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(allow, offsets) of one step's block stored as [anchor, c_1..c_k, group 0's k masks, .., group k's]:

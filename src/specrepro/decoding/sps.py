@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from specrepro.config import MethodConfig, ModelConfig, register_method_schema
 from specrepro.decoding.base import parameters_beside
-from specrepro.decoding.controllers import DraftLengthController, build_controller
+from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
 from specrepro.decoding.draft_verify import DraftVerifyDecoder
 from specrepro.decoding.sampling import Sampling, probs, sample
 from specrepro.decoding.verify import crop_cache
@@ -27,7 +27,12 @@ class SPSConfig(MethodConfig):
     draft: ModelConfig = field(default_factory=lambda: ModelConfig(name="draft", source="artifact", id="sps_draft"))
     k: int = 4  # draft length (the controller's start value)
     controller: str = "fixed"  # fixed | heuristic (transformers' +2 / -1 schedule)
-    k_max: int = 16
+    k_max: int = 16  # the heuristic controller's cap
+
+    def __post_init__(self):
+        self.require(self.k >= 1, "k", ">= 1")
+        self.require_one_of("controller", CONTROLLERS)
+        self.require(self.controller != "heuristic" or self.k_max >= self.k, "k_max", f">= k ({self.k})")
 
 
 class SPSDecoder(DraftVerifyDecoder):

@@ -1,0 +1,77 @@
+"""`hf_assisted` counts transformers' own steps: every step commits what it verified, nothing more."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
+from specrepro.decoding.sampling import Sampling
+from tests.conftest import tiny_llama
+
+GREEDY = Sampling()
+CYCLE = [5, 6, 7, 8] * 6  # this target continues it with 22, 38, 22, 38, ...
+PROMPTS = {
+    "drafts_after_prefill": CYCLE,
+    "drafts_at_prefill": CYCLE + [22, 38] * 3,  # the prompt already holds the continuation: the prefill verifies drafts
+    "random": torch.randint(3, 64, (24,), generator=torch.Generator().manual_seed(2)).tolist(),
+}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(vocab_size=64, seed=1)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return tiny_llama(vocab_size=64, seed=2, num_layers=1)
+
+
+def generate_counting_forwards(decoder, prompt, sampling, max_new_tokens=40):
+    forwards = []
+    hook = decoder.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    try:
+        gen = decoder.generate(prompt, sampling, max_new_tokens)
+    finally:
+        hook.remove()
+    return gen, len(forwards)
+
+
+def assert_step_invariants(gen, forwards):
+    assert gen.steps == len(gen.accepted) == len(gen.drafted)
+    assert all(a >= 1 for a in gen.accepted)  # a step commits its bonus/correction token at least
+    assert all(a <= d + 1 for a, d in zip(gen.accepted, gen.drafted))  # and at most its drafts besides
+    assert sum(gen.accepted) + 1 == len(gen.token_ids)  # the prefill commits the first token
+    assert sum(gen.accepted) / gen.steps <= max(gen.drafted) + 1  # MAT
+    assert forwards - 1 <= gen.steps <= forwards  # one target forward per step (the prefill's own may verify drafts)
+
+
+@pytest.mark.parametrize("prompt", sorted(PROMPTS))
+def test_prompt_lookup_steps_are_what_each_forward_verified(target, prompt):
+    ids = PROMPTS[prompt]
+    decoder = HFAssistedDecoder(target, None, HFAssistedConfig(mode="prompt_lookup"))
+    gen, forwards = generate_counting_forwards(decoder, ids, GREEDY)
+    assert gen.token_ids == ARDecoder(target).generate(ids, GREEDY, 40).token_ids
+    assert_step_invariants(gen, forwards)
+    if prompt.startswith("drafts"):
+        assert max(gen.accepted) > 1 and sum(gen.drafted) > 0  # drafts were accepted, in several steps
+        assert gen.steps > 3
+
+
+def test_plain_generate_commits_one_token_per_step(target):
+    decoder = HFAssistedDecoder(target, None, HFAssistedConfig(mode="plain"))
+    for ids in PROMPTS.values():
+        gen, forwards = generate_counting_forwards(decoder, ids, GREEDY)
+        assert gen.accepted == [1] * gen.steps and gen.drafted == [0] * gen.steps
+        assert gen.steps == forwards - 1 == len(gen.token_ids) - 1
+
+
+def test_assistant_and_sampled_steps_keep_the_invariants(target, draft):
+    assistant = HFAssistedDecoder(target, None, HFAssistedConfig(mode="assistant"), assistant=draft)
+    lookup = HFAssistedDecoder(target, None, HFAssistedConfig(mode="prompt_lookup"))
+    sampled = Sampling(do_sample=True, temperature=0.7)
+    for decoder, sampling in ((assistant, GREEDY), (assistant, sampled), (lookup, sampled)):
+        for ids in PROMPTS.values():
+            assert_step_invariants(*generate_counting_forwards(decoder, ids, sampling))
