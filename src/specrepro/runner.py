@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specrepro.data import completion_for_scoring, load_records, reference_response, render_prompt
-from specrepro.decoding import DECODERS, build_decoder
+from specrepro.decoding import build_decoder, validate_method_config
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
@@ -34,6 +34,8 @@ _loaded_models: dict[str, LoadedModel] = {}  # a sweep in one process loads each
 
 
 def validate(cfg: DictConfig) -> None:
+    """Refuse values that cannot work, before any model is loaded."""
+    validate_method_config(cfg.method)
     if cfg.decoding.max_new_tokens <= 0:
         raise SpecReproError(f"decoding.max_new_tokens must be positive, got {cfg.decoding.max_new_tokens}")
     if cfg.decoding.num_samples <= 0:

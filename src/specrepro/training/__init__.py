@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specrepro.errors import SpecReproError
 from specrepro.models import ModelLoader
+from specrepro.models.loading import unreadable_weights
 from specrepro.provenance import now, provenance
 from specrepro.tracking import config_hash, wandb_init
 from specrepro.training.artifacts import is_complete, publish, staging_dir
@@ -50,8 +51,11 @@ def train(cfg) -> Path:
     """Train (or resume training) the configured component; return its artifact directory."""
     final = artifact_path(cfg)
     if cfg.resume and is_complete(final):
-        log.info("artifact %s is already trained; skipping (resume=false to retrain)", final)
-        return final
+        damaged = unreadable_weights(final)
+        if damaged is None:
+            log.info("artifact %s is already trained; skipping (resume=false to retrain)", final)
+            return final
+        log.warning("artifact %s is damaged (%s does not read back whole): training it again", final, damaged.name)
     component = cfg.training.component
     if component not in TRAINERS:
         raise SpecReproError(f"no trainer for component '{component}'; known: {', '.join(sorted(TRAINERS))}")
