@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from specrepro.errors import SpecReproError
-from specrepro.reproduce import PIPELINES_DIR, load_pipeline
+from specrepro.reproduce import PIPELINES_DIR, README_END, README_START, load_pipeline, write_summary
 from tests.test_runner import FAST, specrepro
 from tests.test_training import TINY_TRAINING
 
@@ -38,8 +38,9 @@ def _pipeline(tmp_path: Path) -> Path:
         {"run": ["-m", "method=ar,sps", "dataset.limit=2", *[o for o in FAST if not o.startswith(("model=", "hardware."))]],
          "minutes": 1},
         {"table": str(tmp_path / "tiny_table.yaml")},
-    ]}
-    path = tmp_path / "tiny.yaml"
+    ], "headline": [{"table": "tiny_table", "row": ["SPS"], "column": "lossless", "claim": "lossless"}]}
+    (tmp_path / "pipelines").mkdir()
+    path = tmp_path / "pipelines" / "tiny.yaml"
     path.write_text(json.dumps(pipeline))  # JSON is YAML
     return path
 
@@ -76,6 +77,11 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     assert "already trained" in again.stdout + again.stderr and "already complete" in again.stdout + again.stderr
     assert sorted(p.name for p in (tmp_path / "results" / "reproduce" / "tiny" / "artifacts").iterdir()) == artifacts
     assert (tmp_path / "results" / "tiny" / "tiny_table.md").read_text() == table
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# front\n{README_START}\nold\n{README_END}\nrest\n")
+    write_summary(readme, str(tmp_path / "results"), pipelines_dir=tmp_path / "pipelines")
+    assert "| tiny | lossless | – | 1.00 | [tiny_table](" in readme.read_text() and "old" not in readme.read_text()
 
 
 def test_dry_run_lists_the_stages_and_runs_nothing(tmp_path):

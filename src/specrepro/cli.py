@@ -19,13 +19,14 @@ from omegaconf import DictConfig
 from specrepro.errors import SpecReproError
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-USAGE = """usage: specrepro {run,train} [hydra overrides...] | specrepro table NAME | specrepro reproduce PAPER
+USAGE = """usage: specrepro {run,train} [hydra overrides...] | specrepro {table,reproduce,summary} ...
 
   specrepro run model=smollm2_135m method=pld dataset=gsm8k dataset.limit=20
   specrepro run -m method=ar,sps,pld dataset=gsm8k dataset.limit=20   (a sweep; prints one table)
   specrepro run --help                                               (Hydra's help: groups and options)
   specrepro table specbench_small [--results-dir results] [--source local|wandb]   (a paper table)
-  specrepro reproduce cllm [--dry-run] [overrides...]   (train, run and tabulate one paper, or all)"""
+  specrepro reproduce cllm [--dry-run] [overrides...]   (train, run and tabulate one paper, or all)
+  specrepro summary --readme README.md                  (the README's summary, copied from results/)"""
 POINTER_FILE = "specrepro_run.txt"  # in each Hydra job dir: the run record it wrote
 FAILURE_FILE = "specrepro_failed.txt"  # in each Hydra job dir whose job failed: the one-line reason
 
@@ -99,12 +100,13 @@ def main() -> None:
         hydra_app("run", run_job, rest)
     elif command == "train":
         hydra_app("train", train_job, rest)
-    elif command in ("table", "reproduce"):
+    elif command in ("table", "reproduce", "summary"):
         from specrepro.reproduce import main as reproduce_main
+        from specrepro.reproduce import summary_main
         from specrepro.tables import main as table_main
 
         try:
-            (table_main if command == "table" else reproduce_main)(rest)
+            {"table": table_main, "reproduce": reproduce_main, "summary": summary_main}[command](rest)
         except SpecReproError as exc:
             fail(str(exc))
     else:

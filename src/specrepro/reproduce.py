@@ -18,6 +18,7 @@ called again. `minutes` is the stage's measured time on a 2-core CPU; each call 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import subprocess
 import sys
@@ -98,6 +99,17 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
         print(f"[{i}/{len(stages)}] done in {measured[describe(stage)]:.1f} min", flush=True)
 
 
+def summary_main(args: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="specrepro summary",
+                                     description="Copy each pipeline's headline cells from the committed tables.")
+    parser.add_argument("--results-dir", default="results", help="where the tables are (<dir>/<paper>/<table>.csv)")
+    parser.add_argument("--readme", default=None, help="also rewrite this file's summary block (e.g. README.md)")
+    opts = parser.parse_args(args)
+    print(summary_table(opts.results_dir))
+    if opts.readme:
+        write_summary(Path(opts.readme), opts.results_dir)
+
+
 def main(args: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="specrepro reproduce",
                                      description="Train, run and tabulate one paper (or all) from nothing cached.")
@@ -110,3 +122,43 @@ def main(args: list[str]) -> None:
     names = sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")) if opts.paper == "all" else [opts.paper]
     for name in names:
         reproduce(name, opts.results_dir, opts.overrides, opts.dry_run)
+
+
+README_START, README_END = "<!-- summary: made by `specrepro summary` -->", "<!-- end of summary -->"
+
+
+def headline_cells(table_csv: Path, row: list[str], column: str) -> tuple[str, str]:
+    """The (paper, here) cells of one row and column of a committed table's CSV."""
+    with open(table_csv, newline="") as handle:
+        lines = [line for line in csv.reader(l for l in handle if not l.startswith("#"))]
+    header, body = lines[0], lines[1:]
+    for cells in body:
+        if cells[: len(row)] == row:
+            return cells[header.index(f"{column} (paper)")], cells[header.index(f"{column} (here)")]
+    raise SpecReproError(f"{table_csv}: no row {' / '.join(row)}")
+
+
+def summary_table(results_dir: str = "results", pipelines_dir: Path = PIPELINES_DIR) -> str:
+    """One markdown row per pipeline headline, its cells copied from the committed tables under `results_dir`."""
+    lines = ["| paper | claim | paper | here | table |", "|---|---|---|---|---|"]
+    for path in sorted(pipelines_dir.glob("*.yaml")):
+        spec = yaml.safe_load(path.read_text())
+        for item in spec.get("headline", []):
+            table = Path(results_dir) / spec["paper"] / f"{item['table']}.csv"
+            if table.is_file():
+                paper, here = headline_cells(table, item["row"], item["column"])
+            else:
+                paper, here = "", "not regenerated yet"
+            link = f"[{item['table']}]({table.with_suffix('.md').as_posix()})"
+            lines.append(f"| {spec['paper']} | {item['claim']} | {paper} | {here} | {link} |")
+    return "\n".join(lines)
+
+
+def write_summary(readme: Path, results_dir: str = "results", pipelines_dir: Path = PIPELINES_DIR) -> None:
+    """Replace the summary block of `readme` with the headline cells of the committed tables."""
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        raise SpecReproError(f"{readme} has no summary block ({README_START} ... {README_END})")
+    head, rest = text.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    readme.write_text(f"{head}{README_START}\n{summary_table(results_dir, pipelines_dir)}\n{README_END}{tail}")
