@@ -3,7 +3,6 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.specrepro-installed
-DEMO_LIMIT ?= 20
 
 .PHONY: setup demo test lock clean
 
@@ -20,10 +19,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
-# the sps draft is trained once (about 20 minutes on 2 CPU cores; skipped when its artifact exists)
+# training-free methods (pld, transformers' prompt lookup) against ar on the embedded model: nothing to train
 demo: setup
-	$(VENV)/bin/specrepro train method=sps
-	$(VENV)/bin/specrepro run -m method=ar,pld,sps dataset=gsm8k dataset.limit=$(DEMO_LIMIT)
+	$(VENV)/bin/specrepro run -m +experiment=demo
 
 test: setup
 	$(VENV)/bin/pytest -q
