@@ -152,6 +152,68 @@ def test_plain_data_crosses_and_other_objects_stay_in_the_program():
     assert result.status == "passed", result.detail
 
 
+def test_names_the_program_defines_shadow_builtins_as_in_one_interpreter():
+    # MBPP 126: the program's own `sum(a, b)`, called by the tests
+    result = run(
+        """
+        def sum(a, b):
+            return a - b
+        """,
+        """
+        def via_a_function():
+            return sum(1, 1)
+        assert sum(10, 15) == -5 and via_a_function() == 0
+        assert abs(-1) == 1 and min([3, 4]) == 3  # the builtins the program does not define
+        def sum(values):
+            return "the tests' own"
+        assert sum([1]) == "the tests' own"  # the names the tests define come first
+        """,
+    )
+    assert result.status == "passed", result.detail
+
+
+def test_handles_go_back_to_the_program_as_its_objects():
+    # MBPP 367: the tests build a tree of the program's nodes and pass it to the program
+    result = run(
+        """
+        class Node:
+            def __init__(self, value):
+                self.value, self.left, self.right = value, None, None
+        def depth(node):
+            return 0 if node is None else 1 + max(depth(node.left), depth(node.right))
+        def depths(trees):
+            return {name: depth(tree) for name, tree in trees.items()}
+        class Grid:
+            def __init__(self):
+                self.cells = {}
+            def __getitem__(self, key):
+                return self.cells[key]
+            def __setitem__(self, key, value):
+                self.cells[key] = value
+        """,
+        """
+        root = Node(1)
+        root.left = Node(2)
+        root.left.right = Node(3)
+        root.right = [4]
+        assert root.left.right.value == 3 and root.right == [4]
+        root.right = None
+        assert depth(root) == 3
+        assert depths({"root": root, "left": root.left}) == {"root": 3, "left": 2}
+        grid = Grid()
+        grid[0, 1] = root.left
+        assert grid[0, 1].value == 2 and depth(grid[0, 1]) == 2
+        try:
+            root._private = 1
+        except AttributeError:
+            pass
+        else:
+            raise AssertionError("a private attribute was set on a handle")
+        """,
+    )
+    assert result.status == "passed", result.detail
+
+
 def test_the_tests_process_is_out_of_the_programs_reach():
     result = run(
         """

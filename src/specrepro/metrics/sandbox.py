@@ -2,12 +2,14 @@
 
 `run_program` starts this file twice as a script (`python -I -B sandbox.py`), each in a fresh temp dir
 and locked down the same way. The program process runs the program to its end, then answers the tests
-process, which runs the tests: each name the tests neither define nor find in builtins is looked up in
-the program. Only plain data crosses (None, bool, int, float, complex, str, bytes, and tuples, lists,
-sets, dicts of them); other objects stay in the program process, and the tests get a handle that
-forwards calls and attribute reads. The verdict is the tests process's exit status. The program can
-make it fail, but cannot make it pass other than by answering the tests' calls correctly, whatever it
-does to its own interpreter (ctypes, gc, frames, patched builtins, objects equal to anything): the
+process, which runs the tests: a name the tests do not define is looked up in the program, then in
+builtins, as in one interpreter (the program's names at its end tell which builtins it shadows). Only
+plain data crosses (None, bool, int, float, complex, str, bytes, and tuples, lists, sets, dicts of them);
+other objects stay in the program process, and the tests get a handle that forwards calls, public
+attribute reads and writes, and item reads and writes; a handle the tests pass back (also inside plain
+data) arrives as the program's object. The verdict is the tests process's exit status. The program can
+make it fail, but cannot make it pass other than by answering the tests' requests correctly, whatever
+it does to its own interpreter (ctypes, gc, frames, patched builtins, objects equal to anything): the
 tests' interpreter and exit status are out of its reach.
 
 Layers, each a backstop for the others:
@@ -31,8 +33,9 @@ The program starts only once the tests process is locked down.
 
 What remains: without `tests` the program is its own check, and it can claim on purpose to have reached
 its end; the names the tests take from the program are the program's (a prompt's helper, such as
-HumanEval's `poly`, included); where neither landlock nor Yama (ptrace_scope >= 1) is there, a program
-can still write to the harness's memory through /proc/<pid>/mem.
+HumanEval's `poly`, included, and, as in one interpreter, a builtin it shadows: its own `sum` or `range`);
+where neither landlock nor Yama (ptrace_scope >= 1) is there, a program can still write to the harness's
+memory through /proc/<pid>/mem.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import errno
 import functools
 import json
 import math
+import operator
 import os
 import platform
 import resource
@@ -430,11 +434,13 @@ class _Channel:
             raise EOFError("the other sandbox process hung up")
         return json.loads(line)
 
-    def expect(self, message: list, failure: str) -> None:
-        """Wait for `message`; exit with `failure` if anything else (or nothing) comes."""
+    def expect(self, kind: str, failure: str) -> list:
+        """Wait for a message of `kind` and return the rest of it; exit with `failure` if anything else
+        (or nothing) comes."""
         with contextlib.suppress(EOFError, ValueError):
-            if self.receive() == message:
-                return
+            message = self.receive()
+            if type(message) is list and message[:1] == [kind]:
+                return message[1:]
         sys.exit(f"sandbox: {failure}")
 
 
@@ -443,8 +449,21 @@ class _Channel:
 # ---------------------------------------------------------------------------------------------------
 
 
+# What the tests may do to the program's objects; the first argument is the object.
+_OPERATIONS = {
+    "call": lambda function, /, *args, **kwargs: function(*args, **kwargs),
+    "getattr": getattr,
+    "setattr": setattr,
+    "getitem": operator.getitem,
+    "setitem": operator.setitem,
+}
+
+
 def _serve(namespace: dict, channel: _Channel) -> None:
-    """Answer the tests' requests (a global name, an attribute, a call) until they hang up."""
+    """Answer the tests' requests (a global name, or one of `_OPERATIONS`) until they hang up.
+
+    The objects the tests got a handle to are kept here; a handle they pass back is decoded into its object.
+    """
     objects = {}
 
     def keep(obj) -> int:
@@ -459,11 +478,9 @@ def _serve(namespace: dict, channel: _Channel) -> None:
         try:
             if operation == "get":
                 value = namespace[arguments[0]]
-            elif operation == "getattr":
-                value = getattr(objects[arguments[0]], arguments[1])
             else:
-                args, kwargs = (_decode(data, objects.__getitem__) for data in arguments[1:])
-                value = objects[arguments[0]](*args, **kwargs)
+                args, kwargs = (_decode(data, objects.__getitem__) for data in arguments)
+                value = _OPERATIONS[operation](*args, **kwargs)
             channel.send("value", _encode(value, keep))
         except Exception as exc:
             channel.send("raise", type(exc).__name__, str(exc))
@@ -475,18 +492,34 @@ def _serve(namespace: dict, channel: _Channel) -> None:
 
 
 class _Remote:
-    """An object that stays in the program's process: calls and attribute reads are asked there."""
+    """An object that stays in the program's process: calls, public attribute reads and writes, and item
+    reads and writes are asked there. Passed to the program, it arrives as that object."""
 
     def __init__(self, channel: _Channel, ref: int):
-        self._channel, self._ref = channel, ref
+        object.__setattr__(self, "_channel", channel)
+        object.__setattr__(self, "_ref", ref)
+
+    def _ask(self, operation: str, *args, **kwargs):
+        return _request(self._channel, operation, _encode((self, *args), _ref_of), _encode(kwargs, _ref_of))
 
     def __call__(self, *args, **kwargs):
-        return _request(self._channel, "call", self._ref, _encode(args, _ref_of), _encode(kwargs, _ref_of))
+        return self._ask("call", *args, **kwargs)
 
     def __getattr__(self, name: str):
         if name.startswith("_"):  # private names: dunder probes (copy, pickle), this class's fields
             raise AttributeError(name)
-        return _request(self._channel, "getattr", self._ref, name)
+        return self._ask("getattr", name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name.startswith("_"):  # as in __getattr__
+            raise AttributeError(f"the program's objects take public attributes only, not {name!r}")
+        self._ask("setattr", name, value)
+
+    def __getitem__(self, key):
+        return self._ask("getitem", key)
+
+    def __setitem__(self, key, value) -> None:
+        self._ask("setitem", key, value)
 
     def __repr__(self) -> str:
         return f"<object #{self._ref} of the program>"
@@ -517,14 +550,17 @@ def _program_error(name: str, message: str) -> Exception:
 
 
 class _ProgramNames(dict):
-    """The tests' globals: a name they neither define nor find in builtins is looked up in the program."""
+    """The tests' globals: a name they do not define is looked up in the program, then in builtins, as in
+    one interpreter. `program_names` (the program's globals at its end) tells which builtins it shadows
+    without asking it for each builtin."""
 
-    def __init__(self, channel: _Channel):
+    def __init__(self, channel: _Channel, program_names: list):
         super().__init__(__name__="__main__")
         self._channel = channel
+        self._program_names = frozenset(program_names)
 
     def __missing__(self, name: str):
-        if name in vars(builtins):
+        if name in vars(builtins) and name not in self._program_names:
             raise KeyError(name)  # the interpreter then takes the tests' own builtin
         return _request(self._channel, "get", name)
 
@@ -566,18 +602,18 @@ def _child_main() -> None:
     with open(f"{config['role']}.py", encoding="utf-8") as f:
         code = compile(f.read(), f.name, "exec")
     if config["role"] == "program":
-        channel.expect(["locked"], "the tests process did not start")
+        channel.expect("locked", "the tests process did not start")
         reliability_guard()
         namespace = {"__name__": "__main__"}
         exec(code, namespace)
         sys.stdout.flush()
-        channel.send("ready")
+        channel.send("ready", [name for name in namespace if type(name) is str])
         _serve(namespace, channel)
     else:
         channel.send("locked")  # tests.py is read and this process is out of the program's reach
         reliability_guard()
-        channel.expect(["ready"], "the program did not run to its end")
-        exec(code, _ProgramNames(channel))
+        (program_names,) = channel.expect("ready", "the program did not run to its end")
+        exec(code, _ProgramNames(channel, program_names))
 
 
 if __name__ == "__main__":
