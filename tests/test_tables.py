@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from specrepro.errors import SpecReproError
+from specrepro.reproduce import PIPELINES_DIR, load_pipeline
 from specrepro.tables import TABLES_DIR, Column, Row, RunInfo, TableSpec, _matches, build_table, local_runs, write_table
 from tests.test_runner import FAST, run_dirs, specrepro
 
@@ -118,8 +119,8 @@ def test_a_null_in_a_selector_list_matches_records_without_the_key():
     assert [r.name for r in (older, block, sliding) if _matches(r, select)] == ["older", "block"]
 
 
-def test_selector_values_from_the_environment_pin_a_recipes_runs(monkeypatch):
-    """"${CLLM4}" selects the runs of the artifact the recipe decoded; unset, the key is left unconstrained."""
+def test_selector_values_from_the_environment_pin_the_runs(monkeypatch):
+    """"${CLLM4}" selects the runs of the artifact it names; unset, the key is left unconstrained."""
     older = RunInfo("older", {}, {"model": {"id": "cllm-a"}, "dataset": {"limit": 10}}, 0.0)
     newer = RunInfo("newer", {}, {"model": {"id": "cllm-b"}, "dataset": {"limit": 20}}, 1.0)
     select = yaml.safe_load('{model.id: "${CLLM4}", dataset.limit: "${LIMIT:-10}"}')
@@ -134,7 +135,7 @@ def test_selector_values_from_the_environment_pin_a_recipes_runs(monkeypatch):
     assert [r.name for r in (older, newer) if _matches(r, select)] == ["older"]  # only the default limit 10 applies
 
 
-def test_a_row_label_names_the_recipes_variable(monkeypatch):
+def test_a_row_label_names_an_environment_variable(monkeypatch):
     """"SPACE (k = ${K:-5})" labels the row by the k its selector picks, the default when K is unset."""
     runs = [RunInfo(f"space-k{k}", {"mat": float(k)}, {"method": {"k": k}}, 0.0) for k in (2, 5)]
     row = Row(label=["SPACE (k = ${K:-5})"], select={"method.k": "${K:-5}"})
@@ -196,7 +197,9 @@ def write_spec(tmp_path, edit=None):
 def test_every_shipped_spec_is_valid(spec_name):
     spec = TableSpec.load(spec_name)
     assert spec.rows and spec.columns
-    assert (TABLES_DIR / spec.recipe).is_file(), f"{spec_name} has no recipe"
+    written = {stage["table"] for path in PIPELINES_DIR.glob("*.yaml") for stage in load_pipeline(path.stem)[1]
+               if "table" in stage}
+    assert spec_name in written, f"no pipeline in experiments/reproduce/ writes {spec_name}"
 
 
 def test_the_small_spec_is_valid(tmp_path):

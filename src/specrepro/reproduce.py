@@ -80,10 +80,13 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
     measured_path = work_dir / "stages.json"
     measured = json.loads(measured_path.read_text()) if measured_path.is_file() else {}
     total = sum(stage.get("minutes", 0) for stage in stages)
-    print(f"{paper}: {len(stages)} stages, about {total} min on a 2-core CPU from nothing cached "
+    untimed = sum("minutes" not in stage and "table" not in stage for stage in stages)
+    print(f"{paper}: {len(stages)} stages, about {total} min on a 2-core CPU from nothing cached"
+          f"{f' plus {untimed} stages not timed yet' if untimed else ''} "
           f"(runs and artifacts in {work_dir}, tables in {out_dir})")
     for i, stage in enumerate(stages, 1):
-        expected = f"about {stage['minutes']} min" if "minutes" in stage else "under a minute"
+        expected = (f"about {stage['minutes']} min" if "minutes" in stage
+                    else "under a minute" if "table" in stage else "not timed yet")
         if describe(stage) in measured:
             expected += f"; {measured[describe(stage)]:.1f} min in this directory's last call"
         print(f"[{i}/{len(stages)}] {describe(stage)} ({expected})", flush=True)
@@ -147,9 +150,9 @@ def summary_table(results_dir: str = "results", pipelines_dir: Path = PIPELINES_
             table = Path(results_dir) / spec["paper"] / f"{item['table']}.csv"
             if table.is_file():
                 paper, here = headline_cells(table, item["row"], item["column"])
+                link = f"[{item['table']}]({table.with_suffix('.md').as_posix()})"
             else:
-                paper, here = "", "not regenerated yet"
-            link = f"[{item['table']}]({table.with_suffix('.md').as_posix()})"
+                paper, here, link = "", "not regenerated yet", f"`specrepro reproduce {path.stem}`"
             lines.append(f"| {spec['paper']} | {item['claim']} | {paper} | {here} | {link} |")
     return "\n".join(lines)
 

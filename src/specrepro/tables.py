@@ -5,8 +5,7 @@ A table spec is a small YAML file, `experiments/tables/<NAME>.yaml` (see the one
 
     paper: eesd                      # output goes to <results dir>/<paper>/<NAME>.md and .csv
     title: "Table 1: GSM8K and XSum"
-    source: "/work/shared/notes/003_EESD.md, Table 1 (LLaMA-2-13B rows)"   # where the paper numbers come from
-    recipe: eesd_main.sh             # the script that makes the runs (default <NAME>.sh, next to the spec)
+    source: "EESD (Liu et al., 2024), Table 1 (LLaMA-2-13B rows)"   # the paper and table the numbers come from
     select: {model: smollm2_135m}    # every cell's runs match this
     row_header: [Method]             # the row label columns
     rows:                            # label(s) + selector; paper numbers per column label
@@ -19,9 +18,9 @@ here, a value of the wrong type or a paper number for no column makes the spec i
 A selector maps keys to wanted values (a list = any of them; null = a record without the key); a key is a
 metrics.json key (method, model, dataset, decoding, ...) or a dotted path in the run's config.yaml
 (method.num_pred_tokens, dataset.limit, ...). A value written "${NAME}" or "${NAME:-default}" comes from the
-environment, so a recipe's variables (the artifact it decoded, its prompt count) pin the cells to its runs; an
+environment, so the caller's variables (an artifact, a prompt count) pin the cells to the runs it made; an
 unset NAME without a default leaves that key unconstrained. A row label may name such variables too
-("SPACE (k = ${K:-5})"), so it says which runs the recipe made. A cell shows the newest complete run matching table,
+("SPACE (k = ${K:-5})"). A cell shows the newest complete run matching table,
 row and column selectors; the `runs` column names every run behind the row, as footnotes.
 """
 
@@ -78,7 +77,6 @@ class TableSpec:
     columns: list[Column]
     select: dict = field(default_factory=dict)
     note: str = ""
-    recipe: str = ""  # the script under experiments/tables/ that makes the runs; default <name>.sh
 
     @classmethod
     def load(cls, name: str, tables_dir: Path = TABLES_DIR) -> "TableSpec":
@@ -96,14 +94,13 @@ class TableSpec:
     def from_yaml(cls, name: str, raw) -> "TableSpec":
         """The spec from its parsed YAML, checked against the schema (module docstring); _Invalid says what is wrong."""
         raw = _mapping(raw, "top level", required=("paper", "title", "rows", "columns"),
-                       optional=("source", "select", "row_header", "note", "recipe"))
+                       optional=("source", "select", "row_header", "note"))
         columns = [_column(c, f"columns[{i}]") for i, c in enumerate(_items(raw["columns"], "columns"))]
         row_header = _labels(raw.get("row_header", ["Row"]), "row_header")
         rows = [_row(r, f"rows[{i}]", columns, len(row_header)) for i, r in enumerate(_items(raw["rows"], "rows"))]
         return cls(name=name, paper=_text(raw["paper"], "paper"), title=_text(raw["title"], "title"),
                    source=_text(raw.get("source", ""), "source"), row_header=row_header, rows=rows, columns=columns,
-                   select=_selector(raw.get("select", {}), "select"), note=_text(raw.get("note", ""), "note"),
-                   recipe=_text(raw.get("recipe", f"{name}.sh"), "recipe"))
+                   select=_selector(raw.get("select", {}), "select"), note=_text(raw.get("note", ""), "note"))
 
 
 # ---- the spec's schema ----
