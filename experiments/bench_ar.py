@@ -1,7 +1,9 @@
 """Benchmark: our `ar` against transformers' `generate` (greedy), interleaved in one process.
 
-Prints the throughput ratio (ours / HF) and the fraction of token-identical outputs on the same GSM8K
-prompts. Run: .venv/bin/python experiments/bench_ar.py [--limit 20] [--max-new-tokens 128] [--dtype float32]
+`generate` runs twice: on the model as a user loads it (`from_pretrained`: torch's linears, transformers' sdpa)
+and on the model as our loader gives it to `ar` (`hardware.*` kernels: oneDNN linears, our CPU attention).
+Prints each arm's throughput, our `ar` over each `generate`, and the fraction of outputs token-identical to `ar`
+on the same GSM8K prompts. Run: .venv/bin/python experiments/bench_ar.py [--limit 20] [--max-new-tokens 128]
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ import time
 
 import torch
 
-from specrepro.config import ModelConfig
+from specrepro.config import HardwareConfig, ModelConfig
 from specrepro.data import load_records, render_prompt
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.base import device_sync
 from specrepro.decoding.sampling import Sampling
-from specrepro.models import load_model, resolve_device, resolve_dtype
-from specrepro.models.kernels import set_linear_kernel
+from specrepro.models import ModelLoader, load_model
+
+ARMS = ("ar", "generate_ours", "generate_stock")
 
 
 def hf_generate(model, ids: list[int], max_new_tokens: int, eos: list[int]) -> tuple[list[int], float]:
@@ -39,46 +42,46 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--linear-kernel", default="onednn", help="CPU nn.Linear kernel for both arms: onednn | torch")
+    parser.add_argument("--linear-kernel", default="onednn", help="hardware.linear_kernel of our model: onednn | torch")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    set_linear_kernel(args.linear_kernel)
-
-    target = load_model(ModelConfig(name="smollm2_135m", source="embedded"), resolve_device(args.device),
-                        resolve_dtype(args.dtype))
+    hardware = HardwareConfig(device=args.device, dtype=args.dtype, threads=args.threads,
+                              linear_kernel=args.linear_kernel)
+    loader = ModelLoader.for_hardware(hardware, "results/artifacts")
+    model_cfg = ModelConfig(name="smollm2_135m", source="embedded")
+    target = loader.load_model(model_cfg)
+    stock = load_model(model_cfg, loader.device, loader.dtype).model
     dataset = DatasetConfig(name="gsm8k", path="gsm8k/test.jsonl.gz", task="gsm8k", template="hash_answer",
                             few_shot=1, shots_path="gsm8k/train.jsonl.gz", limit=args.limit, metric="gsm8k_acc")
     prompts = [target.tokenizer(render_prompt(r, target.tokenizer, dataset), add_special_tokens=False)["input_ids"]
                for r in load_records(dataset)]
     ours = ARDecoder(target.model, target.tokenizer)
-    eos = sorted(ours.eos_ids)
-    greedy = Sampling()
-    ours.generate(prompts[0], greedy, 16)  # warm-up both paths
-    hf_generate(target.model, prompts[0], 16, eos)
+    eos, greedy = sorted(ours.eos_ids), Sampling()
 
-    totals = {"ours": [0, 0.0], "hf": [0, 0.0]}
-    identical = 0
+    def run(arm: str, ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
+        if arm == "ar":
+            gen = ours.generate(ids, greedy, max_new_tokens)
+            return gen.token_ids, gen.wall_time
+        return hf_generate(target.model if arm == "generate_ours" else stock, ids, max_new_tokens, eos)
+
+    for arm in ARMS:  # warm-up
+        run(arm, prompts[0], 16)
+    totals = {arm: [0, 0.0] for arm in ARMS}
+    identical = {arm: 0 for arm in ARMS[1:]}
     for i, ids in enumerate(prompts):
-        # alternate which arm goes first so drift on a shared machine hits both equally
-        arms = ("ours", "hf") if i % 2 == 0 else ("hf", "ours")
         outputs = {}
-        for arm in arms:
-            if arm == "ours":
-                gen = ours.generate(ids, greedy, args.max_new_tokens)
-                outputs[arm], seconds = gen.token_ids, gen.wall_time
-            else:
-                outputs[arm], seconds = hf_generate(target.model, ids, args.max_new_tokens, eos)
+        for arm in ARMS[i % 3:] + ARMS[:i % 3]:  # rotate the order so drift on a shared machine hits every arm
+            outputs[arm], seconds = run(arm, ids, args.max_new_tokens)
             totals[arm][0] += len(outputs[arm])
             totals[arm][1] += seconds
-        identical += outputs["ours"] == outputs["hf"]
+        for arm in ARMS[1:]:
+            identical[arm] += outputs[arm] == outputs["ar"]
     rate = {arm: tokens / seconds for arm, (tokens, seconds) in totals.items()}
-    print(f"device={target.device} dtype={args.dtype} threads={torch.get_num_threads()} "
-          f"linear_kernel={args.linear_kernel} prompts={len(prompts)} "
-          f"max_new_tokens={args.max_new_tokens}")
-    print(f"ours ar: {rate['ours']:.2f} tok/s   HF generate: {rate['hf']:.2f} tok/s")
-    print(f"throughput ratio ours/HF: {rate['ours'] / rate['hf']:.3f}")
-    print(f"token-identical outputs: {identical}/{len(prompts)} ({100 * identical / len(prompts):.0f}%)")
+    print(f"device={loader.device} dtype={args.dtype} threads={torch.get_num_threads()} "
+          f"linear_kernel={args.linear_kernel} prompts={len(prompts)} max_new_tokens={args.max_new_tokens}")
+    print(f"ar              {rate['ar']:8.2f} tok/s")
+    for arm in ARMS[1:]:
+        print(f"{arm:15} {rate[arm]:8.2f} tok/s   ar / {arm}: {rate['ar'] / rate[arm]:.3f}   "
+              f"token-identical to ar: {identical[arm]}/{len(prompts)}")
 
 
 if __name__ == "__main__":

@@ -13,15 +13,15 @@ from specrepro.models.loading import random_llama
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
-set_linear_kernel("onednn")  # the default of `hardware.linear_kernel`: in-process tests run what users run
 
 
 def tiny_llama(vocab_size: int = 64, seed: int = 0, num_layers: int = 2, logit_scale: float = 1.0):
-    """A tiny random LLaMA; logit_scale > 1 sharpens its next-token distributions."""
+    """A tiny random LLaMA; logit_scale > 1 sharpens its next-token distributions. Its linears are oneDNN's, the
+    default of `hardware.linear_kernel`, so that in-process tests run what users run (on this model only)."""
     model = random_llama(RandomArchConfig(vocab_size=vocab_size, seed=seed, num_layers=num_layers)).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale)
-    return model
+    return set_linear_kernel(model, "onednn")
 
 
 @pytest.fixture(scope="session")
@@ -31,4 +31,6 @@ def embedded():
 
     from specrepro.config import ModelConfig
 
-    return load_model(ModelConfig(name="smollm2_135m", source="embedded"), torch.device("cpu"), torch.float32)
+    loaded = load_model(ModelConfig(name="smollm2_135m", source="embedded"), torch.device("cpu"), torch.float32)
+    set_linear_kernel(loaded.model, "onednn")  # as tiny_llama's
+    return loaded

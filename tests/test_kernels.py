@@ -3,6 +3,8 @@ updates, leaves autograd to torch, and keeps every lossless decoder equal to `ar
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -11,77 +13,94 @@ from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
 from specrepro.models import kernels
-from specrepro.models.kernels import linear_kernel, set_linear_kernel
+from specrepro.models.kernels import PackedLinear, set_linear_kernel
 from tests.conftest import tiny_llama
 
 pytestmark = pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
 
 
-@pytest.fixture
-def onednn():
-    set_linear_kernel("onednn")
-    yield
-    set_linear_kernel("onednn")
+def packed(layer: torch.nn.Linear, min_rows: int = 1) -> PackedLinear:
+    return PackedLinear(layer.eval(), min_rows)
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_onednn_linear_matches_torch(onednn, dtype, atol):
+def test_onednn_linear_matches_torch(dtype, atol):
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 96).to(dtype)
     x = torch.randn(3, 5, 64, dtype=dtype)
-    set_linear_kernel("torch")
+    fast = packed(layer)
     with torch.no_grad():
         expected = layer(x)
-    set_linear_kernel("onednn")
-    with torch.no_grad():
-        got = layer(x)
-    assert kernels._packed.get(layer) is not None  # the oneDNN path ran
+        got = fast(x)
+    assert fast._packed is not None  # the oneDNN path ran
     torch.testing.assert_close(got, expected, atol=atol, rtol=atol)
 
 
-def test_packed_weight_follows_in_place_updates(onednn):
-    layer = torch.nn.Linear(16, 8, bias=False)
+def test_packed_weight_follows_in_place_updates_replacements_and_moves():
+    layer = packed(torch.nn.Linear(16, 8, bias=False))
     x = torch.randn(2, 16)
     with torch.no_grad():
         before = layer(x)
         layer.weight.mul_(2)  # what an optimizer step or load_state_dict does
-        after = layer(x)
-    torch.testing.assert_close(after, 2 * before)
+        torch.testing.assert_close(layer(x), 2 * before)
+        layer.weight = torch.nn.Parameter(3 * layer.weight)  # what tying or load_state_dict(assign=True) does
+        torch.testing.assert_close(layer(x), 6 * before)
+        layer.weight.data *= 0.5  # PEFT's merge: no version bump, but it follows a train() / eval()
+        layer.eval()
+        torch.testing.assert_close(layer(x), 3 * before)
+        torch.testing.assert_close(layer.double().float()(x), 3 * before)
 
 
-def test_autograd_and_other_dtypes_take_torch_path(onednn):
-    layer = torch.nn.Linear(8, 4)
+def test_a_packed_linear_saves_copies_and_unpacks_as_nn_linear():
+    plain = torch.nn.Linear(8, 4).eval()
+    layer = PackedLinear(plain, 5)
+    with torch.no_grad():
+        layer(torch.randn(2, 8))
+    assert layer._packed is not None and layer.weight is plain.weight and layer.bias is plain.bias
+    assert layer.state_dict().keys() == plain.state_dict().keys()
+    clone = copy.deepcopy(layer)  # what EESD's head does with the target's modules
+    assert clone._packed is None and clone.min_rows == 5 and torch.equal(clone.weight, layer.weight)
+    back = layer.to_linear()
+    assert type(back) is torch.nn.Linear and back.weight is plain.weight and back.bias is plain.bias
+
+
+def test_autograd_and_other_dtypes_take_torch_path():
+    layer = packed(torch.nn.Linear(8, 4))
     out = layer(torch.randn(2, 8))
     out.sum().backward()
-    assert layer.weight.grad is not None and layer not in kernels._packed
-    half = torch.nn.Linear(8, 4).half()
+    assert layer.weight.grad is not None and layer._packed is None
+    half = packed(torch.nn.Linear(8, 4).half())
     with torch.no_grad():
         assert half(torch.randn(2, 8).half()).dtype == torch.float16
-    assert half not in kernels._packed
+    assert half._packed is None
 
 
-def test_layer_built_in_inference_mode_takes_torch_path(onednn):
+def test_layer_built_in_inference_mode_takes_torch_path():
     with torch.inference_mode():
-        layer = torch.nn.Linear(8, 4)
+        layer = packed(torch.nn.Linear(8, 4))
         out = layer(torch.randn(2, 8))
-    assert out.shape == (2, 4) and layer not in kernels._packed
+    assert out.shape == (2, 4) and layer._packed is None
 
 
 def test_switching_kernels_and_bad_name():
-    set_linear_kernel("torch")
-    assert linear_kernel() == "torch" and torch.nn.Linear.forward is kernels._torch_linear_forward
-    set_linear_kernel("onednn")
-    assert linear_kernel() == "onednn"
+    model = tiny_llama()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is PackedLinear for m in linears)
+    set_linear_kernel(model, "torch")
+    assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert torch.nn.Linear.forward.__module__ == "torch.nn.modules.linear"  # torch's own, never reassigned
+    set_linear_kernel(model, "onednn")
+    assert all(type(m) is PackedLinear for m in model.modules() if isinstance(m, torch.nn.Linear))
     with pytest.raises(SpecReproError, match="linear_kernel=mkl"):
-        set_linear_kernel("mkl")
+        set_linear_kernel(model, "mkl")
 
 
-def test_greedy_ar_and_pld_agree_under_both_kernels(onednn):
+def test_greedy_ar_and_pld_agree_under_both_kernels():
     model = tiny_llama(vocab_size=64, seed=3, num_layers=2, logit_scale=4.0)
     prompt = [1, 5, 9, 5, 9, 5, 9, 2, 7]
     outputs = {}
     for kernel in ("torch", "onednn"):
-        set_linear_kernel(kernel)
+        set_linear_kernel(model, kernel)
         ar = ARDecoder(model).generate(prompt, Sampling(), 40)
         pld = PLDDecoder(model, None, PLDConfig(num_pred_tokens=4)).generate(prompt, Sampling(), 40)
         assert pld.token_ids == ar.token_ids
@@ -90,30 +109,22 @@ def test_greedy_ar_and_pld_agree_under_both_kernels(onednn):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_padded_inputs_compute_the_rows_of_a_full_block(onednn, dtype):
+def test_padded_inputs_compute_the_rows_of_a_full_block(dtype):
     """hardware.linear_min_rows: fewer rows run in the min_rows kernel, so each equals its row of a full block."""
     torch.manual_seed(0)
-    layer = torch.nn.Linear(64, 96).to(dtype)
+    layer = packed(torch.nn.Linear(64, 96).to(dtype), min_rows=4)
     block = torch.randn(1, 4, 64, dtype=dtype)
-    try:
-        kernels.set_linear_min_rows(4)
-        with torch.no_grad():
-            full = layer(block)
-            for rows in (1, 2, 3):
-                assert torch.equal(layer(block[:, :rows]), full[:, :rows])
-    finally:
-        kernels.set_linear_min_rows(1)
+    with torch.no_grad():
+        full = layer(block)
+        for rows in (1, 2, 3):
+            assert torch.equal(layer(block[:, :rows]), full[:, :rows])
     with pytest.raises(SpecReproError, match="linear_min_rows must be >= 1"):
-        kernels.set_linear_min_rows(0)
+        set_linear_kernel(torch.nn.Sequential(layer), "onednn", min_rows=0)
 
 
-def test_greedy_pld_equals_ar_with_padded_rows(onednn):
-    model = tiny_llama(vocab_size=64, seed=3, num_layers=2, logit_scale=4.0)
+def test_greedy_pld_equals_ar_with_padded_rows():
+    model = set_linear_kernel(tiny_llama(vocab_size=64, seed=3, num_layers=2, logit_scale=4.0), "onednn", min_rows=5)
     prompt = [1, 5, 9, 5, 9, 5, 9, 2, 7]
-    try:
-        kernels.set_linear_min_rows(5)
-        ar = ARDecoder(model).generate(prompt, Sampling(), 40)
-        pld = PLDDecoder(model, None, PLDConfig(num_pred_tokens=4)).generate(prompt, Sampling(), 40)
-    finally:
-        kernels.set_linear_min_rows(1)
+    ar = ARDecoder(model).generate(prompt, Sampling(), 40)
+    pld = PLDDecoder(model, None, PLDConfig(num_pred_tokens=4)).generate(prompt, Sampling(), 40)
     assert pld.token_ids == ar.token_ids and sum(pld.accepted) > len(pld.accepted)

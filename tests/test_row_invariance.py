@@ -15,21 +15,17 @@ from specrepro.decoding.space import SpaceDecoder, block_layout
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import additive_mask
 from specrepro.errors import SpecReproError
-from specrepro.models import kernels
-from specrepro.models import attention
+from specrepro.config import HardwareConfig
+from specrepro.models import attention, kernels, use_hardware
 from specrepro.models.attention import allowed_keys, set_attention
-from specrepro.models.kernels import set_linear_kernel, set_row_invariant_linear
 from tests.conftest import tiny_llama
 
+ROW_INVARIANT = HardwareConfig(device="cpu", linear_kernel="onednn", linear_min_rows=1, row_invariant=True)
 
-@pytest.fixture
-def row_invariant():
-    set_linear_kernel("onednn")
-    set_attention("row_invariant")
-    set_row_invariant_linear(True)
-    yield
-    set_attention("sdpa")
-    set_row_invariant_linear(False)
+
+def row_invariant(model):
+    """`model` with `hardware.row_invariant`'s kernels, as a run's loader gives them."""
+    return use_hardware(model, ROW_INVARIANT)
 
 
 def steps_and_block(model, prompt: torch.Tensor, block: torch.Tensor):
@@ -44,8 +40,8 @@ def steps_and_block(model, prompt: torch.Tensor, block: torch.Tensor):
 
 @pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_block_forward_equals_one_token_steps_bit_for_bit(row_invariant, dtype):
-    model = tiny_llama(vocab_size=96, seed=2, num_layers=3).to(dtype)
+def test_a_block_forward_equals_one_token_steps_bit_for_bit(dtype):
+    model = row_invariant(tiny_llama(vocab_size=96, seed=2, num_layers=3).to(dtype))
     tokens = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(0))
     steps, block = steps_and_block(model, tokens[:, :24], tokens[:, 24:])
     assert torch.equal(steps, block)
@@ -64,7 +60,7 @@ def test_each_row_sees_the_keys_its_mask_allows():
     assert allowed_keys(grouped[None, None].expand(2, 1, 3, 10), 3, 10) is None  # two sequences
     assert allowed_keys(torch.zeros(1, 1, 3, 10, dtype=torch.bool), 3, 10) is None  # rows that see nothing
     with pytest.raises(SpecReproError, match="attention 'flash' is not one of"):
-        set_attention("flash")
+        set_attention(tiny_llama(), "flash")
 
 
 def test_the_row_plan_is_reused_within_a_forward_and_remade_for_a_new_mask():
@@ -85,12 +81,9 @@ def test_sdpa_grouping_heads_on_cpu_equals_repeated_keys_bit_for_bit(kind):
     model = tiny_llama(vocab_size=96, seed=3, num_layers=2)
     tokens = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(1))
     logits = {}
-    try:
-        for cpu_gqa in (False, True):
-            set_attention(kind, cpu_gqa)
-            _, logits[cpu_gqa] = steps_and_block(model, tokens[:, :25], tokens[:, 25:])
-    finally:
-        set_attention("sdpa")
+    for cpu_gqa in (False, True):
+        set_attention(model, kind, cpu_gqa)
+        _, logits[cpu_gqa] = steps_and_block(model, tokens[:, :25], tokens[:, 25:])
     assert torch.equal(logits[False], logits[True])
 
 
@@ -113,10 +106,10 @@ def test_cpu_attention_runs_half_precision_in_fp32_and_fp32_unchanged(dtype):
 
 @pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
 @pytest.mark.parametrize("name_real_slots", [False, True])
-def test_space_block_real_slots_equal_one_token_steps_in_bf16(row_invariant, name_real_slots, monkeypatch):
+def test_space_block_real_slots_equal_one_token_steps_in_bf16(name_real_slots, monkeypatch):
     """SPACE's grouped block: each real slot (anchor, c_1..c_k) computes bit for bit the ar step at its position,
     whether every row takes the one-row path or only the real slots, named as `exact_rows`."""
-    model, k = tiny_llama(vocab_size=96, seed=2, num_layers=3).to(torch.bfloat16), 3
+    model, k = row_invariant(tiny_llama(vocab_size=96, seed=2, num_layers=3).to(torch.bfloat16)), 3
     tokens = torch.randint(0, 95, (1, 28), generator=torch.Generator().manual_seed(0))
     prefix, real = tokens[:, :24], tokens[0, 24:]
     allow, offsets = block_layout(k)
@@ -127,8 +120,8 @@ def test_space_block_real_slots_equal_one_token_steps_in_bf16(row_invariant, nam
         model(prefix, past_key_values=cache)
         exact = {"exact_rows": torch.arange(k + 1)} if name_real_slots else {}
         calls = []
-        monkeypatch.setattr(attention, "sdpa_attention_forward",
-                            lambda *args, **kwargs: calls.append(1) or sdpa_attention_forward(*args, **kwargs))
+        attend = attention.attend
+        monkeypatch.setattr(attention, "attend", lambda *args, **kwargs: calls.append(1) or attend(*args, **kwargs))
         logits = model(block, past_key_values=cache, position_ids=(24 + offsets)[None],
                        attention_mask=additive_mask(full, model.dtype), **exact).logits[0]
         monkeypatch.undo()
@@ -138,8 +131,8 @@ def test_space_block_real_slots_equal_one_token_steps_in_bf16(row_invariant, nam
 
 
 @pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
-def test_bf16_greedy_space_is_token_identical_to_ar(row_invariant):
-    model = tiny_llama(vocab_size=96, seed=4, num_layers=3).to(torch.bfloat16)
+def test_bf16_greedy_space_is_token_identical_to_ar():
+    model = row_invariant(tiny_llama(vocab_size=96, seed=4, num_layers=3).to(torch.bfloat16))
     prompt = list(range(3, 40))
     ar = ARDecoder(model).generate(prompt, Sampling(), 48).token_ids
     for k in (2, 5):
@@ -147,10 +140,10 @@ def test_bf16_greedy_space_is_token_identical_to_ar(row_invariant):
 
 
 @pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
-def test_bf16_greedy_eesd_with_a_token_tree_is_token_identical_to_ar(row_invariant):
+def test_bf16_greedy_eesd_with_a_token_tree_is_token_identical_to_ar():
     """A tree verification's rows (siblings at one position, each seeing only its ancestors) compute what the
     one-token steps compute: the tree's mask takes the same per-row key gathering as SPACE's."""
-    model = tiny_llama(vocab_size=96, seed=4, num_layers=3, logit_scale=3.0).to(torch.bfloat16)
+    model = row_invariant(tiny_llama(vocab_size=96, seed=4, num_layers=3, logit_scale=3.0).to(torch.bfloat16))
     prompt = list(range(3, 40))
     ar = ARDecoder(model).generate(prompt, Sampling(), 48).token_ids
     for k in (1, 2):
@@ -160,11 +153,12 @@ def test_bf16_greedy_eesd_with_a_token_tree_is_token_identical_to_ar(row_invaria
 
 
 @pytest.mark.embedded
-def test_bf16_pld_is_token_identical_to_ar_on_the_embedded_model(row_invariant):
+def test_bf16_pld_is_token_identical_to_ar_on_the_embedded_model():
     from specrepro.config import ModelConfig
-    from specrepro.models import load_model
+    from specrepro.models import ModelLoader
 
-    target = load_model(ModelConfig(name="smollm2_135m", source="embedded"), torch.device("cpu"), torch.bfloat16)
+    loader = ModelLoader(torch.device("cpu"), torch.bfloat16, hardware=ROW_INVARIANT)
+    target = loader.load_model(ModelConfig(name="smollm2_135m", source="embedded"))
     for question in ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
                      "How many clips did Natalia sell altogether in April and May?",
                      "Write a Python function that returns the n-th Fibonacci number."):

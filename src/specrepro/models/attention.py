@@ -6,7 +6,8 @@ SDPA with one query and with K + 1 queries takes different kernels (GQA packing,
 attention output differs in the last bits. In fp32 that never changed a greedy token in our tests; in bf16 it
 flips near-ties: on GSM8K, 7-8 of 10 outputs of pld, eesd and sar_draft diverged from bf16 `ar`.
 
-`set_attention("row_invariant")` replaces transformers' "sdpa" attention with a wrapper that, for a forward
+`set_attention(model, "row_invariant")` sets, on that model only, an attention registered with transformers
+under its own name ("specrepro_row_invariant_sdpa"; transformers' "sdpa" is left as it is) that, for a forward
 of T > 1 queries after a cache, runs SDPA once per query row exactly as a one-token step would: one query, no
 mask, and only the keys the row may see, gathered into one contiguous tensor. Under a plain causal mask those
 are the keys up to its own position; under SPACE's group mask a real token's keys are the cached prefix and the
@@ -28,34 +29,45 @@ real slots, so its (k + 1)^2-row block costs k + 1 row calls and one shared call
 
 Grouped-query attention on CPU: for a multi-token forward with a mask, transformers copies each layer's keys
 and values n_rep times (`repeat_kv`) before SDPA, because CUDA's fast kernels take no mask with GQA. torch's
-CPU kernels do, bit for bit (`enable_gqa`), so `set_attention` lets every CPU call use it: on SmolLM2-135M
-(3 KV heads for 9 query heads) the copies were ~10% of a 2-3-token verification at a 200-token context.
+CPU kernels do, bit for bit (`enable_gqa`), so our attentions let every CPU call use it (`attend`): on
+SmolLM2-135M (3 KV heads for 9 query heads) the copies were ~10% of a 2-3-token verification at a 200-token
+context.
 
 Half precision on CPU: torch's bf16 SDPA kernels are several times slower there than its fp32 ones (a one-token
 step of 16 sequences over a 300-token cache: ~7.8 ms against ~1.3 ms a layer, 1 thread), so every attention
 call on a CPU upcasts bf16/fp16 query, keys and values to fp32 (an exact cast) and rounds the output back
-(`cpu_sdpa`). Only attention changes: the weights, the linears and the cache stay in half precision.
+(`cpu_sdpa`, set on a model as "specrepro_sdpa"). Only attention changes: the weights, the linears and the
+cache stay in half precision.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
-from transformers.integrations import sdpa_attention
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.utils.import_utils import is_torch_greater_or_equal
 
 from specrepro.errors import SpecReproError
 
 ATTENTIONS = ("sdpa", "row_invariant")
+IMPLEMENTATIONS = {"sdpa": "specrepro_sdpa", "row_invariant": "specrepro_row_invariant_sdpa"}  # transformers' names
 _HALF = (torch.bfloat16, torch.float16)
-_transformers_use_gqa = sdpa_attention.use_gqa_in_sdpa
 _CPU_GQA = is_torch_greater_or_equal("2.5")  # SDPA's enable_gqa
 
 
-def use_gqa_in_sdpa(attention_mask, key, value) -> bool:
-    """transformers' choice, plus SDPA's own GQA on CPU whatever the mask (see the module docstring)."""
-    return (_CPU_GQA and key.device.type == "cpu") or _transformers_use_gqa(attention_mask, key, value)
+def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """One SDPA call as transformers' sdpa attention makes it, with SDPA's own GQA on a CPU whatever the mask
+    (module docstring) unless the model was set with `cpu_gqa=False`."""
+    if not (_CPU_GQA and query.device.type == "cpu" and getattr(module, "cpu_gqa", True)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+                                         is_causal=query.shape[2] > 1 and attention_mask is None and is_causal,
+                                         enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous(), None
 
 
 def allowed_keys(mask: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Tensor | None:
@@ -75,17 +87,13 @@ def allowed_keys(mask: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Te
     return visible if bool(visible.any(-1).all()) else None  # a row that sees nothing (padding) too
 
 
-_last_plan: tuple = (None, None, None)  # (mask, (q_len, kv_len), plan) of the last call
-
-
 def row_key_plan(mask: torch.Tensor | None, q_len: int, kv_len: int) -> list | None:
     """Per query row, the keys it may see: a prefix length (a view, as a one-token step's cache is) or an index
     tensor; None where `allowed_keys` leaves the call to SDPA. A forward hands every layer the same mask object,
-    built for that forward, so the plan is worked out once per forward, not once per layer."""
-    global _last_plan
-    last_mask, shape, plan = _last_plan
-    if last_mask is mask and shape == (q_len, kv_len):
-        return plan
+    built for that forward, so the plan is worked out once per forward and kept on that mask."""
+    memo = getattr(mask, "specrepro_row_plan", None)
+    if memo is not None and memo[0] == (q_len, kv_len):
+        return memo[1]
     allowed = allowed_keys(mask, q_len, kv_len)
     plan = None
     if allowed is not None:
@@ -93,7 +101,8 @@ def row_key_plan(mask: torch.Tensor | None, q_len: int, kv_len: int) -> list | N
         for row in allowed:
             seen = row.nonzero().squeeze(1)
             plan.append(len(seen) if int(seen[-1]) + 1 == len(seen) else seen)  # keys 0 .. n-1: a prefix
-    _last_plan = (mask, (q_len, kv_len), plan)
+    if mask is not None:
+        mask.specrepro_row_plan = ((q_len, kv_len), plan)
     return plan
 
 
@@ -108,8 +117,8 @@ def cpu_sdpa(module, query, key, value, attention_mask, **kwargs):
     """transformers' sdpa attention, computed in fp32 for half-precision inputs on a CPU (module docstring)."""
     dtype = query.dtype
     if query.device.type != "cpu" or dtype not in _HALF:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    out, weights = sdpa_attention_forward(module, *_upcast(query, key, value, attention_mask), **kwargs)
+        return attend(module, query, key, value, attention_mask, **kwargs)
+    out, weights = attend(module, *_upcast(query, key, value, attention_mask), **kwargs)
     return out.to(dtype), weights
 
 
@@ -126,10 +135,10 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, exact_rows=Non
     if dtype in _HALF:
         query, key, value, attention_mask = _upcast(query, key, value, attention_mask)
     if one_token_step:
-        return sdpa_attention_forward(module, query, key, value, None, **kwargs)[0].to(dtype), None
+        return attend(module, query, key, value, None, **kwargs)[0].to(dtype), None
     batched = None
     if exact_rows is not None:  # the other rows in one call
-        batched = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)[0]
+        batched = attend(module, query, key, value, attention_mask, **kwargs)[0]
     rows = []
     for i in (range(q_len) if batched is None else exact_rows.tolist()):
         seen = plan[i]
@@ -138,7 +147,7 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, exact_rows=Non
         else:
             index = seen.to(key.device)
             row_keys, row_values = key.index_select(2, index), value.index_select(2, index)
-        out, _ = sdpa_attention_forward(module, query[:, :, i:i + 1], row_keys, row_values, None, **kwargs)
+        out, _ = attend(module, query[:, :, i:i + 1], row_keys, row_values, None, **kwargs)
         rows.append(out)
     exact = torch.cat(rows, dim=1)
     if batched is None:
@@ -147,11 +156,19 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, exact_rows=Non
     return batched.to(dtype), None
 
 
-def set_attention(kind: str, cpu_gqa: bool = True) -> str:
-    """Make every model in this process that uses "sdpa" attention run `kind`; returns it. `cpu_gqa=False` keeps
-    transformers' own GQA choice (K/V copies on CPU), for experiments/bench_attention.py."""
+for _kind, _function in (("sdpa", cpu_sdpa), ("row_invariant", row_invariant_sdpa)):  # new names: "sdpa" stays
+    AttentionInterface.register(IMPLEMENTATIONS[_kind], _function)
+    AttentionMaskInterface.register(IMPLEMENTATIONS[_kind], sdpa_mask)  # the masks "sdpa" gets
+
+
+def set_attention(model, kind: str, cpu_gqa: bool = True) -> str:
+    """Make `model` (a transformers model) attend with our `kind`, and no other model; returns the name it is set
+    under. `cpu_gqa=False` keeps transformers' own GQA choice (K/V copies on CPU), for
+    experiments/bench_attention.py."""
     if kind not in ATTENTIONS:
         raise SpecReproError(f"attention '{kind}' is not one of {', '.join(ATTENTIONS)}")
-    sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa if cpu_gqa else _transformers_use_gqa
-    AttentionInterface.register("sdpa", row_invariant_sdpa if kind == "row_invariant" else cpu_sdpa)
-    return kind
+    model.set_attn_implementation(IMPLEMENTATIONS[kind])
+    for module in model.modules():
+        if hasattr(module, "num_key_value_groups"):  # an attention layer (what transformers' sdpa checks)
+            module.cpu_gqa = cpu_gqa
+    return IMPLEMENTATIONS[kind]

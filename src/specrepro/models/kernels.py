@@ -1,4 +1,4 @@
-"""CPU matmul kernel choice for every `nn.Linear` (`hardware.linear_kernel`).
+"""CPU matmul kernel for the `nn.Linear` modules of a loaded model (`hardware.linear_kernel`).
 
 On x86 CPUs torch's fp32 `F.linear` calls MKL, whose small-batch GEMM is slow on AMD processors: a
 2..8-token forward of SmolLM2-135M costs 1.6-1.8x a 1-token forward at one thread, although both read the
@@ -10,18 +10,17 @@ one or two rows stream the weights more slowly than those for 4-6, so inputs of 
 `hardware.linear_min_rows` rows (default 5) are zero-padded to that many: fp32 `ar` 1.12-1.15x faster here,
 token-identical (`experiments/bench_kernels.py --min-rows 5`).
 
-`set_linear_kernel("onednn")` routes `nn.Linear.forward` through `torch.ops.mkldnn._linear_pointwise`
-with a packed copy of each weight, kept per module and repacked when the weight changes in place
-(`_version`, bumped by optimizer steps and `load_state_dict`). It applies only where it computes the same
-function: CPU tensors of float32 or bfloat16, input and weight of one dtype, no autograd through the
+`set_linear_kernel(model, "onednn")` replaces the `nn.Linear` modules of that model, and of no other, with
+`PackedLinear`: the same parameters (so ties, `.weight` readers and `state_dict` are unchanged), run through
+`torch.ops.mkldnn._linear_pointwise` with a packed copy of the weight. It applies only where it computes the
+same function: CPU tensors of float32 or bfloat16, input and weight of one dtype, no autograd through the
 layer, no autocast. Everything else (CUDA, training steps, fp16) takes torch's own path. Both arms of a
-comparison run in the same process with the same setting, so `ar` gets the faster kernel too.
+comparison run on models loaded with the same setting, so `ar` gets the faster kernel too.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
 
 import torch
 import torch.nn.functional as F
@@ -32,34 +31,64 @@ log = logging.getLogger(__name__)
 
 KERNELS = ("onednn", "torch")
 _PACKABLE = (torch.float32, torch.bfloat16)
-_torch_linear_forward = torch.nn.Linear.forward
-_packed: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple[int, torch.Tensor]]" = weakref.WeakKeyDictionary()
-_min_rows = 1  # inputs of fewer rows are zero-padded to this many (set_linear_min_rows)
-_row_invariant = False  # one-row inputs go through the many-row kernel (set_row_invariant_linear)
 
 
-def _onednn_applies(layer: torch.nn.Linear, x: torch.Tensor) -> bool:
-    w = layer.weight
-    return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype and w.dtype in _PACKABLE
-            and not w.is_inference()  # no version counter, so a packed copy could not tell it went stale
-            and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
-            and not torch.is_autocast_enabled("cpu"))
+class PackedLinear(torch.nn.Linear):
+    """An `nn.Linear` that computes on oneDNN with a packed copy of its weight where that is exact (module
+    docstring); inputs of fewer than `min_rows` rows are zero-padded to that many.
 
+    The packed copy is not state: it is made on first use, remade when the weight changes in place (`_version`,
+    bumped by optimizer steps and `load_state_dict`) or is replaced, and dropped on `train()` / `eval()` (PEFT's
+    merge writes through `.data`, which bumps no version), on device and dtype moves, and on copies."""
 
-def _onednn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if not _onednn_applies(self, x):
-        return _torch_linear_forward(self, x)
-    entry = _packed.get(self)
-    if entry is None or entry[0] != self.weight._version:
-        entry = (self.weight._version, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()))
-        _packed[self] = entry
-    rows, min_rows = x.numel() // x.shape[-1], max(_min_rows, 2 if _row_invariant else 1)
-    if rows < min_rows:  # padded: oneDNN's kernels for few rows stream the weights slower (module docstring)
-        flat = x.reshape(rows, x.shape[-1])
-        flat = torch.cat([flat, flat.new_zeros(min_rows - rows, flat.shape[1])])
-        out = torch.ops.mkldnn._linear_pointwise(flat, entry[1], self.bias, "none", [], "")
-        return out[:rows].reshape(*x.shape[:-1], -1)
-    return torch.ops.mkldnn._linear_pointwise(x, entry[1], self.bias, "none", [], "")
+    def __init__(self, linear: torch.nn.Linear, min_rows: int = 1):
+        torch.nn.Module.__init__(self)
+        self.in_features, self.out_features, self.min_rows = linear.in_features, linear.out_features, min_rows
+        self.weight = linear.weight
+        self.register_parameter("bias", linear.bias)
+        self.training, self._packed = linear.training, None
+
+    def _onednn_applies(self, x: torch.Tensor) -> bool:
+        w = self.weight
+        return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype and w.dtype in _PACKABLE
+                and not w.is_inference()  # no version counter, so a packed copy could not tell it went stale
+                and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
+                and not torch.is_autocast_enabled("cpu"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._onednn_applies(x):
+            return F.linear(x, self.weight, self.bias)
+        key = (self.weight.data_ptr(), self.weight._version)
+        if self._packed is None or self._packed[0] != key:
+            self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()))
+        packed = self._packed[1]
+        rows = x.numel() // x.shape[-1]
+        if rows < self.min_rows:  # padded: oneDNN's kernels for few rows stream the weights slower (module docstring)
+            flat = x.reshape(rows, x.shape[-1])
+            flat = torch.cat([flat, flat.new_zeros(self.min_rows - rows, flat.shape[1])])
+            out = torch.ops.mkldnn._linear_pointwise(flat, packed, self.bias, "none", [], "")
+            return out[:rows].reshape(*x.shape[:-1], -1)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+
+    def train(self, mode: bool = True) -> "PackedLinear":
+        self._packed = None
+        return super().train(mode)
+
+    def _apply(self, fn, recurse: bool = True):
+        self._packed = None
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_packed": None}  # a oneDNN tensor can be neither copied nor pickled
+
+    def to_linear(self) -> torch.nn.Linear:
+        """A plain `nn.Linear` holding the same parameters."""
+        linear = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        linear.weight, linear.bias = self.weight, self.bias
+        return linear.train(self.training)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, min_rows={self.min_rows}"
 
 
 def onednn_available() -> bool:
@@ -74,35 +103,33 @@ def onednn_available() -> bool:
         return False
 
 
-def set_linear_kernel(kernel: str) -> str:
-    """Make every `nn.Linear` in this process use `kernel`; returns the kernel in force (oneDNN falls back to
-    torch, with a warning, on a build without it)."""
+def check_kernel(kernel: str, min_rows: int = 1) -> None:
+    """SpecReproError for an unknown `hardware.linear_kernel` or a `hardware.linear_min_rows` below 1."""
     if kernel not in KERNELS:
         raise SpecReproError(f"hardware.linear_kernel={kernel} is not one of {', '.join(KERNELS)}")
+    if min_rows < 1:
+        raise SpecReproError(f"hardware.linear_min_rows must be >= 1, got {min_rows}")
+
+
+def set_linear_kernel(model: torch.nn.Module, kernel: str, min_rows: int = 1,
+                      row_invariant: bool = False) -> torch.nn.Module:
+    """Make the linear modules inside `model` use `kernel`, in place, and return `model`: "onednn" swaps each
+    `nn.Linear` for a `PackedLinear` padding to `min_rows` rows, "torch" swaps them back. `row_invariant`
+    computes a one-row input as a row of a two-row product, so that it rounds exactly like a row of a
+    verification pass (see models/attention.py). oneDNN falls back to torch, with a warning, on a build
+    without it."""
+    check_kernel(kernel, min_rows)
     if kernel == "onednn" and not onednn_available():
         log.warning("this torch build has no usable oneDNN linear; hardware.linear_kernel=onednn falls back to torch")
         kernel = "torch"
-    torch.nn.Linear.forward = _onednn_linear_forward if kernel == "onednn" else _torch_linear_forward
-    if kernel == "torch":
-        _packed.clear()
-    return kernel
-
-
-def set_linear_min_rows(rows: int) -> None:
-    """Zero-pad every oneDNN linear input of fewer than `rows` rows to `rows` rows (1: no padding)."""
-    global _min_rows
-    if rows < 1:
-        raise SpecReproError(f"hardware.linear_min_rows must be >= 1, got {rows}")
-    _min_rows = rows
-
-
-def set_row_invariant_linear(enabled: bool) -> None:
-    """Compute a one-row input as a row of a two-row product, so that it rounds exactly like a row of a
-    verification pass (the oneDNN kernel only; see models/attention.py)."""
-    global _row_invariant
-    _row_invariant = enabled
-
-
-def linear_kernel() -> str:
-    """The kernel `nn.Linear` uses now."""
-    return "onednn" if torch.nn.Linear.forward is _onednn_linear_forward else "torch"
+    rows = max(min_rows, 2 if row_invariant else 1)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, PackedLinear):
+                if kernel == "onednn":
+                    child.min_rows = rows
+                else:
+                    setattr(parent, name, child.to_linear())
+            elif type(child) is torch.nn.Linear and kernel == "onednn":
+                setattr(parent, name, PackedLinear(child, rows))
+    return model

@@ -25,6 +25,7 @@ import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import torch
@@ -33,8 +34,8 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from specrepro.errors import SpecReproError
-from specrepro.models.attention import set_attention
-from specrepro.models.kernels import set_linear_kernel, set_linear_min_rows, set_row_invariant_linear
+from specrepro.models.attention import IMPLEMENTATIONS, set_attention
+from specrepro.models.kernels import check_kernel, set_linear_kernel
 
 log = logging.getLogger(__name__)
 
@@ -294,25 +295,43 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype, artifacts_dir: str
     return LoadedModel(model=model, tokenizer=tokenizer, name=cfg.name)
 
 
+def use_hardware(model, hardware):
+    """Give `model`, and no other, the CPU kernels of a `hardware` config, in place, and return it: its
+    `nn.Linear` modules packed for oneDNN (`linear_kernel`, `linear_min_rows`; models/kernels.py) and our
+    attention, row-invariant with `row_invariant` (models/attention.py), if it uses SDPA."""
+    set_linear_kernel(model, hardware.linear_kernel, hardware.linear_min_rows, hardware.row_invariant)
+    if model.config._attn_implementation in ("sdpa", *IMPLEMENTATIONS.values()):
+        set_attention(model, "row_invariant" if hardware.row_invariant else "sdpa")
+    return model
+
+
 @dataclass
 class ModelLoader:
-    """Loads models for a run on one device and dtype; methods use it for their drafts."""
+    """Loads models for a run on one device and dtype, with the CPU kernels of its `hardware` config (None:
+    torch's and transformers' own); methods use it for their drafts."""
 
     device: torch.device
     dtype: torch.dtype
     artifacts_dir: str | Path = "results/artifacts"
+    hardware: Any = None  # a HardwareConfig (linear_kernel, linear_min_rows, row_invariant)
 
     @classmethod
     def for_hardware(cls, hardware, artifacts_dir: str | Path) -> "ModelLoader":
-        """Apply a `hardware` config to this process (torch threads, CPU linear kernel, row-invariant
-        attention); a loader for its device."""
+        """A loader for a `hardware` config; its thread count is set for the process (torch has no other)."""
         if hardware.threads:
             torch.set_num_threads(hardware.threads)
-        set_linear_kernel(hardware.linear_kernel)
-        set_linear_min_rows(hardware.linear_min_rows)
-        set_attention("row_invariant" if hardware.row_invariant else "sdpa")
-        set_row_invariant_linear(hardware.row_invariant)
-        return cls(resolve_device(hardware.device), resolve_dtype(hardware.dtype), artifacts_dir)
+        check_kernel(hardware.linear_kernel, hardware.linear_min_rows)  # before any model loads
+        return cls(resolve_device(hardware.device), resolve_dtype(hardware.dtype), artifacts_dir, hardware)
 
     def load_model(self, cfg) -> LoadedModel:
-        return load_model(cfg, self.device, self.dtype, self.artifacts_dir)
+        loaded = load_model(cfg, self.device, self.dtype, self.artifacts_dir)
+        if self.hardware is not None:
+            use_hardware(loaded.model, self.hardware)
+        return loaded
+
+    def use_kernels(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Give a component a method builds itself (a draft head) the linear kernels its target runs."""
+        if self.hardware is not None:
+            hardware = self.hardware
+            set_linear_kernel(module, hardware.linear_kernel, hardware.linear_min_rows, hardware.row_invariant)
+        return module
