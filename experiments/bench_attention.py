@@ -18,13 +18,12 @@ from functools import partial
 
 from bench_kernels import benchmark_args, compare_settings
 from specrepro.models.attention import ATTENTIONS, set_attention
-from specrepro.models.kernels import set_linear_kernel, set_row_invariant_linear
+from specrepro.models.kernels import set_linear_kernel
 
 
-def use(attention: str, cpu_gqa: bool = True) -> None:
-    set_linear_kernel("onednn")
-    set_attention(attention, cpu_gqa)
-    set_row_invariant_linear(attention == "row_invariant")
+def use(attention: str, model, cpu_gqa: bool = True) -> None:
+    set_linear_kernel(model, "onednn", row_invariant=attention == "row_invariant")
+    set_attention(model, attention, cpu_gqa)
 
 
 if __name__ == "__main__":

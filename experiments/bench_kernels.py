@@ -29,7 +29,7 @@ from specrepro.data import DatasetConfig, load_records, render_prompt
 from specrepro.decoding import ARDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.models import load_model, resolve_dtype
-from specrepro.models.kernels import KERNELS, set_linear_kernel, set_linear_min_rows
+from specrepro.models.kernels import KERNELS, set_linear_kernel
 
 LENGTHS = (1, 2, 3, 5, 8, 16, 36)
 
@@ -58,8 +58,8 @@ def benchmark_args(description: str, dtype: str, configure: Callable | None = No
 
 
 @torch.inference_mode()
-def compare_settings(settings: dict[str, Callable[[], None]], args: argparse.Namespace) -> None:
-    """Time the embedded model under each setting (a callable that switches to it), interleaved: T-token forward
+def compare_settings(settings: dict[str, Callable[[torch.nn.Module], None]], args: argparse.Namespace) -> None:
+    """Time the embedded model under each setting (a callable that switches the model to it), interleaved: T-token forward
     costs relative to the setting's own 1-token forward, then `ar` throughput on GSM8K prompts."""
     names = list(settings)
     target = load_model(ModelConfig(name="smollm2_135m", source="embedded"), torch.device("cpu"),
@@ -70,7 +70,7 @@ def compare_settings(settings: dict[str, Callable[[], None]], args: argparse.Nam
     times = {(name, n): [] for name in names for n in LENGTHS}
     for _ in range(args.repeats):
         for name in names:  # interleaved, so drift on a shared machine hits every setting
-            settings[name]()
+            settings[name](model)
             for n in LENGTHS:
                 times[name, n].append(forward_ms(model, ids, n))
     median = {key: statistics.median(values) for key, values in times.items()}
@@ -92,7 +92,7 @@ def compare_settings(settings: dict[str, Callable[[], None]], args: argparse.Nam
     outputs: dict[str, list] = {name: [] for name in names}
     for i, prompt in enumerate(prompts):
         for name in names if i % 2 == 0 else names[::-1]:
-            settings[name]()
+            settings[name](model)
             gen = ar.generate(prompt, greedy, args.max_new_tokens)
             totals[name][0] += len(gen.token_ids)
             totals[name][1] += gen.wall_time
@@ -104,9 +104,8 @@ def compare_settings(settings: dict[str, Callable[[], None]], args: argparse.Nam
           + f", {first} / {second} {rate[first] / rate[second]:.2f}x; token-identical outputs {same}/{len(prompts)}")
 
 
-def use_onednn(min_rows: int) -> None:
-    set_linear_kernel("onednn")
-    set_linear_min_rows(min_rows)
+def use_onednn(min_rows: int, model: torch.nn.Module) -> None:
+    set_linear_kernel(model, "onednn", min_rows)
 
 
 if __name__ == "__main__":
@@ -115,5 +114,5 @@ if __name__ == "__main__":
     if args.min_rows > 1:
         settings = {"onednn": partial(use_onednn, 1), f"onednn_min{args.min_rows}": partial(use_onednn, args.min_rows)}
     else:
-        settings = {kernel: partial(set_linear_kernel, kernel) for kernel in KERNELS}
+        settings = {kernel: lambda model, kernel=kernel: set_linear_kernel(model, kernel) for kernel in KERNELS}
     compare_settings(settings, args)

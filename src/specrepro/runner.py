@@ -60,7 +60,8 @@ def check_fits_context(ids: list[int], cfg: DictConfig, target: LoadedModel, rec
 
 
 def load_target(cfg: DictConfig, loader: ModelLoader) -> LoadedModel:
-    key = json.dumps([OmegaConf.to_container(cfg.model, resolve=True), str(loader.device), str(loader.dtype)])
+    key = json.dumps([OmegaConf.to_container(cfg.model, resolve=True), str(loader.device), str(loader.dtype),
+                      OmegaConf.to_container(cfg.hardware, resolve=True)])  # the kernels live on the model
     if key not in _loaded_models:
         _loaded_models.clear()  # keep one target in memory
         _loaded_models[key] = loader.load_model(cfg.model)

@@ -287,7 +287,7 @@ class EESDDecoder(DraftVerifyDecoder):
             head = head.to(device=p.device, dtype=p.dtype)
         else:
             head = EarlyExitHead.from_pretrained(find_head(cfg.head, ctx.artifacts_dir, target.name, settings), target.model)
-        return cls(target.model, target.tokenizer, head, cfg)
+        return cls(target.model, target.tokenizer, ctx.use_kernels(head) if ctx else head, cfg)
 
     def new_controller(self) -> DraftLengthController:
         cfg, rng = self.cfg, np.random.default_rng(self.cfg.control_seed)

@@ -265,7 +265,8 @@ class SARDraftDecoder(DraftVerifyDecoder):
             path = find_head(cfg.head, ctx.artifacts_dir, target.name, cfg.variant, cfg.shared_lm_head, cfg.draft_vocab)
             head = DraftHead.from_pretrained(path).attach_lm_head(target.model.lm_head)
         p = next(target.model.parameters())
-        return cls(target.model, target.tokenizer, head.to(device=p.device, dtype=p.dtype), cfg)
+        head = head.to(device=p.device, dtype=p.dtype)
+        return cls(target.model, target.tokenizer, ctx.use_kernels(head) if ctx else head, cfg)
 
     def new_controller(self) -> DraftLengthController:
         return build_controller(self.cfg.controller, self.cfg.k, self.cfg.k_max)
