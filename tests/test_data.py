@@ -23,9 +23,11 @@ DATA_MD = BUNDLED_DIR.parent / "DATA.md"
 EXPECTED = {
     "gsm8k": (1319, 1, True),
     "gsm8k_train": (7473, 1, True),
+    "gsm8k_cllm": (10, 1, True),  # CLLM's prompt, the first 10 problems
     "humaneval": (164, 1, True),
     "humaneval_x_python": (164, 1, True),
     "mt_bench": (80, 2, False),
+    "mt_bench_8": (8, 2, False),  # one question per category
     "xsum": (999, 1, True),  # the first article is the exemplar
     "cnn_dm": (79, 1, True),
     "spec_bench": (480, None, False),  # 1 or 2 turns; references only for some subtasks
