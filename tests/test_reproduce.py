@@ -112,3 +112,15 @@ def test_a_malformed_pipeline_is_one_line(tmp_path, text, message):
     (tmp_path / "bad.yaml").write_text(text)
     with pytest.raises(SpecReproError, match=message):
         load_pipeline(str(tmp_path / "bad.yaml"))
+
+
+@pytest.mark.parametrize("paper", sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")))
+def test_every_headline_names_a_row_and_column_of_its_table(paper):
+    import yaml
+
+    from specrepro.tables import TableSpec
+
+    for item in yaml.safe_load((PIPELINES_DIR / f"{paper}.yaml").read_text()).get("headline", []):
+        spec = TableSpec.load(item["table"])
+        assert item["row"] in [list(row.label) for row in spec.rows], item
+        assert item["column"] in [column.label for column in spec.columns], item
