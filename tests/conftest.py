@@ -34,3 +34,15 @@ def embedded():
     loaded = load_model(ModelConfig(name="smollm2_135m", source="embedded"), torch.device("cpu"), torch.float32)
     set_linear_kernel(loaded.model, "onednn")  # as tiny_llama's
     return loaded
+
+
+@pytest.fixture(scope="module")
+def target():
+    """A tiny 64-token LLaMA: the target of the decoder tests."""
+    return tiny_llama(vocab_size=64, seed=1)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    """A one-layer tiny LLaMA over the same vocabulary: their draft."""
+    return tiny_llama(vocab_size=64, seed=2, num_layers=1)

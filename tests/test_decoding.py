@@ -18,16 +18,6 @@ from tests.conftest import tiny_llama
 GREEDY = Sampling()
 
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(vocab_size=64, seed=1)
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return tiny_llama(vocab_size=64, seed=2, num_layers=1)
-
-
 def prompts(n=4, length=24):
     rng = torch.Generator().manual_seed(0)
     base = [torch.randint(3, 64, (length,), generator=rng).tolist() for _ in range(n)]

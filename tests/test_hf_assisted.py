@@ -19,16 +19,6 @@ PROMPTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(vocab_size=64, seed=1)
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return tiny_llama(vocab_size=64, seed=2, num_layers=1)
-
-
 def generate_counting_forwards(decoder, prompt, sampling, max_new_tokens=40):
     forwards = []
     hook = decoder.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
