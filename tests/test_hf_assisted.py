@@ -8,7 +8,6 @@ import torch
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
 from specrepro.decoding.sampling import Sampling
-from tests.conftest import tiny_llama
 
 GREEDY = Sampling()
 CYCLE = [5, 6, 7, 8] * 6  # this target continues it with 22, 38, 22, 38, ...
