@@ -13,7 +13,6 @@ from specrepro.decoding.pld import PLDConfig, PLDDecoder, lookup_ngram
 from specrepro.decoding.sampling import Sampling, warp_logits
 from specrepro.decoding.sps import SPSDecoder
 from specrepro.decoding.verify import crop_cache, greedy_verify, keep_tree_path, tree_attention, tree_verify
-from tests.conftest import tiny_llama
 
 GREEDY = Sampling()
 
