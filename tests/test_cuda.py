@@ -7,12 +7,15 @@ import pytest
 import torch
 
 from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.pld import PLDConfig, PLDDecoder
+from specrepro.decoding.steps import STEPS_ATTRIBUTE, CompiledSteps, EagerSteps
 from specrepro.decoding.eesd import CalibrationPredictor, EarlyExitHead, EESDConfig, EESDDecoder
 from specrepro.decoding.jacobi import JacobiDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.self_sd import SelfSDConfig, SelfSDDecoder
 from specrepro.decoding.space import SpaceDecoder
 from specrepro.decoding.sps import SPSDecoder
+from specrepro.models.kernels import set_linear_kernel
 from tests.conftest import tiny_llama
 from tests.test_decoding import decoders, prompts
 from tests.test_lossless_sampling import exact_distribution, p_value
@@ -44,3 +47,18 @@ def test_speculative_sampling_preserves_the_target_distribution_on_cuda():
     draft = tiny_llama(5, seed=4, num_layers=1, logit_scale=4.0).to(CUDA)
     exact = exact_distribution(tiny_llama(5, seed=3, logit_scale=4.0))  # enumerated on the CPU copy
     assert p_value(SPSDecoder(target, None, draft, 3, "fixed", 16), exact) > 1e-3
+
+
+def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
+    """`hardware.compile` as a GPU runs it: inductor, CUDA graphs, padded widths on a static cache."""
+    target = set_linear_kernel(tiny_llama(vocab_size=64, seed=1, num_layers=4, logit_scale=3.0), "torch").to(CUDA)
+    draft = set_linear_kernel(tiny_llama(vocab_size=64, seed=2, num_layers=1), "torch").to(CUDA)
+    steps = CompiledSteps(target, backend="inductor", mode="reduce-overhead", widths=[1, 16])
+    steps.warm_up(max_width=16, length=80)
+    setattr(target, STEPS_ATTRIBUTE, steps)
+    eager_ar = ARDecoder(target, steps=EagerSteps(target))
+    compiled = {"ar": ARDecoder(target), "pld": PLDDecoder(target, None, PLDConfig()),
+                "sps": SPSDecoder(target, None, draft, 4, "fixed", 16)}
+    for name, decoder in compiled.items():
+        for prompt in prompts():
+            assert decoder.generate(prompt, Sampling(), 40).token_ids == eager_ar.generate(prompt, Sampling(), 40).token_ids, name

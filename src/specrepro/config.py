@@ -94,6 +94,12 @@ class HardwareConfig:
     # a verification row computes bit for bit what a one-token step does, attention in fp32 (models/attention.py):
     # needed for lossless bf16
     row_invariant: bool = False
+    # the target's steps on a static KV cache, torch.compile'd once per padded width (decoding/steps.py);
+    # its speedups are over compiled `ar` (and, timed paired, eager `ar` too)
+    compile: bool = False
+    compile_backend: str = "inductor"  # inductor | aot_eager | eager | cudagraphs (torch.compile's backend)
+    compile_mode: Optional[str] = None  # torch.compile's mode; null = reduce-overhead (CUDA graphs) on CUDA
+    compile_widths: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])  # steps are padded up to one
 
 
 @dataclass

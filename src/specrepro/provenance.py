@@ -88,4 +88,5 @@ def provenance(hardware=None, device: torch.device | str | None = None) -> dict:
         "threads": torch.get_num_threads(),
         "dtype": hardware.get("dtype"),
         "kernels": {k: hardware[k] for k in ("linear_kernel", "linear_min_rows", "row_invariant") if k in hardware},
+        "compile": {k: hardware[k] for k in ("compile", "compile_backend", "compile_mode") if k in hardware},
     }

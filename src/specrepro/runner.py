@@ -24,6 +24,7 @@ from specrepro.metrics.quality import reference_nll, score_sample
 from specrepro.metrics.speed import (impossible_generation, impossible_metrics, lossless, paired_speedup,
                                      speed_metrics, speedups)
 from specrepro.models import LoadedModel, ModelLoader
+from specrepro.decoding.steps import BACKENDS, EagerSteps
 from specrepro.identity import records_fingerprint, reference_key, run_name
 from specrepro.provenance import now, provenance
 from specrepro.tracking import RunRecord, log_to_wandb
@@ -48,6 +49,13 @@ def validate(cfg: DictConfig) -> None:
         raise SpecReproError(f"decoding.top_k must be 0 (off) or positive, got {cfg.decoding.top_k}")
     if cfg.hardware.threads is not None and cfg.hardware.threads < 1:
         raise SpecReproError(f"hardware.threads must be positive (or null for torch's default), got {cfg.hardware.threads}")
+    if cfg.hardware.compile_backend not in BACKENDS:
+        raise SpecReproError(f"hardware.compile_backend must be one of {', '.join(BACKENDS)}, got {cfg.hardware.compile_backend}")
+    if cfg.hardware.compile and (cfg.hardware.linear_kernel != "torch" or cfg.hardware.row_invariant):
+        raise SpecReproError("hardware.compile=true compiles torch's own kernels: it needs hardware.linear_kernel=torch "
+                             "and hardware.row_invariant=false (hardware=cuda_bf16_compiled sets them)")
+    if not cfg.hardware.compile_widths or min(cfg.hardware.compile_widths) < 1:
+        raise SpecReproError(f"hardware.compile_widths must be positive widths, got {list(cfg.hardware.compile_widths)}")
 
 
 def check_fits_context(ids: list[int], cfg: DictConfig, target: LoadedModel, record_id: str) -> None:
@@ -75,7 +83,7 @@ def sample_seed(cfg: DictConfig, index: int, sample: int) -> int:
     return cfg.decoding.seed + 1000 * index + sample
 
 
-def decode_record(record, index, cfg, target, decoder, ar_decoder, sampling) -> dict:
+def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling) -> dict:
     """All samples (each with all turns) of one dataset record, scored."""
     samples, prompts = [], []
     for s in range(cfg.decoding.num_samples):
@@ -86,8 +94,8 @@ def decode_record(record, index, cfg, target, decoder, ar_decoder, sampling) -> 
             ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             check_fits_context(ids, cfg, target, record.id)
             seed = sample_seed(cfg, index, s)
-            if ar_decoder is not None:
-                ar_gen = ar_decoder.generate(ids, sampling, cfg.decoding.max_new_tokens, seed)
+            timed_beside = {key: baseline.generate(ids, sampling, cfg.decoding.max_new_tokens, seed)
+                            for key, baseline in baselines.items()}
             gen = decoder.generate(ids, sampling, cfg.decoding.max_new_tokens, seed).to_dict()
             problem = impossible_generation(gen)
             if problem:
@@ -95,9 +103,9 @@ def decode_record(record, index, cfg, target, decoder, ar_decoder, sampling) -> 
                                      f"{record.id} ({problem}); the run is not recorded as complete")
             gen["prompt_tokens"] = len(ids)
             gen["seed"] = seed
-            if ar_decoder is not None:
-                gen["ar_wall_time"], gen["ar_tokens"] = ar_gen.wall_time, len(ar_gen.token_ids)
-                gen["ar_token_ids"], gen["ar_prefill_time"] = ar_gen.token_ids, ar_gen.prefill_time
+            for key, ar_gen in timed_beside.items():  # `ar_*`: the paired reference, `eager_ar_*`: its eager run
+                gen[f"{key}_wall_time"], gen[f"{key}_tokens"] = ar_gen.wall_time, len(ar_gen.token_ids)
+                gen[f"{key}_token_ids"], gen[f"{key}_prefill_time"] = ar_gen.token_ids, ar_gen.prefill_time
             turns.append(gen)
             history.append(gen["text"])
             if s == 0:
@@ -133,6 +141,10 @@ def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool)
         metrics.update(paired_speedup(gens))
         if greedy:  # the paired ar outputs are a reference on the same weights too
             metrics["lossless_paired"] = lossless(gens, [{"token_ids": g["ar_token_ids"]} for g in gens])
+    if any("eager_ar_wall_time" in g for g in gens):  # a compiled run: eager `ar` was timed beside it too
+        metrics.update(paired_speedup(gens, "eager_ar"))
+        if greedy:
+            metrics["lossless_eager"] = lossless(gens, [{"token_ids": g["eager_ar_token_ids"]} for g in gens])
     by_id = {row["id"]: row for row in reference_rows or []}
     if reference_rows is not None and all(row["id"] in by_id for row in rows):
         for row in rows:  # later turns follow each run's own (sampled) answers; the first prompt must match
@@ -224,17 +236,22 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
             run(reference_config(cfg), group)  # the same loaded target (load_target keeps it)
             reference = find_reference(cfg, ref_key)
 
-    ar_decoder = ARDecoder(target.model, target.tokenizer) if cfg.timing.paired else None
+    baselines = {}  # `ar` timed beside each sample: as the run computes, and eager when that is compiled
+    if cfg.timing.paired:
+        baselines["ar"] = ARDecoder(target.model, target.tokenizer)
+        if decoder.steps.compiled:
+            baselines["eager_ar"] = ARDecoder(target.model, target.tokenizer, steps=EagerSteps(target.model))
     sampling = Sampling.from_config(cfg.decoding)
 
     rows = record.start(cfg, cfg.resume)
     started_at = record.started_at()
     done = {row["id"] for row in rows}
     todo = [(i, r) for i, r in enumerate(records) if r.id not in done]
+    compile_time = compile_steps_for(records, cfg, target, [decoder, *baselines.values()]) if todo else 0.0
     if todo:
-        warm_up(cfg, target, [d for d in (decoder, ar_decoder) if d is not None], records[0], sampling)
+        warm_up(cfg, target, [decoder, *baselines.values()], records[0], sampling)
     for index, rec in tqdm(todo, desc=name, unit="sample"):
-        row = decode_record(rec, index, cfg, target, decoder, ar_decoder, sampling)
+        row = decode_record(rec, index, cfg, target, decoder, baselines, sampling)
         record.append(row)
         rows.append(row)
     rows.sort(key=lambda row: row["index"])
@@ -257,11 +274,25 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
         reference_key=ref_key,
         reference_run=reference.dir.name if reference else None,
         lossless_method=decoder.lossless,
+        compile_time=compile_time,  # seconds compiling the target's steps (hardware.compile), untimed
         provenance=provenance(cfg.hardware, loader.device) | {"started_at": started_at, "finished_at": now()},
     )
     record.finish(metrics)
     log_to_wandb(cfg, record, name, group, metrics, rows)
     return metrics
+
+
+def compile_steps_for(records, cfg, target, decoders) -> float:
+    """With `hardware.compile`: size the static cache for the longest first-turn prompt plus the budget and
+    compile every step width the decoders can take, outside the timed region; returns the seconds it took."""
+    steps = decoders[0].steps
+    if not steps.compiled:
+        return 0.0
+    longest = max(len(target.tokenizer(render_prompt(r, target.tokenizer, cfg.dataset, []),
+                                       add_special_tokens=False)["input_ids"]) for r in records)
+    seconds = steps.warm_up(max(d.max_step_width for d in decoders), longest + cfg.decoding.max_new_tokens)
+    log.info("compiled the target's steps in %.1f s", seconds)
+    return seconds
 
 
 def warm_up(cfg, target, decoders, record, sampling) -> None:
@@ -288,6 +319,7 @@ TABLE_COLUMNS = [
     ("verify_cost_p", "verify_cost_paired", "{:.2f}"),
     ("lossless", "lossless", "{:.2f}"),
     ("lossless_paired", "lossless_paired", "{:.2f}"),
+    ("speedup_eager", "speedup_paired_eager", "{:.2f}x"),
     ("error", "error", "{}"),
 ]
 QUALITY_KEYS = ["gsm8k_acc", "rouge_l", "rouge_2", "pass@1", "pass@10", "mt_bench_score"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding.base import Decoder, GenerationBuilder
@@ -20,20 +19,21 @@ class ARConfig(MethodConfig):
 
 class ARDecoder(Decoder):
     name = "ar"
+    compilable = True
 
     @classmethod
     def from_config(cls, cfg: ARConfig, target, ctx) -> "ARDecoder":
         return cls(target.model, target.tokenizer)
 
     def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
-        cache = DynamicCache(config=self.model.config)
+        cache = self.steps.new_cache(prompt_ids.shape[1] + out.max_new_tokens)
         with out.timed("prefill"):
-            logits = self.model(prompt_ids, past_key_values=cache, logits_to_keep=1).logits[0, -1]
+            logits = self.steps(prompt_ids, cache, logits_to_keep=1).logits[0, -1]
             token = next_token(logits, sampling, rng)
         out.commit([token], prefill=True)
         while not out.done:
             with out.timed("verify"):
                 step_input = torch.tensor([[token]], device=prompt_ids.device)
-                logits = self.model(step_input, past_key_values=cache, logits_to_keep=1).logits[0, -1]
+                logits = self.steps(step_input, cache, logits_to_keep=1).logits[0, -1]
                 token = next_token(logits, sampling, rng)
             out.commit([token])

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specrepro.decoding.sampling import Sampling
+from specrepro.errors import SpecReproError
+from specrepro.decoding.steps import EagerSteps, target_steps
 
 
 @dataclass
@@ -91,11 +93,21 @@ class Decoder(ABC):
 
     name = "base"
     lossless = True  # greedy output must equal `ar` on the same weights
+    compilable = False  # runs every target forward through `self.steps` (so `hardware.compile` applies)
 
-    def __init__(self, model: torch.nn.Module, tokenizer=None):
+    def __init__(self, model: torch.nn.Module, tokenizer=None, steps: EagerSteps | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = _eos_ids(model, tokenizer)
+        self.steps = steps or target_steps(model)  # how the target's forwards run: eager, or compiled
+        if self.steps.compiled and not self.compilable:
+            raise SpecReproError(f"method '{self.name}' does not support hardware.compile (its drafter runs the "
+                                 "target's forwards itself); run it with hardware.compile=false")
+
+    @property
+    def max_step_width(self) -> int:
+        """The most tokens one target step after prefill takes (compiled steps are warmed up to it)."""
+        return 1
 
     @property
     def device(self) -> torch.device:

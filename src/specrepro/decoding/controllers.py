@@ -20,6 +20,11 @@ class DraftLengthController(ABC):
     def next_length(self) -> int:
         """The number of tokens to draft next (an upper bound when `keep_drafting` can stop early)."""
 
+    @property
+    def max_length(self) -> int:
+        """The most tokens `next_length` can ever return (what a compiled verification must fit)."""
+        return self.next_length()
+
     def keep_drafting(self, top1_prob: float) -> bool:
         """Called after each draft token with its top-1 probability; False ends this draft early."""
         return True
@@ -44,6 +49,10 @@ class HeuristicLength(DraftLengthController):
 
     def next_length(self) -> int:
         return self.k
+
+    @property
+    def max_length(self) -> int:
+        return self.k_max
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted == 0:

@@ -15,13 +15,12 @@ from __future__ import annotations
 from abc import abstractmethod
 
 import torch
-from transformers import DynamicCache
 
 from specrepro.decoding.base import Decoder, GenerationBuilder
 from specrepro.decoding.controllers import DraftLengthController
 from specrepro.decoding.sampling import Sampling, next_token
 from specrepro.errors import SpecReproError
-from specrepro.decoding.verify import (additive_mask, crop_cache, keep_tree_path, speculative_verify, tree_attention,
+from specrepro.decoding.verify import (crop_cache, keep_tree_path, speculative_verify, tree_attention,
                                       tree_verify)
 
 
@@ -56,6 +55,11 @@ class DraftVerifyDecoder(Decoder):
             q = torch.cat([q, torch.nn.functional.one_hot(siblings, q.shape[-1]).to(q.dtype)])
         return torch.cat([drafts, siblings]), q, parents
 
+    @property
+    def max_step_width(self) -> int:
+        """The last token, the longest chain the controller allows and the tree's extra siblings."""
+        return 1 + self.new_controller().max_length + self.tree_width - 1
+
     def first_alternatives(self, chosen: torch.Tensor, count: int) -> torch.Tensor:
         """Up to `count` best draft tokens for the last proposal's first position other than `chosen`, best
         first: what a drafter that supports `tree_width` > 1 provides."""
@@ -71,18 +75,11 @@ class DraftVerifyDecoder(Decoder):
     def target_forward(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None):
         """One target forward on the shared cache; subclasses may ask for hidden states too. `tree`: (allowed
         keys, position ids) of a tree verification (`verify.tree_attention`), None for a causal chain."""
-        return self.model(input_ids, past_key_values=cache, logits_to_keep=logits_to_keep, **self.tree_inputs(tree))
-
-    def tree_inputs(self, tree) -> dict:
-        """The model's attention mask and position ids for a tree verification's `tree`; {} for a chain."""
-        if tree is None:
-            return {}
-        allow, positions = tree
-        return {"attention_mask": additive_mask(allow, self.model.dtype), "position_ids": positions[None]}
+        return self.steps(input_ids, cache, logits_to_keep, tree)
 
     def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
         controller = self.new_controller()
-        cache = DynamicCache(config=self.model.config)
+        cache = self.steps.new_cache(prompt_ids.shape[1] + out.max_new_tokens)
         with out.timed("prefill"):
             logits = self.target_forward(prompt_ids, cache, logits_to_keep=1).logits[0, -1]
             first = next_token(logits, sampling, rng)

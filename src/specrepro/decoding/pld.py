@@ -48,9 +48,10 @@ def lookup_ngram(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k: int, l
 
 class PLDDecoder(DraftVerifyDecoder):
     name = "pld"
+    compilable = True
 
-    def __init__(self, model, tokenizer, cfg: PLDConfig):
-        super().__init__(model, tokenizer)
+    def __init__(self, model, tokenizer, cfg: PLDConfig, steps=None):
+        super().__init__(model, tokenizer, steps)
         self.cfg = cfg
 
     @classmethod

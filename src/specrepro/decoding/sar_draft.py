@@ -273,7 +273,7 @@ class SARDraftDecoder(DraftVerifyDecoder):
 
     def target_forward(self, input_ids, cache, logits_to_keep: int = 0, tree=None):
         """The target's forward, keeping its last-layer (post-norm) hidden states for h_p."""
-        hidden = self.model.model(input_ids, past_key_values=cache, **self.tree_inputs(tree)).last_hidden_state
+        hidden = self.model.model(input_ids, past_key_values=cache, **self.steps.tree_inputs(tree)).last_hidden_state
         self.verify_hidden = hidden[0]
         return CausalLMOutputWithPast(logits=self.model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden))
 

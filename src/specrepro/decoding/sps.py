@@ -37,6 +37,7 @@ class SPSConfig(MethodConfig):
 
 class SPSDecoder(DraftVerifyDecoder):
     name = "sps"
+    compilable = True
 
     def __init__(self, model, tokenizer, draft: torch.nn.Module, k: int, controller: str, k_max: int):
         super().__init__(model, tokenizer)

@@ -138,19 +138,16 @@ def tree_verify(
             return [int(drafts[i]) for i in path] + [int(sample(p, rng))], path
 
 
-def cache_length(cache, layer: int = 0) -> int:
-    return cache.get_seq_length(layer)
-
-
 def crop_cache(cache, length: int) -> None:
-    """Cut every layer of a transformers DynamicCache back to `length` positions.
+    """Cut every layer of a transformers cache back to `length` positions: a DynamicCache drops the rows, a
+    StaticCache moves its write position back (the rows past it are masked out and overwritten later).
 
     Layers are cropped one by one to an absolute length, so caches whose layers hold different lengths
     (layer-skipping drafts write only some layers) are rolled back correctly too.
     """
     for layer in cache.layers:
         if getattr(layer, "is_initialized", False):
-            extra = layer.keys.shape[-2] - length
+            extra = int(layer.get_seq_length()) - length
             if extra > 0:
                 layer.crop(-extra)
 

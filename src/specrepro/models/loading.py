@@ -35,6 +35,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from specrepro.errors import SpecReproError
 from specrepro.models.attention import IMPLEMENTATIONS, set_attention
+from specrepro.decoding.steps import compile_steps
 from specrepro.models.kernels import check_kernel, set_linear_kernel
 
 log = logging.getLogger(__name__)
@@ -296,12 +297,15 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype, artifacts_dir: str
 
 
 def use_hardware(model, hardware):
-    """Give `model`, and no other, the CPU kernels of a `hardware` config, in place, and return it: its
-    `nn.Linear` modules packed for oneDNN (`linear_kernel`, `linear_min_rows`; models/kernels.py) and our
-    attention, row-invariant with `row_invariant` (models/attention.py), if it uses SDPA."""
+    """Give `model`, and no other, the kernels of a `hardware` config, in place, and return it: its
+    `nn.Linear` modules packed for oneDNN (`linear_kernel`, `linear_min_rows`; models/kernels.py), our
+    attention, row-invariant with `row_invariant` (models/attention.py), if it uses SDPA, and compiled steps on
+    a static cache with `compile` (decoding/steps.py)."""
     set_linear_kernel(model, hardware.linear_kernel, hardware.linear_min_rows, hardware.row_invariant)
     if model.config._attn_implementation in ("sdpa", *IMPLEMENTATIONS.values()):
         set_attention(model, "row_invariant" if hardware.row_invariant else "sdpa")
+    if hardware.compile:
+        compile_steps(model, hardware)
     return model
 
 

@@ -1,0 +1,162 @@
+"""Benchmark on a GPU: eager against compiled decoding, ours and transformers', on the embedded model.
+
+Arms, interleaved per prompt in one process (greedy, the same GSM8K prompts):
+- `ar_eager`: our `ar` as every CPU figure runs it (DynamicCache, eager PyTorch);
+- `ar_compiled`: our `ar` with `hardware.compile` (static cache, torch.compile, CUDA graphs; decoding/steps.py);
+- `generate_eager` / `generate_compiled`: transformers' `generate` on the model as a user loads it, plain and
+  with `cache_implementation="static"` (transformers then compiles its forward itself);
+- `pld_eager` / `pld_compiled`: prompt lookup on eager and on compiled steps.
+Prints each arm's throughput, the weight-reading bound (weight bytes over the card's copy bandwidth, measured
+here), compiled over eager `ar`, our compiled `ar` over transformers' compiled `generate`, pld's paired speedup
+and MAT over both `ar` baselines, and which outputs are token-identical. Compile times are reported apart.
+Run: python experiments/bench_gpu.py [--limit 5] [--max-new-tokens 256] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from statistics import fmean
+
+import torch
+from transformers import CompileConfig
+
+from specrepro.config import HardwareConfig, ModelConfig
+from specrepro.data import load_records, render_prompt
+from specrepro.data.config import DatasetConfig
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.base import device_sync
+from specrepro.decoding.pld import PLDConfig, PLDDecoder
+from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.steps import EagerSteps
+from specrepro.models import ModelLoader, load_model
+from specrepro.provenance import provenance
+
+GENERATE_ARMS = ("generate_eager", "generate_compiled")
+
+
+def copy_bandwidth(device: torch.device, gib: float = 1.0) -> float:
+    """Bytes per second a device-to-device copy moves (read + written), the best of 10."""
+    x = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    best = float("inf")
+    for _ in range(10):
+        device_sync(device)
+        start = time.perf_counter()
+        y.copy_(x)
+        device_sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * x.numel() / best
+
+
+def hf_generate(model, ids: list[int], max_new_tokens: int, eos: list[int], static: bool):
+    tensor = torch.tensor([ids], device=model.device)
+    extra = {"cache_implementation": "static", "compile_config": CompileConfig(fullgraph=True)} if static else {}
+    device_sync(model.device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=max_new_tokens,
+                             do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=eos, **extra)
+    device_sync(model.device)
+    return out[0, len(ids):].tolist(), time.perf_counter() - start, None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--widths", default="1,16", help="hardware.compile_widths: compiled step widths")
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--device", default="cuda", help="cpu: a quick check of the script (--backend aot_eager)")
+    parser.add_argument("--backend", default="inductor")
+    args = parser.parse_args()
+    hardware = HardwareConfig(device=args.device, dtype=args.dtype, linear_kernel="torch", compile=True,
+                              compile_backend=args.backend, compile_widths=[int(w) for w in args.widths.split(",")])
+    loader = ModelLoader.for_hardware(hardware, "results/artifacts")
+    model_cfg = ModelConfig(name="smollm2_135m", source="embedded")
+    target = loader.load_model(model_cfg)  # its steps compiled (hardware.compile)
+    stock = load_model(model_cfg, loader.device, loader.dtype).model  # as a user loads it
+    dataset = DatasetConfig(name="gsm8k", path="gsm8k/test.jsonl.gz", task="gsm8k", template="hash_answer",
+                            few_shot=1, shots_path="gsm8k/train.jsonl.gz", limit=args.limit, metric="gsm8k_acc")
+    prompts = [target.tokenizer(render_prompt(r, target.tokenizer, dataset), add_special_tokens=False)["input_ids"]
+               for r in load_records(dataset)]
+    model, eager = target.model, EagerSteps(target.model)
+    decoders = {
+        "ar_eager": ARDecoder(model, target.tokenizer, steps=eager),
+        "ar_compiled": ARDecoder(model, target.tokenizer),
+        "pld_eager": PLDDecoder(model, target.tokenizer, PLDConfig(), steps=eager),
+        "pld_compiled": PLDDecoder(model, target.tokenizer, PLDConfig()),
+    }
+    eos, greedy = sorted(decoders["ar_eager"].eos_ids), Sampling()
+
+    def run(arm: str, ids: list[int], max_new_tokens: int):
+        if arm in GENERATE_ARMS:
+            return hf_generate(stock, ids, max_new_tokens, eos, static=arm == "generate_compiled")
+        gen = decoders[arm].generate(ids, greedy, max_new_tokens)
+        return gen.token_ids, gen.wall_time, gen.steps
+
+    longest = max(prompts, key=len)
+    ours_compile = model.specrepro_steps.warm_up(max(d.max_step_width for d in decoders.values()),
+                                                 len(longest) + args.max_new_tokens)
+    compile_s = {"ours": ours_compile}
+    for arm in [*decoders, *GENERATE_ARMS]:  # warm-up: transformers compiles on its first static call
+        start = time.perf_counter()
+        run(arm, longest, args.max_new_tokens)
+        compile_s.setdefault(arm, time.perf_counter() - start)
+    arms = [*decoders, *GENERATE_ARMS]
+    results = {arm: [] for arm in arms}
+    for i, ids in enumerate(prompts):
+        for arm in arms[i % len(arms):] + arms[: i % len(arms)]:  # rotate the order between prompts
+            tokens, seconds, steps = run(arm, ids, args.max_new_tokens)
+            results[arm].append({"tokens": tokens, "seconds": seconds, "steps": steps})
+
+    def rate(arm):
+        return sum(len(r["tokens"]) for r in results[arm]) / sum(r["seconds"] for r in results[arm])
+
+    def paired(arm, base):
+        return fmean((len(r["tokens"]) / r["seconds"]) / (len(b["tokens"]) / b["seconds"])
+                     for r, b in zip(results[arm], results[base]))
+
+    def identical(arm, base):
+        return sum(r["tokens"] == b["tokens"] for r, b in zip(results[arm], results[base]))
+
+    weight_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    bandwidth = copy_bandwidth(loader.device)
+    figures = {
+        "provenance": provenance(asdict(hardware), loader.device) | {"command": " ".join(["python", *sys.argv])},
+        "dtype": args.dtype,
+        "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "widths": args.widths,
+        "tok_per_s": {arm: rate(arm) for arm in arms},
+        "bound_tok_per_s": bandwidth / weight_bytes, "copy_bandwidth_gb_s": bandwidth / 1e9,
+        "weight_mb": weight_bytes / 1e6,
+        "ar_compiled_over_eager": paired("ar_compiled", "ar_eager"),
+        "ar_compiled_over_generate_compiled": paired("ar_compiled", "generate_compiled"),
+        "pld_eager_over_ar_eager": paired("pld_eager", "ar_eager"),
+        "pld_compiled_over_ar_compiled": paired("pld_compiled", "ar_compiled"),
+        "pld_compiled_over_ar_eager": paired("pld_compiled", "ar_eager"),
+        "pld_mat": {arm: sum(len(r["tokens"]) - 1 for r in results[arm]) / sum(r["steps"] for r in results[arm])
+                    for arm in ("pld_eager", "pld_compiled")},
+        "identical_to_ar_eager": {arm: identical(arm, "ar_eager") for arm in arms},
+        "pld_compiled_identical_to_ar_compiled": identical("pld_compiled", "ar_compiled"),
+        "compile_or_first_call_s": compile_s,
+    }
+    print(json.dumps(figures, indent=1))
+    print(f"\n{figures['provenance']['machine']}  {args.dtype}  {len(prompts)} GSM8K prompts x {args.max_new_tokens} new tokens")
+    print(f"weight-reading bound {figures['bound_tok_per_s']:.0f} tok/s ({figures['weight_mb']:.0f} MB of weights "
+          f"at a measured {figures['copy_bandwidth_gb_s']:.0f} GB/s copy bandwidth)")
+    for arm in arms:
+        print(f"{arm:18} {rate(arm):8.1f} tok/s   token-identical to ar_eager: {identical(arm, 'ar_eager')}/{len(prompts)}")
+    for key in ("ar_compiled_over_eager", "ar_compiled_over_generate_compiled", "pld_eager_over_ar_eager",
+                "pld_compiled_over_ar_compiled", "pld_compiled_over_ar_eager"):
+        print(f"{key:36} {figures[key]:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

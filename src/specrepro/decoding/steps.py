@@ -1,0 +1,154 @@
+"""How a decoder runs its target's forwards: eagerly on a DynamicCache, or compiled on a static cache.
+
+`hardware.compile` (gpt-fast's recipe, through transformers' own StaticCache): the KV cache is allocated once
+with room for the longest prompt plus the budget and reused by every generation; each decoding step's input is
+padded to a bucket width (`hardware.compile_widths`) and run through `torch.compile`d forward, one graph per
+width (with CUDA graphs under `mode="reduce-overhead"`). Every step passes its attention mask and positions as
+inputs, so a chain step and a token tree's custom mask share one graph. Rolling the cache back is a
+write-position reset (`verify.crop_cache`): stale rows past it are masked out and later overwritten. Prefill,
+and any step wider than the largest bucket, run the same forward uncompiled on the same cache.
+
+Decoders ask `target_steps(model)` for the steps object the loader attached (`use_hardware`), or eager steps.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+
+import torch
+from transformers import DynamicCache, StaticCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from specrepro.decoding.verify import additive_mask, crop_cache
+
+log = logging.getLogger(__name__)
+
+STEPS_ATTRIBUTE = "specrepro_steps"  # where `use_hardware` leaves a model's compiled steps
+DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+BACKENDS = ("inductor", "aot_eager", "eager", "cudagraphs")
+
+
+def cache_keyword(model) -> str:
+    """The forward's name for the KV cache: transformers 5.24 renamed `past_key_values` to `cache`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+class EagerSteps:
+    """The target's forwards as a user runs them: a new DynamicCache per generation, no padding, no compile."""
+
+    compiled = False
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def new_cache(self, length: int):
+        """A cache for one generation of up to `length` positions."""
+        return DynamicCache(config=self.model.config)
+
+    def __call__(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None, **kwargs):
+        """One forward appending `input_ids` (1, n) to `cache`; `tree`: (allowed keys, positions) of a token
+        tree (`verify.tree_attention`), None for a causal chain. Returns the model's output."""
+        return self.model(input_ids, past_key_values=cache, logits_to_keep=logits_to_keep, **self.tree_inputs(tree),
+                          **kwargs)
+
+    def tree_inputs(self, tree) -> dict:
+        """The model's attention mask and position ids for a tree verification's `tree`; {} for a chain."""
+        if tree is None:
+            return {}
+        allow, positions = tree
+        return {"attention_mask": additive_mask(allow, self.model.dtype), "position_ids": positions[None]}
+
+
+class CompiledSteps(EagerSteps):
+    """The target's steps on one reused StaticCache, padded to bucket widths and compiled once per width."""
+
+    compiled = True
+
+    def __init__(self, model: torch.nn.Module, backend: str = "inductor", mode: str | None = None,
+                 widths=DEFAULT_WIDTHS):
+        super().__init__(model)
+        self.widths = tuple(sorted(widths))
+        self.cache: StaticCache | None = None
+        self.cache_len = 0
+        self.keyword = cache_keyword(model)
+        options = {"mode": mode} if mode else {}
+        self.forward = torch.compile(self._forward, backend=backend, fullgraph=True, dynamic=False, **options)
+        self.cudagraphs = mode is not None and "reduce-overhead" in mode
+
+    def _forward(self, input_ids, mask, positions, cache):
+        return self.model(input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=0,
+                          **{self.keyword: cache}).logits
+
+    def new_cache(self, length: int) -> StaticCache:
+        """The one static cache, emptied; reallocated (new graphs) only when `length` outgrows it."""
+        needed = length + self.widths[-1]  # a padded step may write past the last real position
+        if self.cache is None or self.cache_len < needed:
+            if self.cache is not None:
+                log.warning("the static cache grows past %d positions: its graphs are compiled again", self.cache_len)
+            self.cache_len = 512 * -(-needed // 512)
+            self.cache = StaticCache(config=self.model.config, max_cache_len=self.cache_len)
+        else:
+            crop_cache(self.cache, 0)  # a write-position reset: stale rows stay masked until overwritten
+        return self.cache
+
+    def bucket(self, n: int) -> int | None:
+        return next((w for w in self.widths if w >= n), None)
+
+    def __call__(self, input_ids, cache, logits_to_keep: int = 0, tree=None, **kwargs):
+        past = int(cache.get_seq_length())
+        n = input_ids.shape[1]
+        width = self.bucket(n)
+        if past == 0 or width is None or kwargs:  # prefill, an unbucketed width, or extra outputs: uncompiled
+            return super().__call__(input_ids, cache, logits_to_keep, tree, **kwargs)
+        ids, mask, positions = self.padded_inputs(input_ids, past, width, tree)
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        logits = self.forward(ids, mask, positions, cache)[:, :n].clone()  # CUDA graphs reuse their output
+        crop_cache(cache, past + n)  # the padding rows are not part of the sequence
+        return CausalLMOutputWithPast(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+
+    def padded_inputs(self, input_ids, past: int, width: int, tree):
+        """Inputs padded to `width` rows (the last token repeated), the (1, 1, width, cache) additive mask and the
+        positions: real rows see what they would eagerly (the prefix and, in a tree, their ancestors), padding
+        rows continue the sequence causally."""
+        n, size, device = input_ids.shape[1], self.cache_len, input_ids.device
+        ids = torch.cat([input_ids, input_ids[:, -1:].expand(1, width - n)], dim=1)
+        rows = torch.arange(width, device=device)
+        allow = torch.arange(size, device=device)[None] <= (past + rows)[:, None]
+        positions = past + rows
+        if tree is not None:
+            tree_allow, tree_positions = tree
+            allow[:n, : tree_allow.shape[1]] = tree_allow
+            allow[:n, tree_allow.shape[1]:] = False
+            positions = torch.cat([tree_positions, past + torch.arange(n, width, device=device)])
+        return ids, additive_mask(allow, self.model.dtype), positions[None]
+
+    def warm_up(self, max_width: int, length: int) -> float:
+        """Compile every bucket up to `max_width` rows on a cache of `length` positions, outside any timed
+        region; returns the seconds it took (the record's `compile_time`)."""
+        start = time.perf_counter()
+        cache = self.new_cache(length)
+        device = next(self.model.parameters()).device
+        with torch.inference_mode():
+            super().__call__(torch.zeros(1, 1, dtype=torch.long, device=device), cache, 1)  # eager prefill
+            for width in self.widths:
+                if width > self.bucket(max_width):
+                    break
+                for _ in range(2):  # CUDA graphs record on the second call
+                    self(torch.zeros(1, width, dtype=torch.long, device=device), cache)
+                    crop_cache(cache, 1)
+            crop_cache(cache, 0)
+        return time.perf_counter() - start
+
+
+def target_steps(model: torch.nn.Module) -> EagerSteps:
+    """The steps a decoder runs `model`'s forwards with: compiled ones if the loader attached them, else eager."""
+    return getattr(model, STEPS_ATTRIBUTE, None) or EagerSteps(model)
+
+
+def compile_steps(model: torch.nn.Module, hardware) -> None:
+    """Attach compiled steps for `hardware.compile` to `model` (and to no other model)."""
+    mode = hardware.compile_mode or ("reduce-overhead" if next(model.parameters()).device.type == "cuda" else None)
+    setattr(model, STEPS_ATTRIBUTE, CompiledSteps(model, hardware.compile_backend, mode, hardware.compile_widths))

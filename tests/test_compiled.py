@@ -1,0 +1,118 @@
+"""`hardware.compile`: the target's steps on a static cache, compiled per padded width (decoding/steps.py).
+
+On the CPU the `aot_eager` backend captures the same graphs as inductor without generating code, which is
+what these tests check: graph capture, padding, masks and the static cache's rollback give token-identical
+output to eager `ar` (tests/test_cuda.py runs the inductor + CUDA graphs path on a GPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.jacobi import JacobiDecoder
+from specrepro.decoding.pld import PLDConfig, PLDDecoder
+from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.sps import SPSDecoder
+from specrepro.decoding.steps import STEPS_ATTRIBUTE, CompiledSteps, EagerSteps
+from specrepro.decoding.verify import tree_attention
+from specrepro.errors import SpecReproError
+from specrepro.models.kernels import set_linear_kernel
+from tests.conftest import tiny_llama
+from tests.test_decoding import prompts
+from tests.test_runner import FAST, run_dirs, specrepro
+
+GREEDY = Sampling()
+
+
+def torch_llama(**kwargs):
+    return set_linear_kernel(tiny_llama(**kwargs), "torch")
+
+
+@pytest.fixture(scope="module")
+def compiled_target():
+    """A tiny target whose steps are compiled (aot_eager), its widths warmed up once for the module."""
+    model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
+    steps = CompiledSteps(model, backend="aot_eager", widths=[1, 4, 16])
+    steps.warm_up(max_width=16, length=80)
+    setattr(model, STEPS_ATTRIBUTE, steps)
+    return model
+
+
+def compiled_decoders(model, draft):
+    return {
+        "ar": ARDecoder(model),
+        "pld": PLDDecoder(model, None, PLDConfig()),
+        "pld_heuristic": PLDDecoder(model, None, PLDConfig(controller="heuristic")),  # widths past 16 run eagerly
+        "sps": SPSDecoder(model, None, draft, 4, "fixed", 16),
+    }
+
+
+@pytest.mark.parametrize("name", ["ar", "pld", "pld_heuristic", "sps"])
+def test_compiled_greedy_output_equals_eager_ar(compiled_target, name):
+    draft = torch_llama(vocab_size=64, seed=2, num_layers=1)
+    decoder = compiled_decoders(compiled_target, draft)[name]
+    assert decoder.steps.compiled
+    eager_ar = ARDecoder(compiled_target, steps=EagerSteps(compiled_target))
+    for prompt in prompts():
+        reference = eager_ar.generate(prompt, GREEDY, 40).token_ids
+        assert decoder.generate(prompt, GREEDY, 40).token_ids == reference
+
+
+def test_compiled_sampling_draws_what_eager_sampling_draws(compiled_target):
+    """Same seed, same logits: speculative sampling on compiled steps emits eager sampling's tokens, so the
+    target-distribution tests of eager sps carry over."""
+    draft = torch_llama(vocab_size=64, seed=2, num_layers=1)
+    sampling = Sampling(do_sample=True, temperature=1.0)
+    compiled = SPSDecoder(compiled_target, None, draft, 3, "fixed", 16)
+    eager = SPSDecoder(compiled_target, None, draft, 3, "fixed", 16)
+    eager.steps = EagerSteps(compiled_target)
+    for seed, prompt in enumerate(prompts()):
+        assert compiled.generate(prompt, sampling, 30, seed).token_ids == eager.generate(prompt, sampling, 30, seed).token_ids
+
+
+def test_a_tree_verification_on_compiled_steps_gives_the_eager_logits(compiled_target):
+    """A token tree's custom mask, padded to the bucket and to the static cache's length, is an input of the
+    same graph a chain uses; its rows equal an eager tree verification's."""
+    prompt = torch.tensor([prompts()[0][:10]])
+    parents = [-1, 0, 1, -1, 3]  # two branches under the last token
+    nodes = torch.tensor([[7, 8, 9, 10, 11]])
+    outputs = []
+    for steps in (compiled_target.specrepro_steps, EagerSteps(compiled_target)):
+        with torch.inference_mode():
+            cache = steps.new_cache(64)
+            steps(prompt, cache, logits_to_keep=1)
+            allow, positions = tree_attention(parents, prompt.shape[1])
+            verify_input = torch.cat([torch.tensor([[5]]), nodes], dim=1)  # [the last committed token, nodes]
+            outputs.append(steps(verify_input, cache, tree=(allow, positions)).logits[0])
+            assert int(cache.get_seq_length()) == prompt.shape[1] + 1 + len(parents)  # padding rows are not kept
+    torch.testing.assert_close(outputs[0], outputs[1])
+
+
+def test_decoders_that_run_their_own_forwards_refuse_compiled_steps(compiled_target):
+    with pytest.raises(SpecReproError, match="does not support hardware.compile"):
+        JacobiDecoder(compiled_target, block_size=4)
+
+
+def test_a_compiled_run_reports_speedups_over_compiled_and_eager_ar(tmp_path):
+    compiled = ["hardware.compile=true", "hardware.compile_backend=aot_eager", "hardware.linear_kernel=torch",
+                "hardware.compile_widths=[1,16]"]
+    specrepro("run", *FAST, *compiled, "method=pld", "dataset=gsm8k", "dataset.limit=2", "timing.paired=true",
+              "logger=none", cwd=tmp_path)
+    runs = run_dirs(tmp_path)
+    metrics = {key.split(":")[0]: json.loads((path / "metrics.json").read_text()) for key, path in runs.items()}
+    assert set(metrics) == {"ar", "pld"}  # the reference is compiled `ar`
+    pld = metrics["pld"]
+    assert pld["compile_time"] > 0 and pld["provenance"]["compile"]["compile"] is True
+    assert pld["lossless"] == pld["lossless_paired"] == pld["lossless_eager"] == 1.0
+    assert pld["speedup_paired"] > 0 and pld["speedup_paired_eager"] > 0
+
+
+def test_compile_refuses_kernels_it_cannot_capture(tmp_path):
+    proc = specrepro("run", *FAST, "hardware.compile=true", "method=ar", "dataset.limit=1", "logger=none",
+                     cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "hardware.compile=true compiles torch's own kernels" in proc.stderr
+    assert "Traceback" not in proc.stderr
