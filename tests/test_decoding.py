@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import DynamicCache
 
+from specrepro import decoding
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.controllers import FixedLength, HeuristicLength
 from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
@@ -174,3 +178,25 @@ def test_warpers_keep_top_k_and_nucleus():
     assert torch.isinf(warp_logits(logits, Sampling(True, 1.0, 2, 1.0))[2:]).all()
     kept = torch.isfinite(warp_logits(logits, Sampling(True, 1.0, 0, 0.7)))
     assert kept.tolist() == [True, True, False, False]  # 0.64 < 0.7 <= 0.64 + 0.24
+
+
+def test_no_decoder_attribute_is_set_outside_its_constructor():
+    """A decoder holds its configuration; what one generation carries from hook to hook lives in the state
+    object its `start` returns (draft_verify's contract). self_sd's controller carries gamma across
+    generations by design (the official code's `carry_gamma`)."""
+    carried = {("SelfSDDecoder", "new_controller")}
+    found = []
+    for path in sorted((Path(decoding.__file__).parent).glob("*.py")):
+        for cls in ast.parse(path.read_text()).body:
+            if not (isinstance(cls, ast.ClassDef) and cls.name.endswith("Decoder")):
+                continue
+            for method in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name != "__init__"):
+                for node in ast.walk(method):
+                    targets = node.targets if isinstance(node, ast.Assign) else getattr(node, "target", None)
+                    for target in targets if isinstance(targets, list) else [targets]:
+                        for element in ast.walk(target) if target is not None else []:
+                            if (isinstance(element, ast.Attribute) and isinstance(element.value, ast.Name)
+                                    and element.value.id == "self" and isinstance(element.ctx, ast.Store)
+                                    and (cls.name, method.name) not in carried):
+                                found.append(f"{path.name}: {cls.name}.{method.name} sets self.{element.attr}")
+    assert not found, found

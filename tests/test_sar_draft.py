@@ -69,9 +69,9 @@ def test_h_p_is_the_verified_row_that_produced_the_last_committed_token(tree_wid
     seen = []
     original = decoder.propose
 
-    def spy(tokens, k, sampling, rng, controller):
-        seen.append((tokens.clone(), decoder.hp.clone()))
-        return original(tokens, k, sampling, rng, controller)
+    def spy(state, tokens, k, sampling, rng, controller):
+        seen.append((tokens.clone(), state.hp.clone()))
+        return original(state, tokens, k, sampling, rng, controller)
 
     decoder.propose = spy
     decoder.generate(prompt, GREEDY, 20)

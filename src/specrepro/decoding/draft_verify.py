@@ -1,11 +1,18 @@
 """The draft-then-verify loop that every drafting method shares.
 
-A subclass only says how to draft (`propose` a chain, or `propose_tree` a token tree) and how to roll its own
-drafter state back (`after_verify`); verification, cache rollback, sampling and draft-length control live
-here once.
+A drafter says how to draft and nothing about the loop's order. Per generation:
+
+    state = start(prompt_ids, cache)                  # the drafter's own per-generation state (or None)
+    output = target_forward(state, ids, cache, ...)   # every target forward: prefill, then each verification
+    after_verify(state, tokens, output, rows)         # after each: the committed tokens and the output rows kept
+    proposal = propose(state, tokens, k, ...)         # a Proposal: drafts, their q, and a tree's parents
+
+Everything a drafter carries from one call to the next lives in its state object; the decoder itself holds
+only its configuration. `target_forward` returns a `TargetOutput`: the logits and the hidden states a drafter
+declared it reads. Verification, cache rollback, sampling and draft-length control live here once.
 
 Token trees beyond the paper (`tree_width` w > 1): a drafter that can name its next-best tokens at the first
-draft position (`first_alternatives`) gets them verified as siblings of its chain's first node, in the same
+draft position adds them as siblings of its chain's first node (`with_first_siblings`), verified in the same
 forward. On a CPU whose linears pad inputs to `hardware.linear_min_rows` rows, a verification of up to that
 many rows costs about what one of two rows does, so the alternatives are nearly free.
 """
@@ -13,15 +20,37 @@ many rows costs about what one of two rows does, so the alternatives are nearly 
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from specrepro.decoding import draft_vocab
 from specrepro.decoding.base import Decoder, GenerationBuilder
 from specrepro.decoding.controllers import DraftLengthController
 from specrepro.decoding.sampling import Sampling, next_token
-from specrepro.errors import SpecReproError
-from specrepro.decoding.verify import (crop_cache, keep_tree_path, speculative_verify, tree_attention,
-                                      tree_verify)
+from specrepro.decoding.verify import crop_cache, keep_tree_path, speculative_verify, tree_attention, tree_verify
+
+
+@dataclass
+class Proposal:
+    """One round's drafts: nodes (n,), the q each was drawn from ((n, vocab); None: deterministic, one-hot) and
+    each node's parent (-1: the last committed token; None: a chain). Nodes 0, 1, ... that descend one from the
+    other form the main chain, which the controller counts; the others are alternatives."""
+
+    drafts: torch.Tensor
+    q: torch.Tensor | None = None
+    parents: list[int] | None = None
+
+
+@dataclass
+class TargetOutput:
+    """One target forward: its logits (1, rows, vocab) and what a drafter that overrides `target_forward` reads
+    from it: hidden states by name (each (1, rows, hidden)), the cache position of its first row."""
+
+    logits: torch.Tensor
+    position: int | None = None
+    hidden: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class DraftVerifyDecoder(Decoder):
@@ -33,84 +62,82 @@ class DraftVerifyDecoder(Decoder):
     def new_controller(self) -> DraftLengthController:
         """A fresh draft-length controller for one generation."""
 
-    @abstractmethod
-    def propose(
-        self, tokens: torch.Tensor, k: int, sampling: Sampling, rng, controller: DraftLengthController
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft up to k tokens after `tokens` (1, n). Returns (drafts (m,), q (m, vocab) or None if one-hot)."""
+    def start(self, prompt_ids: torch.Tensor, cache) -> Any:
+        """The drafter's state for one generation on the target's `cache` (called before the prefill)."""
+        return None
 
-    def propose_tree(
-        self, tokens: torch.Tensor, k: int, sampling: Sampling, rng, controller: DraftLengthController
-    ) -> tuple[torch.Tensor, torch.Tensor | None, list[int] | None]:
-        """Draft a token tree of depth <= k: (nodes (n,), q (n, vocab) or None, each node's parent (-1: the last
-        token) or None for a chain). Nodes 0, 1, ... that descend one from the other form the main chain, which
-        the controller counts; the others are alternatives. By default, the chain of `propose`, with
-        `tree_width` - 1 siblings of its first node when the tree is on."""
-        drafts, q = self.propose(tokens, k, sampling, rng, controller)
-        if self.tree_width == 1:
-            return drafts, q, None
-        siblings = self.first_alternatives(drafts[0], self.tree_width - 1)
-        parents = list(range(-1, len(drafts) - 1)) + [-1] * len(siblings)
-        if q is not None:  # a sibling is a deterministic draft: its q is one-hot
-            q = torch.cat([q, torch.nn.functional.one_hot(siblings, q.shape[-1]).to(q.dtype)])
-        return torch.cat([drafts, siblings]), q, parents
+    @abstractmethod
+    def propose(self, state, tokens: torch.Tensor, k: int, sampling: Sampling, rng,
+                controller: DraftLengthController) -> Proposal:
+        """Draft up to k tokens (a chain, or a tree of depth <= k) after the committed `tokens` (1, n)."""
+
+    def target_forward(self, state, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None) -> TargetOutput:
+        """One target forward on the shared cache (the prefill, then each verification). `tree`: (allowed keys,
+        position ids) of a tree verification (`verify.tree_attention`), None for a causal chain. Drafters that
+        read hidden states override it to return them too."""
+        return TargetOutput(self.steps(input_ids, cache, logits_to_keep, tree).logits)
+
+    def after_verify(self, state, tokens: torch.Tensor, output: TargetOutput, rows: list[int]) -> None:
+        """After the prefill and each verification: `tokens` (1, n) are committed, `rows` the indices of
+        `output`'s rows that were kept (the last one produced the newest token); roll the state back to them."""
+
+    def generation_extras(self, state) -> dict:
+        """Numbers a generation reports in `extra` beside the step counts (e.g. the draft vocabulary it used)."""
+        return {}
 
     @property
     def max_step_width(self) -> int:
         """The last token, the longest chain the controller allows and the tree's extra siblings."""
         return 1 + self.new_controller().max_length + self.tree_width - 1
 
-    def first_alternatives(self, chosen: torch.Tensor, count: int) -> torch.Tensor:
-        """Up to `count` best draft tokens for the last proposal's first position other than `chosen`, best
-        first: what a drafter that supports `tree_width` > 1 provides."""
-        raise SpecReproError(f"{self.name} does not draft token trees (tree_width {self.tree_width})")
-
-    def start(self, prompt_ids: torch.Tensor) -> None:
-        """Reset per-generation drafter state (caches) before the first proposal."""
-
-    def after_verify(self, tokens: torch.Tensor, n_accepted: int, rows: list[int] | None = None) -> None:
-        """Roll drafter state back to the committed `tokens` (1, n) after a verification; `rows` are the verify
-        inputs that were kept ([last token, accepted nodes]; None: the first n_accepted + 1, as in a chain)."""
-
-    def target_forward(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None):
-        """One target forward on the shared cache; subclasses may ask for hidden states too. `tree`: (allowed
-        keys, position ids) of a tree verification (`verify.tree_attention`), None for a causal chain."""
-        return self.steps(input_ids, cache, logits_to_keep, tree)
+    def with_first_siblings(self, drafts: torch.Tensor, q: torch.Tensor | None, first_logits: torch.Tensor,
+                            vocab_ids: torch.Tensor | None) -> Proposal:
+        """The chain `drafts`; with `tree_width` w > 1, plus the w - 1 next-best tokens of the first position's
+        draft logits (over `vocab_ids` when the draft vocabulary is reduced) as siblings of its first node."""
+        if self.tree_width == 1:
+            return Proposal(drafts, q)
+        siblings = draft_vocab.alternatives(vocab_ids, first_logits, drafts[0], self.tree_width - 1)
+        parents = list(range(-1, len(drafts) - 1)) + [-1] * len(siblings)
+        if q is not None:  # a sibling is a deterministic draft: its q is one-hot
+            q = torch.cat([q, torch.nn.functional.one_hot(siblings, q.shape[-1]).to(q.dtype)])
+        return Proposal(torch.cat([drafts, siblings]), q, parents)
 
     def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
         controller = self.new_controller()
         cache = self.steps.new_cache(prompt_ids.shape[1] + out.max_new_tokens)
+        state = self.start(prompt_ids, cache)
         with out.timed("prefill"):
-            logits = self.target_forward(prompt_ids, cache, logits_to_keep=1).logits[0, -1]
-            first = next_token(logits, sampling, rng)
+            output = self.target_forward(state, prompt_ids, cache, logits_to_keep=1)
+            first = next_token(output.logits[0, -1], sampling, rng)
         out.commit([first], prefill=True)
         tokens = torch.cat([prompt_ids, prompt_ids.new_tensor([[first]])], dim=1)
-        self.start(prompt_ids)
+        self.after_verify(state, tokens, output, list(range(prompt_ids.shape[1])))
         while not out.done:
             # k drafts + 1 bonus token must fit the budget
             k = max(0, min(controller.next_length(), out.remaining - 1))
             with out.timed("draft"):
-                drafts, q, parents = (self.propose_tree(tokens, k, sampling, rng, controller) if k
-                                      else (tokens.new_empty(0), None, None))
+                proposal = self.propose(state, tokens, k, sampling, rng, controller) if k else Proposal(tokens.new_empty(0))
+            drafts, parents = proposal.drafts, proposal.parents
             with out.timed("verify"):
                 verify_input = torch.cat([tokens[:, -1], drafts]).view(1, -1)
                 committed = tokens.shape[1]
                 if parents is None:
-                    logits = self.target_forward(verify_input, cache).logits[0]
-                    new_tokens, n_accepted = speculative_verify(drafts, q, logits, sampling, rng)
+                    output = self.target_forward(state, verify_input, cache)
+                    new_tokens, n_accepted = speculative_verify(drafts, proposal.q, output.logits[0], sampling, rng)
                     crop_cache(cache, committed + n_accepted)
-                    rows = None
+                    rows = list(range(n_accepted + 1))
                 else:
                     allow, positions = tree_attention(parents, committed - 1)
-                    logits = self.target_forward(verify_input, cache, tree=(allow.to(self.device),
-                                                                            positions.to(self.device))).logits[0]
-                    new_tokens, path = tree_verify(drafts, parents, q, logits, sampling, rng)
+                    output = self.target_forward(state, verify_input, cache,
+                                                 tree=(allow.to(self.device), positions.to(self.device)))
+                    new_tokens, path = tree_verify(drafts, parents, proposal.q, output.logits[0], sampling, rng)
                     keep_tree_path(cache, committed, path)
                     n_accepted, rows = len(path), [0] + [node + 1 for node in path]
             kept = out.commit(new_tokens, drafted=len(drafts))
             tokens = torch.cat([tokens, tokens.new_tensor([kept])], dim=1)
             controller.update(*main_chain(parents, len(drafts), n_accepted, rows))
-            self.after_verify(tokens, n_accepted, rows)
+            self.after_verify(state, tokens, output, rows)
+        out.gen.extra.update(self.generation_extras(state))
 
 
 def main_chain(parents: list[int] | None, n: int, n_accepted: int, rows: list[int] | None) -> tuple[int, int]:

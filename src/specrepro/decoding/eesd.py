@@ -14,7 +14,7 @@ positions in every layer. Reused layer-0..N-1 rows were computed one token at a 
 them, so greedy output stays identical to `ar`.
 
 Token tree (`method.tree_width` w > 1, beyond the paper): the head's next w - 1 best tokens at the first draft
-position join the chain as its first node's siblings (`draft_verify.DraftVerifyDecoder.propose_tree`).
+position join the chain as its first node's siblings (`draft_verify.DraftVerifyDecoder.with_first_siblings`).
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.base import parameters_beside
 from specrepro.decoding.controllers import BetaTS, CaliTS, DraftLengthController, FixedLength
-from specrepro.decoding.draft_verify import DraftVerifyDecoder
+from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import additive_mask, crop_cache
 from specrepro.errors import SpecReproError
@@ -253,6 +253,20 @@ def find_head(ref: str, artifacts_dir, model_name: str, settings: dict) -> Path:
     )
 
 
+@dataclass
+class ExitState:
+    """The early-exit draft during one generation: the target's cache (whose layers 0..N-1 are the draft's
+    body), the exit layer's own cache, the layer-N rows it has not consumed yet (ending at the last committed
+    position), H_t^(T) of Eq. 5 (the final-layer row that produced the newest token) and the layer-N rows of
+    the last proposal, which its verification reuses."""
+
+    cache: Any
+    exit_cache: DynamicCache
+    pending: torch.Tensor
+    target_hidden: torch.Tensor | None = None
+    drafted_hidden_n: torch.Tensor | None = None
+
+
 class EESDDecoder(DraftVerifyDecoder):
     name = "eesd"
 
@@ -298,39 +312,33 @@ class EESDDecoder(DraftVerifyDecoder):
                           cfg.beta_break_even)
         return CaliTS(cfg.sigma_m, cfg.sigma_s, cfg.theta0, cfg.k_max, rng, cfg.cali_mode, cfg.theta_update)
 
-    def target_forward(self, input_ids, cache, logits_to_keep: int = 0, tree=None):
+    def start(self, prompt_ids, cache) -> ExitState:
+        p = next(self.model.parameters())
+        return ExitState(cache, DynamicCache(), p.new_empty(1, 0, self.model.config.hidden_size))
+
+    def target_forward(self, state: ExitState, input_ids, cache, logits_to_keep: int = 0, tree=None) -> TargetOutput:
         """The full target on [last token, drafts], reusing the layer 0..N-1 rows the draft already computed."""
         n = self.head.num_layers
-        self.cache, self.verify_start = cache, cache.get_seq_length(n)
-        reused = cache.get_seq_length(0) - self.verify_start  # inputs the draft already ran through layers < N
+        verify_start = cache.get_seq_length(n)
+        reused = cache.get_seq_length(0) - verify_start  # inputs the draft already ran through layers < N
         fresh = first_layers_hidden(self.model, input_ids[:, reused:], n, cache, tree)
-        self.hidden_n = torch.cat([self.drafted_hidden_n, fresh], 1) if reused else fresh
-        final = self.model.model.norm(run_layers(self.model, self.hidden_n, self.model.model.layers[n:], cache, n, tree))
-        self.final_hidden = final[0]
+        hidden_n = torch.cat([state.drafted_hidden_n, fresh], 1) if reused else fresh
+        final = self.model.model.norm(run_layers(self.model, hidden_n, self.model.model.layers[n:], cache, n, tree))
         logits = self.model.lm_head(final[:, -logits_to_keep:] if logits_to_keep else final)
-        return CausalLMOutputWithPast(logits=logits)
+        return TargetOutput(logits, verify_start, {"layer_n": hidden_n, "final": final})
 
-    def start(self, prompt_ids):
-        # after the prefill: the exit layer has not seen the prompt yet; it catches up in the first proposal
-        self.exit_cache = DynamicCache()
-        self.pending = self.hidden_n  # layer-N rows the exit layer has not consumed, ending at the last committed position
-        self.target_hidden = self.final_hidden[-1]  # H_t^(T) of Eq. 5: the row that produced the last token
-
-    def first_alternatives(self, chosen, count):
-        return draft_vocab.alternatives(self.head.vocab_ids, self.first_logits, chosen, count)
-
-    def propose(self, tokens, k, sampling: Sampling, rng, controller):
+    def propose(self, state: ExitState, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
         x, drafts, qs, rows = tokens[:, -1:], [], [], []
         for i in range(1, k + 1):
-            hidden_n = first_layers_hidden(self.model, x, self.head.num_layers, self.cache)
+            hidden_n = first_layers_hidden(self.model, x, self.head.num_layers, state.cache)
             rows.append(hidden_n)
-            exit_input = torch.cat([self.pending, hidden_n], 1)
-            self.pending = exit_input[:, :0]
-            z = self.head.hidden(exit_input, self.exit_cache)[0, -1]
+            exit_input = torch.cat([state.pending, hidden_n], 1)
+            state.pending = exit_input[:, :0]
+            z = self.head.hidden(exit_input, state.exit_cache)[0, -1]
             logits = self.head.logits(z)
             token, q, top1 = self.head.choose(logits, sampling, rng)
             if i == 1:
-                self.first_logits = logits
+                first_logits = logits
             drafts.append(token)
             qs.append(q)
             if i == k:
@@ -340,23 +348,24 @@ class EESDDecoder(DraftVerifyDecoder):
                 continue
             extra = {}
             if isinstance(controller, CaliTS) and controller.needs_model_prediction:
-                extra["theta_model"] = self.head.calibration.keep_probability(self.target_hidden, z, i)
+                extra["theta_model"] = self.head.calibration.keep_probability(state.target_hidden, z, i)
             if not controller.keep_drafting(top1, **extra):
                 break
             x = token.view(1, 1)
-        self.drafted_hidden_n = torch.cat(rows, 1)
-        return torch.stack(drafts), (None if sampling.greedy else torch.stack(qs))
+        state.drafted_hidden_n = torch.cat(rows, 1)
+        q = None if sampling.greedy else torch.stack(qs)
+        return self.with_first_siblings(torch.stack(drafts), q, first_logits, self.head.vocab_ids)
 
-    def after_verify(self, tokens, n_accepted, rows=None):
+    def after_verify(self, state: ExitState, tokens, output: TargetOutput, rows) -> None:
         committed = tokens.shape[1] - 1  # positions that keep KV; the last committed token is fed next round
-        exit_len = min(self.exit_cache.get_seq_length() if self.head.layer is not None else committed, committed)
-        if rows is not None:  # a tree: keep the accepted path's rows; the exit layer saw only the main chain
-            self.hidden_n, self.final_hidden = self.hidden_n[:, rows], self.final_hidden[rows]
-            on_chain = next((j for j, row in enumerate(rows) if row != j), len(rows))
-            exit_len = min(exit_len, self.verify_start + on_chain)
-        crop_cache(self.exit_cache, exit_len)
-        # layer-N rows known for positions [known_start, ...): unconsumed pending rows, then this verification's
-        known = torch.cat([self.pending, self.hidden_n], 1)
-        known_start = self.verify_start - self.pending.shape[1]
-        self.pending = known[:, exit_len - known_start : committed - known_start]
-        self.target_hidden = self.final_hidden[min(committed - 1 - self.verify_start, len(self.final_hidden) - 1)]
+        exit_len = min(state.exit_cache.get_seq_length() if self.head.layer is not None else committed, committed)
+        # the kept rows (a tree's accepted path); the exit layer saw only the main chain's drafts
+        hidden_n, final = output.hidden["layer_n"][:, rows], output.hidden["final"][0, rows]
+        on_chain = next((j for j, row in enumerate(rows) if row != j), len(rows))
+        exit_len = min(exit_len, output.position + on_chain)
+        crop_cache(state.exit_cache, exit_len)
+        # layer-N rows known for positions [known_start, ...): unconsumed pending rows, then this forward's
+        known = torch.cat([state.pending, hidden_n], 1)
+        known_start = output.position - state.pending.shape[1]
+        state.pending = known[:, exit_len - known_start : committed - known_start]
+        state.target_hidden = final[min(committed - 1 - output.position, len(final) - 1)]

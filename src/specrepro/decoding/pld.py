@@ -12,7 +12,7 @@ import torch
 
 from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
-from specrepro.decoding.draft_verify import DraftVerifyDecoder
+from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal
 from specrepro.decoding.sampling import Sampling
 
 
@@ -61,6 +61,6 @@ class PLDDecoder(DraftVerifyDecoder):
     def new_controller(self) -> DraftLengthController:
         return build_controller(self.cfg.controller, self.cfg.num_pred_tokens)
 
-    def propose(self, tokens, k, sampling: Sampling, rng, controller):
+    def propose(self, state, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
         drafts = lookup_ngram(tokens[0], self.cfg.max_ngram, self.cfg.min_ngram, k, self.cfg.match == "latest")
-        return drafts, None  # a deterministic drafter: q is one-hot on each draft
+        return Proposal(drafts)  # a deterministic drafter: q is one-hot on each draft

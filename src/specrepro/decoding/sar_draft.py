@@ -20,7 +20,7 @@ against their size (SmolLM2-135M: a 2P x V W_3 is 75% of the target). `draft_voc
 `decoding/draft_vocab.py`) makes the output layer score only the V most frequent tokens of the training data:
 W_3 is then 2P x V, or the shared head is the target's V rows, frozen.
 Token tree (`tree_width` w > 1, beyond the paper, as Medusa's trees): the head's next w - 1 best tokens at the
-first draft position join the chain as siblings of its first node (`DraftVerifyDecoder.propose_tree`).
+first draft position join the chain as siblings of its first node (`DraftVerifyDecoder.with_first_siblings`).
 """
 
 from __future__ import annotations
@@ -34,12 +34,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.activations import ACT2FN
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
-from specrepro.decoding.draft_verify import DraftVerifyDecoder
+from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
 
@@ -235,6 +234,14 @@ def find_head(ref: str, artifacts_dir, model_name: str, variant: str, shared_lm_
                          "or use method.head=none")
 
 
+@dataclass
+class HeadInput:
+    """The draft head's conditioning during one generation: h_p, the target's last-layer row that produced the
+    newest committed token."""
+
+    hp: torch.Tensor | None = None
+
+
 class SARDraftDecoder(DraftVerifyDecoder):
     name = "sar_draft"
     lossless = True
@@ -271,22 +278,27 @@ class SARDraftDecoder(DraftVerifyDecoder):
     def new_controller(self) -> DraftLengthController:
         return build_controller(self.cfg.controller, self.cfg.k, self.cfg.k_max)
 
-    def target_forward(self, input_ids, cache, logits_to_keep: int = 0, tree=None):
+    def target_forward(self, state, input_ids, cache, logits_to_keep: int = 0, tree=None) -> TargetOutput:
         """The target's forward, keeping its last-layer (post-norm) hidden states for h_p."""
         hidden = self.model.model(input_ids, past_key_values=cache, **self.steps.tree_inputs(tree)).last_hidden_state
-        self.verify_hidden = hidden[0]
-        return CausalLMOutputWithPast(logits=self.model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden))
+        logits = self.model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        return TargetOutput(logits, hidden={"final": hidden})
 
-    def start(self, prompt_ids):
-        self.hp = self.verify_hidden[-1]  # the row that produced the first generated token
+    def start(self, prompt_ids, cache) -> HeadInput:
+        return HeadInput()
 
-    def propose(self, tokens, k, sampling: Sampling, rng, controller):
+    def after_verify(self, state: HeadInput, tokens, output, rows) -> None:
+        # h_p: the kept row that produced the newest token (the prompt's last row, the bonus token's row, or in
+        # a tree the accepted path's last row)
+        state.hp = output.hidden["final"][0, rows[-1]]
+
+    def propose(self, state: HeadInput, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
         embed = self.model.get_input_embeddings()
         prefix, drafts, qs = tokens[0, -1:], [], []  # d_1: the target's own token (convention A)
         for j in range(1, k + 1):
-            logits = self.head.draft_logits(self.hp[None], embed(prefix)[None])[0, -1]  # Eq. 5
+            logits = self.head.draft_logits(state.hp[None], embed(prefix)[None])[0, -1]  # Eq. 5
             if j == 1:
-                self.first_logits = logits
+                first_logits = logits
             token, q, top1 = draft_vocab.choose_draft_token(self.head.vocab_ids, logits, self.head.settings["vocab_size"],
                                                             sampling, rng)
             drafts.append(token)
@@ -294,11 +306,5 @@ class SARDraftDecoder(DraftVerifyDecoder):
             if j == k or not controller.keep_drafting(top1):
                 break
             prefix = torch.cat([prefix, token.view(1)])
-        return torch.stack(drafts), (None if sampling.greedy else torch.stack(qs))
-
-    def first_alternatives(self, chosen, count):
-        return draft_vocab.alternatives(self.head.vocab_ids, self.first_logits, chosen, count)
-
-    def after_verify(self, tokens, n_accepted, rows=None):
-        # h_p at the last verified position (it produced the bonus token); in a tree, the accepted path's last row
-        self.hp = self.verify_hidden[n_accepted if rows is None else rows[-1]]
+        q = None if sampling.greedy else torch.stack(qs)
+        return self.with_first_siblings(torch.stack(drafts), q, first_logits, self.head.vocab_ids)

@@ -11,7 +11,7 @@ Sub-layers are skipped without copying modeling code: inside `skipped_sublayers`
 official code does (a skipped sub-layer bypasses its RMSNorm too).
 
 Token tree (`tree_width` w > 1, beyond the paper): the draft's next w - 1 best tokens at the first draft position
-join the chain as siblings of its first node (`DraftVerifyDecoder.propose_tree`).
+join the chain as siblings of its first node (`DraftVerifyDecoder.with_first_siblings`).
 
 Reduced draft vocabulary (`draft_vocab` V > 0, beyond the paper; FR-Spec): the draft's LM head scores only the V
 tokens most frequent in a general corpus plus the prompt's own tokens (`decoding/draft_vocab.py`). On the
@@ -25,14 +25,14 @@ import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import torch
 
 from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.controllers import AdaptiveDraftExit, DraftLengthController, FixedLength
-from specrepro.decoding.draft_verify import DraftVerifyDecoder
+from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
@@ -160,6 +160,16 @@ def check_skip_set(attn_skip, mlp_skip, num_layers: int) -> None:
             raise SpecReproError(f"self_sd {kind} holds {bad}: the model has blocks 0..{num_layers - 1}")
 
 
+@dataclass
+class SkipDraft:
+    """The layer-skipping draft during one generation: the target's cache it drafts on (cropped back after each
+    draft) and, with a reduced draft vocabulary, this prompt's vocabulary and LM-head rows."""
+
+    cache: Any
+    vocab_ids: torch.Tensor | None = None
+    draft_head: torch.nn.Linear | None = None
+
+
 class SelfSDDecoder(DraftVerifyDecoder):
     name = "self_sd"
 
@@ -179,12 +189,10 @@ class SelfSDDecoder(DraftVerifyDecoder):
                 raise SpecReproError("self_sd draft_vocab needs a tokenizer to rank its corpus' tokens")
             vocab_ranking = draft_vocab.corpus_ranking(tokenizer, cfg.draft_vocab_corpus)
         self.frequent = vocab_ranking[:cfg.draft_vocab] if cfg.draft_vocab else None
-        self.vocab_ids, self.draft_head = None, None  # this prompt's draft vocabulary and LM-head rows (`start`)
         self.attn_skip, self.mlp_skip = sorted(set(attn_skip)), sorted(set(mlp_skip))
         self.cfg = cfg
         self.gamma = cfg.gamma0  # carried across generations when cfg.carry_gamma
-        self.controller: DraftLengthController | None = None
-        self.cache = None
+        self.controller: DraftLengthController | None = None  # the last generation's, whose gamma is carried
 
     @classmethod
     def resolve_artifacts(cls, cfg: SelfSDConfig, model_name: str, artifacts_dir) -> dict[str, str]:
@@ -220,30 +228,26 @@ class SelfSDDecoder(DraftVerifyDecoder):
             self.controller = AdaptiveDraftExit(c.k, self.gamma, c.alpha, c.epsilon, c.beta1, c.beta2)
         return self.controller
 
-    def start(self, prompt_ids):
+    def start(self, prompt_ids, cache) -> SkipDraft:
         if self.frequent is None:
-            return
+            return SkipDraft(cache)
         head = self.model.lm_head
-        vocab_ids = draft_vocab.with_prompt_tokens(self.frequent, prompt_ids, head.weight.shape[0])
-        self.vocab_ids = vocab_ids.to(head.weight.device)
-        self.draft_head = torch.nn.Linear(head.in_features, len(self.vocab_ids), bias=False, device=head.weight.device,
-                                          dtype=head.weight.dtype)
+        vocab_ids = draft_vocab.with_prompt_tokens(self.frequent, prompt_ids, head.weight.shape[0]).to(head.weight.device)
+        draft_head = torch.nn.Linear(head.in_features, len(vocab_ids), bias=False, device=head.weight.device,
+                                     dtype=head.weight.dtype)
         with torch.no_grad():
-            self.draft_head.weight.copy_(head.weight[self.vocab_ids])
+            draft_head.weight.copy_(head.weight[vocab_ids])
+        return SkipDraft(cache, vocab_ids, draft_head)
 
-    def draft_logits(self, step_input, position) -> torch.Tensor:
+    def draft_logits(self, state: SkipDraft, step_input, position) -> torch.Tensor:
         """The skipped-layer draft's last logits: over the whole vocabulary, or over `vocab_ids` (draft_vocab)."""
-        if self.draft_head is None:
-            return self.model(step_input, past_key_values=self.cache, position_ids=position,
+        if state.draft_head is None:
+            return self.model(step_input, past_key_values=state.cache, position_ids=position,
                               logits_to_keep=1).logits[0, -1]
-        hidden = self.model.model(step_input, past_key_values=self.cache, position_ids=position).last_hidden_state
-        return self.draft_head(hidden[0, -1])
+        hidden = self.model.model(step_input, past_key_values=state.cache, position_ids=position).last_hidden_state
+        return state.draft_head(hidden[0, -1])
 
-    def target_forward(self, input_ids, cache, logits_to_keep=0, tree=None):
-        self.cache = cache  # the verified cache, which `propose` drafts on
-        return super().target_forward(input_ids, cache, logits_to_keep, tree)
-
-    def propose(self, tokens, k, sampling: Sampling, rng, controller):
+    def propose(self, state: SkipDraft, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
         # KV cache (note §2.5): the draft reads the full model's K/V of the verified prefix, and its
         # non-skipped attention layers append K/V computed from draft hidden states, which later draft steps
         # attend to; skipped attention layers write nothing, so layers hold different lengths while drafting
@@ -257,11 +261,11 @@ class SelfSDDecoder(DraftVerifyDecoder):
         with skipped_sublayers(self.model, self.attn_skip, self.mlp_skip):
             for step in range(k):
                 position = torch.full((1, 1), verified + step, dtype=torch.long, device=tokens.device)
-                logits = self.draft_logits(step_input, position)
+                logits = self.draft_logits(state, step_input, position)
                 if step == 0:
-                    self.first_logits = logits
+                    first_logits = logits
                 # Alg. 4: q = the warped draft distribution (zero outside a reduced draft vocabulary)
-                token, q, top1 = draft_vocab.choose_draft_token(self.vocab_ids, logits, self.model.config.vocab_size,
+                token, q, top1 = draft_vocab.choose_draft_token(state.vocab_ids, logits, self.model.config.vocab_size,
                                                                 sampling, rng)
                 if q is not None:
                     qs.append(q)
@@ -270,13 +274,10 @@ class SelfSDDecoder(DraftVerifyDecoder):
                 # Alg. 3/4: exit after a token whose max draft probability is below gamma (the token is kept)
                 if not controller.keep_drafting(top1):
                     break
-        crop_cache(self.cache, verified)
-        return torch.stack(drafts), (torch.stack(qs) if qs else None)
+        crop_cache(state.cache, verified)
+        return self.with_first_siblings(torch.stack(drafts), torch.stack(qs) if qs else None, first_logits,
+                                        state.vocab_ids)
 
-    def first_alternatives(self, chosen, count):
-        return draft_vocab.alternatives(self.vocab_ids, self.first_logits, chosen, count)
-
-    def _decode(self, prompt_ids, sampling, out, rng) -> None:
-        super()._decode(prompt_ids, sampling, out, rng)
-        out.gen.extra.update(attn_skipped=len(self.attn_skip), mlp_skipped=len(self.mlp_skip),  # which set ran
-                             draft_vocab=0 if self.vocab_ids is None else len(self.vocab_ids))
+    def generation_extras(self, state: SkipDraft) -> dict:
+        return {"attn_skipped": len(self.attn_skip), "mlp_skipped": len(self.mlp_skip),  # which set ran
+                "draft_vocab": 0 if state.vocab_ids is None else len(state.vocab_ids)}

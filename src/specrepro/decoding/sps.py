@@ -14,10 +14,18 @@ from transformers import DynamicCache
 from specrepro.config import MethodConfig, ModelConfig, register_method_schema
 from specrepro.decoding.base import parameters_beside
 from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
-from specrepro.decoding.draft_verify import DraftVerifyDecoder
+from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal
 from specrepro.decoding.sampling import Sampling, probs, sample
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
+
+
+@dataclass
+class DraftCache:
+    """The draft model's KV cache during one generation, and how many committed tokens it holds."""
+
+    cache: DynamicCache
+    cached: int = 0
 
 
 @register_method_schema("sps")
@@ -67,15 +75,14 @@ class SPSDecoder(DraftVerifyDecoder):
     def new_controller(self) -> DraftLengthController:
         return build_controller(self.controller_kind, self.k, self.k_max)
 
-    def start(self, prompt_ids: torch.Tensor) -> None:
-        self.draft_cache = DynamicCache(config=self.draft.config)
-        self.draft_cached = 0  # committed tokens whose KV the draft cache holds
+    def start(self, prompt_ids: torch.Tensor, cache) -> DraftCache:
+        return DraftCache(DynamicCache(config=self.draft.config))
 
-    def propose(self, tokens, k, sampling: Sampling, rng, controller):
-        step_input = tokens[:, self.draft_cached :]
+    def propose(self, state: DraftCache, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
+        step_input = tokens[:, state.cached :]
         drafts, qs = [], []
         for _ in range(k):
-            logits = self.draft(step_input, past_key_values=self.draft_cache, logits_to_keep=1).logits[0, -1]
+            logits = self.draft(step_input, past_key_values=state.cache, logits_to_keep=1).logits[0, -1]
             q = probs(logits, sampling)
             token = logits.argmax(-1) if sampling.greedy else sample(q, rng)
             drafts.append(token)
@@ -84,10 +91,10 @@ class SPSDecoder(DraftVerifyDecoder):
             if not controller.keep_drafting(float(logits.softmax(-1).max())):
                 break
         # the draft cache now holds the committed tokens and all drafts but the last
-        self.draft_cached = tokens.shape[1] + len(drafts) - 1
-        return torch.stack(drafts), (None if sampling.greedy else torch.stack(qs))
+        state.cached = tokens.shape[1] + len(drafts) - 1
+        return Proposal(torch.stack(drafts), None if sampling.greedy else torch.stack(qs))
 
-    def after_verify(self, tokens, n_accepted, rows=None):
+    def after_verify(self, state: DraftCache, tokens, output, rows) -> None:
         # keep the draft's KV only for positions that are still committed tokens
-        self.draft_cached = min(self.draft_cached, tokens.shape[1] - 1)
-        crop_cache(self.draft_cache, self.draft_cached)
+        state.cached = min(state.cached, tokens.shape[1] - 1)
+        crop_cache(state.cache, state.cached)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Dict, Optional
 
 import numpy as np
@@ -32,6 +31,7 @@ from tqdm import tqdm
 
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.draft_verify import TargetOutput
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.self_sd import SelfSDConfig, SelfSDDecoder, SkipSet, decoder_layers
 from specrepro.errors import SpecReproError
@@ -87,19 +87,18 @@ class PrefilledSelfSD(SelfSDDecoder):
         super().__init__(*args, **kwargs)
         self.prefills = prefills
 
-    def target_forward(self, input_ids, cache, logits_to_keep=0, tree=None):
+    def target_forward(self, state, input_ids, cache, logits_to_keep=0, tree=None) -> TargetOutput:
         if cache.get_seq_length() > 0:
-            return super().target_forward(input_ids, cache, logits_to_keep, tree)
+            return super().target_forward(state, input_ids, cache, logits_to_keep, tree)
         key = tuple(input_ids[0].tolist())
         if key not in self.prefills:
-            logits = super().target_forward(input_ids, cache, logits_to_keep).logits
+            logits = super().target_forward(state, input_ids, cache, logits_to_keep).logits
             self.prefills[key] = (logits, [(layer.keys, layer.values) for layer in cache.layers])
         else:
-            self.cache = cache
             logits, kv = self.prefills[key]
             for index, (keys, values) in enumerate(kv):
                 cache.update(keys, values, index)
-        return SimpleNamespace(logits=logits)
+        return TargetOutput(logits)
 
 
 def decode_throughput(decoder, prompts, max_new_tokens: int, ar=None) -> tuple[float, float | None, dict]:
