@@ -4,7 +4,6 @@ import gzip
 import json
 import logging
 import re
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -12,11 +11,11 @@ from hydra.core.config_store import ConfigStore
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from specrepro.cli import CONF_DIR
 from specrepro.data import BUNDLED_DIR, DatasetConfig, completion_for_scoring, load_records, render_prompt
 from specrepro.data.files import read_rows
 from specrepro.errors import SpecReproError
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 DATA_MD = BUNDLED_DIR.parent / "DATA.md"
 
 # config -> (records evaluated, user turns per record, has a reference)

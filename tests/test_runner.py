@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from specrepro.tracking import read_offline_wandb_summary
-
 FAST = ["model=tiny_random", "decoding.max_new_tokens=8", "timing.warmup_tokens=4", "hardware.threads=1"]
 
 
@@ -27,6 +25,29 @@ def specrepro(*args, cwd: Path, check: bool = True) -> subprocess.CompletedProce
 def run_dirs(root: Path) -> dict[str, Path]:
     return {json.loads((p / "metrics.json").read_text())["method"] + ":" + p.name: p
             for p in (root / "results" / "runs").iterdir() if (p / "metrics.json").is_file()}
+
+
+def offline_wandb_records(run_dir: Path):
+    """The records of the one offline W&B run under `run_dir/wandb/`, parsed from its transaction log (the
+    LevelDB log format after a 7-byte W&B header; wandb has no Python reader for it)."""
+    from wandb.proto import wandb_internal_pb2
+
+    (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    data, pos, block, pending = log.read_bytes(), 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # block trailer padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        payload, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 2:  # FIRST
+            pending = payload
+        elif kind == 3:  # MIDDLE
+            pending += payload
+        elif kind in (1, 4):  # FULL, LAST
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(payload if kind == 1 else pending + payload)
+            yield record
 
 
 def test_method_run_records_everything_and_finds_its_reference(tmp_path):
@@ -69,7 +90,9 @@ def test_multirun_over_datasets_with_offline_wandb(tmp_path):
     assert len(runs) == 4
     for run_dir in runs.values():
         metrics = json.loads((run_dir / "metrics.json").read_text())
-        summary = read_offline_wandb_summary(run_dir)
+        summary = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                   for record in offline_wandb_records(run_dir)
+                   if record.WhichOneof("record_type") == "summary" for item in record.summary.update}
         for key in ("tokens_per_s", "mat", "n_samples"):
             assert summary[key] == pytest.approx(metrics[key])
     assert out.stdout.count("smollm2") == 0 and out.stdout.count("tiny_random-ar-") == 4  # one table

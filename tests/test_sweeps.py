@@ -11,8 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from specrepro.tracking import _wandb_log_records
-from tests.test_runner import FAST, specrepro
+from tests.test_runner import FAST, offline_wandb_records, specrepro
 
 # 6 runs: ar and pld for three decoding seeds (greedy: the seed only changes the run name), so each pld
 # run's `ar` reference is also a job of the same sweep and two jobs may need the same run at once.
@@ -60,15 +59,10 @@ def test_joblib_sweep_killed_midway_resumes_without_duplicates(tmp_path):
 
 
 def _wandb_group(run_dir: Path) -> str:
-    from wandb.proto import wandb_internal_pb2
-
-    (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    for raw in _wandb_log_records(log):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
+    for record in offline_wandb_records(run_dir):
         if record.WhichOneof("record_type") == "run":
             return record.run.run_group
-    raise AssertionError(f"no run record in {log}")
+    raise AssertionError(f"no run record in {run_dir}/wandb")
 
 
 def test_submitit_local_sweep_completes_and_shares_a_wandb_group(tmp_path):

@@ -264,7 +264,7 @@ def test_a_corrupt_run_record_is_skipped_with_a_warning_naming_it(tmp_path, capl
         if config is not None:
             (runs / name / "config.yaml").write_text(config)
 
-    with caplog.at_level(logging.WARNING, logger="specrepro.tables"):
+    with caplog.at_level(logging.WARNING, logger="specrepro"):  # tracking reads metrics.json, tables config.yaml
         found = local_runs(tmp_path)
     assert [run.name for run in found] == ["good"]
     warnings = [record.getMessage() for record in caplog.records]

@@ -1,7 +1,8 @@
 """Entry points: `specrepro run ...` (decode + score + record), `specrepro train ...`, `specrepro table NAME`,
 `specrepro reproduce PAPER` (train + run + table, from experiments/reproduce/).
 
-`run` and `train` are Hydra apps over the configs in `conf/`; every override and `-m` multirun works.
+`run` and `train` are Hydra apps over the configs in `conf/` (shipped as the package specrepro.conf); every
+override, `-m` multirun and `--config-dir DIR` (more config files, e.g. DIR/method/<preset>.yaml) works.
 User errors (bad data, unreachable model, bad values) print one line and exit with status 2.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from importlib.resources import files
 from pathlib import Path
 
 import hydra
@@ -18,7 +20,8 @@ from omegaconf import DictConfig
 
 from specrepro.errors import SpecReproError
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_MODULE = "specrepro.conf"
+CONF_DIR = Path(files(CONF_MODULE))  # conf/ in a source checkout, site-packages/specrepro/conf when installed
 USAGE = """usage: specrepro {run,train} [hydra overrides...] | specrepro {table,reproduce,summary} ...
 
   specrepro run model=smollm2_135m method=pld dataset=gsm8k dataset.limit=20
@@ -77,13 +80,11 @@ def train_job(cfg: DictConfig) -> None:
 
 
 def hydra_app(config_name: str, task, args: list[str]) -> None:
-    if not CONF_DIR.is_dir():
-        fail(f"no config directory at {CONF_DIR}: install specrepro from a source checkout (pip install -e .)")
     from specrepro.config import register_configs
 
     register_configs()
     sys.argv = [f"specrepro {config_name}", *args]
-    hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(task)()
+    hydra.main(config_path=f"pkg://{CONF_MODULE}", config_name=config_name, version_base="1.3")(task)()
     from specrepro.callbacks import SweepTable
 
     if SweepTable.failed_jobs:

@@ -23,6 +23,7 @@ import json
 import subprocess
 import sys
 import time
+from importlib.resources import files
 from pathlib import Path
 
 import yaml
@@ -30,7 +31,7 @@ import yaml
 from specrepro.errors import SpecReproError
 from specrepro.tracking import atomic_write
 
-PIPELINES_DIR = Path(__file__).resolve().parents[2] / "experiments" / "reproduce"
+PIPELINES_DIR = Path(files("specrepro.pipelines"))  # experiments/reproduce/ in a source checkout
 STAGE_KINDS = ("train", "run", "table")
 
 

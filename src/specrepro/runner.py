@@ -27,7 +27,7 @@ from specrepro.models import LoadedModel, ModelLoader
 from specrepro.decoding.steps import BACKENDS, EagerSteps
 from specrepro.identity import records_fingerprint, reference_key, run_name
 from specrepro.provenance import now, provenance
-from specrepro.tracking import RunRecord, log_to_wandb
+from specrepro.tracking import RunRecord, complete_runs, log_to_wandb
 
 log = logging.getLogger(__name__)
 
@@ -159,17 +159,10 @@ def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool)
 
 
 def find_reference(cfg: DictConfig, ref_key: str) -> RunRecord | None:
-    """A complete `ar` run with the same reference key, newest first."""
-    runs = Path(cfg.results_dir) / "runs"
-    candidates = []
-    for metrics_path in runs.glob("*/metrics.json"):
-        try:
-            metrics = json.loads(metrics_path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if metrics.get("complete") and metrics.get("method") == "ar" and metrics.get("reference_key") == ref_key:
-            candidates.append((metrics_path.stat().st_mtime, metrics_path.parent))
-    return RunRecord(max(candidates)[1]) if candidates else None
+    """The newest complete `ar` run with the same reference key."""
+    candidates = [run for run in complete_runs(cfg.results_dir)
+                  if run.metrics.get("method") == "ar" and run.metrics.get("reference_key") == ref_key]
+    return RunRecord(max(candidates, key=lambda run: (run.mtime, run.dir)).dir) if candidates else None
 
 
 def reference_config(cfg: DictConfig) -> DictConfig:

@@ -30,12 +30,12 @@ import argparse
 import csv
 import difflib
 import io
-import json
 import logging
 import math
 import os
 import re
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,10 +43,11 @@ import yaml
 
 from specrepro.errors import SpecReproError
 from specrepro.provenance import machine_label
+from specrepro.tracking import complete_runs, wandb_mode
 
 log = logging.getLogger(__name__)
 
-TABLES_DIR = Path(__file__).resolve().parents[2] / "experiments" / "tables"
+TABLES_DIR = Path(files("specrepro.table_specs"))  # experiments/tables/ in a source checkout
 MISSING_CELL = "–"
 
 
@@ -226,25 +227,21 @@ class RunInfo:
 def local_runs(results_dir: str | Path) -> list[RunInfo]:
     """Complete runs under `<results dir>/runs/`; a record that cannot be read is skipped with a warning."""
     runs = []
-    for metrics_path in sorted(Path(results_dir).glob("runs/*/metrics.json")):
-        config_path = metrics_path.parent / "config.yaml"
+    for run in complete_runs(results_dir):
+        config_path = run.dir / "config.yaml"
         try:
-            metrics = _read_mapping(metrics_path, json.loads)
-            if not metrics.get("complete"):
-                continue
-            config = _read_mapping(config_path, yaml.safe_load) if config_path.is_file() else {}
-            order = metrics_path.stat().st_mtime
-        except (OSError, ValueError) as exc:
+            config = _read_config(config_path) if config_path.is_file() else {}
+        except ValueError as exc:
             log.warning("skipping a run record: %s", exc)
             continue
-        runs.append(RunInfo(metrics_path.parent.name, metrics, config, order))
+        runs.append(RunInfo(run.dir.name, run.metrics, config, run.mtime))
     return runs
 
 
-def _read_mapping(path: Path, parse) -> dict:
-    """The mapping in a run's metrics.json or config.yaml; ValueError naming the file if it holds none."""
+def _read_config(path: Path) -> dict:
+    """The mapping in a run's config.yaml; ValueError naming the file if it holds none."""
     try:
-        value = parse(path.read_text())
+        value = yaml.safe_load(path.read_text())
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise ValueError(f"{path}: {_one_line(exc)}") from None
     if not isinstance(value, dict):
@@ -254,8 +251,6 @@ def _read_mapping(path: Path, parse) -> dict:
 
 def wandb_runs(project: str, entity: str | None, group: str | None) -> list[RunInfo]:
     """Finished runs of a W&B project (optionally one sweep group), through the public API."""
-    from specrepro.tracking import wandb_mode
-
     if wandb_mode(SimpleNamespace(mode=None)) != "online":
         raise SpecReproError("--source wandb needs W&B online (wandb login or WANDB_API_KEY); "
                              "use --source local for the records under results/runs")

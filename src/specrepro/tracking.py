@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -132,6 +133,32 @@ class RunRecord:
         atomic_write(self.metrics_path, json.dumps(_json_safe({**metrics, "complete": True}), indent=2) + "\n")
 
 
+@dataclass
+class CompleteRun:
+    """A finished run in the record store: its directory, its metrics.json, and when that was written."""
+
+    dir: Path
+    metrics: dict
+    mtime: float
+
+
+def complete_runs(results_dir: str | Path) -> list[CompleteRun]:
+    """The complete runs under `<results dir>/runs/`, by name; a metrics.json that cannot be read is skipped
+    with a one-line warning."""
+    runs = []
+    for path in sorted(Path(results_dir).glob("runs/*/metrics.json")):
+        try:
+            metrics, mtime = json.loads(path.read_text()), path.stat().st_mtime
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            log.warning("skipping a run record: %s: %s", path, " ".join(str(exc).split()))
+            continue
+        if not isinstance(metrics, dict):
+            log.warning("skipping a run record: %s: expected a JSON object, got %s", path, type(metrics).__name__)
+        elif metrics.get("complete"):
+            runs.append(CompleteRun(path.parent, metrics, mtime))
+    return runs
+
+
 def wandb_mode(logger_cfg) -> str:
     """online only when asked for or when the user has logged in; offline otherwise."""
     if logger_cfg.mode:
@@ -196,39 +223,3 @@ def log_to_wandb(cfg, record: RunRecord, run_name: str, group: str | None, metri
         run.finish()
     except Exception as exc:  # W&B must never cost the local record
         log.warning("W&B logging failed (%s: %s); the local record in %s is complete", type(exc).__name__, exc, record.dir)
-
-
-def _wandb_log_records(path: Path):
-    """Raw records of a `.wandb` transaction log (LevelDB log format after a 7-byte W&B header)."""
-    data, pos, block, pending = path.read_bytes(), 7, 32768, b""
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # block trailer padding
-            pos += block - pos % block
-            continue
-        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
-        payload, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
-        if kind == 1:  # FULL
-            yield payload
-        elif kind == 2:  # FIRST
-            pending = payload
-        elif kind == 3:  # MIDDLE
-            pending += payload
-        elif kind == 4:  # LAST
-            yield pending + payload
-
-
-def read_offline_wandb_summary(run_dir: str | Path) -> dict:
-    """The summary of the newest offline W&B run under `run_dir/wandb/`, read from its transaction log."""
-    from wandb.proto import wandb_internal_pb2
-
-    logs = sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))
-    if not logs:
-        raise FileNotFoundError(f"no offline W&B run under {run_dir}/wandb")
-    summary = {}
-    for raw in _wandb_log_records(logs[-1]):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
-        if record.WhichOneof("record_type") == "summary":
-            for item in record.summary.update:
-                summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
-    return summary

@@ -1,0 +1,1 @@
+"""The Hydra configs (`conf/` in a checkout), shipped as the package specrepro.conf."""
