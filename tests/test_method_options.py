@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from specrepro import registry
 from specrepro.cli import CONF_DIR
-from specrepro.config import MethodConfig
-from specrepro.decoding import DECODERS, validate_method_config
+from specrepro.decoding import validate_method_config
 from specrepro.errors import SpecReproError
+from specrepro.registry import MethodConfig
 from tests.test_config import compose_run
 
 OPTIONS = sorted(p.stem for p in (Path(CONF_DIR) / "method").glob("*.yaml"))
@@ -82,12 +83,13 @@ BAD = [  # (method, overrides, the option the message names)
 def test_every_method_option_validates_as_its_method(option):
     """Each file in conf/method/ (a method, or a named preset of one) builds its method's schema."""
     validated = validate_method_config(compose_run(f"method={option}").method)
-    assert isinstance(validated, MethodConfig) and validated.name in DECODERS
+    assert isinstance(validated, MethodConfig) and validated.name in registry.METHODS
     assert validated.name == option or option.startswith(f"{validated.name}_")  # a preset names its method
 
 
 def test_every_method_has_a_config_file():
-    assert set(DECODERS) <= set(OPTIONS)
+    registry.load()
+    assert set(registry.METHODS) <= set(OPTIONS)
 
 
 @pytest.mark.parametrize("method,overrides,option", BAD, ids=[f"{m}:{' '.join(o)}" for m, o, _ in BAD])

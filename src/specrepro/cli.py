@@ -82,7 +82,10 @@ def train_job(cfg: DictConfig) -> None:
 def hydra_app(config_name: str, task, args: list[str]) -> None:
     from specrepro.config import register_configs
 
-    register_configs()
+    try:
+        register_configs()
+    except SpecReproError as exc:  # a plugin module that does not import
+        fail(str(exc))
     sys.argv = [f"specrepro {config_name}", *args]
     hydra.main(config_path=f"pkg://{CONF_MODULE}", config_name=config_name, version_base="1.3")(task)()
     from specrepro.callbacks import SweepTable

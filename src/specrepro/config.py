@@ -1,7 +1,7 @@
 """Structured configs: the schemas behind `conf/`, registered in Hydra's ConfigStore.
 
-Every yaml file in a group starts with `defaults: [base_<group>, _self_]`, so a key that the schema does
-not know fails at composition with Hydra's own message, and values are type-checked.
+Every yaml file in a group starts with `defaults: [/<group>_schema@_here_, _self_]` (`register_configs`), so
+a key that the schema does not know fails at composition with Hydra's own message, and values are type-checked.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from specrepro.errors import SpecReproError
+from specrepro import registry
 
 
 @dataclass
@@ -38,22 +38,6 @@ class ModelConfig:
     cache_dir: Optional[str] = None  # converted checkpoints; default $SPECREPRO_CACHE or ~/.cache/specrepro
     trust_remote_code: bool = False
     random: RandomArchConfig = field(default_factory=RandomArchConfig)
-
-
-@dataclass
-class MethodConfig:
-    """Base of every method's schema; each method adds its own fields in a subclass, and refuses values outside
-    their range in its `__post_init__`, which runs whenever the dataclass is built (`OmegaConf.to_object` too)."""
-
-    name: str = MISSING
-
-    def require(self, valid: bool, option: str, expected: str) -> None:
-        """Unless `valid`, raise SpecReproError `method.<option> must be <expected>, got <value>`."""
-        if not valid:
-            raise SpecReproError(f"method.{option} must be {expected}, got {getattr(self, option)!r}")
-
-    def require_one_of(self, option: str, choices: tuple[str, ...]) -> None:
-        self.require(getattr(self, option) in choices, option, f"one of {', '.join(choices)}")
 
 
 @dataclass
@@ -139,45 +123,21 @@ class TrainRunConfig:
     resume: bool = True  # skip a finished artifact; resume an interrupted training from its checkpoint
 
 
-_METHOD_SCHEMAS: dict[str, type] = {}
-
-
-def register_method_schema(name: str):
-    """Class decorator: register a method's config dataclass as `method/base_<name>`."""
-
-    def decorate(cls):
-        _METHOD_SCHEMAS[name] = cls
-        return cls
-
-    return decorate
-
-
 def register_configs() -> None:
-    """Put every schema in Hydra's ConfigStore (idempotent)."""
-    import specrepro.decoding  # noqa: F401  (methods register their schemas on import)
+    """Put every schema in Hydra's ConfigStore (idempotent) as a root config named `<group>_schema` (methods:
+    `method_schema_<name>`, training recipes: `training_schema_<component>`), which a group's yaml extends
+    with `defaults: [/<that name>@_here_, _self_]`; being no group's option, it is not offered as a choice."""
     from specrepro.data.config import DatasetConfig
     from specrepro.metrics.judge import JudgeConfig
-    from specrepro.training.cllm import CLLMTrainingConfig
-    from specrepro.training.eesd_head import EESDHeadTrainingConfig
-    from specrepro.training.sar_head import SARHeadTrainingConfig
-    from specrepro.training.self_sd_search import SelfSDSearchConfig
-    from specrepro.training.space_sft import SpaceSFTConfig
-    from specrepro.training.sps_draft import SPSDraftTrainingConfig
 
+    registry.load()
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     cs.store(name="train_schema", node=TrainRunConfig)
-    cs.store(group="training", name="base_sps_draft", node=SPSDraftTrainingConfig)
-    cs.store(group="training", name="base_cllm", node=CLLMTrainingConfig)
-    cs.store(group="training", name="base_self_sd_skip_set", node=SelfSDSearchConfig)
-    cs.store(group="training", name="base_eesd_head", node=EESDHeadTrainingConfig)
-    cs.store(group="training", name="base_sar_head", node=SARHeadTrainingConfig)
-    cs.store(group="training", name="base_space_sft", node=SpaceSFTConfig)
-    cs.store(group="model", name="base_model", node=ModelConfig)
-    cs.store(group="dataset", name="base_dataset", node=DatasetConfig)
-    cs.store(group="decoding", name="base_decoding", node=DecodingConfig)
-    cs.store(group="logger", name="base_logger", node=LoggerConfig)
-    cs.store(group="hardware", name="base_hardware", node=HardwareConfig)
-    cs.store(group="judge", name="base_judge", node=JudgeConfig)
-    for name, schema in _METHOD_SCHEMAS.items():
-        cs.store(group="method", name=f"base_{name}", node=schema)
+    for group, schema in (("model", ModelConfig), ("dataset", DatasetConfig), ("decoding", DecodingConfig),
+                          ("logger", LoggerConfig), ("hardware", HardwareConfig), ("judge", JudgeConfig)):
+        cs.store(name=f"{group}_schema", node=schema)
+    for name, method in registry.METHODS.items():
+        cs.store(name=f"method_schema_{name}", node=method.schema)
+    for name, component in registry.COMPONENTS.items():
+        cs.store(name=f"training_schema_{name}", node=component.schema)

@@ -14,6 +14,7 @@ import json
 
 from omegaconf import DictConfig, OmegaConf
 
+from specrepro import registry
 from specrepro.models.loading import resolve_artifact
 from specrepro.provenance import RECORD_VERSION
 from specrepro.tracking import config_hash
@@ -38,10 +39,9 @@ def model_artifact(cfg: DictConfig) -> dict[str, str]:
 
 def resolved_artifacts(cfg: DictConfig) -> dict[str, str]:
     """Every trained artifact a run uses, as resolved now: a newer one under the same prefix is a new run."""
-    from specrepro.decoding import DECODERS
-
-    method = DECODERS.get(cfg.method.name)
-    found = method.resolve_artifacts(cfg.method, cfg.model.name, cfg.artifacts_dir) if method else {}
+    registry.load()
+    method = registry.METHODS.get(cfg.method.name)
+    found = method.decoder.resolve_artifacts(cfg.method, cfg.model.name, cfg.artifacts_dir) if method else {}
     return model_artifact(cfg) | found
 
 

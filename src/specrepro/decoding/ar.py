@@ -6,17 +6,17 @@ from dataclasses import dataclass
 
 import torch
 
-from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding.base import Decoder, GenerationBuilder
 from specrepro.decoding.sampling import Sampling, next_token
+from specrepro.registry import MethodConfig, register_method
 
 
-@register_method_schema("ar")
 @dataclass
 class ARConfig(MethodConfig):
     name: str = "ar"
 
 
+@register_method(ARConfig)
 class ARDecoder(Decoder):
     name = "ar"
     compilable = True

@@ -31,7 +31,6 @@ from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 
-from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.base import parameters_beside
 from specrepro.decoding.controllers import BetaTS, CaliTS, DraftLengthController, FixedLength
@@ -39,12 +38,12 @@ from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, Target
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import additive_mask, crop_cache
 from specrepro.errors import SpecReproError
+from specrepro.registry import MethodConfig, register_method
 
 CONTROLS = ("fixed", "beta_ts", "cali_ts")
 MAX_PREDICTOR_POSITION = 10  # Eq. 5: W^i for i = min(i, 10)
 
 
-@register_method_schema("eesd")
 @dataclass
 class EESDConfig(MethodConfig):
     name: str = "eesd"
@@ -267,6 +266,7 @@ class ExitState:
     drafted_hidden_n: torch.Tensor | None = None
 
 
+@register_method(EESDConfig)
 class EESDDecoder(DraftVerifyDecoder):
     name = "eesd"
 

@@ -13,20 +13,20 @@ import torch
 from transformers import Cache
 from transformers.generation import BaseStreamer
 
-from specrepro.config import MethodConfig, ModelConfig, register_method_schema
+from specrepro.config import ModelConfig
 from specrepro.decoding.base import Decoder, GenerationBuilder, parameters_beside
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
+from specrepro.registry import MethodConfig, register_method
 
 
-@register_method_schema("hf_assisted")
 @dataclass
 class HFAssistedConfig(MethodConfig):
     name: str = "hf_assisted"
     mode: str = "prompt_lookup"  # prompt_lookup | assistant | plain (no drafting: HF's own AR generate)
     prompt_lookup_num_tokens: int = 10
     max_matching_ngram_size: int = 2
-    draft: ModelConfig = field(default_factory=lambda: ModelConfig(name="draft", source="artifact", id="sps_draft"))
+    draft: ModelConfig = field(default_factory=lambda: ModelConfig(name="sps_draft", source="artifact", id="sps_draft"))
     num_assistant_tokens: int = 5
     num_assistant_tokens_schedule: str = "constant"  # constant | heuristic
 
@@ -38,6 +38,7 @@ class HFAssistedConfig(MethodConfig):
         self.require_one_of("num_assistant_tokens_schedule", ("constant", "heuristic"))
 
 
+@register_method(HFAssistedConfig)
 class HFAssistedDecoder(Decoder):
     name = "hf_assisted"
 

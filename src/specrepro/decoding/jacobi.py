@@ -38,14 +38,13 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding.base import Decoder, GenerationBuilder
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import crop_cache, greedy_verify
 from specrepro.errors import SpecReproError
+from specrepro.registry import MethodConfig, register_method
 
 
-@register_method_schema("jacobi")
 @dataclass
 class JacobiConfig(MethodConfig):
     name: str = "jacobi"
@@ -56,7 +55,6 @@ class JacobiConfig(MethodConfig):
         self.require(self.block_size >= 1, "block_size", ">= 1")
 
 
-@register_method_schema("cllm")
 @dataclass
 class CLLMConfig(JacobiConfig):
     name: str = "cllm"
@@ -67,6 +65,7 @@ class CLLMConfig(JacobiConfig):
         self.require(bool(self.artifact_prefix), "artifact_prefix", "an artifact name prefix")
 
 
+@register_method(JacobiConfig)
 class JacobiDecoder(Decoder):
     name = "jacobi"
 
@@ -121,6 +120,7 @@ class JacobiDecoder(Decoder):
                              stationary_per_iteration=sum(stationary) / max(len(stationary), 1))
 
 
+@register_method(CLLMConfig)
 class CLLMDecoder(JacobiDecoder):
     """Jacobi decoding on a consistency-trained model, which must be the run's model (see module doc)."""
 

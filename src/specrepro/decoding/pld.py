@@ -10,13 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal
 from specrepro.decoding.sampling import Sampling
+from specrepro.registry import MethodConfig, register_method
 
 
-@register_method_schema("pld")
 @dataclass
 class PLDConfig(MethodConfig):
     name: str = "pld"
@@ -46,6 +45,7 @@ def lookup_ngram(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k: int, l
     return tokens[:0]
 
 
+@register_method(PLDConfig)
 class PLDDecoder(DraftVerifyDecoder):
     name = "pld"
     compilable = True

@@ -35,18 +35,17 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.activations import ACT2FN
 
-from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
+from specrepro.registry import MethodConfig, register_method
 
 VARIANTS = ("simplified", "lstm", "transformer", "redrafter", "block")
 HEAD_FILES = ("sar_head.json", "sar_head.safetensors")
 
 
-@register_method_schema("sar_draft")
 @dataclass
 class SARDraftConfig(MethodConfig):
     name: str = "sar_draft"
@@ -242,6 +241,7 @@ class HeadInput:
     hp: torch.Tensor | None = None
 
 
+@register_method(SARDraftConfig)
 class SARDraftDecoder(DraftVerifyDecoder):
     name = "sar_draft"
     lossless = True

@@ -29,22 +29,21 @@ from typing import Any, List, Optional
 
 import torch
 
-from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.controllers import AdaptiveDraftExit, DraftLengthController, FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
+from specrepro.registry import MethodConfig, register_method
 
 SKIP_SET_FILE = "skip_set.json"
 
 
-@register_method_schema("self_sd")
 @dataclass
 class SelfSDConfig(MethodConfig):
     name: str = "self_sd"
-    skip_set: Optional[str] = None  # artifact of `specrepro train method=self_sd` (name, prefix or path)
+    skip_set: Optional[str] = "self_sd_skip_set"  # artifact of `specrepro train method=self_sd` (name, prefix or path)
     attn_skip: List[int] = field(default_factory=list)  # explicit skipped attention sub-layers (0-based blocks);
     mlp_skip: List[int] = field(default_factory=list)  # when either list is given, `skip_set` is not read
     control: str = "adaptive"  # adaptive (draft exit at gamma, §3.4) | fixed (always k drafts, Table 3)
@@ -170,6 +169,7 @@ class SkipDraft:
     draft_head: torch.nn.Linear | None = None
 
 
+@register_method(SelfSDConfig)
 class SelfSDDecoder(DraftVerifyDecoder):
     name = "self_sd"
 

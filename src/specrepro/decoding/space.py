@@ -44,11 +44,11 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from specrepro.config import MethodConfig, register_method_schema
 from specrepro.decoding.base import Decoder, GenerationBuilder
 from specrepro.decoding.sampling import Sampling, next_token, probs, sample
 from specrepro.decoding.verify import additive_mask, crop_cache, speculative_verify
 from specrepro.errors import SpecReproError
+from specrepro.registry import MethodConfig, register_method
 
 MASK_TOKEN = "[M]"
 # Blocks of at most this many slots (k <= 3) run the LM head once over every slot: streaming the head's
@@ -58,7 +58,6 @@ MASK_TOKEN = "[M]"
 HEAD_BLOCK_ROWS = 16
 
 
-@register_method_schema("space")
 @dataclass
 class SpaceConfig(MethodConfig):
     name: str = "space"
@@ -82,6 +81,7 @@ def block_layout(k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return sees_real | same_group_masks, group + slot  # anchor/c_g at offset g; mask j of group g at offset g + j
 
 
+@register_method(SpaceConfig)
 class SpaceDecoder(Decoder):
     name = "space"
 

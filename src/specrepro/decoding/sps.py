@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from specrepro.config import MethodConfig, ModelConfig, register_method_schema
+from specrepro.config import ModelConfig
 from specrepro.decoding.base import parameters_beside
 from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal
 from specrepro.decoding.sampling import Sampling, probs, sample
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
+from specrepro.registry import MethodConfig, register_method
 
 
 @dataclass
@@ -28,11 +29,10 @@ class DraftCache:
     cached: int = 0
 
 
-@register_method_schema("sps")
 @dataclass
 class SPSConfig(MethodConfig):
     name: str = "sps"
-    draft: ModelConfig = field(default_factory=lambda: ModelConfig(name="draft", source="artifact", id="sps_draft"))
+    draft: ModelConfig = field(default_factory=lambda: ModelConfig(name="sps_draft", source="artifact", id="sps_draft"))
     k: int = 4  # draft length (the controller's start value)
     controller: str = "fixed"  # fixed | heuristic (transformers' +2 / -1 schedule)
     k_max: int = 16  # the heuristic controller's cap
@@ -43,6 +43,7 @@ class SPSConfig(MethodConfig):
         self.require(self.controller != "heuristic" or self.k_max >= self.k, "k_max", f">= k ({self.k})")
 
 
+@register_method(SPSConfig)
 class SPSDecoder(DraftVerifyDecoder):
     name = "sps"
     compilable = True

@@ -7,26 +7,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from specrepro.errors import SpecReproError
+from specrepro import registry
 from specrepro.models import ModelLoader
 from specrepro.models.loading import unreadable_weights
 from specrepro.provenance import now, provenance
 from specrepro.tracking import config_hash, wandb_init
 from specrepro.training.artifacts import is_complete, publish, staging_dir
-from specrepro.training.cllm import train_cllm
-from specrepro.training.eesd_head import train_eesd_head
 from specrepro.training.loop import validate_loop
-from specrepro.training.sar_head import train_sar_head
-from specrepro.training.self_sd_search import train_self_sd_skip_set
-from specrepro.training.space_sft import train_space_sft
-from specrepro.training.sps_draft import train_sps_draft
 
 log = logging.getLogger(__name__)
-
-TRAINERS = {"sps_draft": train_sps_draft, "eesd_head": train_eesd_head,
-            "self_sd_skip_set": train_self_sd_skip_set, "sar_head": train_sar_head,
-            "cllm_trajectories": train_cllm, "cllm": train_cllm,
-            "space": train_space_sft, "space_sft_control": train_space_sft}
 
 
 def artifact_path(cfg) -> Path:
@@ -56,9 +45,8 @@ def train(cfg) -> Path:
             log.info("artifact %s is already trained; skipping (resume=false to retrain)", final)
             return final
         log.warning("artifact %s is damaged (%s does not read back whole): training it again", final, damaged.name)
-    component = cfg.training.component
-    if component not in TRAINERS:
-        raise SpecReproError(f"no trainer for component '{component}'; known: {', '.join(sorted(TRAINERS))}")
+    registry.load()
+    trainer = registry.component(cfg.training.component).trainer
     validate_loops(cfg.training)
     loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
     device = loader.device
@@ -74,7 +62,7 @@ def train(cfg) -> Path:
         if run is not None:
             run.log(metrics, step=step)
 
-    component_model, metrics, history = TRAINERS[component](cfg, target, work_dir, log_metrics, device)
+    component_model, metrics, history = trainer(cfg, target, work_dir, log_metrics, device)
     staging = staging_dir(final)
     component_model.save_pretrained(staging)
     if hasattr(component_model, "peft_config"):  # a LoRA adapter alone: loading merges it into its base model
@@ -82,7 +70,7 @@ def train(cfg) -> Path:
     if target.tokenizer is not None:
         target.tokenizer.save_pretrained(staging)
     origin = provenance(cfg.hardware, device) | {"started_at": started_at, "finished_at": now()}
-    publish(staging, final, {"component": component, "metrics": metrics, "history": history,
+    publish(staging, final, {"component": cfg.training.component, "metrics": metrics, "history": history,
                              "config": OmegaConf.to_container(cfg, resolve=True), "provenance": origin})
     if run is not None:
         run.summary.update(metrics)

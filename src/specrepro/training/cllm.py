@@ -40,8 +40,10 @@ from specrepro.data.config import DatasetConfig
 from specrepro.decoding.base import _eos_ids
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
+from specrepro.registry import register_component
 from specrepro.training.artifacts import METADATA, find_matching_artifact
 from specrepro.training.loop import LoopConfig, micro_batch_indices
+from specrepro.training.lora import LoRAConfig, with_lora
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +55,6 @@ class CLLMLossConfig:
     ar_weight: float = 10.0  # w in Eq. 7 (official code)
     label_smoothing: float = 0.1  # on the AR cross-entropy (official code)
     ar_target: str = "teacher"  # teacher (the target's generation, Eq. 6) | gt (the dataset's answer)
-
-
-@dataclass
-class LoRAConfig:
-    r: int = 0  # 0: full fine-tune
-    alpha: int = 16
-    dropout: float = 0.05
 
 
 @dataclass
@@ -318,11 +313,7 @@ def train_consistency(cfg, target, work_dir, log_metrics, device):
     model = target.model
     before = jacobi_speed(model, target.tokenizer, eval_prompts, spec.block_size, spec.eval_tokens)
     if spec.lora.r:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(r=spec.lora.r, lora_alpha=spec.lora.alpha, lora_dropout=spec.lora.dropout,
-                                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
-                                                                 "gate_proj", "up_proj", "down_proj"]))
+        model = with_lora(model, spec.lora)
     else:
         model.requires_grad_(True)
     torch.manual_seed(spec.loop.seed)
@@ -339,6 +330,7 @@ def train_consistency(cfg, target, work_dir, log_metrics, device):
     return model, metrics, history
 
 
+@register_component("cllm_trajectories", "cllm", schema=CLLMTrainingConfig)
 def train_cllm(cfg, target, work_dir, log_metrics, device):
     """`specrepro train method=cllm training.stage=trajectories|train`."""
     stage = cfg.training.stage

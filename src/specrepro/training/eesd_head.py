@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.eesd import MAX_PREDICTOR_POSITION, CalibrationPredictor, EarlyExitHead, first_layers_hidden
+from specrepro.registry import register_component
 from specrepro.training.distill_data import frequent_tokens
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 
@@ -180,6 +181,7 @@ def train_calibration(examples: dict, hidden_size: int, loop: LoopConfig, work_d
     return predictor.eval(), metrics, history
 
 
+@register_component("eesd_head", schema=EESDHeadTrainingConfig)
 def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     """Self-distil the early-exit head (and the Cali-TS predictor); returns (head, metrics, history)."""
     from specrepro.training.distill_data import continuation_dataset, distill_cache_dir, teacher_labeled_dataset

@@ -33,9 +33,10 @@ from specrepro.data.config import DatasetConfig
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.sar_draft import DraftHead, head_for
 from specrepro.errors import SpecReproError
-from specrepro.training.cllm import LoRAConfig
+from specrepro.registry import register_component
 from specrepro.training.distill_data import frequent_tokens, reference_rows
 from specrepro.training.loop import LoopConfig
+from specrepro.training.lora import LoRAConfig, with_lora
 
 
 @dataclass
@@ -125,6 +126,7 @@ class JointSAR(nn.Module):
         self.head.save_pretrained(path)
 
 
+@register_component("sar_head", schema=SARHeadTrainingConfig)
 def train_sar_head(cfg, target, work_dir, log_metrics, device):
     """Train one SAR-family head, on the frozen target or jointly with LoRA on it; returns (head or JointSAR, metrics,
     history)."""
@@ -174,11 +176,7 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
     before = heldout_accuracy(head, model, heldout, heldout_hidden(), spec)
     trained: nn.Module = head
     if joint:
-        from peft import LoraConfig, get_peft_model
-
-        trained = JointSAR(head, get_peft_model(model, LoraConfig(
-            r=spec.joint_lora.r, lora_alpha=spec.joint_lora.alpha, lora_dropout=spec.joint_lora.dropout,
-            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])))
+        trained = JointSAR(head, with_lora(model, spec.joint_lora))
 
     def batch_for_step(step: int, micro: int) -> dict:
         picked = micro_batch_indices(step, micro, len(train_rows), spec.loop)

@@ -35,6 +35,7 @@ from specrepro.decoding.draft_verify import TargetOutput
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.self_sd import SelfSDConfig, SelfSDDecoder, SkipSet, decoder_layers
 from specrepro.errors import SpecReproError
+from specrepro.registry import register_component
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,7 @@ def restart_limited_ucb(kappa: float, restarts: int):
     return RestartLimitedUCB(kappa=kappa)
 
 
+@register_component("self_sd_skip_set", schema=SelfSDSearchConfig)
 def train_self_sd_skip_set(cfg, target, work_dir, log_metrics, device):
     """Search the skip set; returns (SkipSet, metrics, per-iteration history)."""
     from bayes_opt import BayesianOptimization

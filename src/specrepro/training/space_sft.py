@@ -38,9 +38,10 @@ import torch.nn.functional as F
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding.space import MASK_TOKEN
 from specrepro.errors import SpecReproError
-from specrepro.training.cllm import LoRAConfig
+from specrepro.registry import register_component
 from specrepro.training.distill_data import continuation_dataset, distill_cache_dir, reference_rows
 from specrepro.training.loop import LoopConfig, micro_batch_indices
+from specrepro.training.lora import LoRAConfig, with_lora
 
 log = logging.getLogger(__name__)
 IGNORE = -100
@@ -200,6 +201,7 @@ def heldout_mat(model, tokenizer, prompts: list[list[int]], k: int, max_new_toke
     return tokens / max(steps, 1)
 
 
+@register_component("space", "space_sft_control", schema=SpaceSFTConfig)
 def train_space_sft(cfg, target, work_dir, log_metrics, device):
     from specrepro.training.loop import train_loop
 
@@ -228,14 +230,9 @@ def train_space_sft(cfg, target, work_dir, log_metrics, device):
     model.eval()
     before = heldout_mat(model, tokenizer, eval_prompts, spec.k, spec.eval_tokens)
     if spec.lora.r:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(
-            r=spec.lora.r, lora_alpha=spec.lora.alpha, lora_dropout=spec.lora.dropout,
-            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-            # the new [M] row must learn too (and an untied head's row, so the adapter restores it)
-            trainable_token_indices={"embed_tokens": [mask_id],
-                                     **({} if model.config.tie_word_embeddings else {"lm_head": [mask_id]})}))
+        # the new [M] row must learn too (and an untied head's row, so the adapter restores it)
+        model = with_lora(model, spec.lora, trainable_token_indices={
+            "embed_tokens": [mask_id], **({} if model.config.tie_word_embeddings else {"lm_head": [mask_id]})})
     else:
         model.requires_grad_(True)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_of_turn
