@@ -66,7 +66,7 @@ class SelfSDSearchConfig:
     max_new_tokens: int = 32
     recheck_top: int = 0  # n > 0: the n best sets are evaluated recheck_repeats more times; the best mean wins
     recheck_repeats: int = 2
-    decoder: SelfSDConfig = field(default_factory=SelfSDConfig)  # draft control during the search
+    decoder: SelfSDConfig = field(default_factory=lambda: SelfSDConfig(skip_set=None))  # draft control while searching
 
 
 def dev_prompts(spec: SelfSDSearchConfig, tokenizer) -> list[list[int]]:
