@@ -15,6 +15,7 @@ from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.jacobi import JacobiDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.sar_draft import SARDraftConfig, SARDraftDecoder, head_for
 from specrepro.decoding.sps import SPSDecoder
 from specrepro.decoding.steps import STEPS_ATTRIBUTE, CompiledSteps, EagerSteps
 from specrepro.decoding.verify import tree_attention
@@ -42,15 +43,21 @@ def compiled_target():
 
 
 def compiled_decoders(model, draft):
+    def sar(tree_width):  # its target steps return hidden states too (`steps.with_hidden`)
+        head = head_for(model, "block", 4, 16, 1, False).eval()
+        return SARDraftDecoder(model, None, head, SARDraftConfig(variant="block", k=3, k_max=4, tree_width=tree_width))
+
     return {
         "ar": ARDecoder(model),
         "pld": PLDDecoder(model, None, PLDConfig()),
         "pld_heuristic": PLDDecoder(model, None, PLDConfig(controller="heuristic")),  # widths past 16 run eagerly
         "sps": SPSDecoder(model, None, draft, 4, "fixed", 16),
+        "sar_draft": sar(1),
+        "sar_draft_tree": sar(4),
     }
 
 
-@pytest.mark.parametrize("name", ["ar", "pld", "pld_heuristic", "sps"])
+@pytest.mark.parametrize("name", ["ar", "pld", "pld_heuristic", "sps", "sar_draft", "sar_draft_tree"])
 def test_compiled_greedy_output_equals_eager_ar(compiled_target, name):
     draft = torch_llama(vocab_size=64, seed=2, num_layers=1)
     decoder = compiled_decoders(compiled_target, draft)[name]

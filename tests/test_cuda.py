@@ -7,14 +7,15 @@ import pytest
 import torch
 
 from specrepro.decoding.ar import ARDecoder
-from specrepro.decoding.pld import PLDConfig, PLDDecoder
-from specrepro.decoding.steps import STEPS_ATTRIBUTE, CompiledSteps, EagerSteps
 from specrepro.decoding.eesd import CalibrationPredictor, EarlyExitHead, EESDConfig, EESDDecoder
 from specrepro.decoding.jacobi import JacobiDecoder
+from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.sar_draft import SARDraftConfig, SARDraftDecoder, head_for
 from specrepro.decoding.self_sd import SelfSDConfig, SelfSDDecoder
 from specrepro.decoding.space import SpaceDecoder
 from specrepro.decoding.sps import SPSDecoder
+from specrepro.decoding.steps import STEPS_ATTRIBUTE, CompiledSteps, EagerSteps
 from specrepro.models.kernels import set_linear_kernel
 from tests.conftest import tiny_llama
 from tests.test_decoding import decoders, prompts
@@ -57,8 +58,10 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
     steps.warm_up(max_width=16, length=80)
     setattr(target, STEPS_ATTRIBUTE, steps)
     eager_ar = ARDecoder(target, steps=EagerSteps(target))
+    head = head_for(target, "block", 4, 16, 1, False).to(CUDA).eval()
     compiled = {"ar": ARDecoder(target), "pld": PLDDecoder(target, None, PLDConfig()),
-                "sps": SPSDecoder(target, None, draft, 4, "fixed", 16)}
+                "sps": SPSDecoder(target, None, draft, 4, "fixed", 16),
+                "sar_draft": SARDraftDecoder(target, None, head, SARDraftConfig(variant="block", k=3, k_max=4, tree_width=4))}
     for name, decoder in compiled.items():
         for prompt in prompts():
             assert decoder.generate(prompt, Sampling(), 40).token_ids == eager_ar.generate(prompt, Sampling(), 40).token_ids, name

@@ -283,7 +283,8 @@ def compile_steps_for(records, cfg, target, decoders) -> float:
         return 0.0
     longest = max(len(target.tokenizer(render_prompt(r, target.tokenizer, cfg.dataset, []),
                                        add_special_tokens=False)["input_ids"]) for r in records)
-    seconds = steps.warm_up(max(d.max_step_width for d in decoders), longest + cfg.decoding.max_new_tokens)
+    seconds = steps.warm_up(max(d.max_step_width for d in decoders), longest + cfg.decoding.max_new_tokens,
+                            hidden=any(d.reads_hidden_states for d in decoders))
     log.info("compiled the target's steps in %.1f s", seconds)
     return seconds
 

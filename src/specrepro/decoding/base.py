@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specrepro.decoding.sampling import Sampling
-from specrepro.errors import SpecReproError
 from specrepro.decoding.steps import EagerSteps, target_steps
+from specrepro.errors import SpecReproError
 
 
 @dataclass
@@ -94,6 +94,7 @@ class Decoder(ABC):
     name = "base"
     lossless = True  # greedy output must equal `ar` on the same weights
     compilable = False  # runs every target forward through `self.steps` (so `hardware.compile` applies)
+    reads_hidden_states = False  # its target forwards go through `steps.with_hidden`
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, steps: EagerSteps | None = None):
         self.model = model

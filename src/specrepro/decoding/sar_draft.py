@@ -244,6 +244,8 @@ class HeadInput:
 @register_method(SARDraftConfig)
 class SARDraftDecoder(DraftVerifyDecoder):
     name = "sar_draft"
+    compilable = True
+    reads_hidden_states = True
     lossless = True
 
     def __init__(self, model, tokenizer, head: DraftHead, cfg: SARDraftConfig):
@@ -280,8 +282,7 @@ class SARDraftDecoder(DraftVerifyDecoder):
 
     def target_forward(self, state, input_ids, cache, logits_to_keep: int = 0, tree=None) -> TargetOutput:
         """The target's forward, keeping its last-layer (post-norm) hidden states for h_p."""
-        hidden = self.model.model(input_ids, past_key_values=cache, **self.steps.tree_inputs(tree)).last_hidden_state
-        logits = self.model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        logits, hidden = self.steps.with_hidden(input_ids, cache, logits_to_keep, tree)
         return TargetOutput(logits, hidden={"final": hidden})
 
     def start(self, prompt_ids, cache) -> HeadInput:

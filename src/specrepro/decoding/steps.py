@@ -53,6 +53,12 @@ class EagerSteps:
         return self.model(input_ids, past_key_values=cache, logits_to_keep=logits_to_keep, **self.tree_inputs(tree),
                           **kwargs)
 
+    def with_hidden(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None):
+        """The same forward, returning (logits, last-layer hidden states after the final norm) of every row: what
+        drafters conditioned on the target's hidden state read."""
+        hidden = self.model.model(input_ids, past_key_values=cache, **self.tree_inputs(tree)).last_hidden_state
+        return self.model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden), hidden
+
     def tree_inputs(self, tree) -> dict:
         """The model's attention mask and position ids for a tree verification's `tree`; {} for a chain."""
         if tree is None:
@@ -73,13 +79,19 @@ class CompiledSteps(EagerSteps):
         self.cache: StaticCache | None = None
         self.cache_len = 0
         self.keyword = cache_keyword(model)
-        options = {"mode": mode} if mode else {}
-        self.forward = torch.compile(self._forward, backend=backend, fullgraph=True, dynamic=False, **options)
+        options = dict(backend=backend, fullgraph=True, dynamic=False, **({"mode": mode} if mode else {}))
+        self.forward = torch.compile(self._forward, **options)
+        self.forward_hidden = torch.compile(self._forward_hidden, **options)
         self.cudagraphs = mode is not None and "reduce-overhead" in mode
 
     def _forward(self, input_ids, mask, positions, cache):
-        return self.model(input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=0,
-                          **{self.keyword: cache}).logits
+        return (self.model(input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=0,
+                           **{self.keyword: cache}).logits,)
+
+    def _forward_hidden(self, input_ids, mask, positions, cache):
+        hidden = self.model.model(input_ids, attention_mask=mask, position_ids=positions,
+                                  **{self.keyword: cache}).last_hidden_state
+        return self.model.lm_head(hidden), hidden
 
     def new_cache(self, length: int) -> StaticCache:
         """The one static cache, emptied; reallocated (new graphs) only when `length` outgrows it."""
@@ -97,17 +109,33 @@ class CompiledSteps(EagerSteps):
         return next((w for w in self.widths if w >= n), None)
 
     def __call__(self, input_ids, cache, logits_to_keep: int = 0, tree=None, **kwargs):
+        outputs = None if kwargs else self.padded_step(self.forward, input_ids, cache, tree)
+        if outputs is None:  # prefill, an unbucketed width, or extra outputs: uncompiled
+            return super().__call__(input_ids, cache, logits_to_keep, tree, **kwargs)
+        logits = outputs[0]
+        return CausalLMOutputWithPast(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+
+    def with_hidden(self, input_ids, cache, logits_to_keep: int = 0, tree=None):
+        outputs = self.padded_step(self.forward_hidden, input_ids, cache, tree)
+        if outputs is None:
+            return super().with_hidden(input_ids, cache, logits_to_keep, tree)
+        logits, hidden = outputs
+        return (logits[:, -logits_to_keep:] if logits_to_keep else logits), hidden
+
+    def padded_step(self, forward, input_ids, cache, tree) -> tuple | None:
+        """The compiled `forward`'s outputs for the rows of `input_ids`, run padded to a bucket on the static
+        cache; None for a prefill (an empty cache) or a width past the largest bucket."""
         past = int(cache.get_seq_length())
         n = input_ids.shape[1]
         width = self.bucket(n)
-        if past == 0 or width is None or kwargs:  # prefill, an unbucketed width, or extra outputs: uncompiled
-            return super().__call__(input_ids, cache, logits_to_keep, tree, **kwargs)
+        if past == 0 or width is None:
+            return None
         ids, mask, positions = self.padded_inputs(input_ids, past, width, tree)
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
-        logits = self.forward(ids, mask, positions, cache)[:, :n].clone()  # CUDA graphs reuse their output
+        outputs = tuple(out[:, :n].clone() for out in forward(ids, mask, positions, cache))  # CUDA graphs reuse theirs
         crop_cache(cache, past + n)  # the padding rows are not part of the sequence
-        return CausalLMOutputWithPast(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+        return outputs
 
     def padded_inputs(self, input_ids, past: int, width: int, tree):
         """Inputs padded to `width` rows (the last token repeated), the (1, 1, width, cache) additive mask and the
@@ -125,9 +153,10 @@ class CompiledSteps(EagerSteps):
             positions = torch.cat([tree_positions, past + torch.arange(n, width, device=device)])
         return ids, additive_mask(allow, self.model.dtype), positions[None]
 
-    def warm_up(self, max_width: int, length: int) -> float:
-        """Compile every bucket up to `max_width` rows on a cache of `length` positions, outside any timed
-        region; returns the seconds it took (the record's `compile_time`)."""
+    def warm_up(self, max_width: int, length: int, hidden: bool = False) -> float:
+        """Compile every bucket up to `max_width` rows (of the forward that returns hidden states too, with
+        `hidden`) on a cache of `length` positions, outside any timed region; returns the seconds it took (the
+        record's `compile_time`)."""
         start = time.perf_counter()
         cache = self.new_cache(length)
         device = next(self.model.parameters()).device
@@ -137,7 +166,8 @@ class CompiledSteps(EagerSteps):
                 if width > self.bucket(max_width):
                     break
                 for _ in range(2):  # CUDA graphs record on the second call
-                    self(torch.zeros(1, width, dtype=torch.long, device=device), cache)
+                    step = self.with_hidden if hidden else self
+                    step(torch.zeros(1, width, dtype=torch.long, device=device), cache)
                     crop_cache(cache, 1)
             crop_cache(cache, 0)
         return time.perf_counter() - start
