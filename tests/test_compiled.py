@@ -37,7 +37,7 @@ def compiled_target():
     """A tiny target whose steps are compiled (aot_eager), its widths warmed up once for the module."""
     model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
     steps = CompiledSteps(model, backend="aot_eager", widths=[1, 4, 16])
-    steps.warm_up(max_width=16, length=80)
+    steps.warm_up(max_width=65, length=80, hidden=True)  # pld_heuristic's widest step; sar_draft's hidden states
     setattr(model, STEPS_ATTRIBUTE, steps)
     return model
 

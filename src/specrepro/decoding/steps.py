@@ -154,21 +154,20 @@ class CompiledSteps(EagerSteps):
         return ids, additive_mask(allow, self.model.dtype), positions[None]
 
     def warm_up(self, max_width: int, length: int, hidden: bool = False) -> float:
-        """Compile every bucket up to `max_width` rows (of the forward that returns hidden states too, with
-        `hidden`) on a cache of `length` positions, outside any timed region; returns the seconds it took (the
+        """Compile every bucket up to `max_width` rows (and, with `hidden`, the forward that returns hidden
+        states too) on a cache of `length` positions, outside any timed region; returns the seconds it took (the
         record's `compile_time`)."""
         start = time.perf_counter()
         cache = self.new_cache(length)
         device = next(self.model.parameters()).device
+        largest = self.bucket(max_width) or self.widths[-1]  # wider steps run uncompiled
         with torch.inference_mode():
             super().__call__(torch.zeros(1, 1, dtype=torch.long, device=device), cache, 1)  # eager prefill
-            for width in self.widths:
-                if width > self.bucket(max_width):
-                    break
-                for _ in range(2):  # CUDA graphs record on the second call
-                    step = self.with_hidden if hidden else self
-                    step(torch.zeros(1, width, dtype=torch.long, device=device), cache)
-                    crop_cache(cache, 1)
+            for step in (self, self.with_hidden) if hidden else (self,):
+                for width in (w for w in self.widths if w <= largest):
+                    for _ in range(2):  # CUDA graphs record on the second call
+                        step(torch.zeros(1, width, dtype=torch.long, device=device), cache)
+                        crop_cache(cache, 1)
             crop_cache(cache, 0)
         return time.perf_counter() - start
 
