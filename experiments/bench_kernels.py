@@ -26,7 +26,7 @@ from transformers import DynamicCache
 
 from specrepro.config import ModelConfig
 from specrepro.data import DatasetConfig, load_records, render_prompt
-from specrepro.decoding import ARDecoder
+from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.models import load_model, resolve_dtype
 from specrepro.models.kernels import KERNELS, set_linear_kernel

@@ -10,7 +10,7 @@ from transformers.integrations import sdpa_attention
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specrepro.config import HardwareConfig, ModelConfig, RandomArchConfig
-from specrepro.decoding import ARDecoder
+from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.models import ModelLoader, kernels, load_model

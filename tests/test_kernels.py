@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from specrepro.decoding import ARDecoder
+from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError

@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from specrepro.decoding import ARDecoder
+from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.eesd import EarlyExitHead, EESDConfig, EESDDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.space import SpaceDecoder, block_layout
