@@ -33,13 +33,15 @@ def decoders(target, draft):
         "pld_heuristic": PLDDecoder(target, None, PLDConfig(controller="heuristic", match="earliest")),
         "sps": SPSDecoder(target, None, draft, 4, "fixed", 16),
         "sps_self": SPSDecoder(target, None, target, 3, "heuristic", 16),
+        "sps_tree_vocab": SPSDecoder(target, None, draft, 3, "fixed", 16, tree_width=4, frequent=torch.arange(3, 20)),
         "hf_plain": HFAssistedDecoder(target, None, HFAssistedConfig(mode="plain")),
         "hf_prompt_lookup": HFAssistedDecoder(target, None, HFAssistedConfig(mode="prompt_lookup")),
         "hf_assistant": HFAssistedDecoder(target, None, HFAssistedConfig(mode="assistant"), assistant=draft),
     }
 
 
-@pytest.mark.parametrize("name", ["pld", "pld_heuristic", "sps", "sps_self", "hf_plain", "hf_prompt_lookup", "hf_assistant"])
+@pytest.mark.parametrize("name", ["pld", "pld_heuristic", "sps", "sps_self", "sps_tree_vocab", "hf_plain", "hf_prompt_lookup",
+                                  "hf_assistant"])
 def test_greedy_equals_ar(target, draft, name):
     decoder = decoders(target, draft)[name]
     for prompt in prompts():

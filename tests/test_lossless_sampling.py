@@ -112,6 +112,14 @@ def test_self_sd_with_a_reduced_draft_vocabulary_preserves_the_target_distributi
     assert p_value(decoder, exact) > 1e-3
 
 
+@pytest.mark.parametrize("tree_width", [1, 3])
+def test_sps_with_a_reduced_draft_vocabulary_and_a_tree_preserves_the_target_distribution(models, exact, tree_width):
+    # the draft vocabulary: token 1 + the prompt's 0, 3, 4 (token 2 has q = 0); siblings are deterministic
+    target, draft = models
+    decoder = SPSDecoder(target, None, draft, 2, "fixed", 16, tree_width=tree_width, frequent=torch.tensor([1]))
+    assert p_value(decoder, exact) > 1e-3
+
+
 def test_sar_draft_with_a_token_tree_preserves_the_target_distribution(models, exact):
     target = models[0]
     torch.manual_seed(0)

@@ -19,6 +19,8 @@ BAD = [  # (method, overrides, the option the message names)
     ("sps", ["method.k=0"], "k"),
     ("sps", ["method.controller=adaptive"], "controller"),
     ("sps", ["method.controller=heuristic", "method.k=8", "method.k_max=4"], "k_max"),
+    ("sps", ["method.tree_width=0"], "tree_width"),
+    ("sps", ["method.draft_vocab=-1"], "draft_vocab"),
     ("pld", ["method.num_pred_tokens=0"], "num_pred_tokens"),
     ("pld", ["method.max_ngram=0"], "max_ngram"),
     ("pld", ["method.max_ngram=2", "method.min_ngram=3"], "min_ngram"),

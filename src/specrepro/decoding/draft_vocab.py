@@ -88,3 +88,14 @@ def with_prompt_tokens(frequent: torch.Tensor, prompt_ids: torch.Tensor, vocab_s
     frequent = frequent[frequent < vocab_size]
     prompt = prompt_ids.flatten().unique().to(frequent.device)
     return torch.cat([frequent, prompt[~torch.isin(prompt, frequent) & (prompt < vocab_size)]])
+
+
+def prompt_head(lm_head: torch.nn.Linear, frequent: torch.Tensor, prompt_ids: torch.Tensor):
+    """A prompt's draft vocabulary (`with_prompt_tokens`) and an LM head over it: `lm_head`'s rows of those
+    tokens, so the draft scores V tokens instead of the whole vocabulary. Returns (vocab_ids, head)."""
+    weight = lm_head.weight
+    vocab_ids = with_prompt_tokens(frequent, prompt_ids, weight.shape[0]).to(weight.device)
+    head = torch.nn.Linear(weight.shape[1], len(vocab_ids), bias=False, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        head.weight.copy_(weight[vocab_ids])
+    return vocab_ids, head

@@ -231,13 +231,7 @@ class SelfSDDecoder(DraftVerifyDecoder):
     def start(self, prompt_ids, cache) -> SkipDraft:
         if self.frequent is None:
             return SkipDraft(cache)
-        head = self.model.lm_head
-        vocab_ids = draft_vocab.with_prompt_tokens(self.frequent, prompt_ids, head.weight.shape[0]).to(head.weight.device)
-        draft_head = torch.nn.Linear(head.in_features, len(vocab_ids), bias=False, device=head.weight.device,
-                                     dtype=head.weight.dtype)
-        with torch.no_grad():
-            draft_head.weight.copy_(head.weight[vocab_ids])
-        return SkipDraft(cache, vocab_ids, draft_head)
+        return SkipDraft(cache, *draft_vocab.prompt_head(self.model.lm_head, self.frequent, prompt_ids))
 
     def draft_logits(self, state: SkipDraft, step_input, position) -> torch.Tensor:
         """The skipped-layer draft's last logits: over the whole vocabulary, or over `vocab_ids` (draft_vocab)."""

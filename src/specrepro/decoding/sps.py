@@ -12,10 +12,11 @@ import torch
 from transformers import DynamicCache
 
 from specrepro.config import ModelConfig
+from specrepro.decoding import draft_vocab
 from specrepro.decoding.base import parameters_beside
 from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal
-from specrepro.decoding.sampling import Sampling, probs, sample
+from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.registry import MethodConfig, register_method
@@ -23,10 +24,13 @@ from specrepro.registry import MethodConfig, register_method
 
 @dataclass
 class DraftCache:
-    """The draft model's KV cache during one generation, and how many committed tokens it holds."""
+    """The draft model during one generation: its KV cache, how many committed tokens it holds, and with a
+    reduced draft vocabulary this prompt's vocabulary and the draft's LM-head rows of it."""
 
     cache: DynamicCache
     cached: int = 0
+    vocab_ids: torch.Tensor | None = None
+    head: torch.nn.Linear | None = None
 
 
 @dataclass
@@ -36,11 +40,16 @@ class SPSConfig(MethodConfig):
     k: int = 4  # draft length (the controller's start value)
     controller: str = "fixed"  # fixed | heuristic (transformers' +2 / -1 schedule)
     k_max: int = 16  # the heuristic controller's cap
+    tree_width: int = 1  # w > 1: the draft's top-w tokens at the first draft position, verified as a tree (beyond the paper)
+    draft_vocab: int = 0  # V > 0: the draft's LM head scores the V corpus-frequent tokens + the prompt's (beyond the paper)
+    draft_vocab_corpus: str = "sharegpt/sharegpt_v3_first1000.json.gz"  # ranks tokens for draft_vocab
 
     def __post_init__(self):
         self.require(self.k >= 1, "k", ">= 1")
         self.require_one_of("controller", CONTROLLERS)
         self.require(self.controller != "heuristic" or self.k_max >= self.k, "k_max", f">= k ({self.k})")
+        self.require(self.tree_width >= 1, "tree_width", ">= 1")
+        self.require(self.draft_vocab >= 0, "draft_vocab", ">= 0 (0: the whole vocabulary)")
 
 
 @register_method(SPSConfig)
@@ -48,7 +57,10 @@ class SPSDecoder(DraftVerifyDecoder):
     name = "sps"
     compilable = True
 
-    def __init__(self, model, tokenizer, draft: torch.nn.Module, k: int, controller: str, k_max: int):
+    def __init__(self, model, tokenizer, draft: torch.nn.Module, k: int, controller: str, k_max: int,
+                 tree_width: int = 1, frequent: torch.Tensor | None = None):
+        """`frequent`: token ids, most frequent first, that with each prompt's own tokens form the draft
+        vocabulary (None: the whole vocabulary)."""
         super().__init__(model, tokenizer)
         if draft.config.vocab_size != model.config.vocab_size:
             raise SpecReproError(
@@ -57,6 +69,7 @@ class SPSDecoder(DraftVerifyDecoder):
             )
         self.draft = draft
         self.k, self.controller_kind, self.k_max = k, controller, k_max
+        self.tree_width, self.frequent = tree_width, frequent
 
     @property
     def extra_parameters(self) -> int:
@@ -71,31 +84,49 @@ class SPSDecoder(DraftVerifyDecoder):
     @classmethod
     def from_config(cls, cfg: SPSConfig, target, ctx) -> "SPSDecoder":
         draft = ctx.load_model(cfg.draft).model
-        return cls(target.model, target.tokenizer, draft, cfg.k, cfg.controller, cfg.k_max)
+        frequent = draft_vocab.corpus_ranking(target.tokenizer, cfg.draft_vocab_corpus)[:cfg.draft_vocab] \
+            if cfg.draft_vocab else None
+        return cls(target.model, target.tokenizer, draft, cfg.k, cfg.controller, cfg.k_max, cfg.tree_width, frequent)
 
     def new_controller(self) -> DraftLengthController:
         return build_controller(self.controller_kind, self.k, self.k_max)
 
     def start(self, prompt_ids: torch.Tensor, cache) -> DraftCache:
-        return DraftCache(DynamicCache(config=self.draft.config))
+        state = DraftCache(DynamicCache(config=self.draft.config))
+        if self.frequent is not None:
+            state.vocab_ids, state.head = draft_vocab.prompt_head(self.draft.lm_head, self.frequent, prompt_ids)
+        return state
+
+    def draft_logits(self, state: DraftCache, step_input) -> torch.Tensor:
+        """The draft's last logits: over the whole vocabulary, or over the prompt's draft vocabulary."""
+        if state.head is None:
+            return self.draft(step_input, past_key_values=state.cache, logits_to_keep=1).logits[0, -1]
+        hidden = self.draft.model(step_input, past_key_values=state.cache).last_hidden_state
+        return state.head(hidden[0, -1])
 
     def propose(self, state: DraftCache, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
         step_input = tokens[:, state.cached :]
         drafts, qs = [], []
-        for _ in range(k):
-            logits = self.draft(step_input, past_key_values=state.cache, logits_to_keep=1).logits[0, -1]
-            q = probs(logits, sampling)
-            token = logits.argmax(-1) if sampling.greedy else sample(q, rng)
+        for i in range(k):
+            logits = self.draft_logits(state, step_input)
+            if i == 0:
+                first_logits = logits
+            token, q, top1 = draft_vocab.choose_draft_token(state.vocab_ids, logits, self.model.config.vocab_size,
+                                                            sampling, rng)
             drafts.append(token)
             qs.append(q)
             step_input = token.view(1, 1)
-            if not controller.keep_drafting(float(logits.softmax(-1).max())):
+            if not controller.keep_drafting(top1):
                 break
         # the draft cache now holds the committed tokens and all drafts but the last
         state.cached = tokens.shape[1] + len(drafts) - 1
-        return Proposal(torch.stack(drafts), None if sampling.greedy else torch.stack(qs))
+        q = None if sampling.greedy else torch.stack(qs)
+        return self.with_first_siblings(torch.stack(drafts), q, first_logits, state.vocab_ids)
 
     def after_verify(self, state: DraftCache, tokens, output, rows) -> None:
         # keep the draft's KV only for positions that are still committed tokens
         state.cached = min(state.cached, tokens.shape[1] - 1)
         crop_cache(state.cache, state.cached)
+
+    def generation_extras(self, state: DraftCache) -> dict:
+        return {"draft_vocab": 0 if state.vocab_ids is None else len(state.vocab_ids)}
