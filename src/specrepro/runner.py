@@ -216,9 +216,11 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
     loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
     target = load_target(cfg, loader)
     decoder = build_decoder(cfg.method, target, loader)  # before the reference run: a bad method fails fast
+    longest_prompt = 0
     for rec in records:  # every first-turn prompt, before anything is decoded
         ids = target.tokenizer(render_prompt(rec, target.tokenizer, cfg.dataset, []), add_special_tokens=False)
         check_fits_context(ids["input_ids"], cfg, target, rec.id)
+        longest_prompt = max(longest_prompt, len(ids["input_ids"]))
 
     ref_key = reference_key(cfg, fingerprint)
     reference = None
@@ -240,7 +242,8 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
     started_at = record.started_at()
     done = {row["id"] for row in rows}
     todo = [(i, r) for i, r in enumerate(records) if r.id not in done]
-    compile_time = compile_steps_for(records, cfg, target, [decoder, *baselines.values()]) if todo else 0.0
+    compile_time = compile_steps_for(longest_prompt + cfg.decoding.max_new_tokens, [decoder, *baselines.values()]) \
+        if todo else 0.0
     if todo:
         warm_up(cfg, target, [decoder, *baselines.values()], records[0], sampling)
     for index, rec in tqdm(todo, desc=name, unit="sample"):
@@ -275,15 +278,14 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
     return metrics
 
 
-def compile_steps_for(records, cfg, target, decoders) -> float:
-    """With `hardware.compile`: size the static cache for the longest first-turn prompt plus the budget and
-    compile every step width the decoders can take, outside the timed region; returns the seconds it took."""
+def compile_steps_for(length: int, decoders) -> float:
+    """With `hardware.compile`: size the static cache for `length` positions (the longest first-turn prompt plus
+    the budget) and compile every step width the decoders can take, outside the timed region; returns the
+    seconds it took."""
     steps = decoders[0].steps
     if not steps.compiled:
         return 0.0
-    longest = max(len(target.tokenizer(render_prompt(r, target.tokenizer, cfg.dataset, []),
-                                       add_special_tokens=False)["input_ids"]) for r in records)
-    seconds = steps.warm_up(max(d.max_step_width for d in decoders), longest + cfg.decoding.max_new_tokens,
+    seconds = steps.warm_up(max(d.max_step_width for d in decoders), length,
                             hidden=any(d.reads_hidden_states for d in decoders))
     log.info("compiled the target's steps in %.1f s", seconds)
     return seconds
