@@ -17,6 +17,7 @@ from specrepro.decoding.space import SpaceDecoder
 from specrepro.decoding.sps import SPSDecoder
 from specrepro.decoding.steps import STEPS_ATTRIBUTE, CompiledSteps, EagerSteps
 from specrepro.models.kernels import set_linear_kernel
+from specrepro.models.loading import dispatched
 from tests.conftest import tiny_llama
 from tests.test_decoding import decoders, prompts
 from tests.test_lossless_sampling import exact_distribution, p_value
@@ -65,3 +66,29 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
     for name, decoder in compiled.items():
         for prompt in prompts():
             assert decoder.generate(prompt, Sampling(), 40).token_ids == eager_ar.generate(prompt, Sampling(), 40).token_ids, name
+
+
+# layers 2 and 3 offloaded to the CPU, named by their parts: accelerate hooks the modules a map names, and self_sd
+# calls a layer's attention and MLP on their own
+SPLIT = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 0, "model.norm": 0, "model.rotary_emb": 0,
+         "lm_head": 0, **{f"model.layers.{i}.{part}": "cpu" for i in (2, 3)
+                          for part in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")}}
+
+
+def test_greedy_decoders_equal_ar_with_the_target_split_over_gpu_and_cpu():
+    """`model.device_map`: half the layers on the GPU, half offloaded to the CPU (accelerate streams their weights
+    in for each forward); drafts and heads on the device of the input (the embedding's)."""
+    target = tiny_llama(vocab_size=64, seed=1, num_layers=4, logit_scale=3.0)
+    head = EarlyExitHead(target, 2, True, False).to(CUDA).eval()  # a copy of layer 3: made before it is offloaded,
+    head.calibration = CalibrationPredictor(target.config.hidden_size).to(CUDA)  # as a trained head is loaded
+    target = dispatched(target, {"device_map": SPLIT})
+    draft = tiny_llama(vocab_size=64, seed=2, num_layers=1).to(CUDA)
+    found = decoders(target, draft) | {
+        "self_sd": SelfSDDecoder(target, None, [1, 3], [0, 2], SelfSDConfig(control="adaptive", k=5)),
+        "eesd": EESDDecoder(target, None, head, EESDConfig(num_layers=2, control="fixed", k=3)),
+        "jacobi": JacobiDecoder(target, block_size=6),
+    }
+    for name, decoder in found.items():
+        for prompt in prompts():
+            reference = ARDecoder(target).generate(prompt, Sampling(), 40).token_ids
+            assert decoder.generate(prompt, Sampling(), 40).token_ids == reference, name

@@ -108,3 +108,10 @@ def test_a_bad_loop_option_fails_before_any_work(tmp_path, override, message):
     out = specrepro("train", "method=eesd", "model=tiny_random", override, cwd=tmp_path, check=False)
     assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "results" / "artifacts" / ".work").exists()  # nothing was prepared
+
+
+def test_a_draft_wider_than_the_target_is_one_line_not_a_traceback(tmp_path):
+    wider = [o for o in TINY_TRAINING if not o.startswith("training.draft.hidden_size")]
+    out = specrepro("train", *wider, "training.draft.hidden_size=128", cwd=tmp_path, check=False)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "training.draft.hidden_size=128 is wider than the target's (64)" in out.stderr

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from specrepro import registry
 
@@ -38,6 +38,19 @@ class ModelConfig:
     cache_dir: Optional[str] = None  # converted checkpoints; default $SPECREPRO_CACHE or ~/.cache/specrepro
     trust_remote_code: bool = False
     random: RandomArchConfig = field(default_factory=RandomArchConfig)
+    # accelerate's big-model inference: "auto" or {module name: device} spreads the layers over GPUs and the CPU
+    # (hardware.device then only says where inputs start); max_memory caps each device for "auto", e.g. {0: 20GiB}
+    device_map: Any = None
+    max_memory: Any = None
+
+
+PLACEMENT = ("device_map", "max_memory")  # where the weights live, not what they are: not in artifact names
+
+
+def weights_identity(model_cfg) -> dict:
+    """The part of a `model` config that says which weights it loads (its placement left out)."""
+    content = OmegaConf.to_container(model_cfg, resolve=True) if not isinstance(model_cfg, dict) else dict(model_cfg)
+    return {k: v for k, v in content.items() if k not in PLACEMENT}
 
 
 @dataclass

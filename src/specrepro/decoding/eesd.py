@@ -189,7 +189,8 @@ class EarlyExitHead(torch.nn.Module):
                    torch.zeros(vocab, dtype=torch.long) if vocab else None)  # ids and rows come from the state dict
         if settings["calibration"]:
             head.calibration = CalibrationPredictor(target.config.hidden_size)
-        head.load_state_dict(load_file(str(path / "eesd_head.safetensors")))
+        # assign: the copies of an offloaded target layer (model.device_map) hold no data until these replace them
+        head.load_state_dict(load_file(str(path / "eesd_head.safetensors")), assign=True)
         p = next(target.parameters())
         return head.to(device=p.device, dtype=p.dtype).eval()
 

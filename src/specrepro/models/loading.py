@@ -30,9 +30,11 @@ from urllib.parse import urlsplit
 
 import torch
 from huggingface_hub import constants as hub_constants
+from omegaconf import OmegaConf
 from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from specrepro.config import weights_identity
 from specrepro.errors import SpecReproError
 from specrepro.models.attention import IMPLEMENTATIONS, set_attention
 from specrepro.decoding.steps import compile_steps
@@ -252,13 +254,12 @@ def resolve_artifact(ref: str, artifacts_dir: str | Path) -> Path:
 def merged_adapter(path: Path, dtype: torch.dtype, artifacts_dir: str | Path) -> torch.nn.Module:
     """A LoRA artifact's base model (as its training config names it) with the adapter merged in; the
     artifact's `config.json` (the base config plus what training added, e.g. a new token) replaces the base's."""
-    from omegaconf import OmegaConf
     from peft import PeftModel
     from transformers import AutoConfig
 
     from specrepro.training.artifacts import METADATA
 
-    base_cfg = OmegaConf.create(json.loads((path / METADATA).read_text())["config"]["model"])
+    base_cfg = OmegaConf.create(weights_identity(json.loads((path / METADATA).read_text())["config"]["model"]))
     base = load_model(base_cfg, torch.device("cpu"), torch.float32, artifacts_dir).model  # merged in fp32, then cast
     config = AutoConfig.from_pretrained(path)
     if config.vocab_size != base.get_input_embeddings().weight.shape[0]:  # rows training added; the adapter sets them
@@ -268,31 +269,60 @@ def merged_adapter(path: Path, dtype: torch.dtype, artifacts_dir: str | Path) ->
     return model.to(dtype)
 
 
+def placement(cfg) -> dict:
+    """from_pretrained's big-model-inference arguments of a `model` config (none: the whole model on one device)."""
+    device_map, max_memory = getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None)
+    if not device_map:
+        return {}
+    device_map = OmegaConf.to_container(device_map) if OmegaConf.is_config(device_map) else device_map
+    max_memory = OmegaConf.to_container(max_memory) if OmegaConf.is_config(max_memory) else max_memory
+    return {"device_map": device_map, **({"max_memory": max_memory} if max_memory else {})}
+
+
+def dispatched(model: torch.nn.Module, where: dict) -> torch.nn.Module:
+    """A model built in memory (source=random) spread over devices as `where` says, by accelerate."""
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    device_map = where["device_map"]
+    if isinstance(device_map, str):
+        device_map = infer_auto_device_map(model, max_memory=where.get("max_memory"),
+                                           no_split_module_classes=model._no_split_modules)
+    return dispatch_model(model, device_map=device_map)
+
+
 def load_model(cfg, device: torch.device, dtype: torch.dtype, artifacts_dir: str | Path = "results/artifacts") -> LoadedModel:
-    """Load the model a `model/` config names, in eval mode on `device` with `dtype`."""
+    """Load the model a `model/` config names, in eval mode on `device` with `dtype`, or spread over devices by its
+    `device_map` (accelerate's big-model inference: its hooks move each layer's inputs to the layer's device)."""
+    where = placement(cfg)
+    if where and cfg.source == "artifact" and (resolve_artifact(cfg.id, artifacts_dir) / "adapter_config.json").is_file():
+        raise SpecReproError("model.device_map does not apply to a LoRA artifact (merged in memory); "
+                             "publish the merged model or leave model.device_map unset")
     if cfg.source == "random":
         model = random_llama(cfg.random, dtype)
+        model = dispatched(model, where) if where else model
         tokenizer = load_tokenizer(cfg.tokenizer, cfg)
     elif cfg.source == "embedded":
         path = embedded_checkpoint(cfg.cache_dir)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **where)
         tokenizer = AutoTokenizer.from_pretrained(path)
     elif cfg.source == "artifact":
         path = resolve_artifact(cfg.id, artifacts_dir)
         if (path / "adapter_config.json").is_file():
             model = merged_adapter(path, dtype, artifacts_dir)
         else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **where)
         tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
     elif cfg.source == "hf":
         if not cfg.id:
             raise SpecReproError(f"model '{cfg.name}' has source=hf but no model.id")
         common = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-        model = _from_pretrained(AutoModelForCausalLM, cfg.id, dtype=dtype, **common)
+        model = _from_pretrained(AutoModelForCausalLM, cfg.id, dtype=dtype, **common, **where)
         tokenizer = load_tokenizer(cfg.tokenizer or cfg.id, cfg)
     else:
         raise SpecReproError(f"model.source={cfg.source} is not one of hf, embedded, random, artifact")
-    model.to(device).eval()
+    if not where:
+        model.to(device)
+    model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=cfg.name)
 
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from accelerate import PartialState
 from omegaconf import DictConfig, OmegaConf
 
 from specrepro import registry
+from specrepro.config import weights_identity
 from specrepro.models import ModelLoader
 from specrepro.models.loading import unreadable_weights
 from specrepro.provenance import now, provenance
 from specrepro.tracking import config_hash, wandb_init
 from specrepro.training.artifacts import is_complete, publish, staging_dir
-from specrepro.training.loop import validate_loop
+from specrepro.training.loop import clear_checkpoints, validate_loop
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +24,7 @@ def artifact_path(cfg) -> Path:
     """`<artifacts_dir>/<component>-<model>-<hash of model + training config>`."""
     content = OmegaConf.to_container(cfg, resolve=True)
     training, dtype = content["training"], content["hardware"]["dtype"]
-    key = config_hash({"model": content["model"], "training": training, "dtype": dtype})
+    key = config_hash({"model": weights_identity(content["model"]), "training": training, "dtype": dtype})
     return Path(cfg.artifacts_dir) / f"{cfg.training.component}-{cfg.model.name}-{key}"
 
 
@@ -37,7 +39,11 @@ def validate_loops(node: DictConfig, key: str = "training") -> None:
 
 
 def train(cfg) -> Path:
-    """Train (or resume training) the configured component; return its artifact directory."""
+    """Train (or resume training) the configured component; return its artifact directory.
+
+    In one process, or in each process of an `accelerate launch` / torchrun: every process prepares the data
+    (each its share, see training/shards.py) and trains; the main process alone logs to W&B and publishes."""
+    state = PartialState()  # first: under a multi-GPU launch it selects this process's GPU
     final = artifact_path(cfg)
     if cfg.resume and is_complete(final):
         damaged = unreadable_weights(final)
@@ -52,17 +58,21 @@ def train(cfg) -> Path:
     device = loader.device
     target = loader.load_model(cfg.model)
     work_dir = Path(cfg.artifacts_dir) / ".work" / final.name
-    if not cfg.resume:
-        (work_dir / "checkpoint.pt").unlink(missing_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)
+    if not cfg.resume and state.is_main_process:
+        clear_checkpoints(work_dir)
+    state.wait_for_everyone()
     started_at = now()
-    run = wandb_init(cfg, final.name, work_dir, job_type="train")
+    run = wandb_init(cfg, final.name, work_dir, job_type="train") if state.is_main_process else None
 
     def log_metrics(metrics: dict, step: int) -> None:
         if run is not None:
             run.log(metrics, step=step)
 
     component_model, metrics, history = trainer(cfg, target, work_dir, log_metrics, device)
+    if not state.is_main_process:
+        state.wait_for_everyone()  # until the main process has published
+        return final
     staging = staging_dir(final)
     component_model.save_pretrained(staging)
     if hasattr(component_model, "peft_config"):  # a LoRA adapter alone: loading merges it into its base model
@@ -84,4 +94,5 @@ def train(cfg) -> Path:
             log.warning("W&B artifact upload failed (%s); the artifact is at %s", exc, final)
         run.finish()
     log.info("trained %s: %s", final, metrics)
+    state.wait_for_everyone()
     return final

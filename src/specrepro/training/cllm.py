@@ -43,6 +43,7 @@ from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
 from specrepro.training.artifacts import METADATA, find_matching_artifact
 from specrepro.training.loop import LoopConfig, micro_batch_indices
+from specrepro.training.shards import map_batches
 from specrepro.training.lora import LoRAConfig, with_lora
 
 log = logging.getLogger(__name__)
@@ -141,30 +142,44 @@ class TrajectoryDataset:
 
 
 def collect_trajectories(cfg, target, work_dir, log_metrics, device):
+    """Jacobi trajectories of every prompt (Alg. 1), split over the processes of a launch (training/shards.py):
+    each prompt draws its random initial states from its own seeded generator, so the dataset is the same
+    whatever the number of processes."""
     spec = cfg.training
     tokenizer, model = target.tokenizer, target.model
-    eos_ids, rng = _eos_ids(model, tokenizer), random.Random(spec.seed)
-    columns = {k: [] for k in ("source", "prompt_index", "prompt_len", "prefix_ids", "states", "fixed_point", "reference_ids")}
-    dropped_prompts = dropped_rows = prompt_index = 0
+    eos_ids = _eos_ids(model, tokenizer)
+    prompts = []  # (source, prompt ids, reference ids)
     for source, dataset_cfg in spec.prompts.items():
         for record in load_records(dataset_cfg):
             prompt = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
-            prompt = prompt[-spec.max_prompt_tokens :]
-            rows = jacobi_trajectories(model, prompt, spec.block_size, spec.max_new_tokens, eos_ids, rng)
-            output = [tok for row in rows for tok in row["fixed_point"]]
-            if spec.repeat_run and longest_run(output) >= spec.repeat_run:
-                dropped_prompts, dropped_rows = dropped_prompts + 1, dropped_rows + len(rows)
-                continue
             answer = reference_response(record)
-            reference = tokenizer(answer, add_special_tokens=False)["input_ids"] if answer else []
+            prompts.append((source, prompt[-spec.max_prompt_tokens :],
+                            tokenizer(answer, add_special_tokens=False)["input_ids"] if answer else []))
+
+    def trajectories(positions: list[int]) -> list[list[dict]]:
+        found = []
+        for position in positions:
+            rng = random.Random(spec.seed * 1_000_003 + position)
+            rows = jacobi_trajectories(model, prompts[position][1], spec.block_size, spec.max_new_tokens, eos_ids, rng)
             for row in rows:
-                states = augment_states(row["states"], row["fixed_point"], rng) if spec.augment else row["states"]
-                for key, value in (("source", source), ("prompt_index", prompt_index), ("prompt_len", len(prompt)),
-                                   ("prefix_ids", row["prefix_ids"]), ("states", states),
-                                   ("fixed_point", row["fixed_point"]), ("reference_ids", reference)):
-                    columns[key].append(value)
-            prompt_index += 1
-            log.info("trajectories: %d prompts, %d blocks", prompt_index, len(columns["source"]))
+                row["states"] = augment_states(row["states"], row["fixed_point"], rng) if spec.augment else row["states"]
+            found.append(rows)
+        return found
+
+    per_prompt = map_batches([[position] for position in range(len(prompts))], trajectories, "Jacobi trajectories")
+    columns = {k: [] for k in ("source", "prompt_index", "prompt_len", "prefix_ids", "states", "fixed_point", "reference_ids")}
+    dropped_prompts = dropped_rows = prompt_index = 0
+    for (source, prompt, reference), rows in zip(prompts, per_prompt):
+        output = [tok for row in rows for tok in row["fixed_point"]]
+        if spec.repeat_run and longest_run(output) >= spec.repeat_run:
+            dropped_prompts, dropped_rows = dropped_prompts + 1, dropped_rows + len(rows)
+            continue
+        for row in rows:
+            for key, value in (("source", source), ("prompt_index", prompt_index), ("prompt_len", len(prompt)),
+                               ("prefix_ids", row["prefix_ids"]), ("states", row["states"]),
+                               ("fixed_point", row["fixed_point"]), ("reference_ids", reference)):
+                columns[key].append(value)
+        prompt_index += 1
     if not columns["source"]:
         raise SpecReproError("no Jacobi trajectories were kept: add prompts or relax training.repeat_run")
     dataset = Dataset.from_dict(columns)

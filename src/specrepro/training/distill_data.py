@@ -27,10 +27,11 @@ import torch
 from datasets import Dataset, load_from_disk
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
-from tqdm import tqdm
 
+from specrepro.config import weights_identity
 from specrepro.data import load_records, reference_response, render_prompt
 from specrepro.models import resolve_dtype
+from specrepro.training.shards import map_batches, write_once
 
 log = logging.getLogger(__name__)
 
@@ -50,21 +51,25 @@ def generate_continuations(model, tokenizer, texts: list[str], max_new_tokens: i
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stop_ids = {pad_id, tokenizer.eos_token_id}
     device = next(model.parameters()).device
-    results = []
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths batch with little padding
-    for start in tqdm(range(0, len(order), batch_size), desc="target continuations", unit="batch"):
-        batch = [texts[i] for i in order[start : start + batch_size]]
-        encoded = [tokenizer(t, add_special_tokens=False)["input_ids"][-max_prompt_tokens:] for t in batch]
+
+    def continue_batch(indices: list[int]) -> list[tuple[list[int], list[int]]]:
+        encoded = [tokenizer(texts[i], add_special_tokens=False)["input_ids"][-max_prompt_tokens:] for i in indices]
         width = max(len(ids) for ids in encoded)
         input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in encoded], device=device)
         attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
         output = model.generate(input_ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=False,
                                 pad_token_id=pad_id, temperature=None, top_p=None, top_k=None)
+        pairs = []
         for ids, row in zip(encoded, output[:, width:].tolist()):
             stops = [i for i, tok in enumerate(row) if tok in stop_ids]
             if stops:  # finished early: keep up to and including the first EOS, drop the padding
                 row = row[: stops[0] + 1]
-            results.append((ids, row))
+            pairs.append((ids, row))
+        return pairs
+
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    results = map_batches(batches, continue_batch, "target continuations")
     unsorted = [None] * len(texts)
     for position, index in enumerate(order):
         unsorted[index] = results[position]
@@ -78,7 +83,7 @@ def distill_cache_dir(cfg, kind: str, prompt_sets, tokens: int, max_prompt_token
     from specrepro.tracking import config_hash
 
     key = config_hash(OmegaConf.to_container(OmegaConf.create({
-        "model": cfg.model, "prompts": prompt_sets, "tokens": tokens, "max_prompt_tokens": max_prompt_tokens,
+        "model": weights_identity(cfg.model), "prompts": prompt_sets, "tokens": tokens, "max_prompt_tokens": max_prompt_tokens,
         "dtype": dtype or cfg.hardware.dtype}), resolve=True))
     return Path(cfg.artifacts_dir) / ".work" / f"{kind}-{key}"
 
@@ -105,11 +110,15 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
         "prompt_ids": [p for p, _ in pairs],
         "continuation_ids": [c for _, c in pairs],
     })
-    staging = cache_dir.with_name(f".{cache_dir.name}.staging")
-    dataset.save_to_disk(str(staging))
-    (staging / "settings.json").write_text(json.dumps(OmegaConf.to_container(OmegaConf.create(
-        {"max_new_tokens": max_new_tokens, "prompt_sets": list(prompt_sets)}))))
-    staging.rename(cache_dir)
+
+    def write() -> None:
+        staging = cache_dir.with_name(f".{cache_dir.name}.staging")
+        dataset.save_to_disk(str(staging))
+        (staging / "settings.json").write_text(json.dumps(OmegaConf.to_container(OmegaConf.create(
+            {"max_new_tokens": max_new_tokens, "prompt_sets": list(prompt_sets)}))))
+        staging.rename(cache_dir)
+
+    write_once(write)
     return load_from_disk(str(cache_dir))
 
 
@@ -136,9 +145,8 @@ def reference_rows(datasets: dict, tokenizer, max_prompt_tokens: int, response_t
 def target_argmax_labels(model, rows: list[tuple[list[int], list[int]]], batch_size: int) -> list[list[int]]:
     """The target's greedy prediction at every response position, teacher-forced on (prompt, response) pairs."""
     device = next(model.parameters()).device
-    labels = []
-    for start in tqdm(range(0, len(rows), batch_size), desc="target labels", unit="batch"):
-        batch = rows[start : start + batch_size]
+
+    def label_batch(batch: list[tuple[list[int], list[int]]]) -> list[list[int]]:
         width = max(len(p) + len(r) for p, r in batch)
         ids = torch.zeros((len(batch), width), dtype=torch.long)
         attention = torch.zeros((len(batch), width), dtype=torch.long)
@@ -146,11 +154,12 @@ def target_argmax_labels(model, rows: list[tuple[list[int], list[int]]], batch_s
             ids[i, : len(prompt) + len(response)] = torch.tensor(prompt + response)
             attention[i, : len(prompt) + len(response)] = 1
         hidden = model.model(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
-        for i, (prompt, response) in enumerate(batch):
-            # position t predicts token t + 1: the positions from the prompt's last token to the response's last but one
-            positions = hidden[i, len(prompt) - 1 : len(prompt) + len(response) - 1]
-            labels.append(model.lm_head(positions).argmax(-1).tolist())
-    return labels
+        # position t predicts token t + 1: the positions from the prompt's last token to the response's last but one
+        return [model.lm_head(hidden[i, len(prompt) - 1 : len(prompt) + len(response) - 1]).argmax(-1).tolist()
+                for i, (prompt, response) in enumerate(batch)]
+
+    return map_batches([rows[start : start + batch_size] for start in range(0, len(rows), batch_size)], label_batch,
+                       "target labels")
 
 
 def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int, batch_size: int,
@@ -178,9 +187,13 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
     labels = target_argmax_labels(teacher_copy(target.model, dtype), pairs, batch_size)
     dataset = Dataset.from_dict({"source": sources, "prompt_ids": [p for p, _ in pairs],
                                  "continuation_ids": [r for _, r in pairs], "label_ids": labels})
-    staging = cache_dir.with_name(f".{cache_dir.name}.staging")
-    dataset.save_to_disk(str(staging))
-    staging.rename(cache_dir)
+
+    def write() -> None:
+        staging = cache_dir.with_name(f".{cache_dir.name}.staging")
+        dataset.save_to_disk(str(staging))
+        staging.rename(cache_dir)
+
+    write_once(write)
     return load_from_disk(str(cache_dir))
 
 
@@ -200,7 +213,7 @@ def hidden_cache_dir(cfg, rows: list[dict], prompt_tokens: int, autocast: bool) 
 
     digest = hashlib.sha256(json.dumps([[r["prompt_ids"][-prompt_tokens:], r["continuation_ids"]] for r in rows])
                             .encode()).hexdigest()
-    key = config_hash({"model": OmegaConf.to_container(cfg.model, resolve=True), "rows": digest,
+    key = config_hash({"model": weights_identity(cfg.model), "rows": digest,
                        "dtype": "bf16_autocast" if autocast else cfg.hardware.dtype})
     return Path(cfg.artifacts_dir) / ".work" / f"hidden-{key}"
 
@@ -234,19 +247,25 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
         stored = load_file(str(path))
         return list(torch.split(stored["hidden"], stored["lengths"].tolist()))
     device = next(model.parameters()).device
-    states = []
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt_ids"][-prompt_tokens:]) + len(rows[i]["continuation_ids"]))
-    for start in tqdm(range(0, len(order), batch_size), desc="target hidden states", unit="batch"):
+
+    def hidden_batch(indices: list[int]) -> list[torch.Tensor]:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            states += [h.cpu() for h in continuation_hidden(model, [rows[i] for i in order[start : start + batch_size]],
-                                                             prompt_tokens)]
+            return [h.cpu() for h in continuation_hidden(model, [rows[i] for i in indices], prompt_tokens)]
+
+    states = map_batches([order[start : start + batch_size] for start in range(0, len(order), batch_size)],
+                         hidden_batch, "target hidden states")
     by_row = [None] * len(rows)
     for position, index in enumerate(order):
         by_row[index] = states[position]
-    staging = cache_dir.with_name(f".{cache_dir.name}.staging")
-    staging.mkdir(parents=True, exist_ok=True)
-    save_file({"hidden": torch.cat(by_row).contiguous(), "lengths": torch.tensor([len(h) for h in by_row])},
-              str(staging / path.name))
-    shutil.rmtree(cache_dir, ignore_errors=True)
-    staging.rename(cache_dir)
+
+    def write() -> None:
+        staging = cache_dir.with_name(f".{cache_dir.name}.staging")
+        staging.mkdir(parents=True, exist_ok=True)
+        save_file({"hidden": torch.cat(by_row).contiguous(), "lengths": torch.tensor([len(h) for h in by_row])},
+                  str(staging / path.name))
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        staging.rename(cache_dir)
+
+    write_once(write)
     return by_row

@@ -1,25 +1,32 @@
 """The one training loop every trainable component uses.
 
-AdamW, linear warm-up then cosine decay, gradient accumulation, optional bf16 autocast, a tqdm bar,
-losses to W&B, an atomic checkpoint every `checkpoint_every` steps, and resume from that checkpoint.
-Batches come from `batch_for_step(step)`, a pure function of the step, so a resumed run sees exactly the
-batches the interrupted one would have.
+AdamW, linear warm-up then cosine decay, gradient accumulation, optional bf16 mixed precision, a tqdm bar,
+losses to W&B, a checkpoint every `checkpoint_every` steps and resume from it, all through 🤗 Accelerate: the
+same loop runs in one process or under `accelerate launch` with DDP, FSDP or DeepSpeed (conf/accelerate/).
+Batches come from `batch_for_step(step, micro)`, a pure function of the step, so a resumed run sees exactly
+the batches the interrupted one would have.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 import math
-import os
 import random
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+from accelerate import Accelerator, PartialState
+from accelerate.state import AcceleratorState
+from accelerate.utils import DistributedType
 from tqdm import tqdm
 
 from specrepro.errors import SpecReproError
+from specrepro.tracking import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +61,19 @@ def validate_loop(loop, key: str = "training.loop") -> None:
 
 
 def micro_batch_indices(step: int, micro: int, n_rows: int, cfg: LoopConfig) -> list[int]:
-    """Row indices of one micro-batch: a pure function of the step (seeded epoch permutations), for exact resume."""
+    """This process's row indices of one micro-batch. The micro-batch (`batch_size` rows) is a pure function of
+    the step (seeded epoch permutations), for exact resume; under `accelerate launch` each of the N processes
+    takes every N-th of its rows, so the global batch is the same whatever N is, and a resume may change N."""
+    state = PartialState()
+    if cfg.batch_size % state.num_processes:
+        raise SpecReproError(f"training.loop.batch_size={cfg.batch_size} does not split over "
+                             f"{state.num_processes} processes")
     position = (step * cfg.grad_accum + micro) * cfg.batch_size
     epoch, offset = divmod(position, n_rows)
     order = list(range(n_rows))
     random.Random(cfg.seed * 100003 + epoch).shuffle(order)
-    return [order[(offset + j) % n_rows] for j in range(cfg.batch_size)]
+    rows = [order[(offset + j) % n_rows] for j in range(cfg.batch_size)]
+    return rows[state.process_index :: state.num_processes]
 
 
 def lr_lambda(cfg: LoopConfig) -> Callable[[int], float]:
@@ -72,17 +86,62 @@ def lr_lambda(cfg: LoopConfig) -> Callable[[int], float]:
     return factor
 
 
-def save_checkpoint(path: Path, step: int, model, optimizer, scheduler, history: list[dict]) -> None:
-    trainable = {k: v for k, v in model.state_dict().items() if k in _trainable_names(model)}
-    state = {"step": step, "model": trainable, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-             "rng": torch.get_rng_state(), "history": history}
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+class _Progress:
+    """The loop's own state in a checkpoint (next step, logged history), saved by the accelerator beside the rest."""
+
+    def __init__(self):
+        self.step, self.history = 0, []
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "history": self.history}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.history = state["step"], state["history"]
 
 
-def _trainable_names(model) -> set[str]:
-    return {name for name, p in model.named_parameters() if p.requires_grad}
+class _LossModule(torch.nn.Module):
+    """`loss_fn(model, batch)` as the module's forward, so DDP / FSDP / DeepSpeed see every forward it makes
+    (a loss may call the model's parts, e.g. a draft's trunk and its LM head on a few positions)."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, batch: dict):
+        return self.loss_fn(self.model, batch)
+
+
+LATEST = "latest"  # the file naming the newest complete checkpoint folder under a work dir
+
+
+def clear_checkpoints(work_dir: Path) -> None:
+    """Forget every checkpoint under `work_dir` (and its sub-folders: a component may train several loops)."""
+    for pointer in work_dir.rglob(LATEST):
+        pointer.unlink()
+
+
+def _save(accelerator: Accelerator, work_dir: Path, step: int) -> None:
+    """accelerator.save_state into `checkpoint-<step>/`, then point `latest` at it (atomically) and drop the older
+    folder: a kill at any moment leaves `latest` naming a complete checkpoint."""
+    folder = work_dir / f"checkpoint-{step}"
+    accelerator.save_state(str(folder))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        previous = (work_dir / LATEST).read_text().strip() if (work_dir / LATEST).is_file() else None
+        atomic_write(work_dir / LATEST, folder.name + "\n")
+        if previous and previous != folder.name:
+            shutil.rmtree(work_dir / previous, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+def _accelerator(cfg: LoopConfig, device: torch.device) -> Accelerator:
+    """The process's accelerator with this loop's mixed precision. The launch (`accelerate launch`, torchrun, or
+    none: one process) picks DDP / FSDP / DeepSpeed; a component whose loops differ in precision (EESD's head in
+    bf16, its calibration in fp32) gets a fresh accelerator state per loop, the process group kept."""
+    precision = "bf16" if cfg.bf16_autocast else "no"
+    if AcceleratorState._shared_state and AcceleratorState().mixed_precision != precision:
+        AcceleratorState._reset_state()
+    return Accelerator(mixed_precision=precision, cpu=device.type == "cpu")
 
 
 def train_loop(
@@ -94,46 +153,61 @@ def train_loop(
     log_metrics: Callable[[dict, int], None] = lambda metrics, step: None,
     device: torch.device = torch.device("cpu"),
 ) -> list[dict]:
-    """Train the parameters of `model` that require grad; return the logged history.
+    """Train the parameters of `model` that require grad on 🤗 Accelerate; return the logged history.
 
-    loss_fn(model, batch) -> (loss, extra logs); batch_for_step(step, micro) -> batch (tensors on device).
+    loss_fn(model, batch) -> (loss, extra logs); batch_for_step(step, micro) -> this process's share of the
+    micro-batch (see `micro_batch_indices`), tensors on device. In one process this is plain training; under
+    `accelerate launch` gradients are averaged over processes, so the global batch (batch_size x grad_accum)
+    and the loss history do not depend on the process count. Only the main process logs.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    checkpoint = work_dir / "checkpoint.pt"
-    start, history = 0, []
-    if checkpoint.is_file():
-        state = torch.load(checkpoint, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"], strict=False)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"])
-        start, history = state["step"], state["history"]
-        log.info("resuming training from step %d (%s)", start, checkpoint)
+    accelerator = _accelerator(cfg, device)
+    sharded = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+    # FSDP and DeepSpeed rewrite the module they wrap: they train a copy, whose weights come back at the end
+    trained = _LossModule(copy.deepcopy(model) if sharded else model, loss_fn)
+    optimizer = torch.optim.AdamW([p for p in trained.parameters() if p.requires_grad], lr=cfg.lr,
+                                  weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))  # one step per optimizer step
+    trained, optimizer = accelerator.prepare(trained, optimizer)
+    progress = _Progress()
+    accelerator.register_for_checkpointing(scheduler, progress)
+    latest = work_dir / LATEST
+    if latest.is_file():
+        accelerator.load_state(str(work_dir / latest.read_text().strip()))
+        log.info("resuming training from step %d (%s)", progress.step, work_dir)
+    start = progress.step
     torch.manual_seed(cfg.seed + start)
-    model.train()
-    bar = tqdm(range(start, cfg.steps), desc="train", unit="step", initial=start, total=cfg.steps)
+    trained.train()
+    bar = tqdm(range(start, cfg.steps), desc="train", unit="step", initial=start, total=cfg.steps,
+               disable=not accelerator.is_main_process)
     for step in bar:
-        optimizer.zero_grad(set_to_none=True)
         logs: dict[str, float] = {}
         for micro in range(cfg.grad_accum):
             batch = batch_for_step(step, micro)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
-                loss, extra = loss_fn(model, batch)
-            (loss / cfg.grad_accum).backward()
-            for key, value in {"loss": float(loss.detach()), **extra}.items():
+            # gradients are averaged across processes once per optimizer step, on its last micro-batch
+            with accelerator.no_sync(trained) if micro + 1 < cfg.grad_accum else contextlib.nullcontext():
+                loss, extra = trained(batch)
+                accelerator.backward(loss / cfg.grad_accum)
+            for key, value in {"loss": loss.detach(), **extra}.items():
                 logs[key] = logs.get(key, 0.0) + float(value) / cfg.grad_accum
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        logs = {key: float(accelerator.reduce(torch.tensor(value, device=accelerator.device), "mean"))
+                for key, value in logs.items()}
+        grad_norm = accelerator.clip_grad_norm_(trained.parameters(), cfg.max_grad_norm)
         optimizer.step()
         scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
         logs.update(lr=scheduler.get_last_lr()[0], grad_norm=float(grad_norm), step=step + 1)
         bar.set_postfix(loss=f"{logs['loss']:.3f}")
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-            history.append(logs)
-            log_metrics(logs, step + 1)
+            progress.history.append(logs)
+            if accelerator.is_main_process:
+                log_metrics(logs, step + 1)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-            save_checkpoint(checkpoint, step + 1, model, optimizer, scheduler, history)
+            progress.step = step + 1
+            _save(accelerator, work_dir, step + 1)
+    if sharded:  # the full weights, gathered from the shards, back into the caller's module
+        state = accelerator.get_state_dict(trained)
+        model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
+    accelerator.free_memory()
     model.eval()
-    return history
+    return progress.history

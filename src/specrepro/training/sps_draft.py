@@ -61,6 +61,10 @@ def build_draft(target, arch: DraftArchConfig) -> LlamaForCausalLM:
         bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id, pad_token_id=getattr(tc, "pad_token_id", None),
     )
     draft = LlamaForCausalLM(config)
+    if arch.init == "pca" and arch.hidden_size > tc.hidden_size:
+        raise SpecReproError(f"training.draft.hidden_size={arch.hidden_size} is wider than the target's "
+                             f"({tc.hidden_size}): init=pca projects the target's embedding onto fewer directions; "
+                             f"use a smaller width or training.draft.init=random")
     if arch.init == "pca":
         embedding = target.get_input_embeddings().weight.detach().float()
         centered = embedding - embedding.mean(0, keepdim=True)
