@@ -7,11 +7,11 @@ import re
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.core.config_store import ConfigStore
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from specrepro.cli import CONF_DIR
+from specrepro.config import register_configs
 from specrepro.data import BUNDLED_DIR, DatasetConfig, completion_for_scoring, load_records, render_prompt
 from specrepro.data.files import read_rows
 from specrepro.errors import SpecReproError
@@ -43,7 +43,7 @@ EXPECTED = {
 
 def compose_dataset(name: str, *overrides: str):
     """The `dataset` node of conf/dataset/<name>.yaml, validated against DatasetConfig like a real run."""
-    ConfigStore.instance().store(group="dataset", name="base_dataset", node=DatasetConfig)
+    register_configs()  # the schemas the yamls extend (a run registers them on start)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(overrides=[f"+dataset={name}", *(f"dataset.{o}" for o in overrides)]).dataset
 
@@ -273,3 +273,13 @@ def test_hub_path_offline_gives_one_error_line(monkeypatch):
         load_records(config(path="hf:openai/gsm8k", hf_config="main", task="gsm8k"))
     message = str(caught.value)
     assert "\n" not in message and "hf:openai/gsm8k" in message
+
+
+def test_spec_bench_multi_turn_is_mt_bench_and_an_unknown_category_lists_the_groups():
+    """Spec-Bench's six leaderboard categories: `multi_turn` names MT-Bench's eight, the other five are subtasks."""
+    multi_turn = load_records(compose_dataset("spec_bench", "category=multi_turn"))
+    assert len(multi_turn) == 80 and all(len(record.turns) == 2 for record in multi_turn)
+    for category in ("translation", "summarization", "qa", "math_reasoning", "rag"):
+        assert len(load_records(compose_dataset("spec_bench", f"category={category}"))) == 80
+    with pytest.raises(SpecReproError, match="no records in category 'chat'.*math_reasoning.*multi_turn"):
+        load_records(compose_dataset("spec_bench", "category=chat"))

@@ -154,6 +154,17 @@ def test_a_cell_is_a_metric_never_a_config_flag_of_that_name():
     assert build_table(spec, runs)[1][0][1:5] == ["–", "1.50", "–", "–"]
 
 
+def test_a_mean_column_averages_the_cells_it_names_and_needs_all_of_them():
+    """`mean_over: {dataset.category: [...]}`: the leaderboard's mean speedup and lossless over the categories."""
+    runs = [RunInfo(f"pld-{c}", {"speedup_paired": s}, {"method": {"name": "pld"}, "dataset": {"category": c}}, 0.0)
+            for c, s in (("qa", 1.2), ("rag", 1.6))]
+    spec = TableSpec("t", "p", "title", "", ["Method"], [Row(label=["pld"])], [
+        Column("Mean", "speedup_paired", mean_over={"dataset.category": ["qa", "rag"]}),
+        Column("Mean of three", "speedup_paired", mean_over={"dataset.category": ["qa", "rag", "translation"]})])
+    header, body, footnotes = build_table(spec, runs)
+    assert body[0][1:5] == ["–", "1.40", "–", "–"] and footnotes == ["pld-qa", "pld-rag"]
+
+
 SMALL_TABLE = """\
 paper: small
 title: A small table
@@ -182,6 +193,8 @@ MALFORMED = {
     "bad fmt": (('"{:.2f}"', '"{:.2f"'), "columns[0].fmt: '{:.2f' cannot format a number"),
     "scale not a number": (('fmt: "{:.2f}"', "scale: x100"),
                            "columns[0].scale: expected a number, got a string 'x100'"),
+    "mean over a scalar": (('fmt: "{:.2f}"', "mean_over: {dataset: gsm8k}"),
+                           "columns[0].mean_over: expected one key and a non-empty list of its values"),
 }
 
 

@@ -12,6 +12,7 @@ A table spec is a small YAML file, `experiments/tables/<NAME>.yaml` (see the one
       - {label: [Vanilla SD], select: {method: sps}, paper: {GSM8K HM: 82.49, GSM8K Speedup: 1.19}}
     columns:                         # label, metric key in metrics.json, optional selector, format, scale
       - {label: GSM8K HM, key: hm, select: {dataset: gsm8k}, fmt: "{:.2f}"}
+      - {label: Mean HM, key: hm, mean_over: {dataset: [gsm8k, xsum]}}   # the mean of the cells it names
 
 paper, title, rows (each with a label) and columns (each with a label and a key) are required; a key not shown
 here, a value of the wrong type or a paper number for no column makes the spec invalid (one line naming the place).
@@ -58,6 +59,7 @@ class Column:
     select: dict = field(default_factory=dict)
     fmt: str = "{:.2f}"
     scale: float = 1.0  # multiplies our value, e.g. 100 for a fraction the paper prints in percent
+    mean_over: dict = field(default_factory=dict)  # {key: [values]}: the mean of the cells with each value (all needed)
 
 
 @dataclass
@@ -181,7 +183,7 @@ def _selector(value, where: str) -> dict:
 
 
 def _column(raw, where: str) -> Column:
-    raw = _mapping(raw, where, required=("label", "key"), optional=("select", "fmt", "scale"))
+    raw = _mapping(raw, where, required=("label", "key"), optional=("select", "fmt", "scale", "mean_over"))
     fmt = _text(raw.get("fmt", "{:.2f}"), f"{where}.fmt")
     try:
         fmt.format(1.0)
@@ -190,8 +192,12 @@ def _column(raw, where: str) -> Column:
     scale = raw.get("scale", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise _Invalid(f"{where}.scale: expected a number, got {_kind(scale)}")
+    mean_over = _selector(raw.get("mean_over", {}), f"{where}.mean_over")
+    if len(mean_over) > 1 or any(not isinstance(v, list) or not v for v in mean_over.values()):
+        raise _Invalid(f"{where}.mean_over: expected one key and a non-empty list of its values")
     return Column(label=_label(raw["label"], f"{where}.label"), key=_text(raw["key"], f"{where}.key"),
-                  select=_selector(raw.get("select", {}), f"{where}.select"), fmt=fmt, scale=float(scale))
+                  select=_selector(raw.get("select", {}), f"{where}.select"), fmt=fmt, scale=float(scale),
+                  mean_over=mean_over)
 
 
 def _row(raw, where: str, columns: list[Column], width: int) -> Row:
@@ -329,11 +335,18 @@ def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[l
         cells = [_label_from_environment(label) for label in row.label] + [""] * (len(spec.row_header) - len(row.label))
         used: list[str] = []
         for column in spec.columns:
-            candidates = [r for r in runs if _matches(r, {**spec.select, **row.select, **column.select})]
-            run = max(candidates, key=lambda r: (r.order, r.name)) if candidates else None
-            value = run.metrics.get(column.key) if run else None  # a metric; a config flag of that name is not one
-            if run is not None and value is not None and run.name not in used:
-                used.append(run.name)
+            selectors = ([{column_key: v} for column_key, values in column.mean_over.items() for v in values]
+                         or [{}])
+            values = []
+            for extra in selectors:
+                candidates = [r for r in runs if _matches(r, {**spec.select, **row.select, **column.select, **extra})]
+                run = max(candidates, key=lambda r: (r.order, r.name)) if candidates else None
+                value = run.metrics.get(column.key) if run else None  # a metric; a config flag of that name is not one
+                if run is not None and value is not None and run.name not in used:
+                    used.append(run.name)
+                values.append(value)
+            missing = any(v is None or not isinstance(v, (int, float)) for v in values)
+            value = values[0] if len(values) == 1 else None if missing else sum(values) / len(values)
             cells += [_format(row.paper.get(column.label), column), _format(value, column, column.scale)]
         marks = []
         for name in used:

@@ -1,7 +1,7 @@
 """The dataset config: the Hydra structured-config schema behind conf/dataset/*.yaml."""
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Dict, List, Optional
 
 from omegaconf import MISSING
 
@@ -43,8 +43,10 @@ class DatasetConfig:
     metric: str = "none"
     # a prediction is cut at the first of these strings before scoring (e.g. "\nArticle:")
     cut_at: list[str] = field(default_factory=list)
-    # keep only records of this category (a Spec-Bench subtask or an MT-Bench category); null = all
+    # keep only records of this category (a Spec-Bench subtask or an MT-Bench category), or of a group of them
+    # that category_groups names; null = all
     category: Optional[str] = None
+    category_groups: Dict[str, List[str]] = field(default_factory=dict)
     # keep at most this many user turns per record (CLLM's ShareGPT prompts: 1); null = all
     max_turns: Optional[int] = None
     # MT-Bench: the reference-answer file whose turns become fields["reference_turns"]

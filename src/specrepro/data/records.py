@@ -42,7 +42,7 @@ def load_records(cfg) -> list[Record]:
     if cfg.task == "spider":
         _attach_spider_schemas(records, cfg.path)
     if cfg.category is not None:
-        records = _in_category(records, cfg.category, cfg.path)
+        records = _in_category(records, cfg.category, cfg.path, cfg.category_groups)
     if cfg.ids_path is not None:
         records = _with_listed_ids(records, cfg.ids_path)
     if cfg.reference_path is not None:
@@ -195,10 +195,12 @@ def _attach_spider_schemas(records: list[Record], path: str) -> None:
         record.fields["schema"] = schemas[record.fields["db_id"]]
 
 
-def _in_category(records: list[Record], category: str, path: str) -> list[Record]:
-    kept = [record for record in records if record.fields.get("category") == category]
+def _in_category(records: list[Record], category: str, path: str, groups) -> list[Record]:
+    """The records of `category`, or of every category in the group `groups[category]`."""
+    wanted = set(groups[category]) if category in groups else {category}
+    kept = [record for record in records if record.fields.get("category") in wanted]
     if not kept:
-        present = sorted({str(record.fields.get("category")) for record in records})
+        present = sorted({str(record.fields.get("category")) for record in records}) + sorted(groups)
         raise SpecReproError(f"{path}: no records in category '{category}' (categories: {', '.join(present)})")
     return kept
 
