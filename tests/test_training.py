@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from specrepro.config import ModelConfig, RandomArchConfig
 from specrepro.data import DatasetConfig
 from specrepro.models.loading import LoadedModel, load_tokenizer, random_llama
+from specrepro.training import cost
 from specrepro.training.distill_data import continuation_dataset, distill_cache_dir
 from specrepro.training.loop import LoopConfig, lr_lambda, train_loop
 from tests.test_runner import FAST, run_dirs, specrepro
@@ -58,6 +59,8 @@ def test_interrupted_training_resumes_exactly(tmp_path):
     for a, b in zip(model.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b)
     assert [h["step"] for h in history] == [1, 2, 3, 4, 5, 6]  # the history survives the interruption
+    seconds = [h["seconds"] for h in history]  # loop time, carried across the resume by the checkpoint
+    assert 0 < seconds[0] and seconds == sorted(seconds) and cost.loop_seconds(history) == seconds[-1]
 
 
 TINY_TRAINING = [
@@ -83,6 +86,7 @@ def test_continuations_from_a_bf16_copy_are_cached_apart_and_leave_the_target_in
     assert len(rows) == 3 and all(1 <= len(row["continuation_ids"]) <= 6 for row in rows)
     assert {p.dtype for p in target.model.parameters()} == {torch.float32}
     assert continuation_dataset(target, prompts, 6, 2, 64, bf16_dir)["continuation_ids"] == rows["continuation_ids"]
+    assert cost.recorded(bf16_dir) > 0  # what the cache took to make, for every training that re-uses it
 
 
 def test_train_sps_draft_then_decode_with_it(tmp_path):
@@ -91,12 +95,17 @@ def test_train_sps_draft_then_decode_with_it(tmp_path):
     metadata = json.loads((artifact / "artifact.json").read_text())
     assert metadata["component"] == "sps_draft" and len(metadata["history"]) >= 1
     assert 0 <= metadata["metrics"]["heldout_top1_agreement_after"] <= 1
+    spent = metadata["metrics"]["compute_minutes"]  # its data (continuations, labels) and its loop
+    assert spent * 60 > metadata["history"][-1]["seconds"] > 0
     again = specrepro("train", *TINY_TRAINING, cwd=tmp_path)  # finished: skipped, same artifact
     assert again.stdout.strip().endswith(out.stdout.strip().splitlines()[-1].removeprefix("artifact: "))
 
     specrepro("run", *FAST, "method=sps", "dataset.limit=2", "logger=none", cwd=tmp_path)
     sps = next(p for k, p in run_dirs(tmp_path).items() if k.startswith("sps:"))
-    assert json.loads((sps / "metrics.json").read_text())["lossless"] == 1.0
+    metrics = json.loads((sps / "metrics.json").read_text())
+    assert metrics["lossless"] == 1.0 and metrics["training_minutes"] == spent
+    ar = next(p for k, p in run_dirs(tmp_path).items() if k.startswith("ar:"))
+    assert json.loads((ar / "metrics.json").read_text())["training_minutes"] == 0.0
 
 
 @pytest.mark.parametrize("override, message", [

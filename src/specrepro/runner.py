@@ -25,9 +25,10 @@ from specrepro.metrics.speed import (impossible_generation, impossible_metrics, 
                                      speed_metrics, speedups)
 from specrepro.models import LoadedModel, ModelLoader
 from specrepro.decoding.steps import BACKENDS, EagerSteps
-from specrepro.identity import records_fingerprint, reference_key, run_name
+from specrepro.identity import records_fingerprint, reference_key, resolved_artifacts, run_name
 from specrepro.provenance import now, provenance
 from specrepro.tracking import RunRecord, complete_runs, log_to_wandb
+from specrepro.training import cost
 
 log = logging.getLogger(__name__)
 
@@ -271,11 +272,23 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
         reference_run=reference.dir.name if reference else None,
         lossless_method=decoder.lossless,
         compile_time=compile_time,  # seconds compiling the target's steps (hardware.compile), untimed
+        training_minutes=training_minutes(cfg, decoder),
         provenance=provenance(cfg.hardware, loader.device) | {"started_at": started_at, "finished_at": now()},
     )
     record.finish(metrics)
     log_to_wandb(cfg, record, name, group, metrics, rows)
     return metrics
+
+
+def training_minutes(cfg: DictConfig, decoder) -> float | None:
+    """What the trained artifacts this run uses cost to make here (training/cost.py): 0 for a method that needs
+    none, None when one does not say (trained before costs were recorded) or the extra weights come from elsewhere
+    (a hub draft)."""
+    artifacts = resolved_artifacts(cfg).values()
+    if not artifacts:
+        return None if decoder.extra_parameters else 0.0
+    spent = [cost.artifact_minutes(Path(cfg.artifacts_dir) / name) for name in artifacts]
+    return None if None in spent else sum(spent)
 
 
 def compile_steps_for(length: int, decoders) -> float:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict
@@ -41,6 +42,7 @@ from specrepro.decoding.base import _eos_ids
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
+from specrepro.training import cost
 from specrepro.training.artifacts import METADATA, find_matching_artifact
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 from specrepro.training.shards import map_batches
@@ -146,6 +148,7 @@ def collect_trajectories(cfg, target, work_dir, log_metrics, device):
     each prompt draws its random initial states from its own seeded generator, so the dataset is the same
     whatever the number of processes."""
     spec = cfg.training
+    clock = time.perf_counter()
     tokenizer, model = target.tokenizer, target.model
     eos_ids = _eos_ids(model, tokenizer)
     prompts = []  # (source, prompt ids, reference ids)
@@ -190,6 +193,7 @@ def collect_trajectories(cfg, target, work_dir, log_metrics, device):
         "mean_iterations_per_block": sum(iterations) / len(iterations),
         "tokens_per_forward": spec.block_size * len(iterations) / max(1, sum(iterations) + len(iterations)),
         "trajectories_by_source": {s: columns["source"].count(s) for s in set(columns["source"])},
+        "compute_minutes": cost.minutes(time.perf_counter() - clock),
     }
     log_metrics(metrics | {"trajectories_by_source": None}, 0)
     log.info("collected %s", metrics)
@@ -318,6 +322,7 @@ def train_consistency(cfg, target, work_dir, log_metrics, device):
 
     spec = cfg.training
     source = find_trajectories(spec.trajectories, cfg.artifacts_dir, spec.block_size) / "trajectories"
+    trajectory_minutes = cost.artifact_minutes(source.parent)
     dataset = load_from_disk(str(source))
     held = set(range(spec.heldout_prompts))
     heldout = [r for r in dataset if r["prompt_index"] in held and len(r["prefix_ids"]) == r["prompt_len"]]
@@ -341,6 +346,7 @@ def train_consistency(cfg, target, work_dir, log_metrics, device):
     metrics = {
         "trajectories": str(source.parent), "train_trajectories": len(rows), "heldout_prompts": len(eval_prompts),
         **{f"heldout_{k}_before": v for k, v in before.items()}, **{f"heldout_{k}_after": v for k, v in after.items()},
+        "compute_minutes": cost.minutes(cost.loop_seconds(history), None if trajectory_minutes is None else trajectory_minutes * 60),
     }
     return model, metrics, history
 

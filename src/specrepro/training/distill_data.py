@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from specrepro.config import weights_identity
 from specrepro.data import load_records, reference_response, render_prompt
 from specrepro.models import resolve_dtype
+from specrepro.training import cost
 from specrepro.training.shards import map_batches, write_once
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,7 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
     if (cache_dir / "dataset_info.json").is_file():
         log.info("re-using target continuations from %s", cache_dir)
         return load_from_disk(str(cache_dir))
+    clock = time.perf_counter()
     sources_and_texts = prompt_texts(prompt_sets, target.tokenizer)
     pairs = generate_continuations(teacher_copy(target.model, dtype), target.tokenizer, [t for _, t in sources_and_texts],
                                    max_new_tokens, batch_size, max_prompt_tokens)
@@ -114,6 +117,7 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
     def write() -> None:
         staging = cache_dir.with_name(f".{cache_dir.name}.staging")
         dataset.save_to_disk(str(staging))
+        cost.record(staging, time.perf_counter() - clock)
         (staging / "settings.json").write_text(json.dumps(OmegaConf.to_container(OmegaConf.create(
             {"max_new_tokens": max_new_tokens, "prompt_sets": list(prompt_sets)}))))
         staging.rename(cache_dir)
@@ -173,6 +177,7 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
     if (cache_dir / "dataset_info.json").is_file():
         log.info("re-using target labels from %s", cache_dir)
         return load_from_disk(str(cache_dir))
+    clock = time.perf_counter()
     tokenizer = target.tokenizer
     sources, pairs = [], []
     for name, dataset_cfg in prompt_sets.items():
@@ -191,6 +196,7 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
     def write() -> None:
         staging = cache_dir.with_name(f".{cache_dir.name}.staging")
         dataset.save_to_disk(str(staging))
+        cost.record(staging, time.perf_counter() - clock)
         staging.rename(cache_dir)
 
     write_once(write)
@@ -246,6 +252,7 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
         log.info("re-using target hidden states from %s", cache_dir)
         stored = load_file(str(path))
         return list(torch.split(stored["hidden"], stored["lengths"].tolist()))
+    clock = time.perf_counter()
     device = next(model.parameters()).device
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt_ids"][-prompt_tokens:]) + len(rows[i]["continuation_ids"]))
 
@@ -264,6 +271,7 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
         staging.mkdir(parents=True, exist_ok=True)
         save_file({"hidden": torch.cat(by_row).contiguous(), "lengths": torch.tensor([len(h) for h in by_row])},
                   str(staging / path.name))
+        cost.record(staging, time.perf_counter() - clock)
         shutil.rmtree(cache_dir, ignore_errors=True)
         staging.rename(cache_dir)
 

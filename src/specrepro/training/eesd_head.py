@@ -30,6 +30,7 @@ from specrepro.data.config import DatasetConfig
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.eesd import MAX_PREDICTOR_POSITION, CalibrationPredictor, EarlyExitHead, first_layers_hidden
 from specrepro.registry import register_component
+from specrepro.training import cost
 from specrepro.training.distill_data import frequent_tokens
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 
@@ -199,12 +200,13 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     n_heldout = max(1, int(len(generated) * spec.heldout_fraction))
     heldout, generated = generated[:n_heldout], generated[n_heldout:]
     plain = plain_rows(spec, target.tokenizer, spec.plain_rows) if spec.plain_from else []
-    labeled = []
+    labeled, caches = [], [cache]
     if spec.labeled:  # off-policy: human responses with the target's argmax as labels (a forward, not a generation)
+        caches.append(distill_cache_dir(cfg, "labels", spec.labeled, spec.labeled_response_tokens,
+                                        spec.labeled_prompt_tokens, spec.teacher_dtype))
         labeled = [row for row in teacher_labeled_dataset(
             target, spec.labeled, spec.labeled_response_tokens, spec.generation_batch_size, spec.labeled_prompt_tokens,
-            distill_cache_dir(cfg, "labels", spec.labeled, spec.labeled_response_tokens, spec.labeled_prompt_tokens,
-                              spec.teacher_dtype), spec.teacher_dtype) if row["continuation_ids"]]
+            caches[-1], spec.teacher_dtype) if row["continuation_ids"]]
     train_rows = generated + plain + labeled
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
 
@@ -233,6 +235,7 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
         "heldout_sequences": len(heldout),
         "head_parameters": sum(p.numel() for p in head.parameters()),
     }
+    seconds = [cost.loop_seconds(history), *map(cost.recorded, caches)]  # the head's loop and its data
     if vocab_ids is not None:  # the share of held-out target tokens the head can draft at all: its agreement bound
         held = torch.tensor([t for row in heldout for t in row["continuation_ids"]], device=device)
         metrics["heldout_draft_vocab_coverage"] = float((head.draft_index(held) >= 0).float().mean())
@@ -243,5 +246,7 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
             examples, model.config.hidden_size, spec.calibration.loop, work_dir / "calibration",
             lambda m, step: log_metrics({f"calibration/{k}": v for k, v in m.items()}, spec.loop.steps + step), device)
         metrics.update(cal_metrics)
+        seconds.append(cost.loop_seconds(cal_history))
         history += [{"calibration": True, **h} for h in cal_history]
+    metrics["compute_minutes"] = cost.minutes(*seconds)
     return head, metrics, history

@@ -15,6 +15,7 @@ import logging
 import math
 import random
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -87,16 +88,17 @@ def lr_lambda(cfg: LoopConfig) -> Callable[[int], float]:
 
 
 class _Progress:
-    """The loop's own state in a checkpoint (next step, logged history), saved by the accelerator beside the rest."""
+    """The loop's own state in a checkpoint (next step, logged history, seconds spent up to that step), saved by the
+    accelerator beside the rest."""
 
     def __init__(self):
-        self.step, self.history = 0, []
+        self.step, self.history, self.seconds = 0, [], 0.0
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "history": self.history}
+        return {"step": self.step, "history": self.history, "seconds": self.seconds}
 
     def load_state_dict(self, state: dict) -> None:
-        self.step, self.history = state["step"], state["history"]
+        self.step, self.history, self.seconds = state["step"], state["history"], state.get("seconds")
 
 
 class _LossModule(torch.nn.Module):
@@ -175,7 +177,7 @@ def train_loop(
     if latest.is_file():
         accelerator.load_state(str(work_dir / latest.read_text().strip()))
         log.info("resuming training from step %d (%s)", progress.step, work_dir)
-    start = progress.step
+    start, resumed_seconds, clock = progress.step, progress.seconds, time.perf_counter()
     torch.manual_seed(cfg.seed + start)
     trained.train()
     bar = tqdm(range(start, cfg.steps), desc="train", unit="step", initial=start, total=cfg.steps,
@@ -196,14 +198,16 @@ def train_loop(
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        logs.update(lr=scheduler.get_last_lr()[0], grad_norm=float(grad_norm), step=step + 1)
+        # seconds of this loop so far, across resumes (None under a checkpoint from before they were counted)
+        seconds = None if resumed_seconds is None else resumed_seconds + time.perf_counter() - clock
+        logs.update(lr=scheduler.get_last_lr()[0], grad_norm=float(grad_norm), step=step + 1, seconds=seconds)
         bar.set_postfix(loss=f"{logs['loss']:.3f}")
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
             progress.history.append(logs)
             if accelerator.is_main_process:
                 log_metrics(logs, step + 1)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-            progress.step = step + 1
+            progress.step, progress.seconds = step + 1, seconds
             _save(accelerator, work_dir, step + 1)
     if sharded:  # the full weights, gathered from the shards, back into the caller's module
         state = accelerator.get_state_dict(trained)

@@ -34,6 +34,7 @@ from specrepro.decoding import draft_vocab
 from specrepro.decoding.sar_draft import DraftHead, head_for
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
+from specrepro.training import cost
 from specrepro.training.distill_data import frequent_tokens, reference_rows
 from specrepro.training.loop import LoopConfig
 from specrepro.training.lora import LoRAConfig, with_lora
@@ -144,11 +145,12 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
     for p in model.parameters():
         p.requires_grad_(False)
     rows = reference_rows(spec.references, target.tokenizer, spec.max_prompt_tokens, spec.response_tokens)
+    caches = []
     if spec.continuations:
-        cache = distill_cache_dir(cfg, "continuations", spec.continuations, spec.response_tokens,
-                                  spec.max_prompt_tokens, spec.teacher_dtype)
+        caches.append(distill_cache_dir(cfg, "continuations", spec.continuations, spec.response_tokens,
+                                        spec.max_prompt_tokens, spec.teacher_dtype))
         generated = continuation_dataset(target, spec.continuations, spec.response_tokens, spec.generation_batch_size,
-                                         spec.max_prompt_tokens, cache, spec.teacher_dtype)
+                                         spec.max_prompt_tokens, caches[0], spec.teacher_dtype)
         rows += [{"prompt_ids": r["prompt_ids"], "continuation_ids": r["continuation_ids"]} for r in generated]
     rows = [r for r in rows if len(r["continuation_ids"]) > spec.head_k]
     if not rows:
@@ -158,8 +160,9 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
     heldout, train_rows = rows[:n_heldout], rows[n_heldout:] or rows
     autocast = spec.loop.bf16_autocast
     if not joint:  # h_p of every row, once: a training step is the head's own forward and backward
+        caches.append(hidden_cache_dir(cfg, rows, spec.train_prompt_tokens, autocast))
         hidden = target_hidden_states(model, rows, spec.train_prompt_tokens, spec.generation_batch_size, autocast,
-                                      hidden_cache_dir(cfg, rows, spec.train_prompt_tokens, autocast))
+                                      caches[-1])
         train_hidden = hidden[n_heldout:] or hidden
 
     def heldout_hidden() -> list[torch.Tensor]:
@@ -211,5 +214,6 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
         "heldout_top1_by_depth_after": heldout_accuracy(head, model, heldout, heldout_hidden(), spec),
         "train_sequences": len(train_rows),
         "heldout_sequences": len(heldout),
+        "compute_minutes": cost.minutes(cost.loop_seconds(history), *map(cost.recorded, caches)),
     }
     return trained, metrics, history

@@ -235,6 +235,7 @@ def train_self_sd_skip_set(cfg, target, work_dir, log_metrics, device):
         "best_accept_rate": best["accept_rate"], "best_mat": best["mat"], "best_rechecks": best.get("rechecks", []),
         "n_attn_skipped": best["n_attn_skipped"], "n_mlp_skipped": best["n_mlp_skipped"],
         "search_seconds": time.perf_counter() - start,
+        "compute_minutes": (time.perf_counter() - start) / 60,
     }
     info = {"search": spec.search, "metrics": metrics,
             "history": [{k: row[k] for k in ("iteration", "objective", "tokens_per_s", "speedup_vs_ar", "accept_rate")}

@@ -39,6 +39,7 @@ from specrepro.data.config import DatasetConfig
 from specrepro.decoding.space import MASK_TOKEN
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
+from specrepro.training import cost
 from specrepro.training.distill_data import continuation_dataset, distill_cache_dir, reference_rows
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 from specrepro.training.lora import LoRAConfig, with_lora
@@ -213,11 +214,13 @@ def train_space_sft(cfg, target, work_dir, log_metrics, device):
         raise SpecReproError("SAR-SFT needs the model's tokenizer (to add the [M] token)")
     end_of_turn = tokenizer.eos_token_id
     rows = reference_rows(spec.data, tokenizer, spec.max_prompt_tokens, spec.max_response_tokens, end_of_turn)
+    caches = []
     if spec.continuations:  # the base model's own answers, generated before [M] exists (cached, shared with EESD)
         cache = distill_cache_dir(cfg, "continuations", spec.continuations, spec.continuation_tokens,
                                   spec.max_prompt_tokens)
         generated = continuation_dataset(target, spec.continuations, spec.continuation_tokens,
                                          spec.generation_batch_size, spec.max_prompt_tokens, cache)
+        caches.append(cache)
         rows += [{**row, "source": f"{row['source']}_self"} for row in generated]
     mask_id = add_mask_token(model, tokenizer, spec.mask_init_std)
     model.config.space_mask_token_id, model.config.space_k, model.config.space_p_ar = mask_id, spec.k, spec.p_ar
@@ -254,6 +257,7 @@ def train_space_sft(cfg, target, work_dir, log_metrics, device):
         "train_tokens_per_epoch": sum(len(s["input_ids"]) for s in samples), "heldout_prompts": len(eval_prompts),
         "heldout_mat_before": before, "heldout_mat_after": after,
         "groups": spec.groups,
+        "compute_minutes": cost.minutes(cost.loop_seconds(history), *map(cost.recorded, caches)),
         "samples_by_source": {src: sum(r["source"] == src for r in rows) for src in {r["source"] for r in rows}},
     }
     log_metrics({k: v for k, v in metrics.items() if k != "samples_by_source"}, spec.loop.steps)

@@ -20,6 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specrepro.data.config import DatasetConfig
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
+from specrepro.training import cost
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 
 
@@ -154,9 +155,9 @@ def train_sps_draft(cfg, target, work_dir, log_metrics, device):
     from specrepro.training.loop import train_loop
 
     spec = cfg.training
+    caches = [distill_cache_dir(cfg, "continuations", spec.prompts, spec.continuation_tokens, spec.max_prompt_tokens)]
     on_policy = continuation_dataset(target, spec.prompts, spec.continuation_tokens, spec.generation_batch_size,
-                                     spec.max_prompt_tokens, distill_cache_dir(cfg, "continuations", spec.prompts,
-                                                                               spec.continuation_tokens, spec.max_prompt_tokens))
+                                     spec.max_prompt_tokens, caches[0])
     # greedy continuations are the target's own argmax: their labels are the tokens themselves
     rows = [{**row, "label_ids": row["continuation_ids"]} for row in on_policy if row["continuation_ids"]]
     random.Random(spec.loop.seed).shuffle(rows)
@@ -164,10 +165,10 @@ def train_sps_draft(cfg, target, work_dir, log_metrics, device):
     n_heldout = max(1, int(len(rows) * spec.heldout_fraction))
     heldout, train_rows = rows[:n_heldout], rows[n_heldout:]
     if spec.labeled:
+        caches.append(distill_cache_dir(cfg, "labels", spec.labeled, spec.labeled_response_tokens,
+                                        spec.labeled_prompt_tokens))
         off_policy = teacher_labeled_dataset(target, spec.labeled, spec.labeled_response_tokens,
-                                             spec.generation_batch_size, spec.labeled_prompt_tokens,
-                                             distill_cache_dir(cfg, "labels", spec.labeled, spec.labeled_response_tokens,
-                                                               spec.labeled_prompt_tokens))
+                                             spec.generation_batch_size, spec.labeled_prompt_tokens, caches[-1])
         train_rows += [row for row in off_policy if row["continuation_ids"]]
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
 
@@ -187,5 +188,6 @@ def train_sps_draft(cfg, target, work_dir, log_metrics, device):
         "train_sequences_by_source": {s: sum(r["source"] == s for r in train_rows) for s in {r["source"] for r in train_rows}},
         "draft_parameters": sum(p.numel() for p in draft.parameters()),
         "target_parameters": sum(p.numel() for p in target.model.parameters()),
+        "compute_minutes": cost.minutes(cost.loop_seconds(history), *map(cost.recorded, caches)),
     }
     return draft, metrics, history
