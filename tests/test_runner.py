@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 FAST = ["model=tiny_random", "decoding.max_new_tokens=8", "timing.warmup_tokens=4", "hardware.threads=1"]
 
@@ -129,6 +130,18 @@ def test_per_generation_extras_become_run_metrics_and_step_lists_do_not():
             {"extra": {"extra_memory_pct": 7.0, "block_size": 16, "fast_forwarded": [0]}},
             {"extra": {"extra_memory_pct": 5.0}}]
     assert run_level_extras(gens) == {"extra_memory_pct": 19.0 / 3}  # block_size is missing from one generation
+
+
+def test_the_leaderboard_preset_scores_a_category_with_its_own_metric(tmp_path):
+    """Spec-Bench's math questions are scored with GSM8K accuracy (dataset.category_metrics), with the reference NLL
+    and the cost column beside them; a category without one (qa) gets no score."""
+    for category, scored in (("math_reasoning", {"gsm8k_acc", "reference_nll"}), ("qa", set())):
+        specrepro("run", *FAST, "+experiment=spec_bench", "method=ar", f"dataset.category={category}",
+                  "dataset.limit=1", "logger=none", cwd=tmp_path)
+        metrics = next(json.loads((p / "metrics.json").read_text()) for p in run_dirs(tmp_path).values()
+                       if OmegaConf.load(p / "config.yaml").dataset.category == category)
+        assert scored <= set(metrics) and not ({"gsm8k_acc", "rouge_l"} - scored) & set(metrics)
+        assert metrics["training_minutes"] == 0.0 and metrics["lossless_paired"] == 1.0
 
 
 def test_reference_nll_scores_each_reference_under_the_run_model(tmp_path):

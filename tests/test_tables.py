@@ -15,7 +15,9 @@ import yaml
 
 from specrepro.errors import SpecReproError
 from specrepro.reproduce import PIPELINES_DIR, load_pipeline
-from specrepro.tables import TABLES_DIR, Column, Row, RunInfo, TableSpec, _matches, build_table, local_runs, write_table
+from specrepro.plots import read_here, write_plots
+from specrepro.tables import (TABLES_DIR, Column, Row, RunInfo, TableSpec, _matches, build_table, local_runs,
+                              render_csv, write_table)
 from tests.test_runner import FAST, run_dirs, specrepro
 
 TINY = [*FAST, "decoding.max_new_tokens=48", "dataset.limit=2", "logger=none"]  # 48: long enough for pld to draft
@@ -165,6 +167,29 @@ def test_a_mean_column_averages_the_cells_it_names_and_needs_all_of_them():
     assert body[0][1:5] == ["–", "1.40", "–", "–"] and footnotes == ["pld-qa", "pld-rag"]
 
 
+def test_plots_show_the_tables_own_numbers(tmp_path):
+    """A spec's plots read the "(here)" cells of the CSV the table wrote: the figure and the table agree."""
+    runs = [RunInfo(f"{m}-{c}", {"speedup_paired": s, "training_minutes": t},
+                    {"method": {"name": m}, "dataset": {"category": c}}, 0.0)
+            for m, t, cells in (("pld", 0.0, (("qa", 1.2), ("rag", 1.6))), ("sps", 17.5, (("qa", 0.9),)))
+            for c, s in cells]
+    columns = [Column("QA speedup", "speedup_paired", select={"dataset.category": "qa"}, fmt="{:.2f}x"),
+               Column("RAG speedup", "speedup_paired", select={"dataset.category": "rag"}, fmt="{:.2f}x"),
+               Column("Training minutes", "training_minutes", select={"dataset.category": "qa"}, fmt="{:.0f}")]
+    spec = TableSpec("t", "p", "title", "", ["Method"], [Row(["pld"], {"method.name": "pld"}),
+                                                        Row(["sps"], {"method.name": "sps"})],
+                     columns, plots=[{"name": "bars", "kind": "bars", "columns": ["QA speedup", "RAG speedup"]},
+                                     {"name": "cost", "kind": "scatter", "x": "Training minutes", "y": "QA speedup"}])
+    header, body, footnotes = build_table(spec, runs)
+    path = tmp_path / "t.csv"
+    path.write_text(render_csv(header, body, footnotes, ["- Machine: test"]))
+    assert read_here(path, ["Method"]) == (["pld", "sps"], {"QA speedup": [1.2, 0.9], "RAG speedup": [1.6, None],
+                                                            "Training minutes": [0.0, 18.0]})
+    written = write_plots(spec.plots, path, ["Method"], spec.title)
+    assert [p.name for p in written] == ["t_bars.png", "t_cost.png"]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
+
+
 SMALL_TABLE = """\
 paper: small
 title: A small table
@@ -195,6 +220,10 @@ MALFORMED = {
                            "columns[0].scale: expected a number, got a string 'x100'"),
     "mean over a scalar": (('fmt: "{:.2f}"', "mean_over: {dataset: gsm8k}"),
                            "columns[0].mean_over: expected one key and a non-empty list of its values"),
+    "plot of no column": (('fmt: "{:.2f}"}\n', 'fmt: "{:.2f}"}\nplots: [{name: m, kind: bars, columns: [MTA]}]\n'),
+                          "plots[0].columns: no column labelled 'MTA'"),
+    "plot of no kind": (('fmt: "{:.2f}"}\n', 'fmt: "{:.2f}"}\nplots: [{name: m, kind: pie, columns: [MAT]}]\n'),
+                        "plots[0].kind: expected one of bars, scatter, got 'pie'"),
 }
 
 

@@ -13,6 +13,8 @@ A table spec is a small YAML file, `experiments/tables/<NAME>.yaml` (see the one
     columns:                         # label, metric key in metrics.json, optional selector, format, scale
       - {label: GSM8K HM, key: hm, select: {dataset: gsm8k}, fmt: "{:.2f}"}
       - {label: Mean HM, key: hm, mean_over: {dataset: [gsm8k, xsum]}}   # the mean of the cells it names
+    plots:                           # optional: figures of the "here" cells, beside the table (specrepro/plots.py)
+      - {name: hm, kind: bars, columns: [GSM8K HM, Mean HM]}
 
 paper, title, rows (each with a label) and columns (each with a label and a key) are required; a key not shown
 here, a value of the wrong type or a paper number for no column makes the spec invalid (one line naming the place).
@@ -43,6 +45,7 @@ from types import SimpleNamespace
 import yaml
 
 from specrepro.errors import SpecReproError
+from specrepro.plots import KINDS, write_plots
 from specrepro.provenance import machine_label
 from specrepro.tracking import complete_runs, wandb_mode
 
@@ -80,6 +83,7 @@ class TableSpec:
     columns: list[Column]
     select: dict = field(default_factory=dict)
     note: str = ""
+    plots: list[dict] = field(default_factory=list)
 
     @classmethod
     def load(cls, name: str, tables_dir: Path = TABLES_DIR) -> "TableSpec":
@@ -97,13 +101,16 @@ class TableSpec:
     def from_yaml(cls, name: str, raw) -> "TableSpec":
         """The spec from its parsed YAML, checked against the schema (module docstring); _Invalid says what is wrong."""
         raw = _mapping(raw, "top level", required=("paper", "title", "rows", "columns"),
-                       optional=("source", "select", "row_header", "note"))
+                       optional=("source", "select", "row_header", "note", "plots"))
         columns = [_column(c, f"columns[{i}]") for i, c in enumerate(_items(raw["columns"], "columns"))]
         row_header = _labels(raw.get("row_header", ["Row"]), "row_header")
         rows = [_row(r, f"rows[{i}]", columns, len(row_header)) for i, r in enumerate(_items(raw["rows"], "rows"))]
+        plots = [_plot(p, f"plots[{i}]", columns) for i, p in enumerate(_items(raw["plots"], "plots"))] \
+            if "plots" in raw else []
         return cls(name=name, paper=_text(raw["paper"], "paper"), title=_text(raw["title"], "title"),
                    source=_text(raw.get("source", ""), "source"), row_header=row_header, rows=rows, columns=columns,
-                   select=_selector(raw.get("select", {}), "select"), note=_text(raw.get("note", ""), "note"))
+                   select=_selector(raw.get("select", {}), "select"), note=_text(raw.get("note", ""), "note"),
+                   plots=plots)
 
 
 # ---- the spec's schema ----
@@ -214,6 +221,25 @@ def _row(raw, where: str, columns: list[Column], width: int) -> Row:
             raise _Invalid(f"{where}.paper: {key}: expected a number or string, got {_kind(number)}")
         paper[str(key)] = number
     return Row(label=label, select=_selector(raw.get("select", {}), f"{where}.select"), paper=paper)
+
+
+def _plot(raw, where: str, columns: list[Column]) -> dict:
+    """A plot: a name, a kind (bars: `columns`; scatter: `x` and `y`), each naming a column by its label."""
+    raw = _mapping(raw, where, required=("name", "kind"),
+                   optional=("columns", "x", "y", "xlabel", "ylabel", "reference"))
+    kind = _text(raw["kind"], f"{where}.kind")
+    if kind not in KINDS:
+        raise _Invalid(f"{where}.kind: expected one of {', '.join(KINDS)}, got '{kind}'")
+    labels = {column.label for column in columns}
+    for key in KINDS[kind]:
+        if key not in raw:
+            raise _Invalid(f"{where}: a {kind} plot needs '{key}'")
+        for label in _labels(raw[key], f"{where}.{key}"):
+            if label not in labels:
+                raise _Invalid(f"{where}.{key}: no column labelled '{label}'")
+    if not isinstance(raw.get("reference", 0), (int, float)) or isinstance(raw.get("reference"), bool):
+        raise _Invalid(f"{where}.reference: expected a number, got {_kind(raw['reference'])}")
+    return {**raw, "name": _text(raw["name"], f"{where}.name")}
 
 
 def _as_list(value) -> list:
@@ -417,6 +443,7 @@ def write_table(name: str, results_dir: str | Path = "results", source: str = "l
     md_path = out_dir / f"{spec.name}.md"
     md_path.write_text(render_markdown(spec, header, body, footnotes, footer))
     md_path.with_suffix(".csv").write_text(render_csv(header, body, footnotes, footer))
+    write_plots(spec.plots, md_path.with_suffix(".csv"), spec.row_header, spec.title)
     return md_path
 
 
@@ -435,4 +462,5 @@ def main(args: list[str]) -> None:
     path = write_table(opts.name, opts.results_dir, opts.source, opts.project, opts.entity, opts.group,
                        out_dir=opts.out_dir, command=opts.command)
     print(path.read_text())
-    print(f"wrote {path} and {path.with_suffix('.csv')}")
+    plots = [path.with_name(f"{path.stem}_{plot['name']}.png") for plot in TableSpec.load(opts.name).plots]
+    print(f"wrote {path} and {path.with_suffix('.csv')}" + "".join(f", {plot}" for plot in plots))

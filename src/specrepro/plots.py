@@ -1,0 +1,89 @@
+"""Figures drawn from a regenerated table's CSV, written beside it (`<table>_<plot>.png`).
+
+A table spec may list plots; each reads the "(here)" cells of the columns it names, so a figure shows exactly
+the committed numbers (notebooks/analysis.ipynb draws the same ones from the same CSV):
+
+    plots:
+      - {name: speedup_by_category, kind: bars, columns: [Math speedup, RAG speedup], ylabel: "speedup (x)"}
+      - {name: speedup_vs_training, kind: scatter, x: Training minutes, y: Mean speedup}
+
+`bars`: one group per column, one bar per row; `scatter`: one labelled point per row. Rows without a number
+are left out (and named in the figure's caption line).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a server or in CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+KINDS = {"bars": ("columns",), "scatter": ("x", "y")}
+
+
+def read_here(csv_path: Path, row_header: list[str]) -> tuple[list[str], dict[str, list[float | None]]]:
+    """(row labels, {column label: its "(here)" numbers, None where empty}) of a table's CSV."""
+    with open(csv_path, newline="") as handle:
+        rows = [row for row in csv.reader(handle) if row and not row[0].startswith("#")]
+    header, body = rows[0], rows[1:]
+    labels = [" / ".join(cell for cell in row[: len(row_header)] if cell) for row in body]
+    here = {}
+    for index, name in enumerate(header):
+        if name.endswith(" (here)"):
+            here[name.removesuffix(" (here)")] = [number(row[index]) for row in body]
+    return labels, here
+
+
+def number(cell: str) -> float | None:
+    """A cell as written by `specrepro table` ("1.23x", "0.98", "–") as a float; None when it holds no number."""
+    try:
+        return float(cell.strip().rstrip("x%"))
+    except ValueError:
+        return None
+
+
+def draw(plot: dict, labels: list[str], here: dict[str, list], title: str) -> plt.Figure:
+    """One plot (a spec entry) of the table's numbers."""
+    if plot["kind"] == "bars":
+        columns = plot["columns"]
+        shown = [i for i in range(len(labels)) if any(here[c][i] is not None for c in columns)]
+        figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(columns) + 0.15 * len(columns) * len(shown)), 4.5))
+        width = 0.8 / max(1, len(shown))
+        for slot, i in enumerate(shown):
+            values = [here[c][i] if here[c][i] is not None else 0.0 for c in columns]
+            axes.bar([k + slot * width - 0.4 + width / 2 for k in range(len(columns))], values, width, label=labels[i])
+        axes.set_xticks(range(len(columns)), [c.removesuffix(" speedup") for c in columns])
+        if plot.get("reference") is not None:
+            axes.axhline(plot["reference"], color="black", linewidth=0.8, linestyle="--")
+        axes.legend(fontsize=7, ncol=2)
+    else:
+        xs, ys = here[plot["x"]], here[plot["y"]]
+        shown = [i for i in range(len(labels)) if xs[i] is not None and ys[i] is not None]
+        figure, axes = plt.subplots(figsize=(6.5, 4.5))
+        axes.scatter([xs[i] for i in shown], [ys[i] for i in shown])
+        for i in shown:
+            axes.annotate(labels[i], (xs[i], ys[i]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        axes.set_xlabel(plot.get("xlabel", plot["x"]))
+        if plot.get("reference") is not None:
+            axes.axhline(plot["reference"], color="black", linewidth=0.8, linestyle="--")
+    axes.set_ylabel(plot.get("ylabel", plot.get("y", "")))
+    left_out = [labels[i] for i in range(len(labels)) if i not in shown]
+    axes.set_title(title + (f"\n(no number yet: {', '.join(left_out)})" if left_out else ""), fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
+def write_plots(plots: list[dict], csv_path: Path, row_header: list[str], title: str) -> list[Path]:
+    """Every plot of a table, as PNG files beside its CSV; returns their paths."""
+    labels, here = read_here(csv_path, row_header)
+    written = []
+    for plot in plots:
+        figure = draw(plot, labels, here, title)
+        path = csv_path.with_name(f"{csv_path.stem}_{plot['name']}.png")
+        figure.savefig(path, dpi=120)
+        plt.close(figure)
+        written.append(path)
+    return written
