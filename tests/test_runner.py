@@ -133,7 +133,7 @@ def test_per_generation_extras_become_run_metrics_and_step_lists_do_not():
 
 
 def test_the_leaderboard_preset_scores_a_category_with_its_own_metric(tmp_path):
-    """Spec-Bench's math questions are scored with GSM8K accuracy (dataset.category_metrics), with the reference NLL
+    """Spec-Bench's math questions are scored with GSM8K accuracy (metric=spec_bench), with the reference NLL
     and the cost column beside them; a category without one (qa) gets no score."""
     for category, scored in (("math_reasoning", {"gsm8k_acc", "reference_nll"}), ("qa", set())):
         specrepro("run", *FAST, "+experiment=spec_bench", "method=ar", f"dataset.category={category}",

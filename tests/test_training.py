@@ -16,6 +16,7 @@ from specrepro.models.loading import LoadedModel, load_tokenizer, random_llama
 from specrepro.training import cost
 from specrepro.training.distill_data import continuation_dataset, distill_cache_dir
 from specrepro.training.loop import LoopConfig, lr_lambda, train_loop
+from tests.test_data import compose_dataset
 from tests.test_runner import FAST, run_dirs, specrepro
 
 
@@ -124,3 +125,30 @@ def test_a_draft_wider_than_the_target_is_one_line_not_a_traceback(tmp_path):
     out = specrepro("train", *wider, "training.draft.hidden_size=128", cwd=tmp_path, check=False)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "training.draft.hidden_size=128 is wider than the target's (64)" in out.stderr
+
+
+@pytest.mark.parametrize("overrides", [
+    ["method=eesd", "training=eesd_general"],
+    ["method=sar_draft", "training=sar_draft_general"],
+    ["method=sps", "training=sps_general"],
+])
+def test_the_general_recipes_never_see_a_leaderboard_question(overrides):
+    """The leaderboard's "best here" drafters learn from conf/data_mix/general.yaml: no prompt of it shares a
+    passage with any Spec-Bench question (data/overlap.py), while it covers chat, math, code, summaries and
+    answers from a context."""
+    from hydra import compose, initialize_config_dir
+
+    from specrepro.cli import CONF_DIR
+    from specrepro.config import register_configs
+    from specrepro.data import load_records
+    from specrepro.data.overlap import passages, shares_a_passage
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        training = compose("train", overrides=overrides).training
+    prompt_sets = training.get("prompts") or training.continuations
+    assert {"sharegpt", "alpaca", "gsm8k", "mbpp", "xsum", "pubmedqa"} <= set(prompt_sets)
+    known = passages(load_records(compose_dataset("spec_bench")))
+    for name, dataset in prompt_sets.items():
+        assert not [r.id for r in load_records(dataset) if shares_a_passage(r, known)], name
+    assert [r.id for r in load_records(compose_dataset("alpaca_eval")) if shares_a_passage(r, known)] == ["791", "801"]

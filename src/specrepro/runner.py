@@ -114,8 +114,7 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
         samples.append(turns)
     # the last turn's answer is what the task metric scores
     completions = [completion_for_scoring(record, turns[-1]["text"], cfg.dataset) for turns in samples]
-    metric = cfg.dataset.category_metrics.get(str(record.fields.get("category")), cfg.dataset.metric)
-    scores = score_sample(metric, record.reference, completions, record.fields)
+    scores = score_sample(cfg.dataset.metric, record.reference, completions, record.fields)
     answer = reference_response(record) if cfg.reference_nll else None
     if answer:
         first_prompt = target.tokenizer(prompts[0], add_special_tokens=False)["input_ids"]

@@ -10,7 +10,7 @@ TASKS = (
     "pubmedqa", "spider", "sql_context", "sharegpt", "alpaca",
 )
 PROMPT_STYLES = ("chat", "completion")
-METRICS = ("gsm8k_acc", "rouge", "pass_at_k", "mt_bench", "none")
+METRICS = ("gsm8k_acc", "rouge", "pass_at_k", "mt_bench", "spec_bench", "none")
 
 
 @dataclass
@@ -47,8 +47,6 @@ class DatasetConfig:
     # that category_groups names; null = all
     category: Optional[str] = None
     category_groups: Dict[str, List[str]] = field(default_factory=dict)
-    # the metric that scores a record of this category (one of METRICS), in place of `metric`
-    category_metrics: Dict[str, str] = field(default_factory=dict)
     # keep at most this many user turns per record (CLLM's ShareGPT prompts: 1); null = all
     max_turns: Optional[int] = None
     # MT-Bench: the reference-answer file whose turns become fields["reference_turns"]

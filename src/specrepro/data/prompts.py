@@ -36,6 +36,11 @@ def _space_summary(record, shots) -> str:
     return f"Document: {record.turns[0]}\n Based on the previous text, provide a brief single summary"
 
 
+def _summarize(record, shots) -> str:
+    """Spec-Bench's summarization prompt ("Summarize: " and the article), for chat style."""
+    return f"Summarize: {record.turns[0]}"
+
+
 def _humaneval_completion(record, shots) -> str:
     """Codex / Draft & Verify (002): the raw prompt; the model continues the function body."""
     return record.fields["prompt"]
@@ -97,7 +102,8 @@ def _as_is(record, shots) -> str:
 
 
 TEMPLATES: dict[str, dict[str, Template]] = {
-    "xsum": {"article_summary": _article_summary, "eesd": _article_summary_eesd, "space": _space_summary},
+    "xsum": {"article_summary": _article_summary, "eesd": _article_summary_eesd, "space": _space_summary,
+             "summarize": _summarize},
     "cnn_dm": {"article_summary": _article_summary, "eesd": _article_summary_eesd},
     "humaneval": {"completion": _humaneval_completion, "space": _humaneval_space},
     "gsm8k": {"hash_answer": _gsm8k_hash_answer, "cllm": _gsm8k_cllm},

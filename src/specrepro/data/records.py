@@ -159,10 +159,6 @@ def _check_config(cfg) -> None:
                                 ("metric", cfg.metric, METRICS)):
         if value not in allowed:
             raise SpecReproError(f"dataset '{cfg.name}': {key} '{value}' is not one of {', '.join(allowed)}")
-    for category, metric in cfg.category_metrics.items():
-        if metric not in METRICS:
-            raise SpecReproError(f"dataset '{cfg.name}': category_metrics.{category} '{metric}' is not one of "
-                                 f"{', '.join(METRICS)}")
     if cfg.limit is not None and cfg.limit <= 0:
         raise SpecReproError(f"dataset '{cfg.name}': limit must be positive (or null for all), got {cfg.limit}")
     if cfg.few_shot < 0:

@@ -14,7 +14,9 @@ from typing import Optional
 
 from specrepro.metrics.sandbox import run_program
 
-METRICS = ("rouge", "gsm8k_acc", "pass_at_k", "mt_bench", "none")
+METRICS = ("rouge", "gsm8k_acc", "pass_at_k", "mt_bench", "spec_bench", "none")
+# Spec-Bench's categories with a gold answer, each scored by the metric of the benchmark it comes from
+SPEC_BENCH_METRICS = {"math_reasoning": "gsm8k_acc", "summarization": "rouge", "translation": "rouge"}
 _EVALUATE_MODULES = Path(__file__).parent / "evaluate_modules"
 _NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
 
@@ -95,10 +97,13 @@ def score_sample(
     - "gsm8k_acc": 1.0 / 0.0 for completions[0];
     - "pass_at_k": every completion is a full program (prompt + completion), run in the sandbox with the
       task's tests (`task_tests`) in a process of their own; n_correct, n, pass@1, and pass@10 when n >= 10;
+    - "spec_bench": a Spec-Bench record by its category's metric (SPEC_BENCH_METRICS), {} for the others;
     - "mt_bench", "none": {} (MT-Bench is judged elsewhere).
     """
     if metric not in METRICS:
         raise ValueError(f"unknown quality metric {metric!r}; valid: {', '.join(METRICS)}")
+    if metric == "spec_bench":
+        metric = SPEC_BENCH_METRICS.get(fields.get("category"), "none")
     if metric in ("mt_bench", "none"):
         return {}
     if not completions:

@@ -182,7 +182,7 @@ def train_calibration(examples: dict, hidden_size: int, loop: LoopConfig, work_d
     return predictor.eval(), metrics, history
 
 
-@register_component("eesd_head", schema=EESDHeadTrainingConfig)
+@register_component("eesd_head", "eesd_head_general", schema=EESDHeadTrainingConfig)
 def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     """Self-distil the early-exit head (and the Cali-TS predictor); returns (head, metrics, history)."""
     from specrepro.training.distill_data import continuation_dataset, distill_cache_dir, teacher_labeled_dataset

@@ -127,7 +127,7 @@ class JointSAR(nn.Module):
         self.head.save_pretrained(path)
 
 
-@register_component("sar_head", schema=SARHeadTrainingConfig)
+@register_component("sar_head", "sar_head_general", schema=SARHeadTrainingConfig)
 def train_sar_head(cfg, target, work_dir, log_metrics, device):
     """Train one SAR-family head, on the frozen target or jointly with LoRA on it; returns (head or JointSAR, metrics,
     history)."""

@@ -148,7 +148,7 @@ def top1_agreement(model, rows: list[dict], pad_id: int, device, prompt_tokens: 
     return hits / max(total, 1)
 
 
-@register_component("sps_draft", schema=SPSDraftTrainingConfig)
+@register_component("sps_draft", "sps_draft_general", schema=SPSDraftTrainingConfig)
 def train_sps_draft(cfg, target, work_dir, log_metrics, device):
     """Distil a draft from the target; returns (draft model, metrics for artifact.json)."""
     from specrepro.training.distill_data import continuation_dataset, distill_cache_dir, teacher_labeled_dataset
