@@ -5,11 +5,15 @@ Arms, interleaved per prompt in one process (greedy, the same GSM8K prompts):
 - `ar_compiled`: our `ar` with `hardware.compile` (static cache, torch.compile, CUDA graphs; decoding/steps.py);
 - `generate_eager` / `generate_compiled`: transformers' `generate` on the model as a user loads it, plain and
   with `cache_implementation="static"` (transformers then compiles its forward itself);
-- `pld_eager` / `pld_compiled`: prompt lookup on eager and on compiled steps.
+- `pld_eager` / `pld_compiled`: prompt lookup on eager and on compiled steps;
+- with `--methods`: trained drafters from `--artifacts-dir`, each a method preset with overrides
+  (`sar_draft_tree`, `"eesd method.draft_vocab=4096"`): eager and, where the method supports it, compiled.
 Prints each arm's throughput, the weight-reading bound (weight bytes over the card's copy bandwidth, measured
-here), compiled over eager `ar`, our compiled `ar` over transformers' compiled `generate`, pld's paired speedup
-and MAT over both `ar` baselines, and which outputs are token-identical. Compile times are reported apart.
+here), compiled over eager `ar`, our compiled `ar` over transformers' compiled `generate`, each speculative
+arm's paired speedup over eager `ar` (a compiled arm also over compiled `ar`) and MAT, and which outputs are
+token-identical. Compile times are reported apart.
 Run: python experiments/bench_gpu.py [--limit 5] [--max-new-tokens 256] [--json out.json]
+     [--methods "sar_draft_tree;eesd method.draft_vocab=4096" --artifacts-dir results/artifacts]
 """
 
 from __future__ import annotations
@@ -24,15 +28,17 @@ from statistics import fmean
 import torch
 from transformers import CompileConfig
 
-from specrepro.config import HardwareConfig, ModelConfig
+from specrepro import registry
+from specrepro.config import HardwareConfig, ModelConfig, register_configs
 from specrepro.data import load_records, render_prompt
 from specrepro.data.config import DatasetConfig
+from specrepro.decoding import build_decoder
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.base import device_sync
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import EagerSteps
-from specrepro.models import ModelLoader, load_model
+from specrepro.models import LoadedModel, ModelLoader, load_model
 from specrepro.provenance import provenance
 
 GENERATE_ARMS = ("generate_eager", "generate_compiled")
@@ -64,6 +70,27 @@ def hf_generate(model, ids: list[int], max_new_tokens: int, eos: list[int], stat
     return out[0, len(ids):].tolist(), time.perf_counter() - start, None
 
 
+def method_arms(presets: str, target, stock: LoadedModel, loader) -> dict:
+    """`<preset>_eager` (on the model as a user loads it, whose forwards are eager) and, where the method runs its
+    target forwards through the shared steps, `<preset>_compiled` (on the compiled target), for each
+    `;`-separated method preset with overrides; trained artifacts come from the loader's artifacts dir."""
+    from hydra import compose, initialize_config_dir
+
+    from specrepro.cli import CONF_DIR
+
+    register_configs()
+    registry.load()
+    arms = {}
+    for preset in filter(None, (p.strip() for p in presets.split(";"))):
+        name, *overrides = preset.split()
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            method = compose("run", overrides=[f"method={name}", *overrides]).method
+        arms[f"{name}_eager"] = build_decoder(method, stock, loader)
+        if registry.method(method.name).decoder.compilable:
+            arms[f"{name}_compiled"] = build_decoder(method, target, loader)
+    return arms
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=5)
@@ -73,10 +100,13 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--device", default="cuda", help="cpu: a quick check of the script (--backend aot_eager)")
     parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--methods", default="", help='trained drafters too: ";"-separated method presets with '
+                        'overrides, e.g. "sar_draft_tree;eesd method.draft_vocab=4096"')
+    parser.add_argument("--artifacts-dir", default="results/artifacts", help="where --methods find their artifacts")
     args = parser.parse_args()
     hardware = HardwareConfig(device=args.device, dtype=args.dtype, linear_kernel="torch", compile=True,
                               compile_backend=args.backend, compile_widths=[int(w) for w in args.widths.split(",")])
-    loader = ModelLoader.for_hardware(hardware, "results/artifacts")
+    loader = ModelLoader.for_hardware(hardware, args.artifacts_dir)
     model_cfg = ModelConfig(name="smollm2_135m", source="embedded")
     target = loader.load_model(model_cfg)  # its steps compiled (hardware.compile)
     stock = load_model(model_cfg, loader.device, loader.dtype).model  # as a user loads it
@@ -90,6 +120,7 @@ def main() -> None:
         "ar_compiled": ARDecoder(model, target.tokenizer),
         "pld_eager": PLDDecoder(model, target.tokenizer, PLDConfig(), steps=eager),
         "pld_compiled": PLDDecoder(model, target.tokenizer, PLDConfig()),
+        **method_arms(args.methods, target, LoadedModel(stock, target.tokenizer, target.name), loader),
     }
     eos, greedy = sorted(decoders["ar_eager"].eos_ids), Sampling()
 
@@ -108,6 +139,7 @@ def main() -> None:
         run(arm, longest, args.max_new_tokens)
         compile_s.setdefault(arm, time.perf_counter() - start)
     arms = [*decoders, *GENERATE_ARMS]
+    speculative = [arm for arm in decoders if not arm.startswith("ar_")]
     results = {arm: [] for arm in arms}
     for i, ids in enumerate(prompts):
         for arm in arms[i % len(arms):] + arms[: i % len(arms)]:  # rotate the order between prompts
@@ -135,13 +167,14 @@ def main() -> None:
         "weight_mb": weight_bytes / 1e6,
         "ar_compiled_over_eager": paired("ar_compiled", "ar_eager"),
         "ar_compiled_over_generate_compiled": paired("ar_compiled", "generate_compiled"),
-        "pld_eager_over_ar_eager": paired("pld_eager", "ar_eager"),
-        "pld_compiled_over_ar_compiled": paired("pld_compiled", "ar_compiled"),
-        "pld_compiled_over_ar_eager": paired("pld_compiled", "ar_eager"),
-        "pld_mat": {arm: sum(len(r["tokens"]) - 1 for r in results[arm]) / sum(r["steps"] for r in results[arm])
-                    for arm in ("pld_eager", "pld_compiled")},
+        # every speculative arm: paired speedup over eager ar (and, when compiled, over compiled ar) and its MAT
+        "speculative": {arm: {"over_ar_eager": paired(arm, "ar_eager"),
+                              **({"over_ar_compiled": paired(arm, "ar_compiled"),
+                                  "identical_to_ar_compiled": identical(arm, "ar_compiled")}
+                                 if arm.endswith("_compiled") else {}),
+                              "mat": sum(len(r["tokens"]) - 1 for r in results[arm]) / sum(r["steps"] for r in results[arm])}
+                        for arm in speculative},
         "identical_to_ar_eager": {arm: identical(arm, "ar_eager") for arm in arms},
-        "pld_compiled_identical_to_ar_compiled": identical("pld_compiled", "ar_compiled"),
         "compile_or_first_call_s": compile_s,
     }
     print(json.dumps(figures, indent=1))
@@ -149,10 +182,12 @@ def main() -> None:
     print(f"weight-reading bound {figures['bound_tok_per_s']:.0f} tok/s ({figures['weight_mb']:.0f} MB of weights "
           f"at a measured {figures['copy_bandwidth_gb_s']:.0f} GB/s copy bandwidth)")
     for arm in arms:
-        print(f"{arm:18} {rate(arm):8.1f} tok/s   token-identical to ar_eager: {identical(arm, 'ar_eager')}/{len(prompts)}")
-    for key in ("ar_compiled_over_eager", "ar_compiled_over_generate_compiled", "pld_eager_over_ar_eager",
-                "pld_compiled_over_ar_compiled", "pld_compiled_over_ar_eager"):
+        print(f"{arm:26} {rate(arm):8.1f} tok/s   token-identical to ar_eager: {identical(arm, 'ar_eager')}/{len(prompts)}")
+    for key in ("ar_compiled_over_eager", "ar_compiled_over_generate_compiled"):
         print(f"{key:36} {figures[key]:.2f}x")
+    for arm, row in figures["speculative"].items():
+        print(f"{arm:26} MAT {row['mat']:.2f}  over eager ar {row['over_ar_eager']:.2f}x"
+              + (f"  over compiled ar {row['over_ar_compiled']:.2f}x" if "over_ar_compiled" in row else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1)
