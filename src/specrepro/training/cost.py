@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specrepro.training.artifacts import METADATA
+
 COST_FILE = "cost.json"
 
 
@@ -33,7 +35,7 @@ def loop_seconds(history: list[dict]) -> float | None:
 
 def artifact_minutes(artifact: Path) -> float | None:
     """What a published artifact cost (its `metrics.compute_minutes`); None when it does not say (or is elsewhere)."""
-    path = Path(artifact) / "artifact.json"
+    path = Path(artifact) / METADATA
     return json.loads(path.read_text()).get("metrics", {}).get("compute_minutes") if path.is_file() else None
 
 
