@@ -45,7 +45,7 @@ from specrepro.registry import register_component
 from specrepro.training import cost
 from specrepro.training.artifacts import METADATA, find_matching_artifact
 from specrepro.training.loop import LoopConfig, micro_batch_indices
-from specrepro.training.shards import map_batches
+from specrepro.training.shards import BATCHES_SUFFIX, map_batches
 from specrepro.training.lora import LoRAConfig, with_lora
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,9 @@ def collect_trajectories(cfg, target, work_dir, log_metrics, device):
             found.append(rows)
         return found
 
-    per_prompt = map_batches([[position] for position in range(len(prompts))], trajectories, "Jacobi trajectories")
+    saved = work_dir / f"trajectories{BATCHES_SUFFIX}"  # a collection killed part-way resumes at its prompt
+    per_prompt, earlier_seconds = map_batches([[position] for position in range(len(prompts))], trajectories,
+                                              "Jacobi trajectories", saved)
     columns = {k: [] for k in ("source", "prompt_index", "prompt_len", "prefix_ids", "states", "fixed_point", "reference_ids")}
     dropped_prompts = dropped_rows = prompt_index = 0
     for (source, prompt, reference), rows in zip(prompts, per_prompt):
@@ -193,7 +195,7 @@ def collect_trajectories(cfg, target, work_dir, log_metrics, device):
         "mean_iterations_per_block": sum(iterations) / len(iterations),
         "tokens_per_forward": spec.block_size * len(iterations) / max(1, sum(iterations) + len(iterations)),
         "trajectories_by_source": {s: columns["source"].count(s) for s in set(columns["source"])},
-        "compute_minutes": cost.minutes(time.perf_counter() - clock),
+        "compute_minutes": cost.minutes(time.perf_counter() - clock + earlier_seconds),
     }
     log_metrics(metrics | {"trajectories_by_source": None}, 0)
     log.info("collected %s", metrics)

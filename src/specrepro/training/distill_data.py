@@ -33,7 +33,7 @@ from specrepro.config import weights_identity
 from specrepro.data import load_records, reference_response, render_prompt
 from specrepro.models import resolve_dtype
 from specrepro.training import cost
-from specrepro.training.shards import map_batches, write_once
+from specrepro.training.shards import batches_dir, map_batches, write_once
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,10 @@ def prompt_texts(prompt_sets: dict, tokenizer) -> list[tuple[str, str]]:
 
 
 @torch.inference_mode()
-def generate_continuations(model, tokenizer, texts: list[str], max_new_tokens: int, batch_size: int, max_prompt_tokens: int):
-    """Greedy continuations of `texts`; returns (prompt ids, continuation ids) per text, padding removed."""
+def generate_continuations(model, tokenizer, texts: list[str], max_new_tokens: int, batch_size: int, max_prompt_tokens: int,
+                           saved_in: Path | None = None):
+    """Greedy continuations of `texts`: (prompt ids, continuation ids) per text, padding removed; and the seconds
+    of the batches loaded from `saved_in` (`shards.map_batches`)."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stop_ids = {pad_id, tokenizer.eos_token_id}
     device = next(model.parameters()).device
@@ -71,11 +73,11 @@ def generate_continuations(model, tokenizer, texts: list[str], max_new_tokens: i
         return pairs
 
     batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    results = map_batches(batches, continue_batch, "target continuations")
+    results, earlier_seconds = map_batches(batches, continue_batch, "target continuations", saved_in)
     unsorted = [None] * len(texts)
     for position, index in enumerate(order):
         unsorted[index] = results[position]
-    return unsorted
+    return unsorted, earlier_seconds
 
 
 def distill_cache_dir(cfg, kind: str, prompt_sets, tokens: int, max_prompt_tokens, dtype: str = "") -> Path:
@@ -100,14 +102,16 @@ def teacher_copy(model, dtype: str = ""):
 def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_size: int, max_prompt_tokens: int,
                          cache_dir: Path, dtype: str = "") -> Dataset:
     """Rows {source, prompt_ids, continuation_ids}; generated once (by a copy of the target cast to `dtype`
-    when that differs from the target's own), then loaded from `cache_dir`."""
+    when that differs from the target's own), then loaded from `cache_dir`; a generation killed part-way resumes
+    at its batch."""
     if (cache_dir / "dataset_info.json").is_file():
         log.info("re-using target continuations from %s", cache_dir)
         return load_from_disk(str(cache_dir))
     clock = time.perf_counter()
     sources_and_texts = prompt_texts(prompt_sets, target.tokenizer)
-    pairs = generate_continuations(teacher_copy(target.model, dtype), target.tokenizer, [t for _, t in sources_and_texts],
-                                   max_new_tokens, batch_size, max_prompt_tokens)
+    pairs, earlier_seconds = generate_continuations(teacher_copy(target.model, dtype), target.tokenizer,
+                                                    [t for _, t in sources_and_texts], max_new_tokens, batch_size,
+                                                    max_prompt_tokens, batches_dir(cache_dir))
     dataset = Dataset.from_dict({
         "source": [s for s, _ in sources_and_texts],
         "prompt_ids": [p for p, _ in pairs],
@@ -117,10 +121,11 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
     def write() -> None:
         staging = cache_dir.with_name(f".{cache_dir.name}.staging")
         dataset.save_to_disk(str(staging))
-        cost.record(staging, time.perf_counter() - clock)
+        cost.record(staging, time.perf_counter() - clock + earlier_seconds)
         (staging / "settings.json").write_text(json.dumps(OmegaConf.to_container(OmegaConf.create(
             {"max_new_tokens": max_new_tokens, "prompt_sets": list(prompt_sets)}))))
         staging.rename(cache_dir)
+        shutil.rmtree(batches_dir(cache_dir), ignore_errors=True)
 
     write_once(write)
     return load_from_disk(str(cache_dir))
@@ -146,8 +151,10 @@ def reference_rows(datasets: dict, tokenizer, max_prompt_tokens: int, response_t
 
 
 @torch.inference_mode()
-def target_argmax_labels(model, rows: list[tuple[list[int], list[int]]], batch_size: int) -> list[list[int]]:
-    """The target's greedy prediction at every response position, teacher-forced on (prompt, response) pairs."""
+def target_argmax_labels(model, rows: list[tuple[list[int], list[int]]], batch_size: int,
+                         saved_in: Path | None = None) -> tuple[list[list[int]], float]:
+    """The target's greedy prediction at every response position, teacher-forced on (prompt, response) pairs; and
+    the seconds of the batches loaded from `saved_in` (`shards.map_batches`)."""
     device = next(model.parameters()).device
 
     def label_batch(batch: list[tuple[list[int], list[int]]]) -> list[list[int]]:
@@ -163,7 +170,7 @@ def target_argmax_labels(model, rows: list[tuple[list[int], list[int]]], batch_s
                 for i, (prompt, response) in enumerate(batch)]
 
     return map_batches([rows[start : start + batch_size] for start in range(0, len(rows), batch_size)], label_batch,
-                       "target labels")
+                       "target labels", saved_in)
 
 
 def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int, batch_size: int,
@@ -189,15 +196,17 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
             response_ids = tokenizer(response, add_special_tokens=False)["input_ids"][:max_response_tokens]
             sources.append(name)
             pairs.append((prompt[-max_prompt_tokens:], response_ids))
-    labels = target_argmax_labels(teacher_copy(target.model, dtype), pairs, batch_size)
+    labels, earlier_seconds = target_argmax_labels(teacher_copy(target.model, dtype), pairs, batch_size,
+                                                   batches_dir(cache_dir))
     dataset = Dataset.from_dict({"source": sources, "prompt_ids": [p for p, _ in pairs],
                                  "continuation_ids": [r for _, r in pairs], "label_ids": labels})
 
     def write() -> None:
         staging = cache_dir.with_name(f".{cache_dir.name}.staging")
         dataset.save_to_disk(str(staging))
-        cost.record(staging, time.perf_counter() - clock)
+        cost.record(staging, time.perf_counter() - clock + earlier_seconds)
         staging.rename(cache_dir)
+        shutil.rmtree(batches_dir(cache_dir), ignore_errors=True)
 
     write_once(write)
     return load_from_disk(str(cache_dir))
@@ -246,7 +255,8 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
     under autocast).
 
     A head trained on a frozen target needs them at every step; computing them once turns each training step
-    into the head's own forward and backward. Cached in `cache_dir` (written atomically)."""
+    into the head's own forward and backward. Cached in `cache_dir` (written atomically); a computation killed
+    part-way resumes at its batch."""
     path = cache_dir / "hidden.safetensors"
     if path.is_file():
         log.info("re-using target hidden states from %s", cache_dir)
@@ -260,8 +270,8 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             return [h.cpu() for h in continuation_hidden(model, [rows[i] for i in indices], prompt_tokens)]
 
-    states = map_batches([order[start : start + batch_size] for start in range(0, len(order), batch_size)],
-                         hidden_batch, "target hidden states")
+    states, earlier_seconds = map_batches([order[start : start + batch_size] for start in range(0, len(order), batch_size)],
+                                          hidden_batch, "target hidden states", batches_dir(cache_dir))
     by_row = [None] * len(rows)
     for position, index in enumerate(order):
         by_row[index] = states[position]
@@ -271,9 +281,10 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
         staging.mkdir(parents=True, exist_ok=True)
         save_file({"hidden": torch.cat(by_row).contiguous(), "lengths": torch.tensor([len(h) for h in by_row])},
                   str(staging / path.name))
-        cost.record(staging, time.perf_counter() - clock)
+        cost.record(staging, time.perf_counter() - clock + earlier_seconds)
         shutil.rmtree(cache_dir, ignore_errors=True)
         staging.rename(cache_dir)
+        shutil.rmtree(batches_dir(cache_dir), ignore_errors=True)
 
     write_once(write)
     return by_row

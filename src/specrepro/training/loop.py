@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from specrepro.errors import SpecReproError
 from specrepro.tracking import atomic_write
+from specrepro.training.shards import BATCHES_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +118,12 @@ LATEST = "latest"  # the file naming the newest complete checkpoint folder under
 
 
 def clear_checkpoints(work_dir: Path) -> None:
-    """Forget every checkpoint under `work_dir` (and its sub-folders: a component may train several loops)."""
+    """Forget every checkpoint under `work_dir` (and its sub-folders: a component may train several loops), and
+    the batches of data generation saved there (`shards.map_batches`)."""
     for pointer in work_dir.rglob(LATEST):
         pointer.unlink()
+    for saved in work_dir.rglob(f"*{BATCHES_SUFFIX}"):
+        shutil.rmtree(saved)
 
 
 def _save(accelerator: Accelerator, work_dir: Path, step: int) -> None:

@@ -4,29 +4,60 @@ The target's batches are dealt round-robin to the processes, each process runs i
 all results back in batch order. A batch is the same list of items whatever the number of processes, so the
 merged result (and the dataset a trainer caches from it) is the one a single process computes. The main process
 alone writes a cache (`write_once`); the others wait for it.
+
+Each finished batch can be kept on disk (`saved_in`), so a generation killed after an hour resumes at the batch it
+was on instead of starting over; a batch is saved atomically, and a folder is only ever given the same batches
+(its name carries the hash of what they are made from).
 """
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
 from typing import Callable, TypeVar
 
+import torch
 from accelerate import PartialState
 from accelerate.utils import gather_object
 from tqdm import tqdm
 
 Item, Result = TypeVar("Item"), TypeVar("Result")
+BATCHES_SUFFIX = ".batches"  # a folder of saved batches
 
 
-def map_batches(batches: list[Item], fn: Callable[[Item], list[Result]], desc: str) -> list[Result]:
+def map_batches(batches: list[Item], fn: Callable[[Item], list[Result]], desc: str,
+                saved_in: Path | None = None) -> tuple[list[Result], float]:
     """`fn(batch)` (a list of results) of every batch, this process running every N-th; the concatenated
-    results of all batches, in batch order, in every process."""
+    results of all batches, in batch order, in every process. With `saved_in`, each batch's results are saved
+    there as it finishes and a saved batch is loaded instead of run again. Also returns the seconds this
+    process's loaded batches took when they ran (a cost counts them, training/cost.py)."""
     state = PartialState()
     mine = range(state.process_index, len(batches), state.num_processes)
-    done = [(index, fn(batches[index])) for index in tqdm(mine, desc=desc, unit="batch",
-                                                         disable=not state.is_main_process)]
+    done, earlier_seconds = [], 0.0
+    for index in tqdm(mine, desc=desc, unit="batch", disable=not state.is_main_process):
+        path = Path(saved_in) / f"{index:06d}.pt" if saved_in is not None else None
+        if path is not None and path.is_file():
+            saved = torch.load(path, weights_only=True)
+            done.append((index, saved["results"]))
+            earlier_seconds += saved["seconds"]
+            continue
+        clock = time.perf_counter()
+        results = fn(batches[index])
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            torch.save({"results": results, "seconds": time.perf_counter() - clock}, partial)
+            os.replace(partial, path)
+        done.append((index, results))
     if state.num_processes > 1:
         done = gather_object(done)
-    return [result for _, results in sorted(done, key=lambda pair: pair[0]) for result in results]
+    return [result for _, results in sorted(done, key=lambda pair: pair[0]) for result in results], earlier_seconds
+
+
+def batches_dir(cache_dir: Path) -> Path:
+    """Where the batches of the cache `cache_dir` are kept until the cache is written (`map_batches`' `saved_in`)."""
+    return cache_dir.with_name(f".{cache_dir.name}{BATCHES_SUFFIX}")
 
 
 def write_once(write: Callable[[], None]) -> None:

@@ -1,0 +1,44 @@
+"""Data generation resumes at the batch a kill interrupted (training/shards.py), and its cost counts the batches
+that ran before the kill."""
+
+import pytest
+import torch
+
+from specrepro.training.loop import clear_checkpoints
+from specrepro.training.shards import batches_dir, map_batches
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_generation_resumes_at_its_batch(tmp_path):
+    batches = [[0, 1], [2, 3], [4, 5], [6]]
+    ran = []
+
+    def square(batch, die_at=None):
+        if batch == die_at:
+            raise Killed
+        ran.append(batch)
+        return [torch.tensor([x * x]) for x in batch]
+
+    saved = batches_dir(tmp_path / "hidden-abc")
+    with pytest.raises(Killed):
+        map_batches(batches, lambda b: square(b, die_at=[4, 5]), "squares", saved)
+    assert sorted(p.name for p in saved.iterdir()) == ["000000.pt", "000001.pt"]  # nothing half-written
+
+    ran.clear()
+    results, earlier_seconds = map_batches(batches, square, "squares", saved)
+    assert ran == [[4, 5], [6]]  # the two saved batches were loaded, not run again
+    assert [int(t) for t in results] == [x * x for x in range(7)]
+    assert earlier_seconds > 0
+
+    fresh, none_earlier = map_batches(batches, square, "squares")
+    assert [int(t) for t in fresh] == [int(t) for t in results] and none_earlier == 0.0
+
+
+def test_resume_false_forgets_saved_batches(tmp_path):
+    saved = tmp_path / "work" / "trajectories.batches"
+    map_batches([[1], [2]], lambda b: b, "ids", saved)
+    clear_checkpoints(tmp_path / "work")
+    assert not saved.exists()
