@@ -1,11 +1,14 @@
 """Data generation resumes at the batch a kill interrupted (training/shards.py), and its cost counts the batches
-that ran before the kill."""
+that ran before the kill; one job at a time makes a cache or an artifact."""
+
+import threading
+import time
 
 import pytest
 import torch
 
 from specrepro.training.loop import clear_checkpoints
-from specrepro.training.shards import batches_dir, map_batches
+from specrepro.training.shards import batches_dir, exclusive, lock_file, map_batches
 
 
 class Killed(Exception):
@@ -42,3 +45,22 @@ def test_resume_false_forgets_saved_batches(tmp_path):
     map_batches([[1], [2]], lambda b: b, "ids", saved)
     clear_checkpoints(tmp_path / "work")
     assert not saved.exists()
+
+
+def test_a_second_job_waits_for_the_first_to_finish(tmp_path):
+    lock, events = lock_file(tmp_path / "continuations-abc"), []
+
+    def job(name: str, hold: float) -> None:
+        with exclusive(lock, "the continuations"):
+            events.append(f"{name} starts")
+            time.sleep(hold)
+            events.append(f"{name} ends")
+
+    first = threading.Thread(target=job, args=("first", 0.5))
+    first.start()
+    while not events:
+        time.sleep(0.01)
+    second = threading.Thread(target=job, args=("second", 0.0))
+    second.start()
+    first.join(), second.join()
+    assert events == ["first starts", "first ends", "second starts", "second ends"]

@@ -4,6 +4,9 @@ end to end."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -91,7 +94,15 @@ def test_continuations_from_a_bf16_copy_are_cached_apart_and_leave_the_target_in
 
 
 def test_train_sps_draft_then_decode_with_it(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    beside = subprocess.Popen([sys.executable, "-m", "specrepro.cli", "train", *TINY_TRAINING], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # the same artifact at once
     out = specrepro("train", *TINY_TRAINING, cwd=tmp_path)
+    beside_out, beside_log = beside.communicate(timeout=600)
+    assert beside.returncode == 0, beside_log[-3000:]
+    assert beside_out.splitlines()[-1] == out.stdout.splitlines()[-1]
+    logs = beside_out + beside_log + out.stdout + out.stderr
+    assert "already trained" in logs  # one trained it; the other waited for it, then re-used it
     artifact = tmp_path / out.stdout.strip().splitlines()[-1].removeprefix("artifact: ")
     metadata = json.loads((artifact / "artifact.json").read_text())
     assert metadata["component"] == "sps_draft" and len(metadata["history"]) >= 1

@@ -16,6 +16,7 @@ from specrepro.provenance import now, provenance
 from specrepro.tracking import config_hash, wandb_init
 from specrepro.training.artifacts import is_complete, publish, staging_dir
 from specrepro.training.loop import clear_checkpoints, validate_loop
+from specrepro.training.shards import exclusive, lock_file
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,11 @@ def train(cfg) -> Path:
     (each its share, see training/shards.py) and trains; the main process alone logs to W&B and publishes."""
     state = PartialState()  # first: under a multi-GPU launch it selects this process's GPU
     final = artifact_path(cfg)
+    with exclusive(lock_file(final), f"training {final.name}"):  # a second job training it waits, then re-uses it
+        return _train(cfg, state, final)
+
+
+def _train(cfg, state: PartialState, final: Path) -> Path:
     if cfg.resume and is_complete(final):
         damaged = unreadable_weights(final)
         if damaged is None:

@@ -5,7 +5,8 @@ Shared by every component trained to imitate the target (the sps draft, EESD's d
   transformers' `generate`;
 - off-policy: human responses (GSM8K solutions, ShareGPT replies) labelled with the target's argmax
   at every position by one teacher-forced forward.
-Both are cached as `datasets` datasets under the artifacts dir, keyed by the target and the settings.
+Both are cached as `datasets` datasets under the artifacts dir, keyed by the target and the settings; a cache is
+made by one job at a time (`shards.exclusive`: another job needing it waits, then loads it).
 Both can come from a bf16 copy of an fp32 target (`training.teacher_dtype`): ~2x the tokens per CPU second here (onednn
 kernel, generation batch 16: 330-370 against ~180 tok/s), at the price of continuations and labels that
 leave the fp32 target's greedy choice wherever bf16 rounding flips an argmax.
@@ -33,7 +34,7 @@ from specrepro.config import weights_identity
 from specrepro.data import load_records, reference_response, render_prompt
 from specrepro.models import resolve_dtype
 from specrepro.training import cost
-from specrepro.training.shards import batches_dir, map_batches, write_once
+from specrepro.training.shards import batches_dir, exclusive, lock_file, map_batches, write_once
 
 log = logging.getLogger(__name__)
 
@@ -104,31 +105,32 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
     """Rows {source, prompt_ids, continuation_ids}; generated once (by a copy of the target cast to `dtype`
     when that differs from the target's own), then loaded from `cache_dir`; a generation killed part-way resumes
     at its batch."""
-    if (cache_dir / "dataset_info.json").is_file():
-        log.info("re-using target continuations from %s", cache_dir)
+    with exclusive(lock_file(cache_dir), "the target continuations"):
+        if (cache_dir / "dataset_info.json").is_file():
+            log.info("re-using target continuations from %s", cache_dir)
+            return load_from_disk(str(cache_dir))
+        clock = time.perf_counter()
+        sources_and_texts = prompt_texts(prompt_sets, target.tokenizer)
+        pairs, earlier_seconds = generate_continuations(teacher_copy(target.model, dtype), target.tokenizer,
+                                                        [t for _, t in sources_and_texts], max_new_tokens, batch_size,
+                                                        max_prompt_tokens, batches_dir(cache_dir))
+        dataset = Dataset.from_dict({
+            "source": [s for s, _ in sources_and_texts],
+            "prompt_ids": [p for p, _ in pairs],
+            "continuation_ids": [c for _, c in pairs],
+        })
+
+        def write() -> None:
+            staging = cache_dir.with_name(f".{cache_dir.name}.staging")
+            dataset.save_to_disk(str(staging))
+            cost.record(staging, time.perf_counter() - clock + earlier_seconds)
+            (staging / "settings.json").write_text(json.dumps(OmegaConf.to_container(OmegaConf.create(
+                {"max_new_tokens": max_new_tokens, "prompt_sets": list(prompt_sets)}))))
+            staging.rename(cache_dir)
+            shutil.rmtree(batches_dir(cache_dir), ignore_errors=True)
+
+        write_once(write)
         return load_from_disk(str(cache_dir))
-    clock = time.perf_counter()
-    sources_and_texts = prompt_texts(prompt_sets, target.tokenizer)
-    pairs, earlier_seconds = generate_continuations(teacher_copy(target.model, dtype), target.tokenizer,
-                                                    [t for _, t in sources_and_texts], max_new_tokens, batch_size,
-                                                    max_prompt_tokens, batches_dir(cache_dir))
-    dataset = Dataset.from_dict({
-        "source": [s for s, _ in sources_and_texts],
-        "prompt_ids": [p for p, _ in pairs],
-        "continuation_ids": [c for _, c in pairs],
-    })
-
-    def write() -> None:
-        staging = cache_dir.with_name(f".{cache_dir.name}.staging")
-        dataset.save_to_disk(str(staging))
-        cost.record(staging, time.perf_counter() - clock + earlier_seconds)
-        (staging / "settings.json").write_text(json.dumps(OmegaConf.to_container(OmegaConf.create(
-            {"max_new_tokens": max_new_tokens, "prompt_sets": list(prompt_sets)}))))
-        staging.rename(cache_dir)
-        shutil.rmtree(batches_dir(cache_dir), ignore_errors=True)
-
-    write_once(write)
-    return load_from_disk(str(cache_dir))
 
 
 def reference_rows(datasets: dict, tokenizer, max_prompt_tokens: int, response_tokens: int,
@@ -181,35 +183,36 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
     Off-policy distillation data (DistillSpec): one batched teacher-forced forward per sequence gives a
     label for every response token, far cheaper than generating the same number of tokens.
     """
-    if (cache_dir / "dataset_info.json").is_file():
-        log.info("re-using target labels from %s", cache_dir)
+    with exclusive(lock_file(cache_dir), "the target labels"):
+        if (cache_dir / "dataset_info.json").is_file():
+            log.info("re-using target labels from %s", cache_dir)
+            return load_from_disk(str(cache_dir))
+        clock = time.perf_counter()
+        tokenizer = target.tokenizer
+        sources, pairs = [], []
+        for name, dataset_cfg in prompt_sets.items():
+            for record in load_records(dataset_cfg):
+                response = reference_response(record)
+                if not response:
+                    continue
+                prompt = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
+                response_ids = tokenizer(response, add_special_tokens=False)["input_ids"][:max_response_tokens]
+                sources.append(name)
+                pairs.append((prompt[-max_prompt_tokens:], response_ids))
+        labels, earlier_seconds = target_argmax_labels(teacher_copy(target.model, dtype), pairs, batch_size,
+                                                       batches_dir(cache_dir))
+        dataset = Dataset.from_dict({"source": sources, "prompt_ids": [p for p, _ in pairs],
+                                     "continuation_ids": [r for _, r in pairs], "label_ids": labels})
+
+        def write() -> None:
+            staging = cache_dir.with_name(f".{cache_dir.name}.staging")
+            dataset.save_to_disk(str(staging))
+            cost.record(staging, time.perf_counter() - clock + earlier_seconds)
+            staging.rename(cache_dir)
+            shutil.rmtree(batches_dir(cache_dir), ignore_errors=True)
+
+        write_once(write)
         return load_from_disk(str(cache_dir))
-    clock = time.perf_counter()
-    tokenizer = target.tokenizer
-    sources, pairs = [], []
-    for name, dataset_cfg in prompt_sets.items():
-        for record in load_records(dataset_cfg):
-            response = reference_response(record)
-            if not response:
-                continue
-            prompt = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
-            response_ids = tokenizer(response, add_special_tokens=False)["input_ids"][:max_response_tokens]
-            sources.append(name)
-            pairs.append((prompt[-max_prompt_tokens:], response_ids))
-    labels, earlier_seconds = target_argmax_labels(teacher_copy(target.model, dtype), pairs, batch_size,
-                                                   batches_dir(cache_dir))
-    dataset = Dataset.from_dict({"source": sources, "prompt_ids": [p for p, _ in pairs],
-                                 "continuation_ids": [r for _, r in pairs], "label_ids": labels})
-
-    def write() -> None:
-        staging = cache_dir.with_name(f".{cache_dir.name}.staging")
-        dataset.save_to_disk(str(staging))
-        cost.record(staging, time.perf_counter() - clock + earlier_seconds)
-        staging.rename(cache_dir)
-        shutil.rmtree(batches_dir(cache_dir), ignore_errors=True)
-
-    write_once(write)
-    return load_from_disk(str(cache_dir))
 
 
 def frequent_tokens(rows: list[dict], size: int) -> torch.Tensor:
@@ -257,34 +260,36 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
     A head trained on a frozen target needs them at every step; computing them once turns each training step
     into the head's own forward and backward. Cached in `cache_dir` (written atomically); a computation killed
     part-way resumes at its batch."""
-    path = cache_dir / "hidden.safetensors"
-    if path.is_file():
-        log.info("re-using target hidden states from %s", cache_dir)
-        stored = load_file(str(path))
-        return list(torch.split(stored["hidden"], stored["lengths"].tolist()))
-    clock = time.perf_counter()
-    device = next(model.parameters()).device
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt_ids"][-prompt_tokens:]) + len(rows[i]["continuation_ids"]))
+    with exclusive(lock_file(cache_dir), "the target hidden states"):
+        path = cache_dir / "hidden.safetensors"
+        if path.is_file():
+            log.info("re-using target hidden states from %s", cache_dir)
+            stored = load_file(str(path))
+            return list(torch.split(stored["hidden"], stored["lengths"].tolist()))
+        clock = time.perf_counter()
+        device = next(model.parameters()).device
+        order = sorted(range(len(rows)),
+                       key=lambda i: len(rows[i]["prompt_ids"][-prompt_tokens:]) + len(rows[i]["continuation_ids"]))
 
-    def hidden_batch(indices: list[int]) -> list[torch.Tensor]:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            return [h.cpu() for h in continuation_hidden(model, [rows[i] for i in indices], prompt_tokens)]
+        def hidden_batch(indices: list[int]) -> list[torch.Tensor]:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                return [h.cpu() for h in continuation_hidden(model, [rows[i] for i in indices], prompt_tokens)]
 
-    states, earlier_seconds = map_batches([order[start : start + batch_size] for start in range(0, len(order), batch_size)],
-                                          hidden_batch, "target hidden states", batches_dir(cache_dir))
-    by_row = [None] * len(rows)
-    for position, index in enumerate(order):
-        by_row[index] = states[position]
+        batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+        states, earlier_seconds = map_batches(batches, hidden_batch, "target hidden states", batches_dir(cache_dir))
+        by_row = [None] * len(rows)
+        for position, index in enumerate(order):
+            by_row[index] = states[position]
 
-    def write() -> None:
-        staging = cache_dir.with_name(f".{cache_dir.name}.staging")
-        staging.mkdir(parents=True, exist_ok=True)
-        save_file({"hidden": torch.cat(by_row).contiguous(), "lengths": torch.tensor([len(h) for h in by_row])},
-                  str(staging / path.name))
-        cost.record(staging, time.perf_counter() - clock + earlier_seconds)
-        shutil.rmtree(cache_dir, ignore_errors=True)
-        staging.rename(cache_dir)
-        shutil.rmtree(batches_dir(cache_dir), ignore_errors=True)
+        def write() -> None:
+            staging = cache_dir.with_name(f".{cache_dir.name}.staging")
+            staging.mkdir(parents=True, exist_ok=True)
+            save_file({"hidden": torch.cat(by_row).contiguous(), "lengths": torch.tensor([len(h) for h in by_row])},
+                      str(staging / path.name))
+            cost.record(staging, time.perf_counter() - clock + earlier_seconds)
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            staging.rename(cache_dir)
+            shutil.rmtree(batches_dir(cache_dir), ignore_errors=True)
 
-    write_once(write)
-    return by_row
+        write_once(write)
+        return by_row
