@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from specrepro.errors import SpecReproError
-from specrepro.reproduce import PIPELINES_DIR, README_END, README_START, load_pipeline, write_summary
+from specrepro.reproduce import PIPELINES_DIR, README_END, README_START, load_pipeline, summary_table, write_summary
 from tests.test_runner import FAST, specrepro
 from tests.test_training import TINY_TRAINING
 
@@ -128,3 +128,12 @@ def test_every_headline_names_a_row_and_column_of_its_table(paper):
         spec = TableSpec.load(item["table"])
         assert item["row"] in [list(row.label) for row in spec.rows], item
         assert item["column"] in [column.label for column in spec.columns], item
+
+
+def test_the_readme_summary_is_the_one_the_committed_results_give(monkeypatch):
+    """Every figure in README.md's summary is copied from a committed table by `specrepro summary`, never typed."""
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)  # the summary links tables by their path from the repository root
+    text = (root / "README.md").read_text()
+    block = text.split(README_START, 1)[1].split(README_END, 1)[0].strip()
+    assert block == summary_table("results"), "README.md's summary is stale: run `specrepro summary --readme README.md`"
