@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specrepro.training.loop import clear_checkpoints
-from specrepro.training.shards import batches_dir, exclusive, lock_file, map_batches
+from specrepro.training.shards import exclusive, lock_file, map_batches
 
 
 class Killed(Exception):
@@ -25,7 +25,7 @@ def test_a_killed_generation_resumes_at_its_batch(tmp_path):
         ran.append(batch)
         return [torch.tensor([x * x]) for x in batch]
 
-    saved = batches_dir(tmp_path / "hidden-abc")
+    saved = tmp_path / ".hidden-abc.batches"
     with pytest.raises(Killed):
         map_batches(batches, lambda b: square(b, die_at=[4, 5]), "squares", saved)
     assert sorted(p.name for p in saved.iterdir()) == ["000000.pt", "000001.pt"]  # nothing half-written

@@ -91,6 +91,7 @@ def test_continuations_from_a_bf16_copy_are_cached_apart_and_leave_the_target_in
     assert {p.dtype for p in target.model.parameters()} == {torch.float32}
     assert continuation_dataset(target, prompts, 6, 2, 64, bf16_dir)["continuation_ids"] == rows["continuation_ids"]
     assert cost.recorded(bf16_dir) > 0  # what the cache took to make, for every training that re-uses it
+    assert not list(tmp_path.rglob("*.batches"))  # the saved batches go once the cache is written
 
 
 def test_train_sps_draft_then_decode_with_it(tmp_path):

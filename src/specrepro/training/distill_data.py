@@ -34,7 +34,7 @@ from specrepro.config import weights_identity
 from specrepro.data import load_records, reference_response, render_prompt
 from specrepro.models import resolve_dtype
 from specrepro.training import cost
-from specrepro.training.shards import batches_dir, exclusive, lock_file, map_batches, write_once
+from specrepro.training.shards import making_cache, map_batches, write_once
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
     """Rows {source, prompt_ids, continuation_ids}; generated once (by a copy of the target cast to `dtype`
     when that differs from the target's own), then loaded from `cache_dir`; a generation killed part-way resumes
     at its batch."""
-    with exclusive(lock_file(cache_dir), "the target continuations"):
+    with making_cache(cache_dir, "the target continuations") as saved:
         if (cache_dir / "dataset_info.json").is_file():
             log.info("re-using target continuations from %s", cache_dir)
             return load_from_disk(str(cache_dir))
@@ -113,7 +113,7 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
         sources_and_texts = prompt_texts(prompt_sets, target.tokenizer)
         pairs, earlier_seconds = generate_continuations(teacher_copy(target.model, dtype), target.tokenizer,
                                                         [t for _, t in sources_and_texts], max_new_tokens, batch_size,
-                                                        max_prompt_tokens, batches_dir(cache_dir))
+                                                        max_prompt_tokens, saved)
         dataset = Dataset.from_dict({
             "source": [s for s, _ in sources_and_texts],
             "prompt_ids": [p for p, _ in pairs],
@@ -127,7 +127,6 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
             (staging / "settings.json").write_text(json.dumps(OmegaConf.to_container(OmegaConf.create(
                 {"max_new_tokens": max_new_tokens, "prompt_sets": list(prompt_sets)}))))
             staging.rename(cache_dir)
-            shutil.rmtree(batches_dir(cache_dir), ignore_errors=True)
 
         write_once(write)
         return load_from_disk(str(cache_dir))
@@ -183,7 +182,7 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
     Off-policy distillation data (DistillSpec): one batched teacher-forced forward per sequence gives a
     label for every response token, far cheaper than generating the same number of tokens.
     """
-    with exclusive(lock_file(cache_dir), "the target labels"):
+    with making_cache(cache_dir, "the target labels") as saved:
         if (cache_dir / "dataset_info.json").is_file():
             log.info("re-using target labels from %s", cache_dir)
             return load_from_disk(str(cache_dir))
@@ -199,8 +198,7 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
                 response_ids = tokenizer(response, add_special_tokens=False)["input_ids"][:max_response_tokens]
                 sources.append(name)
                 pairs.append((prompt[-max_prompt_tokens:], response_ids))
-        labels, earlier_seconds = target_argmax_labels(teacher_copy(target.model, dtype), pairs, batch_size,
-                                                       batches_dir(cache_dir))
+        labels, earlier_seconds = target_argmax_labels(teacher_copy(target.model, dtype), pairs, batch_size, saved)
         dataset = Dataset.from_dict({"source": sources, "prompt_ids": [p for p, _ in pairs],
                                      "continuation_ids": [r for _, r in pairs], "label_ids": labels})
 
@@ -209,7 +207,6 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
             dataset.save_to_disk(str(staging))
             cost.record(staging, time.perf_counter() - clock + earlier_seconds)
             staging.rename(cache_dir)
-            shutil.rmtree(batches_dir(cache_dir), ignore_errors=True)
 
         write_once(write)
         return load_from_disk(str(cache_dir))
@@ -260,7 +257,7 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
     A head trained on a frozen target needs them at every step; computing them once turns each training step
     into the head's own forward and backward. Cached in `cache_dir` (written atomically); a computation killed
     part-way resumes at its batch."""
-    with exclusive(lock_file(cache_dir), "the target hidden states"):
+    with making_cache(cache_dir, "the target hidden states") as saved:
         path = cache_dir / "hidden.safetensors"
         if path.is_file():
             log.info("re-using target hidden states from %s", cache_dir)
@@ -276,7 +273,7 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
                 return [h.cpu() for h in continuation_hidden(model, [rows[i] for i in indices], prompt_tokens)]
 
         batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-        states, earlier_seconds = map_batches(batches, hidden_batch, "target hidden states", batches_dir(cache_dir))
+        states, earlier_seconds = map_batches(batches, hidden_batch, "target hidden states", saved)
         by_row = [None] * len(rows)
         for position, index in enumerate(order):
             by_row[index] = states[position]
@@ -289,7 +286,6 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
             cost.record(staging, time.perf_counter() - clock + earlier_seconds)
             shutil.rmtree(cache_dir, ignore_errors=True)
             staging.rename(cache_dir)
-            shutil.rmtree(batches_dir(cache_dir), ignore_errors=True)
 
         write_once(write)
         return by_row

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,11 +62,6 @@ def map_batches(batches: list[Item], fn: Callable[[Item], list[Result]], desc: s
     return [result for _, results in sorted(done, key=lambda pair: pair[0]) for result in results], earlier_seconds
 
 
-def batches_dir(cache_dir: Path) -> Path:
-    """Where the batches of the cache `cache_dir` are kept until the cache is written (`map_batches`' `saved_in`)."""
-    return cache_dir.with_name(f".{cache_dir.name}{BATCHES_SUFFIX}")
-
-
 def write_once(write: Callable[[], None]) -> None:
     """Run `write` (an atomic cache write) in the main process only; every process returns once it is done."""
     state = PartialState()
@@ -103,3 +99,14 @@ def exclusive(lock_path: Path, what: str):
 def lock_file(cache_dir: Path) -> Path:
     """The lock of the cache (or artifact) `cache_dir` (`exclusive`)."""
     return cache_dir.with_name(f".{cache_dir.name}.lock")
+
+
+@contextmanager
+def making_cache(cache_dir: Path, what: str):
+    """While a job makes (or loads) the cache `cache_dir`: no other job makes it (`exclusive`), and the folder its
+    finished batches are saved in (`map_batches`' `saved_in`), dropped once the cache is made."""
+    saved = cache_dir.with_name(f".{cache_dir.name}{BATCHES_SUFFIX}")
+    with exclusive(lock_file(cache_dir), what):
+        yield saved
+        if PartialState().is_main_process:
+            shutil.rmtree(saved, ignore_errors=True)
