@@ -166,3 +166,33 @@ def test_reference_nll_scores_each_reference_under_the_run_model(tmp_path):
     assert all(row["scores"]["reference_nll"] > 0 for row in rows)
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["reference_nll"] == sum(row["scores"]["reference_nll"] for row in rows) / 2
+
+
+def test_a_turn_timed_across_a_suspension_is_timed_again():
+    """A process stopped and continued (SIGCONT) while a turn is timed decodes that turn again, so the pause is
+    in no recorded wall time; outside `suspension.watching()` a SIGCONT changes nothing."""
+    import signal
+
+    from specrepro import suspension
+    from specrepro.decoding.ar import ARDecoder
+    from specrepro.decoding.sampling import Sampling
+    from specrepro.runner import decode_turn
+    from tests.conftest import tiny_llama
+
+    class ResumedDuringOddDecodes(ARDecoder):
+        calls = 0
+
+        def _decode(self, *args):
+            ResumedDuringOddDecodes.calls += 1
+            if ResumedDuringOddDecodes.calls % 2:  # every other decode
+                os.kill(os.getpid(), signal.SIGCONT)  # what the shell sends on `fg`, a scheduler on resume
+            super()._decode(*args)
+
+    model = tiny_llama()
+    method, baselines = ResumedDuringOddDecodes(model, None), {"ar": ARDecoder(model, None)}
+    greedy = Sampling(do_sample=False)
+    with suspension.watching():
+        gen, beside = decode_turn(method, baselines, [1, 2, 3], greedy, 8, seed=0)
+    assert ResumedDuringOddDecodes.calls == 2 and gen.token_ids == beside["ar"].token_ids
+    decode_turn(method, baselines, [1, 2, 3], greedy, 8, seed=0)
+    assert ResumedDuringOddDecodes.calls == 3  # not watching: the SIGCONT of the third is not counted

@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from specrepro import suspension
 from specrepro.data import completion_for_scoring, load_records, reference_response, render_prompt
 from specrepro.decoding import build_decoder, validate_method_config
 from specrepro.decoding.ar import ARDecoder
@@ -84,6 +85,19 @@ def sample_seed(cfg: DictConfig, index: int, sample: int) -> int:
     return cfg.decoding.seed + 1000 * index + sample
 
 
+def decode_turn(decoder, baselines: dict, ids: list[int], sampling, max_new_tokens: int, seed: int):
+    """One turn decoded by the method, and by the baselines timed beside it: (its Generation, theirs by key).
+    A turn during which the process was suspended is decoded again, so that no timing includes the pause."""
+    while True:
+        resumes_before = suspension.resumes()
+        timed_beside = {key: baseline.generate(ids, sampling, max_new_tokens, seed)
+                        for key, baseline in baselines.items()}
+        gen = decoder.generate(ids, sampling, max_new_tokens, seed)
+        if suspension.resumes() == resumes_before:
+            return gen, timed_beside
+        log.warning("the process was suspended while a turn was timed: timing it again")
+
+
 def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling) -> dict:
     """All samples (each with all turns) of one dataset record, scored."""
     samples, prompts = [], []
@@ -95,9 +109,8 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
             ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             check_fits_context(ids, cfg, target, record.id)
             seed = sample_seed(cfg, index, s)
-            timed_beside = {key: baseline.generate(ids, sampling, cfg.decoding.max_new_tokens, seed)
-                            for key, baseline in baselines.items()}
-            gen = decoder.generate(ids, sampling, cfg.decoding.max_new_tokens, seed).to_dict()
+            gen, timed_beside = decode_turn(decoder, baselines, ids, sampling, cfg.decoding.max_new_tokens, seed)
+            gen = gen.to_dict()
             problem = impossible_generation(gen)
             if problem:
                 raise SpecReproError(f"method '{cfg.method.name}' reported impossible step counts on record "
@@ -247,10 +260,11 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
         if todo else 0.0
     if todo:
         warm_up(cfg, target, [decoder, *baselines.values()], records[0], sampling)
-    for index, rec in tqdm(todo, desc=name, unit="sample"):
-        row = decode_record(rec, index, cfg, target, decoder, baselines, sampling)
-        record.append(row)
-        rows.append(row)
+    with suspension.watching():
+        for index, rec in tqdm(todo, desc=name, unit="sample"):
+            row = decode_record(rec, index, cfg, target, decoder, baselines, sampling)
+            record.append(row)
+            rows.append(row)
     rows.sort(key=lambda row: row["index"])
 
     metrics = summarize(rows, reference.rows() if reference else None, sampling.greedy)
