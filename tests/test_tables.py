@@ -143,9 +143,9 @@ def test_a_row_label_names_an_environment_variable(monkeypatch):
     row = Row(label=["SPACE (k = ${K:-5})"], select={"method.k": "${K:-5}"})
     spec = TableSpec("t", "p", "title", "", ["Method"], [row], [Column("MAT", "mat")])
     monkeypatch.delenv("K", raising=False)
-    assert build_table(spec, runs)[1][0][:3] == ["SPACE (k = 5)", "–", "5.00"]
+    assert build_table(spec, runs)[1][0][:2] == ["SPACE (k = 5)", "5.00"]
     monkeypatch.setenv("K", "2")
-    assert build_table(spec, runs)[1][0][:3] == ["SPACE (k = 2)", "–", "2.00"]
+    assert build_table(spec, runs)[1][0][:2] == ["SPACE (k = 2)", "2.00"]
 
 
 def test_a_cell_is_a_metric_never_a_config_flag_of_that_name():
@@ -153,7 +153,7 @@ def test_a_cell_is_a_metric_never_a_config_flag_of_that_name():
     runs = [RunInfo("no-nll", {"mat": 1.5}, {"reference_nll": False}, 0.0)]
     spec = TableSpec("t", "p", "title", "", ["Method"], [Row(label=["space"])],
                      [Column("MAT", "mat"), Column("Ref NLL", "reference_nll")])
-    assert build_table(spec, runs)[1][0][1:5] == ["–", "1.50", "–", "–"]
+    assert build_table(spec, runs)[1][0][1:3] == ["1.50", "–"]
 
 
 def test_a_mean_column_averages_the_cells_it_names_and_needs_all_of_them():
@@ -164,7 +164,7 @@ def test_a_mean_column_averages_the_cells_it_names_and_needs_all_of_them():
         Column("Mean", "speedup_paired", mean_over={"dataset.category": ["qa", "rag"]}),
         Column("Mean of three", "speedup_paired", mean_over={"dataset.category": ["qa", "rag", "translation"]})])
     header, body, footnotes = build_table(spec, runs)
-    assert body[0][1:5] == ["–", "1.40", "–", "–"] and footnotes == ["pld-qa", "pld-rag"]
+    assert body[0][1:3] == ["1.40", "–"] and footnotes == ["pld-qa", "pld-rag"]
 
 
 def test_plots_show_the_tables_own_numbers(tmp_path):
@@ -316,8 +316,20 @@ def test_a_corrupt_run_record_is_skipped_with_a_warning_naming_it(tmp_path, capl
     assert any(str(runs / "bad_config" / "config.yaml") in warning for warning in warnings)
 
 
+def test_a_table_without_paper_numbers_has_only_here_columns():
+    """A benchmark's table (no row has a paper number, the leaderboard) gets one "(here)" column a label, not an
+    empty "(paper)" beside each; one paper number anywhere brings the pairs back."""
+    runs = [RunInfo("pld", {"mat": 1.5}, {}, 0.0)]
+    columns = [Column("MAT", "mat"), Column("Speedup", "speedup_paired")]
+    header, body, _ = build_table(TableSpec("t", "p", "title", "", ["Method"], [Row(label=["pld"])], columns), runs)
+    assert header == ["Method", "MAT (here)", "Speedup (here)", "runs"] and body[0] == ["pld", "1.50", "–", "[1]"]
+    with_paper = TableSpec("t", "p", "title", "", ["Method"], [Row(label=["pld"], paper={"MAT": 2.0})], columns)
+    assert build_table(with_paper, runs)[0] == ["Method", "MAT (paper)", "MAT (here)", "Speedup (paper)",
+                                                "Speedup (here)", "runs"]
+
+
 def test_a_cell_holding_no_number_shows_its_text():
     """A record whose metric is not a number (hand-edited, or from another version) shows it, not a traceback."""
     runs = [RunInfo("odd", {"mat": [1.5]}, {}, 0.0)]
     spec = TableSpec("t", "p", "title", "", ["Method"], [Row(label=["space"])], [Column("MAT", "mat")])
-    assert build_table(spec, runs)[1][0][1:3] == ["–", "[1.5]"]
+    assert build_table(spec, runs)[1][0][1] == "[1.5]"

@@ -4,6 +4,7 @@ sweep job is reported while the others run, bad input gets one line, and records
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from specrepro.errors import SpecReproError
-from specrepro.metrics.speed import impossible_generation, impossible_metrics, speed_metrics
+from specrepro.metrics.speed import impossible_generation, impossible_metrics, paired_speedup, speed_metrics
 from tests.test_runner import FAST, run_dirs, specrepro
 
 
@@ -27,6 +28,17 @@ def test_possible_step_counts_pass():
     assert impossible_generation(_gen([1, 3, 2], [2, 2, 2])) is None
     assert impossible_generation(_gen([1, 1], [0, 0])) is None
     assert impossible_metrics(speed_metrics([_gen([1, 3, 2], [2, 2, 2])])) is None
+
+
+def test_a_method_that_times_neither_part_of_a_step_has_no_draft_or_verify_cost():
+    """hf_assisted runs transformers' own loop, so it times whole generations only: its draft and verify costs
+    are unknown (NaN, "–" in a table), not 0.00; a method timing its verification has a draft cost of 0."""
+    untimed = {**_gen([2, 1], [2, 2]), "ar_wall_time": 2.0, "ar_tokens": 4, "ar_prefill_time": 0.5}
+    costs = paired_speedup([untimed])
+    assert math.isnan(costs["draft_cost_paired"]) and math.isnan(costs["verify_cost_paired"])
+    assert math.isnan(speed_metrics([untimed])["verify_ms_per_step"])
+    timed = paired_speedup([{**untimed, "verify_time": 0.5}])  # 0.25 s a step; ar: 1.5 s over 3 steps
+    assert timed["draft_cost_paired"] == 0.0 and timed["verify_cost_paired"] == 0.5
 
 
 @pytest.mark.parametrize("gen, problem", [

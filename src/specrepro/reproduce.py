@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from specrepro.errors import SpecReproError
+from specrepro.tables import MISSING_CELL
 from specrepro.tracking import atomic_write
 
 PIPELINES_DIR = Path(files("specrepro.pipelines"))  # experiments/reproduce/ in a source checkout
@@ -132,13 +133,15 @@ README_START, README_END = "<!-- summary: made by `specrepro summary` -->", "<!-
 
 
 def headline_cells(table_csv: Path, row: list[str], column: str) -> tuple[str, str]:
-    """The (paper, here) cells of one row and column of a committed table's CSV."""
+    """The (paper, here) cells of one row and column of a committed table's CSV (paper: MISSING_CELL in a table
+    without paper columns)."""
     with open(table_csv, newline="") as handle:
         lines = [line for line in csv.reader(l for l in handle if not l.startswith("#"))]
     header, body = lines[0], lines[1:]
     for cells in body:
         if cells[: len(row)] == row:
-            return cells[header.index(f"{column} (paper)")], cells[header.index(f"{column} (here)")]
+            paper = f"{column} (paper)"
+            return (cells[header.index(paper)] if paper in header else MISSING_CELL), cells[header.index(f"{column} (here)")]
     raise SpecReproError(f"{table_csv}: no row {' / '.join(row)}")
 
 

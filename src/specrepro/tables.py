@@ -350,10 +350,12 @@ def _format(value, column: Column, scale: float = 1.0) -> str:
 
 
 def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[list[str]], list[str]]:
-    """(header, body rows, footnotes): per column a "paper" and a "here" cell; a `runs` column of footnote marks."""
+    """(header, body rows, footnotes): per column a "paper" and a "here" cell (only "here" when no row has a paper
+    number: a benchmark's own table); a `runs` column of footnote marks."""
+    with_paper = any(row.paper for row in spec.rows)
     header = [*spec.row_header]
     for column in spec.columns:
-        header += [f"{column.label} (paper)", f"{column.label} (here)"]
+        header += [f"{column.label} (paper)", f"{column.label} (here)"] if with_paper else [f"{column.label} (here)"]
     header.append("runs")
     footnotes: list[str] = []
     body = []
@@ -373,7 +375,9 @@ def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[l
                 values.append(value)
             missing = any(v is None or not isinstance(v, (int, float)) for v in values)
             value = values[0] if len(values) == 1 else None if missing else sum(values) / len(values)
-            cells += [_format(row.paper.get(column.label), column), _format(value, column, column.scale)]
+            if with_paper:
+                cells.append(_format(row.paper.get(column.label), column))
+            cells.append(_format(value, column, column.scale))
         marks = []
         for name in used:
             if name not in footnotes:
@@ -410,7 +414,8 @@ def render_markdown(spec: TableSpec, header, body, footnotes, footer: list[str])
         lines += [spec.note.strip(), ""]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
-    lines += ["", f"{MISSING_CELL} = no number (not in the paper, or no run yet).", "", "Runs:", ""]
+    missing = "not in the paper, or no run yet" if any(row.paper for row in spec.rows) else "no run yet"
+    lines += ["", f"{MISSING_CELL} = no number ({missing}).", "", "Runs:", ""]
     lines += [f"{i}. `{name}`" for i, name in enumerate(footnotes, 1)] or ["(none)"]
     lines += ["", "Provenance:", "", *footer]
     return "\n".join(lines) + "\n"

@@ -18,6 +18,14 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den else math.nan
 
 
+def _part_ms_per_step(gens: list[dict], part: str, steps: int) -> float:
+    """Milliseconds per step spent in a step's `part` ("draft" or "verify"); NaN when the method timed neither part
+    (transformers' own generate loop in hf_assisted), rather than a cost of 0."""
+    if not any(g["draft_time"] or g["verify_time"] for g in gens):
+        return math.nan
+    return 1000 * _ratio(sum(g[f"{part}_time"] for g in gens), steps)
+
+
 def speed_metrics(gens: list[dict]) -> dict[str, float]:
     """Throughput, MAT, acceptance, HM and the per-step draft/verify cost of one run."""
     tokens = sum(len(g["token_ids"]) for g in gens)
@@ -42,8 +50,8 @@ def speed_metrics(gens: list[dict]) -> dict[str, float]:
         # EESD's harmonic mean of v_d and r_d, x100 (003, Sec. 4)
         "hm": 100 * 2 * v_d * r_d / (v_d + r_d) if drafted and (v_d + r_d) > 0 else math.nan,
         "mean_drafted_per_step": _ratio(drafted, steps),
-        "draft_ms_per_step": 1000 * _ratio(sum(g["draft_time"] for g in gens), steps),
-        "verify_ms_per_step": 1000 * _ratio(sum(g["verify_time"] for g in gens), steps),
+        "draft_ms_per_step": _part_ms_per_step(gens, "draft", steps),
+        "verify_ms_per_step": _part_ms_per_step(gens, "verify", steps),
     }
 
 
@@ -77,8 +85,8 @@ def paired_speedup(gens: list[dict], baseline: str = "ar") -> dict[str, float]:
     steps = sum(g["steps"] for g in paired)
     return {
         f"speedup_paired{suffix}": fmean(ratios),
-        f"draft_cost_paired{suffix}": _ratio(1000 * _ratio(sum(g["draft_time"] for g in paired), steps), ar_step_ms),
-        f"verify_cost_paired{suffix}": _ratio(1000 * _ratio(sum(g["verify_time"] for g in paired), steps), ar_step_ms),
+        f"draft_cost_paired{suffix}": _ratio(_part_ms_per_step(paired, "draft", steps), ar_step_ms),
+        f"verify_cost_paired{suffix}": _ratio(_part_ms_per_step(paired, "verify", steps), ar_step_ms),
     }
 
 
