@@ -183,11 +183,25 @@ def test_plots_show_the_tables_own_numbers(tmp_path):
     header, body, footnotes = build_table(spec, runs)
     path = tmp_path / "t.csv"
     path.write_text(render_csv(header, body, footnotes, ["- Machine: test"]))
-    assert read_here(path, ["Method"]) == (["pld", "sps"], {"QA speedup": [1.2, 0.9], "RAG speedup": [1.6, None],
-                                                            "Training minutes": [0.0, 18.0]})
+    assert read_here(path, ["Method"]) == ([("pld",), ("sps",)], {"QA speedup": [1.2, 0.9], "RAG speedup": [1.6, None],
+                                                                "Training minutes": [0.0, 18.0]})
     written = write_plots(spec.plots, path, ["Method"], spec.title)
     assert [p.name for p in written] == ["t_bars.png", "t_cost.png"]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
+
+
+def test_a_plot_names_rows_by_the_label_cells_it_asks_for():
+    """`label_cells: 1` names a bar by the method alone, not by every label cell ("Trained on" is long)."""
+    from specrepro.plots import draw
+
+    cells = [("pld", "paper", "training-free"), ("sps_tree", "best here", "general mix")]
+    here = {"QA speedup": [1.2, None]}
+    for label_cells, legend in ((1, ["pld"]), (None, ["pld / paper / training-free"])):
+        plot = {"name": "b", "kind": "bars", "columns": ["QA speedup"], "label_cells": label_cells}
+        figure = draw(plot, cells, here, "title")
+        assert [t.get_text() for t in figure.axes[0].get_legend().get_texts()] == legend
+        assert figure.axes[0].get_title().endswith("(no number yet: " + ("sps_tree)" if label_cells else
+                                                                          "sps_tree / best here / general mix)"))
 
 
 SMALL_TABLE = """\

@@ -7,13 +7,15 @@ the committed numbers (notebooks/analysis.ipynb draws the same ones from the sam
       - {name: speedup_by_category, kind: bars, columns: [Math speedup, RAG speedup], ylabel: "speedup (x)"}
       - {name: speedup_vs_training, kind: scatter, x: Training minutes, y: Mean speedup}
 
-`bars`: one group per column, one bar per row; `scatter`: one labelled point per row. Rows without a number
-are left out (and named in the figure's caption line).
+`bars`: one group per column, one bar per row; `scatter`: one labelled point per row. A row is named by its
+label cells (`label_cells: N`: the first N only). Rows without a number are left out (and named in the figure's
+caption line).
 """
 
 from __future__ import annotations
 
 import csv
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -24,12 +26,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 KINDS = {"bars": ("columns",), "scatter": ("x", "y")}
 
 
-def read_here(csv_path: Path, row_header: list[str]) -> tuple[list[str], dict[str, list[float | None]]]:
-    """(row labels, {column label: its "(here)" numbers, None where empty}) of a table's CSV."""
+def read_here(csv_path: Path, row_header: list[str]) -> tuple[list[tuple[str, ...]], dict[str, list[float | None]]]:
+    """(each row's label cells, {column label: its "(here)" numbers, None where empty}) of a table's CSV."""
     with open(csv_path, newline="") as handle:
         rows = [row for row in csv.reader(handle) if row and not row[0].startswith("#")]
     header, body = rows[0], rows[1:]
-    labels = [" / ".join(cell for cell in row[: len(row_header)] if cell) for row in body]
+    labels = [tuple(row[: len(row_header)]) for row in body]
     here = {}
     for index, name in enumerate(header):
         if name.endswith(" (here)"):
@@ -45,8 +47,9 @@ def number(cell: str) -> float | None:
         return None
 
 
-def draw(plot: dict, labels: list[str], here: dict[str, list], title: str) -> plt.Figure:
+def draw(plot: dict, label_cells: list[tuple[str, ...]], here: dict[str, list], title: str) -> plt.Figure:
     """One plot (a spec entry) of the table's numbers."""
+    labels = [" / ".join(cell for cell in cells[: plot.get("label_cells")] if cell) for cells in label_cells]
     if plot["kind"] == "bars":
         columns = plot["columns"]
         shown = [i for i in range(len(labels)) if any(here[c][i] is not None for c in columns)]
@@ -71,7 +74,8 @@ def draw(plot: dict, labels: list[str], here: dict[str, list], title: str) -> pl
             axes.axhline(plot["reference"], color="black", linewidth=0.8, linestyle="--")
     axes.set_ylabel(plot.get("ylabel", plot.get("y", "")))
     left_out = [labels[i] for i in range(len(labels)) if i not in shown]
-    axes.set_title(title + (f"\n(no number yet: {', '.join(left_out)})" if left_out else ""), fontsize=9)
+    caption = textwrap.fill(f"(no number yet: {', '.join(left_out)})", 140) if left_out else ""
+    axes.set_title(f"{title}\n{caption}".strip(), fontsize=9)
     figure.tight_layout()
     return figure
 

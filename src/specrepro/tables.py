@@ -14,7 +14,7 @@ A table spec is a small YAML file, `experiments/tables/<NAME>.yaml` (see the one
       - {label: GSM8K HM, key: hm, select: {dataset: gsm8k}, fmt: "{:.2f}"}
       - {label: Mean HM, key: hm, mean_over: {dataset: [gsm8k, xsum]}}   # the mean of the cells it names
     plots:                           # optional: figures of the "here" cells, beside the table (specrepro/plots.py)
-      - {name: hm, kind: bars, columns: [GSM8K HM, Mean HM]}
+      - {name: hm, kind: bars, columns: [GSM8K HM, Mean HM], label_cells: 1}   # rows named by their first label cell
 
 paper, title, rows (each with a label) and columns (each with a label and a key) are required; a key not shown
 here, a value of the wrong type or a paper number for no column makes the spec invalid (one line naming the place).
@@ -226,7 +226,7 @@ def _row(raw, where: str, columns: list[Column], width: int) -> Row:
 def _plot(raw, where: str, columns: list[Column]) -> dict:
     """A plot: a name, a kind (bars: `columns`; scatter: `x` and `y`), each naming a column by its label."""
     raw = _mapping(raw, where, required=("name", "kind"),
-                   optional=("columns", "x", "y", "xlabel", "ylabel", "reference"))
+                   optional=("columns", "x", "y", "xlabel", "ylabel", "reference", "label_cells"))
     kind = _text(raw["kind"], f"{where}.kind")
     if kind not in KINDS:
         raise _Invalid(f"{where}.kind: expected one of {', '.join(KINDS)}, got '{kind}'")
@@ -239,6 +239,9 @@ def _plot(raw, where: str, columns: list[Column]) -> dict:
                 raise _Invalid(f"{where}.{key}: no column labelled '{label}'")
     if not isinstance(raw.get("reference", 0), (int, float)) or isinstance(raw.get("reference"), bool):
         raise _Invalid(f"{where}.reference: expected a number, got {_kind(raw['reference'])}")
+    cells = raw.get("label_cells", 1)
+    if not isinstance(cells, int) or isinstance(cells, bool) or cells < 1:
+        raise _Invalid(f"{where}.label_cells: expected a positive integer, got {cells!r}")
     return {**raw, "name": _text(raw["name"], f"{where}.name")}
 
 
