@@ -74,8 +74,9 @@ def draw(plot: dict, label_cells: list[tuple[str, ...]], here: dict[str, list], 
             axes.axhline(plot["reference"], color="black", linewidth=0.8, linestyle="--")
     axes.set_ylabel(plot.get("ylabel", plot.get("y", "")))
     left_out = [labels[i] for i in range(len(labels)) if i not in shown]
-    caption = textwrap.fill(f"(no number yet: {', '.join(left_out)})", 140) if left_out else ""
-    axes.set_title(f"{title}\n{caption}".strip(), fontsize=9)
+    line_chars = int(13 * figure.get_figwidth())  # what a 9-point line holds across the figure
+    caption = textwrap.fill(f"(no number yet: {', '.join(left_out)})", line_chars) if left_out else ""
+    axes.set_title(f"{textwrap.fill(title, line_chars)}\n{caption}".strip(), fontsize=9)
     figure.tight_layout()
     return figure
 
