@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from specrepro.cli import CONF_DIR
 from specrepro.config import register_configs
