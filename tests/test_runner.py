@@ -196,3 +196,30 @@ def test_a_turn_timed_across_a_suspension_is_timed_again():
     assert ResumedDuringOddDecodes.calls == 2 and gen.token_ids == beside["ar"].token_ids
     decode_turn(method, baselines, [1, 2, 3], greedy, 8, seed=0)
     assert ResumedDuringOddDecodes.calls == 3  # not watching: the SIGCONT of the third is not counted
+
+
+def test_training_minutes_leave_out_a_pause_of_the_process():
+    """`suspension.clock()` (training and data-generation seconds) stands still while the process is stopped:
+    a child stopped for 3 s, 0.6 s into a 2 s sleep, times about 1 s (the pause counts from the last heartbeat),
+    where perf_counter says 3.6."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import time; from specrepro import suspension\n"
+        "suspension.STALL = 1.0\n"
+        "start, wall = suspension.clock(), time.perf_counter()\n"
+        "print('timing', flush=True)\n"
+        "time.sleep(2.0)\n"
+        "print(round(suspension.clock() - start, 1), round(time.perf_counter() - wall, 1), flush=True)\n")],
+        stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "timing\n"
+    time.sleep(0.6)
+    child.send_signal(signal.SIGSTOP)
+    time.sleep(3.0)
+    child.send_signal(signal.SIGCONT)
+    measured, wall = map(float, child.stdout.readline().split())
+    child.wait(timeout=30)
+    assert wall >= 3.4 and measured <= wall - 2.0, (measured, wall)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict
@@ -36,6 +35,7 @@ import torch.nn.functional as F
 from datasets import Dataset, load_from_disk
 from transformers import DynamicCache
 
+from specrepro import suspension
 from specrepro.data import load_records, reference_response, render_prompt
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding.base import _eos_ids
@@ -148,7 +148,7 @@ def collect_trajectories(cfg, target, work_dir, log_metrics, device):
     each prompt draws its random initial states from its own seeded generator, so the dataset is the same
     whatever the number of processes."""
     spec = cfg.training
-    clock = time.perf_counter()
+    clock = suspension.clock()
     tokenizer, model = target.tokenizer, target.model
     eos_ids = _eos_ids(model, tokenizer)
     prompts = []  # (source, prompt ids, reference ids)
@@ -195,7 +195,7 @@ def collect_trajectories(cfg, target, work_dir, log_metrics, device):
         "mean_iterations_per_block": sum(iterations) / len(iterations),
         "tokens_per_forward": spec.block_size * len(iterations) / max(1, sum(iterations) + len(iterations)),
         "trajectories_by_source": {s: columns["source"].count(s) for s in set(columns["source"])},
-        "compute_minutes": cost.minutes(time.perf_counter() - clock + earlier_seconds),
+        "compute_minutes": cost.minutes(suspension.clock() - clock + earlier_seconds),
     }
     log_metrics(metrics | {"trajectories_by_source": None}, 0)
     log.info("collected %s", metrics)

@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import shutil
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from datasets import Dataset, load_from_disk
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
+from specrepro import suspension
 from specrepro.config import weights_identity
 from specrepro.data import load_records, reference_response, render_prompt
 from specrepro.models import resolve_dtype
@@ -109,7 +109,7 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
         if (cache_dir / "dataset_info.json").is_file():
             log.info("re-using target continuations from %s", cache_dir)
             return load_from_disk(str(cache_dir))
-        clock = time.perf_counter()
+        clock = suspension.clock()
         sources_and_texts = prompt_texts(prompt_sets, target.tokenizer)
         pairs, earlier_seconds = generate_continuations(teacher_copy(target.model, dtype), target.tokenizer,
                                                         [t for _, t in sources_and_texts], max_new_tokens, batch_size,
@@ -123,7 +123,7 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
         def write() -> None:
             staging = cache_dir.with_name(f".{cache_dir.name}.staging")
             dataset.save_to_disk(str(staging))
-            cost.record(staging, time.perf_counter() - clock + earlier_seconds)
+            cost.record(staging, suspension.clock() - clock + earlier_seconds)
             (staging / "settings.json").write_text(json.dumps(OmegaConf.to_container(OmegaConf.create(
                 {"max_new_tokens": max_new_tokens, "prompt_sets": list(prompt_sets)}))))
             staging.rename(cache_dir)
@@ -186,7 +186,7 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
         if (cache_dir / "dataset_info.json").is_file():
             log.info("re-using target labels from %s", cache_dir)
             return load_from_disk(str(cache_dir))
-        clock = time.perf_counter()
+        clock = suspension.clock()
         tokenizer = target.tokenizer
         sources, pairs = [], []
         for name, dataset_cfg in prompt_sets.items():
@@ -205,7 +205,7 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
         def write() -> None:
             staging = cache_dir.with_name(f".{cache_dir.name}.staging")
             dataset.save_to_disk(str(staging))
-            cost.record(staging, time.perf_counter() - clock + earlier_seconds)
+            cost.record(staging, suspension.clock() - clock + earlier_seconds)
             staging.rename(cache_dir)
 
         write_once(write)
@@ -263,7 +263,7 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
             log.info("re-using target hidden states from %s", cache_dir)
             stored = load_file(str(path))
             return list(torch.split(stored["hidden"], stored["lengths"].tolist()))
-        clock = time.perf_counter()
+        clock = suspension.clock()
         device = next(model.parameters()).device
         order = sorted(range(len(rows)),
                        key=lambda i: len(rows[i]["prompt_ids"][-prompt_tokens:]) + len(rows[i]["continuation_ids"]))
@@ -283,7 +283,7 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
             staging.mkdir(parents=True, exist_ok=True)
             save_file({"hidden": torch.cat(by_row).contiguous(), "lengths": torch.tensor([len(h) for h in by_row])},
                       str(staging / path.name))
-            cost.record(staging, time.perf_counter() - clock + earlier_seconds)
+            cost.record(staging, suspension.clock() - clock + earlier_seconds)
             shutil.rmtree(cache_dir, ignore_errors=True)
             staging.rename(cache_dir)
 

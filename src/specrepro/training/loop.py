@@ -15,7 +15,6 @@ import logging
 import math
 import random
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,6 +25,7 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType
 from tqdm import tqdm
 
+from specrepro import suspension
 from specrepro.errors import SpecReproError
 from specrepro.tracking import atomic_write
 from specrepro.training.shards import BATCHES_SUFFIX
@@ -181,7 +181,7 @@ def train_loop(
     if latest.is_file():
         accelerator.load_state(str(work_dir / latest.read_text().strip()))
         log.info("resuming training from step %d (%s)", progress.step, work_dir)
-    start, resumed_seconds, clock = progress.step, progress.seconds, time.perf_counter()
+    start, resumed_seconds, clock = progress.step, progress.seconds, suspension.clock()
     torch.manual_seed(cfg.seed + start)
     trained.train()
     bar = tqdm(range(start, cfg.steps), desc="train", unit="step", initial=start, total=cfg.steps,
@@ -203,7 +203,7 @@ def train_loop(
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         # seconds of this loop so far, across resumes (None under a checkpoint from before they were counted)
-        seconds = None if resumed_seconds is None else resumed_seconds + time.perf_counter() - clock
+        seconds = None if resumed_seconds is None else resumed_seconds + suspension.clock() - clock
         logs.update(lr=scheduler.get_last_lr()[0], grad_norm=float(grad_norm), step=step + 1, seconds=seconds)
         bar.set_postfix(loss=f"{logs['loss']:.3f}")
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:

@@ -16,7 +16,6 @@ import fcntl
 import logging
 import os
 import shutil
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -26,6 +25,7 @@ from accelerate import PartialState
 from accelerate.utils import gather_object
 from tqdm import tqdm
 
+from specrepro import suspension
 from specrepro.errors import SpecReproError
 
 log = logging.getLogger(__name__)
@@ -49,12 +49,12 @@ def map_batches(batches: list[Item], fn: Callable[[Item], list[Result]], desc: s
             done.append((index, saved["results"]))
             earlier_seconds += saved["seconds"]
             continue
-        clock = time.perf_counter()
+        clock = suspension.clock()
         results = fn(batches[index])
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(f".{os.getpid()}.tmp")
-            torch.save({"results": results, "seconds": time.perf_counter() - clock}, partial)
+            torch.save({"results": results, "seconds": suspension.clock() - clock}, partial)
             os.replace(partial, path)
         done.append((index, results))
     if state.num_processes > 1:
