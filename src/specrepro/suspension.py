@@ -47,15 +47,15 @@ def watching():
 
 
 def _observe() -> float:
-    """The time now, noting the gap since the process was last seen running as a pause when it exceeds STALL
-    (by whichever of the heartbeat and `clock()` runs first after a resume)."""
+    """`clock()`'s reading now, first noting the gap since the process was last seen running as a pause when it
+    exceeds STALL (by whichever of the heartbeat and `clock()` runs first after a resume)."""
     global _paused, _seen
     with _paused_lock:
         now = time.perf_counter()
         if now - _seen > STALL:  # every thread stood still: the process was stopped
             _paused += now - _seen - BEAT
         _seen = now
-        return now
+        return now - _paused
 
 
 def _beat() -> None:
@@ -71,4 +71,4 @@ def clock() -> float:
         _seen = time.perf_counter()
         _heart = threading.Thread(target=_beat, name="specrepro-heartbeat", daemon=True)
         _heart.start()
-    return _observe() - _paused
+    return _observe()

@@ -85,6 +85,11 @@ class TableSpec:
     note: str = ""
     plots: list[dict] = field(default_factory=list)
 
+    @property
+    def has_paper_numbers(self) -> bool:
+        """False for a benchmark's own table (the leaderboard): it then has no "(paper)" columns."""
+        return any(row.paper for row in self.rows)
+
     @classmethod
     def load(cls, name: str, tables_dir: Path = TABLES_DIR) -> "TableSpec":
         """Spec NAME from `tables_dir`, or the spec file NAME if it ends in .yaml; SpecReproError if it is malformed."""
@@ -355,7 +360,7 @@ def _format(value, column: Column, scale: float = 1.0) -> str:
 def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[list[str]], list[str]]:
     """(header, body rows, footnotes): per column a "paper" and a "here" cell (only "here" when no row has a paper
     number: a benchmark's own table); a `runs` column of footnote marks."""
-    with_paper = any(row.paper for row in spec.rows)
+    with_paper = spec.has_paper_numbers
     header = [*spec.row_header]
     for column in spec.columns:
         header += [f"{column.label} (paper)", f"{column.label} (here)"] if with_paper else [f"{column.label} (here)"]
@@ -417,7 +422,7 @@ def render_markdown(spec: TableSpec, header, body, footnotes, footer: list[str])
         lines += [spec.note.strip(), ""]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
-    missing = "not in the paper, or no run yet" if any(row.paper for row in spec.rows) else "no run yet"
+    missing = "not in the paper, or no run yet" if spec.has_paper_numbers else "no run yet"
     lines += ["", f"{MISSING_CELL} = no number ({missing}).", "", "Runs:", ""]
     lines += [f"{i}. `{name}`" for i, name in enumerate(footnotes, 1)] or ["(none)"]
     lines += ["", "Provenance:", "", *footer]
