@@ -17,14 +17,17 @@ from specrepro.models.kernels import PackedLinear, set_linear_kernel
 from tests.conftest import tiny_llama
 
 pytestmark = pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
+BF16 = pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    not kernels.onednn_available(torch.bfloat16), reason="this CPU has no oneDNN bfloat16 linear (AVX-512 or AVX-NE-CONVERT)"))
 
 
 def packed(layer: torch.nn.Linear, min_rows: int = 1) -> PackedLinear:
     return PackedLinear(layer.eval(), min_rows)
 
 
-@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_onednn_linear_matches_torch(dtype, atol):
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_onednn_linear_matches_torch(dtype):
+    atol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 96).to(dtype)
     x = torch.randn(3, 5, 64, dtype=dtype)
@@ -34,6 +37,17 @@ def test_onednn_linear_matches_torch(dtype, atol):
         got = fast(x)
     assert fast._packed is not None  # the oneDNN path ran
     torch.testing.assert_close(got, expected, atol=atol, rtol=atol)
+
+
+def test_a_dtype_this_cpu_has_no_kernel_for_runs_on_torch(monkeypatch):
+    """An AVX2-only CPU has oneDNN's float32 linear but not its bfloat16 one: bf16 layers compute torch's linear."""
+    monkeypatch.setattr(kernels, "onednn_dtypes", lambda: frozenset({torch.float32}))
+    layer = torch.nn.Linear(64, 96).to(torch.bfloat16).eval()
+    model = set_linear_kernel(torch.nn.Sequential(layer), "onednn")
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(model(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+    assert model[0]._packed is None
 
 
 def test_packed_weight_follows_in_place_updates_replacements_and_moves():
@@ -108,7 +122,7 @@ def test_greedy_ar_and_pld_agree_under_both_kernels():
     assert outputs["onednn"] == outputs["torch"]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
 def test_padded_inputs_compute_the_rows_of_a_full_block(dtype):
     """hardware.linear_min_rows: fewer rows run in the min_rows kernel, so each equals its row of a full block."""
     torch.manual_seed(0)

@@ -14,12 +14,14 @@ token-identical (`experiments/bench_kernels.py --min-rows 5`).
 `PackedLinear`: the same parameters (so ties, `.weight` readers and `state_dict` are unchanged), run through
 `torch.ops.mkldnn._linear_pointwise` with a packed copy of the weight. It applies only where it computes the
 same function: CPU tensors of float32 or bfloat16, input and weight of one dtype, no autograd through the
-layer, no autocast. Everything else (CUDA, training steps, fp16) takes torch's own path. Both arms of a
+layer, no autocast, and a dtype this CPU has the kernel for (bfloat16 needs AVX-512 or AVX-NE-CONVERT; an AVX2-only
+CPU packs float32 alone). Everything else (CUDA, training steps, fp16) takes torch's own path. Both arms of a
 comparison run on models loaded with the same setting, so `ar` gets the faster kernel too.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -50,7 +52,7 @@ class PackedLinear(torch.nn.Linear):
 
     def _onednn_applies(self, x: torch.Tensor) -> bool:
         w = self.weight
-        return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype and w.dtype in _PACKABLE
+        return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype and w.dtype in onednn_dtypes()
                 and not w.is_inference()  # no version counter, so a packed copy could not tell it went stale
                 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
                 and not torch.is_autocast_enabled("cpu"))
@@ -91,16 +93,27 @@ class PackedLinear(torch.nn.Linear):
         return f"{super().extra_repr()}, min_rows={self.min_rows}"
 
 
-def onednn_available() -> bool:
-    """Whether this torch build runs the prepacked oneDNN linear (checked on a tiny layer)."""
+@functools.cache
+def onednn_dtypes() -> frozenset[torch.dtype]:
+    """The dtypes in which this torch build and CPU run the prepacked oneDNN linear, each checked on a tiny layer
+    (oneDNN's bfloat16 path refuses a CPU without AVX-512 or AVX-NE-CONVERT)."""
     if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        w, x = torch.randn(8, 4), torch.randn(2, 4)
-        out = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w), None, "none", [], "")
-        return torch.allclose(out, F.linear(x, w), atol=1e-5)
-    except (RuntimeError, AttributeError):
-        return False
+        return frozenset()
+    found = set()
+    for dtype in _PACKABLE:
+        try:
+            w, x = torch.randn(8, 4).to(dtype), torch.randn(2, 4).to(dtype)
+            out = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w), None, "none", [], "")
+        except (RuntimeError, AttributeError):
+            continue
+        if torch.allclose(out.float(), F.linear(x, w).float(), atol=1e-5 if dtype == torch.float32 else 2e-2):
+            found.add(dtype)
+    return frozenset(found)
+
+
+def onednn_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build and CPU run the prepacked oneDNN linear in `dtype`."""
+    return dtype in onednn_dtypes()
 
 
 def check_kernel(kernel: str, min_rows: int = 1) -> None:
@@ -119,9 +132,13 @@ def set_linear_kernel(model: torch.nn.Module, kernel: str, min_rows: int = 1,
     verification pass (see models/attention.py). oneDNN falls back to torch, with a warning, on a build
     without it."""
     check_kernel(kernel, min_rows)
-    if kernel == "onednn" and not onednn_available():
+    if kernel == "onednn" and not onednn_dtypes():
         log.warning("this torch build has no usable oneDNN linear; hardware.linear_kernel=onednn falls back to torch")
         kernel = "torch"
+    dtypes = {p.dtype for p in model.parameters() if p.device.type == "cpu" and p.dtype in _PACKABLE}
+    if kernel == "onednn" and dtypes - onednn_dtypes():
+        log.warning("this CPU has no oneDNN linear for %s (bfloat16 needs AVX-512 or AVX-NE-CONVERT); those layers "
+                    "use torch's", ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes - onednn_dtypes())))
     rows = max(min_rows, 2 if row_invariant else 1)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
