@@ -26,6 +26,7 @@ from dataclasses import asdict
 from statistics import fmean
 
 import torch
+from tqdm import tqdm
 from transformers import CompileConfig
 
 from specrepro import registry
@@ -104,6 +105,7 @@ def main() -> None:
                         'overrides, e.g. "sar_draft_tree;eesd method.draft_vocab=4096"')
     parser.add_argument("--artifacts-dir", default="results/artifacts", help="where --methods find their artifacts")
     args = parser.parse_args()
+    began = time.perf_counter()
     hardware = HardwareConfig(device=args.device, dtype=args.dtype, linear_kernel="torch", compile=True,
                               compile_backend=args.backend, compile_widths=[int(w) for w in args.widths.split(",")])
     loader = ModelLoader.for_hardware(hardware, args.artifacts_dir)
@@ -130,18 +132,24 @@ def main() -> None:
         gen = decoders[arm].generate(ids, greedy, max_new_tokens)
         return gen.token_ids, gen.wall_time, gen.steps
 
+    def progress(message: str) -> None:  # on stderr as it happens: a run cut off by a lent machine's limit shows where
+        print(f"[{time.perf_counter() - began:6.0f} s] {message}", file=sys.stderr, flush=True)
+
     longest = max(prompts, key=len)
+    progress("compiling our steps")
     ours_compile = model.specrepro_steps.warm_up(max(d.max_step_width for d in decoders.values()),
                                                  len(longest) + args.max_new_tokens)
     compile_s = {"ours": ours_compile}
     for arm in [*decoders, *GENERATE_ARMS]:  # warm-up: transformers compiles on its first static call
+        progress(f"warming up {arm}")
         start = time.perf_counter()
         run(arm, longest, args.max_new_tokens)
         compile_s.setdefault(arm, time.perf_counter() - start)
     arms = [*decoders, *GENERATE_ARMS]
     speculative = [arm for arm in decoders if not arm.startswith("ar_")]
     results = {arm: [] for arm in arms}
-    for i, ids in enumerate(prompts):
+    progress("timing")
+    for i, ids in enumerate(tqdm(prompts, desc="prompts", file=sys.stderr)):
         for arm in arms[i % len(arms):] + arms[: i % len(arms)]:  # rotate the order between prompts
             tokens, seconds, steps = run(arm, ids, args.max_new_tokens)
             results[arm].append({"tokens": tokens, "seconds": seconds, "steps": steps})

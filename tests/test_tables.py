@@ -347,3 +347,49 @@ def test_a_cell_holding_no_number_shows_its_text():
     runs = [RunInfo("odd", {"mat": [1.5]}, {}, 0.0)]
     spec = TableSpec("t", "p", "title", "", ["Method"], [Row(label=["space"])], [Column("MAT", "mat")])
     assert build_table(spec, runs)[1][0][1] == "[1.5]"
+
+
+KEEP_TABLE = """
+paper: keep
+title: "Two rows"
+row_header: [Method]
+rows:
+  - {label: [ar], select: {method: ar}}
+  - {label: [pld], select: {method: pld}}
+columns:
+  - {label: MAT, key: mat}
+"""
+
+
+def _record(results, name: str, method: str, mat: float) -> None:
+    run = results / "runs" / name
+    run.mkdir(parents=True)
+    (run / "metrics.json").write_text(json.dumps({"complete": True, "method": method, "mat": mat}))
+    (run / "config.yaml").write_text(f"method: {{name: {method}}}\n")
+
+
+def test_keep_rows_carries_rows_whose_runs_are_elsewhere(tmp_path):
+    """--keep-rows: a row with no run here keeps its cells and runs from the table already written, the footer
+    names it and carries that table's provenance; without it the row is empty; other columns are refused."""
+    tables_dir, first, second, out = tmp_path / "tables", tmp_path / "a", tmp_path / "b", tmp_path / "out"
+    tables_dir.mkdir()
+    (tables_dir / "two.yaml").write_text(KEEP_TABLE)
+    _record(first, "ar-run", "ar", 1.0)
+    _record(first, "pld-run-old", "pld", 1.5)
+    write_table("two", first, tables_dir=tables_dir, out_dir=out)
+    _record(second, "pld-run-new", "pld", 2.25)  # another machine re-ran pld only
+
+    md = write_table("two", second, tables_dir=tables_dir, out_dir=out, keep_rows=True).read_text()
+    assert "| ar | 1.00 | [1] |" in md and "| pld | 2.25 | [2] |" in md
+    assert "1. `ar-run`" in md and "2. `pld-run-new`" in md and "pld-run-old" not in md
+    assert "- Kept rows: ar (no run of theirs" in md and "- Kept rows' provenance (that of the table they were kept from): Code: unknown" in md
+    csv_text = (out / "two.csv").read_text()
+    assert "ar,1.00,ar-run\n" in csv_text and "# Kept rows: ar" in csv_text
+
+    again = write_table("two", second, tables_dir=tables_dir, out_dir=out, keep_rows=True).read_text()
+    assert again == md  # keeping is idempotent: the kept line is not nested into the provenance it carries
+    assert "| ar | – | – |" in write_table("two", second, tables_dir=tables_dir, out_dir=out).read_text()
+
+    (tables_dir / "two.yaml").write_text(KEEP_TABLE + "  - {label: Speedup, key: speedup_paired}\n")
+    with pytest.raises(SpecReproError, match="columns differ from the spec's"):
+        write_table("two", second, tables_dir=tables_dir, out_dir=out, keep_rows=True)

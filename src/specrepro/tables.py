@@ -440,20 +440,60 @@ def render_csv(header, body, footnotes, footer: list[str]) -> str:
     return out.getvalue() + "".join(f"# {line.removeprefix('- ')}\n" for line in footer)
 
 
+KEPT_ORIGIN = "# Kept rows' provenance (that of the table they were kept from): "
+
+
+def keep_previous_rows(previous: Path, width: int, header: list[str], body: list[list[str]],
+                       footnotes: list[str]) -> tuple[list[list[str]], list[str], list[str], list[str]]:
+    """(body, footnotes, kept labels, the previous table's provenance): each row of `body` with no run takes
+    its cells and runs from the same row (its first `width` label cells) of the `previous` table's CSV, which must
+    have the same columns; footnotes are renumbered in row order."""
+    lines = previous.read_text().splitlines()
+    rows = list(csv.reader(line for line in lines if not line.startswith("#")))
+    if not rows or rows[0] != header:
+        raise SpecReproError(f"{previous}: its columns differ from the spec's; regenerate it without --keep-rows")
+    earlier = {tuple(row[:width]): row for row in rows[1:]}
+    names_by_row = [[footnotes[int(m.strip("[]")) - 1] for m in row[-1].split() if m.startswith("[")] for row in body]
+    kept = []
+    for i, row in enumerate(body):
+        previous_row = earlier.get(tuple(row[:width]))
+        if names_by_row[i] or previous_row is None or not previous_row[-1]:
+            continue
+        body[i], names_by_row[i] = previous_row[:-1] + [""], previous_row[-1].split(";")
+        kept.append(" ".join(cell for cell in row[:width] if cell and cell != MISSING_CELL))
+    renumbered: list[str] = []
+    for row, names in zip(body, names_by_row):
+        renumbered += [name for name in names if name not in renumbered]
+        row[-1] = " ".join(f"[{renumbered.index(name) + 1}]" for name in names) or MISSING_CELL
+    origin = {part for line in lines if line.startswith(("# Machine:", "# Code:", "# Dates:", KEPT_ORIGIN))
+              for part in line.removeprefix(KEPT_ORIGIN).removeprefix("# ").split("; ")}
+    return body, renumbered, kept, sorted(origin)
+
+
 def write_table(name: str, results_dir: str | Path = "results", source: str = "local", project: str = "specrepro",
                 entity: str | None = None, group: str | None = None, tables_dir: Path = TABLES_DIR,
-                out_dir: str | Path | None = None, command: str | None = None) -> Path:
+                out_dir: str | Path | None = None, command: str | None = None, keep_rows: bool = False) -> Path:
     """Regenerate table NAME (or spec file NAME.yaml) into `<out dir>/<NAME>.md` and `.csv` (default out dir:
     `<results dir>/<paper>`), with a provenance footer naming `command` (default: this table's own); return the
-    .md path."""
+    .md path. `keep_rows`: rows with no run here keep their cells and runs from the table already there, and the
+    footer names them and carries that table's provenance."""
     spec = TableSpec.load(name, tables_dir)
     runs = local_runs(results_dir) if source == "local" else wandb_runs(project, entity, group)
     header, body, footnotes = build_table(spec, runs)
-    by_name = {run.name: run for run in runs}
-    footer = provenance_footer([by_name[n] for n in footnotes], command or f"specrepro table {name} --results-dir {results_dir}")
     out_dir = Path(out_dir) if out_dir is not None else Path(results_dir) / spec.paper
-    out_dir.mkdir(parents=True, exist_ok=True)
     md_path = out_dir / f"{spec.name}.md"
+    kept, origin = [], []
+    if keep_rows and md_path.with_suffix(".csv").is_file():
+        body, footnotes, kept, origin = keep_previous_rows(md_path.with_suffix(".csv"), len(spec.row_header),
+                                                           header, body, footnotes)
+    by_name = {run.name: run for run in runs}
+    footer = provenance_footer([by_name[n] for n in footnotes if n in by_name],
+                               command or f"specrepro table {name} --results-dir {results_dir}")
+    if kept:
+        footer[-1:-1] = [f"- Kept rows: {', '.join(kept)} (no run of theirs where this table was regenerated; "
+                         "cells and runs as in the previous table)",
+                         f"- {KEPT_ORIGIN.removeprefix('# ')}{'; '.join(origin)}"]
+    out_dir.mkdir(parents=True, exist_ok=True)
     md_path.write_text(render_markdown(spec, header, body, footnotes, footer))
     md_path.with_suffix(".csv").write_text(render_csv(header, body, footnotes, footer))
     write_plots(spec.plots, md_path.with_suffix(".csv"), spec.row_header, spec.title)
@@ -471,9 +511,12 @@ def main(args: list[str]) -> None:
     parser.add_argument("--group", default=None, help="W&B group, e.g. one sweep (--source wandb)")
     parser.add_argument("--out-dir", default=None, help="where the table goes (default: <results dir>/<paper>)")
     parser.add_argument("--command", default=None, help="the regenerating command the provenance footer names")
+    parser.add_argument("--keep-rows", action="store_true",
+                        help="rows with no run in the results dir keep their cells and runs from the table already in "
+                             "the out dir (e.g. records made on another machine); the footer names them")
     opts = parser.parse_args(args)
     path = write_table(opts.name, opts.results_dir, opts.source, opts.project, opts.entity, opts.group,
-                       out_dir=opts.out_dir, command=opts.command)
+                       out_dir=opts.out_dir, command=opts.command, keep_rows=opts.keep_rows)
     print(path.read_text())
     plots = [path.with_name(f"{path.stem}_{plot['name']}.png") for plot in TableSpec.load(opts.name).plots]
     print(f"wrote {path} and {path.with_suffix('.csv')}" + "".join(f", {plot}" for plot in plots))
