@@ -382,9 +382,12 @@ def test_keep_rows_carries_rows_whose_runs_are_elsewhere(tmp_path):
     md = write_table("two", second, tables_dir=tables_dir, out_dir=out, keep_rows=True).read_text()
     assert "| ar | 1.00 | [1] |" in md and "| pld | 2.25 | [2] |" in md
     assert "1. `ar-run`" in md and "2. `pld-run-new`" in md and "pld-run-old" not in md
-    assert "- Kept rows: ar (no run of theirs" in md and "- Kept rows' provenance (that of the table they were kept from): Code: unknown" in md
+    assert "- Kept rows: ar (no run of theirs" in md
+    assert "- Kept rows' provenance (that of the table they were kept from): Code: unknown" in md
     csv_text = (out / "two.csv").read_text()
     assert "ar,1.00,ar-run\n" in csv_text and "# Kept rows: ar" in csv_text
+
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["ar-run", "pld-run-new"]  # the old pld input dropped
 
     again = write_table("two", second, tables_dir=tables_dir, out_dir=out, keep_rows=True).read_text()
     assert again == md  # keeping is idempotent: the kept line is not nested into the provenance it carries
@@ -393,3 +396,29 @@ def test_keep_rows_carries_rows_whose_runs_are_elsewhere(tmp_path):
     (tables_dir / "two.yaml").write_text(KEEP_TABLE + "  - {label: Speedup, key: speedup_paired}\n")
     with pytest.raises(SpecReproError, match="columns differ from the spec's"):
         write_table("two", second, tables_dir=tables_dir, out_dir=out, keep_rows=True)
+
+
+def test_a_table_regenerates_from_its_committed_inputs_alone(tmp_path):
+    """`<out dir>/runs/` holds the metrics and config of every run behind the table: with the records gone, the
+    table regenerates from it unchanged; a record read beside it that finished later takes its cell."""
+    tables_dir, records, out = tmp_path / "tables", tmp_path / "records", tmp_path / "out"
+    tables_dir.mkdir()
+    (tables_dir / "two.yaml").write_text(KEEP_TABLE)
+    _record(records, "ar-run", "ar", 1.0)
+    _record(records, "pld-run", "pld", 1.5)
+    first = write_table("two", records, tables_dir=tables_dir, out_dir=out, command="cmd").read_text()
+    shutil.rmtree(records)
+    assert write_table("two", out, tables_dir=tables_dir, out_dir=out, command="cmd").read_text() == first
+
+    newer = tmp_path / "newer"
+    _record(newer, "pld-run-2", "pld", 2.0)
+    metrics = newer / "runs" / "pld-run-2" / "metrics.json"
+    record = json.loads(metrics.read_text())
+    metrics.write_text(json.dumps({**record, "provenance": {"finished_at": "2026-01-02T00:00:00+00:00"}}))
+    inputs = out / "runs" / "pld-run" / "metrics.json"
+    older = {**json.loads(inputs.read_text()), "provenance": {"finished_at": "2026-01-01T00:00:00+00:00"}}
+    inputs.write_text(json.dumps(older))
+    inputs.touch()  # a checkout's file time says nothing about which run is newer
+    md = write_table("two", [newer, out], tables_dir=tables_dir, out_dir=out).read_text()
+    assert "| pld | 2.00 | [2] |" in md and "| ar | 1.00 | [1] |" in md
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["ar-run", "pld-run-2"]

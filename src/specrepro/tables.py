@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import argparse
 import csv
+import datetime as dt
 import difflib
 import io
+import json
 import logging
 import math
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -47,7 +50,7 @@ import yaml
 from specrepro.errors import SpecReproError
 from specrepro.plots import KINDS, write_plots
 from specrepro.provenance import machine_label
-from specrepro.tracking import complete_runs, wandb_mode
+from specrepro.tracking import atomic_write, complete_runs, wandb_mode
 
 log = logging.getLogger(__name__)
 
@@ -264,18 +267,44 @@ class RunInfo:
     order: float  # newer runs sort later (file mtime locally, creation time on W&B)
 
 
-def local_runs(results_dir: str | Path) -> list[RunInfo]:
-    """Complete runs under `<results dir>/runs/`; a record that cannot be read is skipped with a warning."""
+def local_runs(*results_dirs: str | Path) -> list[RunInfo]:
+    """Complete runs under each `<results dir>/runs/`, newer ones ordered later (by the time a run finished where
+    its record says, else by file time: a committed copy's file time is when it was checked out); a record that
+    cannot be read is skipped with a warning."""
     runs = []
-    for run in complete_runs(results_dir):
+    for run in (run for results_dir in results_dirs for run in complete_runs(results_dir)):
         config_path = run.dir / "config.yaml"
         try:
             config = _read_config(config_path) if config_path.is_file() else {}
         except ValueError as exc:
             log.warning("skipping a run record: %s", exc)
             continue
-        runs.append(RunInfo(run.dir.name, run.metrics, config, run.mtime))
+        finished = (run.metrics.get("provenance") or {}).get("finished_at")
+        order = dt.datetime.fromisoformat(finished).timestamp() if isinstance(finished, str) else run.mtime
+        runs.append(RunInfo(run.dir.name, run.metrics, config, order))
     return runs
+
+
+def write_inputs(out_dir: Path, runs: list[RunInfo]) -> None:
+    """Copy these runs' metrics.json and config.yaml into `<out dir>/runs/`, the inputs of the tables there, and
+    drop the inputs no table there names any more: committed, they let the tables regenerate from the repository
+    alone (`specrepro table NAME --results-dir <out dir> --out-dir <out dir>`)."""
+    inputs = out_dir / "runs"
+    for run in runs:
+        metrics = json.dumps(run.metrics, indent=1, sort_keys=True, default=str)
+        atomic_write(inputs / run.name / "metrics.json", metrics + "\n")
+        atomic_write(inputs / run.name / "config.yaml", yaml.safe_dump(run.config, sort_keys=False))
+    named = {name for table in out_dir.glob("*.csv") for name in _run_names(table)}
+    for stale in (path for path in inputs.glob("*") if path.is_dir() and path.name not in named):
+        shutil.rmtree(stale)
+
+
+def _run_names(table_csv: Path) -> list[str]:
+    """The run names in a table CSV's `runs` column (none if it has no such column)."""
+    rows = list(csv.reader(line for line in table_csv.read_text().splitlines() if not line.startswith("#")))
+    if not rows or rows[0][-1:] != ["runs"]:
+        return []
+    return [name for row in rows[1:] for name in row[-1].split(";") if name]
 
 
 def _read_config(path: Path) -> dict:
@@ -470,25 +499,28 @@ def keep_previous_rows(previous: Path, width: int, header: list[str], body: list
     return body, renumbered, kept, sorted(origin)
 
 
-def write_table(name: str, results_dir: str | Path = "results", source: str = "local", project: str = "specrepro",
-                entity: str | None = None, group: str | None = None, tables_dir: Path = TABLES_DIR,
-                out_dir: str | Path | None = None, command: str | None = None, keep_rows: bool = False) -> Path:
-    """Regenerate table NAME (or spec file NAME.yaml) into `<out dir>/<NAME>.md` and `.csv` (default out dir:
-    `<results dir>/<paper>`), with a provenance footer naming `command` (default: this table's own); return the
-    .md path. `keep_rows`: rows with no run here keep their cells and runs from the table already there, and the
-    footer names them and carries that table's provenance."""
+def write_table(name: str, results_dir: str | Path | list = "results", source: str = "local",
+                project: str = "specrepro", entity: str | None = None, group: str | None = None,
+                tables_dir: Path = TABLES_DIR, out_dir: str | Path | None = None, command: str | None = None,
+                keep_rows: bool = False) -> Path:
+    """Regenerate table NAME (or spec file NAME.yaml) from the records in `results_dir` (one or a list) into
+    `<out dir>/<NAME>.md` and `.csv` (default out dir: `<first results dir>/<paper>`), with a provenance footer
+    naming `command` (default: this table's own), and its inputs into `<out dir>/runs/`; return the .md path.
+    `keep_rows`: rows with no run here keep their cells and runs from the table already there, and the footer
+    names them and carries that table's provenance."""
     spec = TableSpec.load(name, tables_dir)
-    runs = local_runs(results_dir) if source == "local" else wandb_runs(project, entity, group)
+    results_dirs = results_dir if isinstance(results_dir, list) else [results_dir]
+    runs = local_runs(*results_dirs) if source == "local" else wandb_runs(project, entity, group)
     header, body, footnotes = build_table(spec, runs)
-    out_dir = Path(out_dir) if out_dir is not None else Path(results_dir) / spec.paper
+    out_dir = Path(out_dir) if out_dir is not None else Path(results_dirs[0]) / spec.paper
     md_path = out_dir / f"{spec.name}.md"
     kept, origin = [], []
     if keep_rows and md_path.with_suffix(".csv").is_file():
         body, footnotes, kept, origin = keep_previous_rows(md_path.with_suffix(".csv"), len(spec.row_header),
                                                            header, body, footnotes)
     by_name = {run.name: run for run in runs}
-    footer = provenance_footer([by_name[n] for n in footnotes if n in by_name],
-                               command or f"specrepro table {name} --results-dir {results_dir}")
+    command = command or f"specrepro table {name}" + "".join(f" --results-dir {d}" for d in results_dirs)
+    footer = provenance_footer([by_name[n] for n in footnotes if n in by_name], command)
     if kept:
         footer[-1:-1] = [f"- Kept rows: {', '.join(kept)} (no run of theirs where this table was regenerated; "
                          "cells and runs as in the previous table)",
@@ -496,6 +528,7 @@ def write_table(name: str, results_dir: str | Path = "results", source: str = "l
     out_dir.mkdir(parents=True, exist_ok=True)
     md_path.write_text(render_markdown(spec, header, body, footnotes, footer))
     md_path.with_suffix(".csv").write_text(render_csv(header, body, footnotes, footer))
+    write_inputs(out_dir, [by_name[n] for n in footnotes if n in by_name])
     write_plots(spec.plots, md_path.with_suffix(".csv"), spec.row_header, spec.title)
     return md_path
 
@@ -503,7 +536,9 @@ def write_table(name: str, results_dir: str | Path = "results", source: str = "l
 def main(args: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="specrepro table", description="Regenerate a paper table from run records.")
     parser.add_argument("name", help=f"a table spec in {TABLES_DIR} (without .yaml), or a spec file path.yaml")
-    parser.add_argument("--results-dir", default="results", help="where the run records are (<dir>/runs) and the table goes")
+    parser.add_argument("--results-dir", action="append", default=None,
+                        help="where the run records are (<dir>/runs; repeat it to read several, e.g. new records and "
+                             "a committed table's inputs) and, for the first, where the table goes (default: results)")
     parser.add_argument("--source", choices=("local", "wandb"), default="local",
                         help="local run records, or W&B runs through its public API (online only)")
     parser.add_argument("--project", default="specrepro", help="W&B project (--source wandb)")
@@ -515,7 +550,7 @@ def main(args: list[str]) -> None:
                         help="rows with no run in the results dir keep their cells and runs from the table already in "
                              "the out dir (e.g. records made on another machine); the footer names them")
     opts = parser.parse_args(args)
-    path = write_table(opts.name, opts.results_dir, opts.source, opts.project, opts.entity, opts.group,
+    path = write_table(opts.name, opts.results_dir or ["results"], opts.source, opts.project, opts.entity, opts.group,
                        out_dir=opts.out_dir, command=opts.command, keep_rows=opts.keep_rows)
     print(path.read_text())
     plots = [path.with_name(f"{path.stem}_{plot['name']}.png") for plot in TableSpec.load(opts.name).plots]
