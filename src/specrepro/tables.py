@@ -489,7 +489,7 @@ def keep_previous_rows(previous: Path, width: int, header: list[str], body: list
         if names_by_row[i] or previous_row is None or not previous_row[-1]:
             continue
         body[i], names_by_row[i] = previous_row[:-1] + [""], previous_row[-1].split(";")
-        kept.append(" ".join(cell for cell in row[:width] if cell and cell != MISSING_CELL))
+        kept.append(" / ".join(cell for cell in row[:min(width, 2)] if cell not in ("", "-", MISSING_CELL)))
     renumbered: list[str] = []
     for row, names in zip(body, names_by_row):
         renumbered += [name for name in names if name not in renumbered]
@@ -520,8 +520,10 @@ def write_table(name: str, results_dir: str | Path | list = "results", source: s
                                                            header, body, footnotes)
     by_name = {run.name: run for run in runs}
     command = command or f"specrepro table {name}" + "".join(f" --results-dir {d}" for d in results_dirs)
-    footer = provenance_footer([by_name[n] for n in footnotes if n in by_name], command)
+    fresh = [by_name[n] for n in footnotes if n in by_name]
+    footer = provenance_footer(fresh, command)
     if kept:
+        footer = footer if fresh else footer[-1:]  # no run of its own: only the kept rows' provenance
         footer[-1:-1] = [f"- Kept rows: {', '.join(kept)} (no run of theirs where this table was regenerated; "
                          "cells and runs as in the previous table)",
                          f"- {KEPT_ORIGIN.removeprefix('# ')}{'; '.join(origin)}"]
