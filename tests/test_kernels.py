@@ -142,3 +142,15 @@ def test_greedy_pld_equals_ar_with_padded_rows():
     ar = ARDecoder(model).generate(prompt, Sampling(), 40)
     pld = PLDDecoder(model, None, PLDConfig(num_pred_tokens=4)).generate(prompt, Sampling(), 40)
     assert pld.token_ids == ar.token_ids and sum(pld.accepted) > len(pld.accepted)
+
+
+def test_bf16_work_on_a_cpu_without_native_bf16_is_warned_about(monkeypatch, caplog):
+    """bf16 autocast or a bf16 teacher on an AVX2-only CPU runs several times slower than fp32: one warning."""
+    monkeypatch.setattr(kernels, "onednn_dtypes", lambda: frozenset({torch.float32}))
+    with caplog.at_level("WARNING", logger="specrepro.models.kernels"):
+        kernels.warn_if_bf16_is_slow("training.loop.bf16_autocast")
+    assert ["without native bfloat16" in r.getMessage() for r in caplog.records] == [True]
+    monkeypatch.setattr(kernels, "onednn_dtypes", lambda: frozenset({torch.float32, torch.bfloat16}))
+    caplog.clear()
+    kernels.warn_if_bf16_is_slow("training.loop.bf16_autocast")
+    assert not caplog.records

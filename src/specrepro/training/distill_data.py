@@ -33,6 +33,7 @@ from specrepro import suspension
 from specrepro.config import weights_identity
 from specrepro.data import load_records, reference_response, render_prompt
 from specrepro.models import resolve_dtype
+from specrepro.models.kernels import warn_if_bf16_is_slow
 from specrepro.training import cost
 from specrepro.training.shards import making_cache, map_batches, write_once
 
@@ -97,6 +98,8 @@ def teacher_copy(model, dtype: str = ""):
     """`model` itself, or a copy cast to `dtype` (`training.teacher_dtype`; casting the target in place and back
     would round it)."""
     cast = resolve_dtype(dtype, "training.teacher_dtype") if dtype else None
+    if cast == torch.bfloat16 and next(model.parameters()).device.type == "cpu":
+        warn_if_bf16_is_slow("training.teacher_dtype")
     return model if cast is None or cast == next(model.parameters()).dtype else copy.deepcopy(model).to(cast)
 
 

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from specrepro import suspension
 from specrepro.errors import SpecReproError
+from specrepro.models.kernels import warn_if_bf16_is_slow
 from specrepro.tracking import atomic_write
 from specrepro.training.shards import BATCHES_SUFFIX
 
@@ -145,6 +146,8 @@ def _accelerator(cfg: LoopConfig, device: torch.device) -> Accelerator:
     none: one process) picks DDP / FSDP / DeepSpeed; a component whose loops differ in precision (EESD's head in
     bf16, its calibration in fp32) gets a fresh accelerator state per loop, the process group kept."""
     precision = "bf16" if cfg.bf16_autocast else "no"
+    if cfg.bf16_autocast and device.type == "cpu":
+        warn_if_bf16_is_slow("training.loop.bf16_autocast")
     if AcceleratorState._shared_state and AcceleratorState().mixed_precision != precision:
         AcceleratorState._reset_state()
     return Accelerator(mixed_precision=precision, cpu=device.type == "cpu")
