@@ -40,6 +40,7 @@ from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, b
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
+from specrepro.models.kernels import onednn_available
 from specrepro.registry import MethodConfig, register_method
 
 VARIANTS = ("simplified", "lstm", "transformer", "redrafter", "block")
@@ -158,6 +159,9 @@ class DraftHead(nn.Module):
             alpha = torch.sigmoid(self.alpha_logits[: emb.shape[1]])[None, :, None]
             return torch.cumsum(alpha * self.mlp(emb), 1) / torch.cumsum(alpha, 1)
         if self.variant in ("lstm", "redrafter"):  # Eq. 7: the last layer's state after each token
+            if emb.device.type == "cpu" and torch.is_autocast_enabled("cpu") and not onednn_available(torch.bfloat16):
+                with torch.autocast("cpu", enabled=False):  # oneDNN's bf16 LSTM refuses a CPU without native bf16
+                    return self.rnn(emb.float())[0]
             return self.rnn(emb)[0]
         if not hasattr(self, "layers"):
             return emb
