@@ -299,9 +299,14 @@ def write_inputs(out_dir: Path, runs: list[RunInfo]) -> None:
         shutil.rmtree(stale)
 
 
+def _csv_rows(lines: list[str]) -> list[list[str]]:
+    """A table CSV's header and rows, without its `#` provenance footer."""
+    return list(csv.reader(line for line in lines if not line.startswith("#")))
+
+
 def _run_names(table_csv: Path) -> list[str]:
     """The run names in a table CSV's `runs` column (none if it has no such column)."""
-    rows = list(csv.reader(line for line in table_csv.read_text().splitlines() if not line.startswith("#")))
+    rows = _csv_rows(table_csv.read_text().splitlines())
     if not rows or rows[0][-1:] != ["runs"]:
         return []
     return [name for row in rows[1:] for name in row[-1].split(";") if name]
@@ -478,7 +483,7 @@ def keep_previous_rows(previous: Path, width: int, header: list[str], body: list
     its cells and runs from the same row (its first `width` label cells) of the `previous` table's CSV, which must
     have the same columns; footnotes are renumbered in row order."""
     lines = previous.read_text().splitlines()
-    rows = list(csv.reader(line for line in lines if not line.startswith("#")))
+    rows = _csv_rows(lines)
     if not rows or rows[0] != header:
         raise SpecReproError(f"{previous}: its columns differ from the spec's; regenerate it without --keep-rows")
     earlier = {tuple(row[:width]): row for row in rows[1:]}
