@@ -1,4 +1,4 @@
-"""Benchmark on a GPU: eager against compiled decoding, ours and transformers', on the embedded model.
+"""Benchmark on a GPU: eager against compiled decoding, ours and transformers', on the embedded model (or any).
 
 Arms, interleaved per prompt in one process (greedy, the same GSM8K prompts):
 - `ar_eager`: our `ar` as every CPU figure runs it (DynamicCache, eager PyTorch);
@@ -14,6 +14,7 @@ arm's paired speedup over eager `ar` (a compiled arm also over compiled `ar`) an
 token-identical. Compile times are reported apart.
 Run: python experiments/bench_gpu.py [--limit 5] [--max-new-tokens 256] [--json out.json]
      [--methods "sar_draft_tree;eesd method.draft_vocab=4096" --artifacts-dir results/artifacts]
+     [--model llama2_7b_chat | --model "smollm2_135m model.source=hf model.id=/path/to/checkpoint"]
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tqdm import tqdm
 from transformers import CompileConfig
 
 from specrepro import registry
-from specrepro.config import HardwareConfig, ModelConfig, register_configs
+from specrepro.config import HardwareConfig, register_configs
 from specrepro.data import load_records, render_prompt
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding import build_decoder
@@ -71,21 +72,27 @@ def hf_generate(model, ids: list[int], max_new_tokens: int, eos: list[int], stat
     return out[0, len(ids):].tolist(), time.perf_counter() - start, None
 
 
-def method_arms(presets: str, target, stock: LoadedModel, loader) -> dict:
-    """`<preset>_eager` (on the model as a user loads it, whose forwards are eager) and, where the method runs its
-    target forwards through the shared steps, `<preset>_compiled` (on the compiled target), for each
-    `;`-separated method preset with overrides; trained artifacts come from the loader's artifacts dir."""
+def composed(group: str, spec: str):
+    """The `group` config of a preset with overrides, as `specrepro run` composes it: ("method", "eesd
+    method.draft_vocab=4096") is the eesd preset with that override."""
     from hydra import compose, initialize_config_dir
 
     from specrepro.cli import CONF_DIR
 
     register_configs()
+    name, *overrides = spec.split()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("run", overrides=[f"{group}={name}", *overrides])[group]
+
+
+def method_arms(presets: str, target, stock: LoadedModel, loader) -> dict:
+    """`<preset>_eager` (on the model as a user loads it, whose forwards are eager) and, where the method runs its
+    target forwards through the shared steps, `<preset>_compiled` (on the compiled target), for each
+    `;`-separated method preset with overrides; trained artifacts come from the loader's artifacts dir."""
     registry.load()
     arms = {}
-    for preset in filter(None, (p.strip() for p in presets.split(";"))):
-        name, *overrides = preset.split()
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            method = compose("run", overrides=[f"method={name}", *overrides]).method
+    for spec in filter(None, (p.strip() for p in presets.split(";"))):
+        name, method = spec.split()[0], composed("method", spec)
         arms[f"{name}_eager"] = build_decoder(method, stock, loader)
         if registry.method(method.name).decoder.compilable:
             arms[f"{name}_compiled"] = build_decoder(method, target, loader)
@@ -104,12 +111,14 @@ def main() -> None:
     parser.add_argument("--methods", default="", help='trained drafters too: ";"-separated method presets with '
                         'overrides, e.g. "sar_draft_tree;eesd method.draft_vocab=4096"')
     parser.add_argument("--artifacts-dir", default="results/artifacts", help="where --methods find their artifacts")
+    parser.add_argument("--model", default="smollm2_135m", help='a model preset with overrides (conf/model/): '
+                        '"llama2_7b_chat", "smollm2_135m model.source=hf model.id=/path/to/checkpoint"')
     args = parser.parse_args()
     began = time.perf_counter()
     hardware = HardwareConfig(device=args.device, dtype=args.dtype, linear_kernel="torch", compile=True,
                               compile_backend=args.backend, compile_widths=[int(w) for w in args.widths.split(",")])
     loader = ModelLoader.for_hardware(hardware, args.artifacts_dir)
-    model_cfg = ModelConfig(name="smollm2_135m", source="embedded")
+    model_cfg = composed("model", args.model)
     target = loader.load_model(model_cfg)  # its steps compiled (hardware.compile)
     stock = load_model(model_cfg, loader.device, loader.dtype).model  # as a user loads it
     dataset = DatasetConfig(name="gsm8k", path="gsm8k/test.jsonl.gz", task="gsm8k", template="hash_answer",
@@ -168,7 +177,7 @@ def main() -> None:
     bandwidth = copy_bandwidth(loader.device)
     figures = {
         "provenance": provenance(asdict(hardware), loader.device) | {"command": " ".join(["python", *sys.argv])},
-        "dtype": args.dtype,
+        "model": model_cfg.name, "dtype": args.dtype,
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "widths": args.widths,
         "tok_per_s": {arm: rate(arm) for arm in arms},
         "bound_tok_per_s": bandwidth / weight_bytes, "copy_bandwidth_gb_s": bandwidth / 1e9,
@@ -186,7 +195,7 @@ def main() -> None:
         "compile_or_first_call_s": compile_s,
     }
     print(json.dumps(figures, indent=1))
-    print(f"\n{figures['provenance']['machine']}  {args.dtype}  {len(prompts)} GSM8K prompts x {args.max_new_tokens} new tokens")
+    print(f"\n{figures['provenance']['machine']}  {model_cfg.name}  {args.dtype}  {len(prompts)} GSM8K prompts x {args.max_new_tokens} new tokens")
     print(f"weight-reading bound {figures['bound_tok_per_s']:.0f} tok/s ({figures['weight_mb']:.0f} MB of weights "
           f"at a measured {figures['copy_bandwidth_gb_s']:.0f} GB/s copy bandwidth)")
     for arm in arms:
