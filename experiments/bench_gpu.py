@@ -24,6 +24,7 @@ import json
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 from statistics import fmean
 
 import torch
@@ -42,6 +43,7 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import EagerSteps
 from specrepro.models import LoadedModel, ModelLoader, load_model
 from specrepro.provenance import provenance
+from specrepro.tracking import atomic_write
 
 GENERATE_ARMS = ("generate_eager", "generate_compiled")
 
@@ -206,8 +208,7 @@ def main() -> None:
         print(f"{arm:26} MAT {row['mat']:.2f}  over eager ar {row['over_ar_eager']:.2f}x"
               + (f"  over compiled ar {row['over_ar_compiled']:.2f}x" if "over_ar_compiled" in row else ""))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1)
+        atomic_write(Path(args.json), json.dumps(figures, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""experiments/bench_gpu.py, end to end on the CPU (eager backend, a tiny random LLaMA): a lent GPU's minutes are
-too few to find a broken script there."""
+"""experiments/bench_gpu.py, end to end on the CPU (eager backend, a tiny random LLaMA), and gpu_check.sh's refusal
+without a GPU: a lent GPU's minutes are too few to find a broken script there."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+import torch
 
 BENCH = Path(__file__).parents[1] / "experiments" / "bench_gpu.py"
 
@@ -24,3 +27,14 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path):
     assert figures["speculative"]["jacobi_eager"]["mat"] >= 1.0
     assert figures["ar_compiled_over_eager"] > 0 and figures["bound_tok_per_s"] > 0
     assert "bench_gpu.py" in figures["provenance"]["command"]
+
+
+def test_gpu_check_refuses_a_machine_without_cuda_in_one_line(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    script = Path(__file__).parents[1] / "experiments" / "gpu_check.sh"
+    proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [f"gpu_check: no CUDA device visible to {sys.executable}"]
+    assert not list((tmp_path / "out").glob("*.json"))  # nothing measured, nothing written
