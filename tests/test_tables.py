@@ -422,3 +422,28 @@ def test_a_table_regenerates_from_its_committed_inputs_alone(tmp_path):
     md = write_table("two", [newer, out], tables_dir=tables_dir, out_dir=out).read_text()
     assert "| pld | 2.00 | [2] |" in md and "| ar | 1.00 | [1] |" in md
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["ar-run", "pld-run-2"]
+
+
+def test_a_results_dir_that_fills_nothing_does_not_wipe_a_committed_table(tmp_path, caplog):
+    """A mistyped or empty --results-dir is refused in one line, leaving the table and its committed inputs as
+    they were; a run that fills some rows writes the table and names the rows it empties."""
+    tables_dir, records, out = tmp_path / "tables", tmp_path / "records", tmp_path / "out"
+    tables_dir.mkdir()
+    (tables_dir / "two.yaml").write_text(KEEP_TABLE)
+    _record(records, "ar-run", "ar", 1.0)
+    _record(records, "pld-run", "pld", 1.5)
+    table = write_table("two", records, tables_dir=tables_dir, out_dir=out).read_text()
+
+    with pytest.raises(SpecReproError, match=r"no run records in .*typo \(no .*typo/runs directory\)"):
+        write_table("two", tmp_path / "typo", tables_dir=tables_dir, out_dir=out)
+    (tmp_path / "empty" / "runs").mkdir(parents=True)
+    with pytest.raises(SpecReproError, match="no run in .*empty fills a cell of two: not replacing"):
+        write_table("two", tmp_path / "empty", tables_dir=tables_dir, out_dir=out)
+    assert (out / "two.md").read_text() == table
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["ar-run", "pld-run"]
+
+    _record(tmp_path / "pld_only", "pld-run-2", "pld", 2.0)
+    with caplog.at_level("WARNING"):
+        md = write_table("two", tmp_path / "pld_only", tables_dir=tables_dir, out_dir=out).read_text()
+    assert "| ar | – | – |" in md and "| pld | 2.00 | [1] |" in md
+    assert "now empty: ar (--keep-rows keeps them)" in caplog.text

@@ -477,6 +477,20 @@ def render_csv(header, body, footnotes, footer: list[str]) -> str:
 KEPT_ORIGIN = "# Kept rows' provenance (that of the table they were kept from): "
 
 
+def row_label(row: list[str], width: int) -> str:
+    """A table row's name in messages: its first (at most two) label cells that say something."""
+    return " / ".join(cell for cell in row[:min(width, 2)] if cell not in ("", "-", MISSING_CELL))
+
+
+def emptied_rows(previous: Path, width: int, body: list[list[str]]) -> list[str]:
+    """Labels of the rows that have runs in the `previous` table's CSV and none in `body`."""
+    rows = _csv_rows(previous.read_text().splitlines())
+    if not rows or rows[0][-1:] != ["runs"]:
+        return []
+    had_runs = {tuple(row[:width]) for row in rows[1:] if row[-1]}
+    return [row_label(row, width) for row in body if row[-1] == MISSING_CELL and tuple(row[:width]) in had_runs]
+
+
 def keep_previous_rows(previous: Path, width: int, header: list[str], body: list[list[str]],
                        footnotes: list[str]) -> tuple[list[list[str]], list[str], list[str], list[str]]:
     """(body, footnotes, kept labels, the previous table's provenance): each row of `body` with no run takes
@@ -494,7 +508,7 @@ def keep_previous_rows(previous: Path, width: int, header: list[str], body: list
         if names_by_row[i] or previous_row is None or not previous_row[-1]:
             continue
         body[i], names_by_row[i] = previous_row[:-1] + [""], previous_row[-1].split(";")
-        kept.append(" / ".join(cell for cell in row[:min(width, 2)] if cell not in ("", "-", MISSING_CELL)))
+        kept.append(row_label(row, width))
     renumbered: list[str] = []
     for row, names in zip(body, names_by_row):
         renumbered += [name for name in names if name not in renumbered]
@@ -515,14 +529,25 @@ def write_table(name: str, results_dir: str | Path | list = "results", source: s
     names them and carries that table's provenance."""
     spec = TableSpec.load(name, tables_dir)
     results_dirs = results_dir if isinstance(results_dir, list) else [results_dir]
+    if source == "local":
+        for directory in results_dirs:
+            if not (Path(directory) / "runs").is_dir():
+                raise SpecReproError(f"no run records in {directory} (no {Path(directory) / 'runs'} directory)")
     runs = local_runs(*results_dirs) if source == "local" else wandb_runs(project, entity, group)
     header, body, footnotes = build_table(spec, runs)
     out_dir = Path(out_dir) if out_dir is not None else Path(results_dirs[0]) / spec.paper
     md_path = out_dir / f"{spec.name}.md"
+    previous = md_path.with_suffix(".csv")
     kept, origin = [], []
-    if keep_rows and md_path.with_suffix(".csv").is_file():
-        body, footnotes, kept, origin = keep_previous_rows(md_path.with_suffix(".csv"), len(spec.row_header),
-                                                           header, body, footnotes)
+    if keep_rows and previous.is_file():
+        body, footnotes, kept, origin = keep_previous_rows(previous, len(spec.row_header), header, body, footnotes)
+    elif previous.is_file() and (emptied := emptied_rows(previous, len(spec.row_header), body)):
+        if not footnotes:  # a mistyped --results-dir must not wipe a committed table and its inputs
+            raise SpecReproError(f"no run in {', '.join(map(str, results_dirs))} fills a cell of {spec.name}: "
+                                 f"not replacing {previous.parent}'s table, whose rows have runs "
+                                 "(another --results-dir? --keep-rows keeps rows without runs)")
+        log.warning("%s: rows with runs in the previous table and none here are now empty: %s "
+                    "(--keep-rows keeps them)", md_path, ", ".join(emptied))
     by_name = {run.name: run for run in runs}
     command = command or f"specrepro table {name}" + "".join(f" --results-dir {d}" for d in results_dirs)
     fresh = [by_name[n] for n in footnotes if n in by_name]
@@ -532,9 +557,8 @@ def write_table(name: str, results_dir: str | Path | list = "results", source: s
         footer[-1:-1] = [f"- Kept rows: {', '.join(kept)} (no run of theirs where this table was regenerated; "
                          "cells and runs as in the previous table)",
                          f"- {KEPT_ORIGIN.removeprefix('# ')}{'; '.join(origin)}"]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    md_path.write_text(render_markdown(spec, header, body, footnotes, footer))
-    md_path.with_suffix(".csv").write_text(render_csv(header, body, footnotes, footer))
+    atomic_write(md_path, render_markdown(spec, header, body, footnotes, footer))
+    atomic_write(previous, render_csv(header, body, footnotes, footer))
     write_inputs(out_dir, [by_name[n] for n in footnotes if n in by_name])
     write_plots(spec.plots, md_path.with_suffix(".csv"), spec.row_header, spec.title)
     return md_path
