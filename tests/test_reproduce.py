@@ -137,3 +137,18 @@ def test_the_readme_summary_is_the_one_the_committed_results_give(monkeypatch):
     text = (root / "README.md").read_text()
     block = text.split(README_START, 1)[1].split(README_END, 1)[0].strip()
     assert block == summary_table("results"), "README.md's summary is stale: run `specrepro summary --readme README.md`"
+
+
+def test_summary_and_dry_run_meet_bad_files_in_one_line(tmp_path):
+    """A missing README, a headline column no table has and a corrupt stages.json: one line each, no traceback."""
+    from specrepro.reproduce import headline_cells, read_measured
+
+    with pytest.raises(SpecReproError, match="missing.md: no such file"):
+        write_summary(tmp_path / "missing.md", str(tmp_path))
+    table = tmp_path / "t.csv"
+    table.write_text("Method,MAT (here),runs\npld,1.50,run-1\n# Machine: m\n")
+    assert headline_cells(table, ["pld"], "MAT") == ("–", "1.50")
+    with pytest.raises(SpecReproError, match="t.csv: no column Speedup"):
+        headline_cells(table, ["pld"], "Speedup")
+    (tmp_path / "stages.json").write_text("{not json")
+    assert read_measured(tmp_path / "stages.json") == {} and read_measured(tmp_path / "none.json") == {}

@@ -26,10 +26,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 KINDS = {"bars": ("columns",), "scatter": ("x", "y")}
 
 
+def table_rows(text: str) -> list[list[str]]:
+    """A table CSV's header and rows, without its `#` provenance footer."""
+    return [row for row in csv.reader(line for line in text.splitlines() if not line.startswith("#")) if row]
+
+
 def read_here(csv_path: Path, row_header: list[str]) -> tuple[list[tuple[str, ...]], dict[str, list[float | None]]]:
     """(each row's label cells, {column label: its "(here)" numbers, None where empty}) of a table's CSV."""
-    with open(csv_path, newline="") as handle:
-        rows = [row for row in csv.reader(handle) if row and not row[0].startswith("#")]
+    rows = table_rows(csv_path.read_text())
     header, body = rows[0], rows[1:]
     labels = [tuple(row[: len(row_header)]) for row in body]
     here = {}

@@ -18,7 +18,6 @@ called again. `minutes` is the stage's measured time on a 2-core CPU; each call 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from specrepro.errors import SpecReproError
+from specrepro.plots import table_rows
 from specrepro.tables import MISSING_CELL
 from specrepro.tracking import atomic_write
 
@@ -73,6 +73,19 @@ def stage_command(stage: dict, work_dir: Path, out_dir: Path, overrides: list[st
     return [*cli, kind, *map(str, stage[kind]), f"results_dir={work_dir}", *overrides]
 
 
+def read_measured(path: Path) -> dict:
+    """Each stage's minutes in the work dir's last call (`stages.json`); {} when there is none or it is unreadable
+    (then rewritten as the stages run again)."""
+    try:
+        measured = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        print(f"ignoring {path}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return {}
+    return measured if isinstance(measured, dict) else {}
+
+
 def reproduce(name: str, results_dir: str = "results", overrides: list[str] = (), dry_run: bool = False,
               pipelines_dir: Path = PIPELINES_DIR) -> None:
     """Run (or, with dry_run, list) every stage of one paper's pipeline."""
@@ -80,7 +93,7 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
     work_dir, out_dir = Path(results_dir) / "reproduce" / paper, Path(results_dir) / paper
     paper_command = " ".join(["specrepro reproduce", name, *overrides])
     measured_path = work_dir / "stages.json"
-    measured = json.loads(measured_path.read_text()) if measured_path.is_file() else {}
+    measured = read_measured(measured_path)
     total = sum(stage.get("minutes", 0) for stage in stages)
     untimed = sum("minutes" not in stage and "table" not in stage for stage in stages)
     print(f"{paper}: {len(stages)} stages, about {total} min on a 2-core CPU from nothing cached"
@@ -135,9 +148,9 @@ README_START, README_END = "<!-- summary: made by `specrepro summary` -->", "<!-
 def headline_cells(table_csv: Path, row: list[str], column: str) -> tuple[str, str]:
     """The (paper, here) cells of one row and column of a committed table's CSV (paper: MISSING_CELL in a table
     without paper columns)."""
-    with open(table_csv, newline="") as handle:
-        lines = [line for line in csv.reader(l for l in handle if not l.startswith("#"))]
-    header, body = lines[0], lines[1:]
+    header, *body = table_rows(table_csv.read_text())
+    if f"{column} (here)" not in header:
+        raise SpecReproError(f"{table_csv}: no column {column}")
     for cells in body:
         if cells[: len(row)] == row:
             paper = f"{column} (paper)"
@@ -163,6 +176,8 @@ def summary_table(results_dir: str = "results", pipelines_dir: Path = PIPELINES_
 
 def write_summary(readme: Path, results_dir: str = "results", pipelines_dir: Path = PIPELINES_DIR) -> None:
     """Replace the summary block of `readme` with the headline cells of the committed tables."""
+    if not readme.is_file():
+        raise SpecReproError(f"{readme}: no such file")
     text = readme.read_text()
     if README_START not in text or README_END not in text:
         raise SpecReproError(f"{readme} has no summary block ({README_START} ... {README_END})")

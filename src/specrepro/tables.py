@@ -48,7 +48,7 @@ from types import SimpleNamespace
 import yaml
 
 from specrepro.errors import SpecReproError
-from specrepro.plots import KINDS, write_plots
+from specrepro.plots import KINDS, table_rows, write_plots
 from specrepro.provenance import machine_label
 from specrepro.tracking import atomic_write, complete_runs, wandb_mode
 
@@ -299,14 +299,9 @@ def write_inputs(out_dir: Path, runs: list[RunInfo]) -> None:
         shutil.rmtree(stale)
 
 
-def _csv_rows(lines: list[str]) -> list[list[str]]:
-    """A table CSV's header and rows, without its `#` provenance footer."""
-    return list(csv.reader(line for line in lines if not line.startswith("#")))
-
-
 def _run_names(table_csv: Path) -> list[str]:
     """The run names in a table CSV's `runs` column (none if it has no such column)."""
-    rows = _csv_rows(table_csv.read_text().splitlines())
+    rows = table_rows(table_csv.read_text())
     if not rows or rows[0][-1:] != ["runs"]:
         return []
     return [name for row in rows[1:] for name in row[-1].split(";") if name]
@@ -484,7 +479,7 @@ def row_label(row: list[str], width: int) -> str:
 
 def emptied_rows(previous: Path, width: int, body: list[list[str]]) -> list[str]:
     """Labels of the rows that have runs in the `previous` table's CSV and none in `body`."""
-    rows = _csv_rows(previous.read_text().splitlines())
+    rows = table_rows(previous.read_text())
     if not rows or rows[0][-1:] != ["runs"]:
         return []
     had_runs = {tuple(row[:width]) for row in rows[1:] if row[-1]}
@@ -496,8 +491,8 @@ def keep_previous_rows(previous: Path, width: int, header: list[str], body: list
     """(body, footnotes, kept labels, the previous table's provenance): each row of `body` with no run takes
     its cells and runs from the same row (its first `width` label cells) of the `previous` table's CSV, which must
     have the same columns; footnotes are renumbered in row order."""
-    lines = previous.read_text().splitlines()
-    rows = _csv_rows(lines)
+    text = previous.read_text()
+    lines, rows = text.splitlines(), table_rows(text)
     if not rows or rows[0] != header:
         raise SpecReproError(f"{previous}: its columns differ from the spec's; regenerate it without --keep-rows")
     earlier = {tuple(row[:width]): row for row in rows[1:]}
