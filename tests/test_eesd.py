@@ -16,7 +16,7 @@ from specrepro.decoding.eesd import (CalibrationPredictor, EarlyExitHead, EESDCo
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import keep_tree_path
 from specrepro.errors import SpecReproError
-from specrepro.training.eesd_head import pack_batch
+from specrepro.training.distill_data import pack_batch
 from tests.conftest import tiny_llama
 from tests.test_runner import run_dirs, specrepro
 

@@ -35,6 +35,7 @@ from specrepro.data import load_records, reference_response, render_prompt
 from specrepro.models import resolve_dtype
 from specrepro.models.kernels import warn_if_bf16_is_slow
 from specrepro.training import cost
+from specrepro.training.loop import LoopConfig, micro_batch_indices
 from specrepro.training.shards import making_cache, map_batches, write_once
 
 log = logging.getLogger(__name__)
@@ -292,3 +293,33 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
 
         write_once(write)
         return by_row
+
+
+def pack_batch(rows: list[dict], pad_id: int, device, prompt_tokens: int | None = None) -> dict:
+    """Right-padded [prompt + continuation] ids and their attention mask, a mask of the positions that predict
+    continuation tokens (position t predicts token t + 1) and the target's token at each: a row's `label_ids`
+    (its argmax over a human response) where it has them, else the continuation itself (its own greedy text).
+    `prompt_tokens` keeps only the end of each prompt: a drafter learns from local context, and the sequences
+    stay short enough to train on a CPU."""
+    prompts = [r["prompt_ids"][-prompt_tokens:] if prompt_tokens else r["prompt_ids"] for r in rows]
+    seqs = [p + r["continuation_ids"] for p, r in zip(prompts, rows)]
+    ids = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)
+    attention, labels = torch.zeros_like(ids), torch.zeros_like(ids)
+    target_mask = torch.zeros(ids.shape, dtype=torch.bool)
+    for i, (prompt, seq, row) in enumerate(zip(prompts, seqs, rows)):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attention[i, : len(seq)] = 1
+        labels[i, len(prompt) - 1 : len(seq) - 1] = torch.tensor(row.get("label_ids") or row["continuation_ids"])
+        target_mask[i, len(prompt) - 1 : len(seq) - 1] = True
+    return {"input_ids": ids.to(device), "attention_mask": attention.to(device), "labels": labels.to(device),
+            "target_mask": target_mask.to(device)}
+
+
+def batches(rows: list[dict], loop: LoopConfig, pad_id: int, device, prompt_tokens: int | None):
+    """batch_for_step(step, micro) for the shared training loop: the packed rows of that micro-batch."""
+
+    def batch_for_step(step: int, micro: int) -> dict:
+        return pack_batch([rows[i] for i in micro_batch_indices(step, micro, len(rows), loop)], pad_id, device,
+                          prompt_tokens)
+
+    return batch_for_step

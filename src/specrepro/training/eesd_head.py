@@ -31,8 +31,8 @@ from specrepro.decoding import draft_vocab
 from specrepro.decoding.eesd import MAX_PREDICTOR_POSITION, CalibrationPredictor, EarlyExitHead, first_layers_hidden
 from specrepro.registry import register_component
 from specrepro.training import cost
-from specrepro.training.distill_data import frequent_tokens
-from specrepro.training.loop import LoopConfig, micro_batch_indices
+from specrepro.training.distill_data import batches, frequent_tokens, pack_batch
+from specrepro.training.loop import LoopConfig
 
 
 @dataclass
@@ -62,32 +62,6 @@ class EESDHeadTrainingConfig:
     heldout_fraction: float = 0.05  # self-generated sequences kept out to measure top-1 agreement
     loop: LoopConfig = field(default_factory=LoopConfig)
     calibration: CalibrationTrainingConfig = field(default_factory=CalibrationTrainingConfig)
-
-
-def pack_batch(rows: list[dict], pad_id: int, device, prompt_tokens: int) -> dict:
-    """Right-padded [last `prompt_tokens` prompt tokens + continuation] ids, a mask of the positions that
-    predict continuation tokens (position t predicts token t + 1) and the target's token for each of them:
-    the continuation itself (the target's own greedy text), or a human response's `label_ids`."""
-    prompts = [r["prompt_ids"][-prompt_tokens:] for r in rows]
-    seqs = [p + r["continuation_ids"] for p, r in zip(prompts, rows)]
-    ids = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)
-    labels = torch.zeros_like(ids)
-    target_mask = torch.zeros(ids.shape, dtype=torch.bool)
-    for i, (prompt, seq, row) in enumerate(zip(prompts, seqs, rows)):
-        ids[i, : len(seq)] = torch.tensor(seq)
-        labels[i, len(prompt) - 1 : len(seq) - 1] = torch.tensor(row.get("label_ids") or row["continuation_ids"])
-        target_mask[i, len(prompt) - 1 : len(seq) - 1] = True
-    return {"input_ids": ids.to(device), "labels": labels.to(device), "target_mask": target_mask.to(device)}
-
-
-def batches(rows: list[dict], loop: LoopConfig, pad_id: int, device, prompt_tokens: int):
-    """batch_for_step(step, micro) for the shared loop."""
-
-    def batch_for_step(step: int, micro: int) -> dict:
-        return pack_batch([rows[i] for i in micro_batch_indices(step, micro, len(rows), loop)], pad_id, device,
-                          prompt_tokens)
-
-    return batch_for_step
 
 
 def plain_rows(spec, tokenizer, limit: int) -> list[dict]:

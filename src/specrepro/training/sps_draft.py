@@ -21,7 +21,9 @@ from specrepro.data.config import DatasetConfig
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
 from specrepro.training import cost
-from specrepro.training.loop import LoopConfig, micro_batch_indices
+from specrepro.training.distill_data import (batches, continuation_dataset, distill_cache_dir, pack_batch,
+                                              teacher_labeled_dataset)
+from specrepro.training.loop import LoopConfig
 
 
 @dataclass
@@ -78,39 +80,6 @@ def build_draft(target, arch: DraftArchConfig) -> LlamaForCausalLM:
     return draft
 
 
-def pack_batch(rows: list[dict], pad_id: int, device, prompt_tokens: int | None = None) -> dict:
-    """Right-padded prompt+continuation ids, the target's label at each position, and a mask of positions to learn.
-
-    `prompt_tokens` keeps only the end of each prompt: the draft learns from local context, and the
-    sequences stay short enough to train on a CPU.
-    """
-    prompts = [r["prompt_ids"][-prompt_tokens:] if prompt_tokens else r["prompt_ids"] for r in rows]
-    seqs = [p + r["continuation_ids"] for p, r in zip(prompts, rows)]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(seqs), width), dtype=torch.long)
-    labels = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    target_mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-    for i, (prompt, seq, row) in enumerate(zip(prompts, seqs, rows)):
-        ids[i, : len(seq)] = torch.tensor(seq)
-        attention[i, : len(seq)] = 1
-        # position t predicts token t + 1: from the prompt's last token to the continuation's last but one
-        labels[i, len(prompt) - 1 : len(seq) - 1] = torch.tensor(row["label_ids"])
-        target_mask[i, len(prompt) - 1 : len(seq) - 1] = True
-    return {"input_ids": ids.to(device), "attention_mask": attention.to(device), "labels": labels.to(device),
-            "target_mask": target_mask.to(device)}
-
-
-def batches(rows: list[dict], loop: LoopConfig, pad_id: int, device, prompt_tokens: int):
-    """batch_for_step(step, micro) for the shared loop."""
-
-    def batch_for_step(step: int, micro: int) -> dict:
-        picked = [rows[i] for i in micro_batch_indices(step, micro, len(rows), loop)]
-        return pack_batch(picked, pad_id, device, prompt_tokens)
-
-    return batch_for_step
-
-
 def predicted_logits(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits at the masked positions only (the vocabulary head dominates a small draft's cost) and their labels."""
     hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
@@ -151,15 +120,14 @@ def top1_agreement(model, rows: list[dict], pad_id: int, device, prompt_tokens: 
 @register_component("sps_draft", "sps_draft_general", schema=SPSDraftTrainingConfig)
 def train_sps_draft(cfg, target, work_dir, log_metrics, device):
     """Distil a draft from the target; returns (draft model, metrics for artifact.json)."""
-    from specrepro.training.distill_data import continuation_dataset, distill_cache_dir, teacher_labeled_dataset
     from specrepro.training.loop import train_loop
 
     spec = cfg.training
     caches = [distill_cache_dir(cfg, "continuations", spec.prompts, spec.continuation_tokens, spec.max_prompt_tokens)]
     on_policy = continuation_dataset(target, spec.prompts, spec.continuation_tokens, spec.generation_batch_size,
                                      spec.max_prompt_tokens, caches[0])
-    # greedy continuations are the target's own argmax: their labels are the tokens themselves
-    rows = [{**row, "label_ids": row["continuation_ids"]} for row in on_policy if row["continuation_ids"]]
+    # greedy continuations are the target's own argmax: their labels are the tokens themselves (pack_batch)
+    rows = [row for row in on_policy if row["continuation_ids"]]
     random.Random(spec.loop.seed).shuffle(rows)
     # agreement is measured on held-out on-policy continuations: what the draft meets when decoding
     n_heldout = max(1, int(len(rows) * spec.heldout_fraction))
