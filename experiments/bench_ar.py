@@ -9,30 +9,16 @@ on the same GSM8K prompts. Run: .venv/bin/python experiments/bench_ar.py [--limi
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from common import gsm8k_prompts, timed_generate
 
 from specrepro.config import HardwareConfig, ModelConfig
-from specrepro.data import load_records, render_prompt
-from specrepro.data.config import DatasetConfig
 from specrepro.decoding.ar import ARDecoder
-from specrepro.decoding.base import device_sync
 from specrepro.decoding.sampling import Sampling
 from specrepro.models import ModelLoader, load_model
 
 ARMS = ("ar", "generate_ours", "generate_stock")
-
-
-def hf_generate(model, ids: list[int], max_new_tokens: int, eos: list[int]) -> tuple[list[int], float]:
-    tensor = torch.tensor([ids], device=model.device)
-    device_sync(model.device)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=max_new_tokens,
-                             do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=eos)
-    device_sync(model.device)
-    return out[0, len(ids):].tolist(), time.perf_counter() - start
 
 
 def main() -> None:
@@ -50,10 +36,7 @@ def main() -> None:
     model_cfg = ModelConfig(name="smollm2_135m", source="embedded")
     target = loader.load_model(model_cfg)
     stock = load_model(model_cfg, loader.device, loader.dtype).model
-    dataset = DatasetConfig(name="gsm8k", path="gsm8k/test.jsonl.gz", task="gsm8k", template="hash_answer",
-                            few_shot=1, shots_path="gsm8k/train.jsonl.gz", limit=args.limit, metric="gsm8k_acc")
-    prompts = [target.tokenizer(render_prompt(r, target.tokenizer, dataset), add_special_tokens=False)["input_ids"]
-               for r in load_records(dataset)]
+    prompts = gsm8k_prompts(target.tokenizer, args.limit, few_shot=1)
     ours = ARDecoder(target.model, target.tokenizer)
     eos, greedy = sorted(ours.eos_ids), Sampling()
 
@@ -61,7 +44,7 @@ def main() -> None:
         if arm == "ar":
             gen = ours.generate(ids, greedy, max_new_tokens)
             return gen.token_ids, gen.wall_time
-        return hf_generate(target.model if arm == "generate_ours" else stock, ids, max_new_tokens, eos)
+        return timed_generate(target.model if arm == "generate_ours" else stock, ids, max_new_tokens, eos)
 
     for arm in ARMS:  # warm-up
         run(arm, prompts[0], 16)

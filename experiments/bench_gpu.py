@@ -28,13 +28,11 @@ from pathlib import Path
 from statistics import fmean
 
 import torch
+from common import compose_config, gsm8k_prompts, timed_generate
 from tqdm import tqdm
-from transformers import CompileConfig
 
 from specrepro import registry
-from specrepro.config import HardwareConfig, register_configs
-from specrepro.data import load_records, render_prompt
-from specrepro.data.config import DatasetConfig
+from specrepro.config import HardwareConfig
 from specrepro.decoding import build_decoder
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.base import device_sync
@@ -62,29 +60,11 @@ def copy_bandwidth(device: torch.device, gib: float = 1.0) -> float:
     return 2 * x.numel() / best
 
 
-def hf_generate(model, ids: list[int], max_new_tokens: int, eos: list[int], static: bool):
-    tensor = torch.tensor([ids], device=model.device)
-    extra = {"cache_implementation": "static", "compile_config": CompileConfig(fullgraph=True)} if static else {}
-    device_sync(model.device)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=max_new_tokens,
-                             do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=eos, **extra)
-    device_sync(model.device)
-    return out[0, len(ids):].tolist(), time.perf_counter() - start, None
-
-
 def composed(group: str, spec: str):
     """The `group` config of a preset with overrides, as `specrepro run` composes it: ("method", "eesd
     method.draft_vocab=4096") is the eesd preset with that override."""
-    from hydra import compose, initialize_config_dir
-
-    from specrepro.cli import CONF_DIR
-
-    register_configs()
     name, *overrides = spec.split()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("run", overrides=[f"{group}={name}", *overrides])[group]
+    return compose_config("run", [f"{group}={name}", *overrides])[group]
 
 
 def method_arms(presets: str, target, stock: LoadedModel, loader) -> dict:
@@ -123,10 +103,7 @@ def main() -> None:
     model_cfg = composed("model", args.model)
     target = loader.load_model(model_cfg)  # its steps compiled (hardware.compile)
     stock = load_model(model_cfg, loader.device, loader.dtype).model  # as a user loads it
-    dataset = DatasetConfig(name="gsm8k", path="gsm8k/test.jsonl.gz", task="gsm8k", template="hash_answer",
-                            few_shot=1, shots_path="gsm8k/train.jsonl.gz", limit=args.limit, metric="gsm8k_acc")
-    prompts = [target.tokenizer(render_prompt(r, target.tokenizer, dataset), add_special_tokens=False)["input_ids"]
-               for r in load_records(dataset)]
+    prompts = gsm8k_prompts(target.tokenizer, args.limit, few_shot=1)
     model, eager = target.model, EagerSteps(target.model)
     decoders = {
         "ar_eager": ARDecoder(model, target.tokenizer, steps=eager),
@@ -139,7 +116,7 @@ def main() -> None:
 
     def run(arm: str, ids: list[int], max_new_tokens: int):
         if arm in GENERATE_ARMS:
-            return hf_generate(stock, ids, max_new_tokens, eos, static=arm == "generate_compiled")
+            return *timed_generate(stock, ids, max_new_tokens, eos, static=arm == "generate_compiled"), None
         gen = decoders[arm].generate(ids, greedy, max_new_tokens)
         return gen.token_ids, gen.wall_time, gen.steps
 

@@ -22,10 +22,10 @@ from functools import partial
 from typing import Callable
 
 import torch
+from common import gsm8k_prompts
 from transformers import DynamicCache
 
 from specrepro.config import ModelConfig
-from specrepro.data import DatasetConfig, load_records, render_prompt
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.models import load_model, resolve_dtype
@@ -83,10 +83,7 @@ def compare_settings(settings: dict[str, Callable[[torch.nn.Module], None]], arg
     first, second = names[:2]
     print(f"1-token forward, {second} / {first}: {median[second, 1] / median[first, 1]:.2f}x")
 
-    dataset = DatasetConfig(name="gsm8k", path="gsm8k/test.jsonl.gz", task="gsm8k", template="hash_answer",
-                            limit=args.prompts, metric="gsm8k_acc")
-    prompts = [target.tokenizer(render_prompt(r, target.tokenizer, dataset), add_special_tokens=False)["input_ids"]
-               for r in load_records(dataset)]
+    prompts = gsm8k_prompts(target.tokenizer, args.prompts)
     ar, greedy = ARDecoder(model, target.tokenizer), Sampling()
     totals = {name: [0, 0.0] for name in names}
     outputs: dict[str, list] = {name: [] for name in names}

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-from hydra import compose, initialize_config_dir
+from common import compose_config
 
-from specrepro.cli import CONF_DIR
-from specrepro.config import register_configs
 from specrepro.runner import results_table, run
 
 ARMS = {
@@ -32,7 +30,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--datasets", nargs="+", default=["gsm8k", "cnn_dm"])
-    parser.add_argument("--arms", nargs="+", default=list(ARMS))
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--results-dir", default="results/bench")
     parser.add_argument("--artifacts-dir", default="results/artifacts")
     parser.add_argument("--reference", action=argparse.BooleanOptionalAction, default=False,
@@ -40,7 +38,6 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. hardware.threads=2")
     args = parser.parse_args()
 
-    register_configs()
     for dataset in args.datasets:
         rows = []
         for arm in args.arms:
@@ -48,9 +45,7 @@ def main() -> None:
                          f"decoding.max_new_tokens={args.max_new_tokens}", "timing.paired=true", "logger=none",
                          f"reference={str(args.reference).lower()}",
                          f"results_dir={args.results_dir}", f"artifacts_dir={args.artifacts_dir}", *args.overrides]
-            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                cfg = compose(config_name="run", overrides=overrides)
-            metrics = run(cfg)
+            metrics = run(compose_config("run", overrides))
             metrics["run_name"] = arm
             rows.append(metrics)
         print(f"\n== {dataset} ({args.limit} prompts, {args.max_new_tokens} new tokens) ==")

@@ -23,20 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from hydra import compose, initialize_config_dir
+from common import compose_config
 
-from specrepro.cli import CONF_DIR
-from specrepro.config import register_configs
 from specrepro.runner import run
 from specrepro.training import train
 
 # the decoder settings of each --decoding choice (method.* for runs; training.decoder.* for the search)
 DECODINGS = {"paper": {}, "tree": {"control": "fixed", "k": 1, "tree_width": 4, "draft_vocab": 4096}}
-
-
-def compose_config(name: str, overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name=name, overrides=overrides)
 
 
 def main() -> None:
@@ -54,8 +47,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job, e.g. hardware.threads=1")
     args = parser.parse_args()
 
-    register_configs()
-    common = [f"results_dir={args.results_dir}", *args.overrides]
+    every_job = [f"results_dir={args.results_dir}", *args.overrides]
     decoding = DECODINGS[args.decoding]
     rows = []
     for seed in args.seeds:
@@ -65,12 +57,12 @@ def main() -> None:
                 *([f"training.acq_restarts={args.acq_restarts}"] if search == "bayes" else []),
                 f"training.iterations={args.iterations}", f"training.threshold={args.threshold}",
                 f"training.dev_records={args.dev_records}", *[f"training.decoder.{k}={v}" for k, v in decoding.items()],
-                *common]))
+                *every_job]))
             found = json.loads((artifact / "artifact.json").read_text())["metrics"]
             task = run(compose_config("run", [
                 "method=self_sd", f"method.skip_set={artifact.name}", *[f"method.{k}={v}" for k, v in decoding.items()],
                 f"dataset={args.dataset}",
-                f"dataset.limit={args.limit}", "decoding=greedy", "timing.paired=true", *common]))
+                f"dataset.limit={args.limit}", "decoding=greedy", "timing.paired=true", *every_job]))
             rows.append((seed, search, found, task))
 
     print(f"\n== skip-set search: {args.iterations} evaluations, threshold {args.threshold}, {args.decoding} decoding; "

@@ -1,0 +1,46 @@
+"""What the benchmark scripts share: GSM8K prompts, transformers' `generate` timed as a user calls it, and a run
+config composed as `specrepro run` composes it. The scripts run as `python experiments/<name>.py`, which puts
+this directory on the import path."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from hydra import compose, initialize_config_dir
+from transformers import CompileConfig
+
+from specrepro.cli import CONF_DIR
+from specrepro.config import register_configs
+from specrepro.data import DatasetConfig, load_records, render_prompt
+from specrepro.decoding.base import device_sync
+
+
+def gsm8k_prompts(tokenizer, limit: int, few_shot: int = 0) -> list[list[int]]:
+    """Token ids of the first `limit` GSM8K test questions, rendered as the gsm8k dataset config renders them."""
+    dataset = DatasetConfig(name="gsm8k", path="gsm8k/test.jsonl.gz", task="gsm8k", template="hash_answer",
+                            few_shot=few_shot, shots_path="gsm8k/train.jsonl.gz", limit=limit, metric="gsm8k_acc")
+    return [tokenizer(render_prompt(r, tokenizer, dataset), add_special_tokens=False)["input_ids"]
+            for r in load_records(dataset)]
+
+
+def timed_generate(model, ids: list[int], max_new_tokens: int, eos: list[int],
+                   static: bool = False) -> tuple[list[int], float]:
+    """(new tokens, seconds) of transformers' greedy `generate`; `static`: with a static cache, which makes
+    transformers compile its forward on the first call."""
+    tensor = torch.tensor([ids], device=model.device)
+    extra = {"cache_implementation": "static", "compile_config": CompileConfig(fullgraph=True)} if static else {}
+    device_sync(model.device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=max_new_tokens,
+                             do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=eos, **extra)
+    device_sync(model.device)
+    return out[0, len(ids):].tolist(), time.perf_counter() - start
+
+
+def compose_config(name: str, overrides: list[str]):
+    """The `name` config ("run" or "train") with `overrides`, as the specrepro command composes it."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name=name, overrides=overrides)
