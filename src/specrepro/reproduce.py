@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from specrepro.errors import SpecReproError
+from specrepro.errors import SpecReproError, one_line
 from specrepro.plots import table_rows
 from specrepro.tables import MISSING_CELL
 from specrepro.tracking import atomic_write
@@ -45,7 +45,7 @@ def load_pipeline(name: str, pipelines_dir: Path = PIPELINES_DIR) -> tuple[str, 
     try:
         spec = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise SpecReproError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise SpecReproError(f"{path}: not valid YAML ({one_line(exc)})") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("paper"), str) or not isinstance(spec.get("stages"), list):
         raise SpecReproError(f"{path}: needs `paper` (a name) and `stages` (a list)")
     for i, stage in enumerate(spec["stages"]):
@@ -81,7 +81,7 @@ def read_measured(path: Path) -> dict:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        print(f"ignoring {path}: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"ignoring {path}: {one_line(exc)}", file=sys.stderr)
         return {}
     return measured if isinstance(measured, dict) else {}
 

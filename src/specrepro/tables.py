@@ -47,7 +47,7 @@ from types import SimpleNamespace
 
 import yaml
 
-from specrepro.errors import SpecReproError
+from specrepro.errors import SpecReproError, one_line
 from specrepro.plots import KINDS, table_rows, write_plots
 from specrepro.provenance import machine_label
 from specrepro.tracking import atomic_write, complete_runs, wandb_mode
@@ -103,7 +103,7 @@ class TableSpec:
         try:
             return cls.from_yaml(path.stem, yaml.safe_load(path.read_text()))
         except (OSError, UnicodeDecodeError, yaml.YAMLError, _Invalid) as exc:
-            raise SpecReproError(f"invalid table spec {path}: {_one_line(exc)}") from None
+            raise SpecReproError(f"invalid table spec {path}: {one_line(exc)}") from None
 
     @classmethod
     def from_yaml(cls, name: str, raw) -> "TableSpec":
@@ -125,14 +125,6 @@ class TableSpec:
 
 class _Invalid(Exception):
     """A spec that does not fit the schema; the message says where (`rows[2].select`) and what is wrong."""
-
-
-def _one_line(exc: Exception) -> str:
-    """An exception's message on one line; a YAML syntax error as its problem and position."""
-    mark = getattr(exc, "problem_mark", None)
-    if isinstance(exc, yaml.YAMLError) and mark is not None:
-        return f"YAML syntax error: {exc.problem or exc.context} (line {mark.line + 1}, column {mark.column + 1})"
-    return " ".join(str(exc).split())
 
 
 def _kind(value) -> str:
@@ -203,7 +195,7 @@ def _column(raw, where: str) -> Column:
     try:
         fmt.format(1.0)
     except (ValueError, IndexError, KeyError) as exc:
-        raise _Invalid(f"{where}.fmt: {fmt!r} cannot format a number ({_one_line(exc)})") from None
+        raise _Invalid(f"{where}.fmt: {fmt!r} cannot format a number ({one_line(exc)})") from None
     scale = raw.get("scale", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise _Invalid(f"{where}.scale: expected a number, got {_kind(scale)}")
@@ -312,7 +304,7 @@ def _read_config(path: Path) -> dict:
     try:
         value = yaml.safe_load(path.read_text())
     except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path}: {_one_line(exc)}") from None
+        raise ValueError(f"{path}: {one_line(exc)}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path}: expected a mapping, got {_kind(value)}")
     return value

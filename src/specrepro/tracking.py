@@ -21,7 +21,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from specrepro.errors import SpecReproError
+from specrepro.errors import SpecReproError, one_line
 from specrepro.provenance import now, provenance
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def complete_runs(results_dir: str | Path) -> list[CompleteRun]:
         try:
             metrics, mtime = json.loads(path.read_text()), path.stat().st_mtime
         except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-            log.warning("skipping a run record: %s: %s", path, " ".join(str(exc).split()))
+            log.warning("skipping a run record: %s: %s", path, one_line(exc))
             continue
         if not isinstance(metrics, dict):
             log.warning("skipping a run record: %s: expected a JSON object, got %s", path, type(metrics).__name__)
