@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import gsm8k_prompts, timed_generate
+from common import gsm8k_prompts, run_script, timed_generate
 
 from specrepro.config import HardwareConfig, ModelConfig
 from specrepro.decoding.ar import ARDecoder
@@ -68,4 +68,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -28,7 +28,7 @@ from pathlib import Path
 from statistics import fmean
 
 import torch
-from common import compose_config, gsm8k_prompts, timed_generate
+from common import compose_config, gsm8k_prompts, run_script, timed_generate
 from tqdm import tqdm
 
 from specrepro import registry
@@ -189,4 +189,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import compose_config
+from common import compose_config, run_script
 
 from specrepro.runner import results_table, run
 
@@ -57,4 +57,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

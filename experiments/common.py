@@ -1,19 +1,23 @@
-"""What the benchmark scripts share: GSM8K prompts, transformers' `generate` timed as a user calls it, and a run
-config composed as `specrepro run` composes it. The scripts run as `python experiments/<name>.py`, which puts
-this directory on the import path."""
+"""What the benchmark scripts share: GSM8K prompts, transformers' `generate` timed as a user calls it, a run
+config composed as `specrepro run` composes it, and one-line errors. The scripts run as
+`python experiments/<name>.py`, which puts this directory on the import path."""
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
 from transformers import CompileConfig
 
 from specrepro.cli import CONF_DIR
 from specrepro.config import register_configs
 from specrepro.data import DatasetConfig, load_records, render_prompt
 from specrepro.decoding.base import device_sync
+from specrepro.errors import SpecReproError, one_line
 
 
 def gsm8k_prompts(tokenizer, limit: int, few_shot: int = 0) -> list[list[int]]:
@@ -44,3 +48,13 @@ def compose_config(name: str, overrides: list[str]):
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name=name, overrides=overrides)
+
+
+def run_script(main) -> None:
+    """Run a script's `main`: a user's mistake (an unknown preset or override, a missing artifact) ends as one
+    line on stderr and exit status 2, as the specrepro command's do."""
+    try:
+        main()
+    except (SpecReproError, HydraException) as exc:
+        print(f"{Path(sys.argv[0]).name}: error: {one_line(exc)}", file=sys.stderr)
+        sys.exit(2)

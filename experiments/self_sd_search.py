@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from common import compose_config
+from common import compose_config, run_script
 
 from specrepro.runner import run
 from specrepro.training import train
@@ -76,4 +76,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -38,3 +38,11 @@ def test_gpu_check_refuses_a_machine_without_cuda_in_one_line(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [f"gpu_check: no CUDA device visible to {sys.executable}"]
     assert not list((tmp_path / "out").glob("*.json"))  # nothing measured, nothing written
+
+
+def test_an_unknown_model_preset_is_one_line():
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--model", "no_such_model"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("bench_gpu.py: error: ")
+    assert "no_such_model" in proc.stderr and "Traceback" not in proc.stderr
