@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from specrepro.errors import SpecReproError
 from specrepro.metrics.speed import impossible_generation, impossible_metrics, paired_speedup, speed_metrics
@@ -169,6 +170,7 @@ def test_records_carry_provenance_and_are_readable_by_the_team(tmp_path):
     assert origin["record_version"] >= 2 and len(origin["code"]["commit"]) == 40 and origin["code"]["dirty"] in (True, False)
     assert origin["versions"]["torch"] and origin["versions"]["transformers"]
     assert origin["machine"]["cpu"] and origin["machine"]["cpu_cores"] >= 1 and origin["threads"] == 1
+    assert origin["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # e.g. AVX2, AVX512
     assert origin["dtype"] == "float32" and origin["kernels"]["linear_kernel"] == "onednn"
     assert origin["started_at"] <= origin["finished_at"]
 
@@ -189,3 +191,13 @@ def test_an_unreachable_wandb_server_costs_at_most_its_timeout_and_logs_offline(
     assert list(run_dir.glob("wandb/offline-run-*"))
     assert (proc.stdout + proc.stderr).count("logging offline") == 1
     assert elapsed < 90  # was ~100 s in wandb.init's own timeout alone
+
+
+def test_a_footer_tells_cpus_of_one_model_name_apart_by_their_vector_instructions():
+    """One EPYC model name covers CPUs with and without AVX-512, whose kernels (and so draft and verify costs)
+    differ: the footer names what torch ran on; records made before it say only the model."""
+    from specrepro.provenance import machine_label
+
+    assert machine_label({"cpu": "AMD EPYC", "cpu_cores": 2, "cpu_capability": "AVX2"}) == "AMD EPYC (AVX2), 2 cores"
+    assert machine_label({"cpu": "AMD EPYC", "cpu_cores": 2}) == "AMD EPYC, 2 cores"
+    assert machine_label({"cpu": "x", "cpu_cores": 16, "gpu": "NVIDIA H100", "gpu_count": 1}) == "1 x NVIDIA H100"

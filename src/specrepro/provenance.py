@@ -62,18 +62,21 @@ def cpu_name() -> str:
 
 
 def device_description(device: torch.device | str | None = None) -> dict:
-    """The CPU (model, cores) and, when the run is on one, the GPU (name, count)."""
-    info = {"cpu": cpu_name(), "cpu_cores": os.cpu_count()}
+    """The CPU (model, cores, the widest vector instructions torch uses on it: one EPYC model name covers CPUs with
+    and without AVX-512, whose kernels differ) and, when the run is on one, the GPU (name, count)."""
+    info = {"cpu": cpu_name(), "cpu_cores": os.cpu_count(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     if device is not None and torch.device(device).type == "cuda":
         info.update(gpu=torch.cuda.get_device_name(torch.device(device)), gpu_count=torch.cuda.device_count())
     return info
 
 
 def machine_label(info: dict) -> str:
-    """One line for a table footer: the GPU when there is one, else the CPU and its cores."""
+    """One line for a table footer: the GPU when there is one, else the CPU (its vector instructions where the
+    record has them) and its cores."""
     if info.get("gpu"):
         return f"{info['gpu_count']} x {info['gpu']}"
-    return f"{info.get('cpu')}, {info.get('cpu_cores')} cores"
+    capability = f" ({info['cpu_capability']})" if info.get("cpu_capability") else ""
+    return f"{info.get('cpu')}{capability}, {info.get('cpu_cores')} cores"
 
 
 def provenance(hardware=None, device: torch.device | str | None = None) -> dict:
