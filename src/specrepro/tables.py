@@ -524,14 +524,14 @@ def write_table(name: str, results_dir: str | Path | list = "results", source: s
     header, body, footnotes = build_table(spec, runs)
     out_dir = Path(out_dir) if out_dir is not None else Path(results_dirs[0]) / spec.paper
     md_path = out_dir / f"{spec.name}.md"
-    previous = md_path.with_suffix(".csv")
+    csv_path = md_path.with_suffix(".csv")
     kept, origin = [], []
-    if keep_rows and previous.is_file():
-        body, footnotes, kept, origin = keep_previous_rows(previous, len(spec.row_header), header, body, footnotes)
-    elif previous.is_file() and (emptied := emptied_rows(previous, len(spec.row_header), body)):
+    if keep_rows and csv_path.is_file():
+        body, footnotes, kept, origin = keep_previous_rows(csv_path, len(spec.row_header), header, body, footnotes)
+    elif csv_path.is_file() and (emptied := emptied_rows(csv_path, len(spec.row_header), body)):
         if not footnotes:  # a mistyped --results-dir must not wipe a committed table and its inputs
             raise SpecReproError(f"no run in {', '.join(map(str, results_dirs))} fills a cell of {spec.name}: "
-                                 f"not replacing {previous.parent}'s table, whose rows have runs "
+                                 f"not replacing {csv_path.parent}'s table, whose rows have runs "
                                  "(another --results-dir? --keep-rows keeps rows without runs)")
         log.warning("%s: rows with runs in the previous table and none here are now empty: %s "
                     "(--keep-rows keeps them)", md_path, ", ".join(emptied))
@@ -545,7 +545,7 @@ def write_table(name: str, results_dir: str | Path | list = "results", source: s
                          "cells and runs as in the previous table)",
                          f"- {KEPT_ORIGIN.removeprefix('# ')}{'; '.join(origin)}"]
     atomic_write(md_path, render_markdown(spec, header, body, footnotes, footer))
-    atomic_write(previous, render_csv(header, body, footnotes, footer))
+    atomic_write(csv_path, render_csv(header, body, footnotes, footer))
     write_inputs(out_dir, [by_name[n] for n in footnotes if n in by_name])
     write_plots(spec.plots, md_path.with_suffix(".csv"), spec.row_header, spec.title)
     return md_path
