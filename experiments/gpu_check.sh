@@ -7,7 +7,8 @@
 #   4. the bench again in fp32.
 # Usage: bash experiments/gpu_check.sh OUT_DIR [bench_gpu.py options, e.g. --model llama2_7b_chat]
 # Writes OUT_DIR/bench_gpu_<card>_<dtype>[_short].json and a .log beside each step; limits in seconds:
-# SHORT_S (240), LONG_S (360), TESTS_S (300); PYTHON picks the interpreter.
+# SHORT_S (240), LONG_S (360), TESTS_S (300); STEPS names the steps to run (all four by default: bench_short
+# bench_bf16 tests_cuda bench_fp32); PYTHON picks the interpreter.
 set -uo pipefail
 out=${1:?usage: bash experiments/gpu_check.sh OUT_DIR [bench_gpu.py options]}
 shift
@@ -17,10 +18,12 @@ card=$("$python" -c "import re, torch; print(re.sub(r'^NVIDIA ', '', torch.cuda.
   2>/dev/null) || { echo "gpu_check: no CUDA device visible to $python" >&2; exit 1; }
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 failed=0
+steps=" ${STEPS:-bench_short bench_bf16 tests_cuda bench_fp32} "
 
-step() {  # step NAME LIMIT COMMAND...: run one check under a time limit, its output in OUT_DIR/NAME.log
+step() {  # step NAME LIMIT COMMAND...: run one check (when STEPS names it) under a time limit, output in OUT_DIR/NAME.log
   local name=$1 limit=$2
   shift 2
+  [[ $steps == *" $name "* ]] || return 0
   echo "gpu_check: $name (at most $limit s)" >&2
   timeout "$limit" "$@" > "$out/$name.log" 2>&1
   local rc=$?

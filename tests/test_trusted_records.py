@@ -201,3 +201,22 @@ def test_a_footer_tells_cpus_of_one_model_name_apart_by_their_vector_instruction
     assert machine_label({"cpu": "AMD EPYC", "cpu_cores": 2, "cpu_capability": "AVX2"}) == "AMD EPYC (AVX2), 2 cores"
     assert machine_label({"cpu": "AMD EPYC", "cpu_cores": 2}) == "AMD EPYC, 2 cores"
     assert machine_label({"cpu": "x", "cpu_cores": 16, "gpu": "NVIDIA H100", "gpu_count": 1}) == "1 x NVIDIA H100"
+
+
+def test_a_copy_without_git_records_the_commit_its_copier_names(monkeypatch):
+    """A checkout copied without its .git (to a lent GPU, a cluster node) has no commit of its own to read: the
+    copier names it in SPECREPRO_COMMIT, and its dirtiness stays unknown rather than claimed clean."""
+    import subprocess
+
+    from specrepro import provenance
+
+    def no_git(*args, **kwargs):
+        raise subprocess.CalledProcessError(128, "git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    monkeypatch.setenv("SPECREPRO_COMMIT", "0123abc")
+    provenance.code_version.cache_clear()
+    try:
+        assert provenance.code_version() == {"commit": "0123abc", "dirty": None}
+    finally:
+        provenance.code_version.cache_clear()

@@ -26,8 +26,9 @@ def now() -> str:
 
 @lru_cache(maxsize=1)
 def code_version() -> dict:
-    """The git commit (and whether the work tree differs from it) of a source checkout; otherwise the package
-    version that is installed."""
+    """The git commit (and whether the work tree differs from it) of a source checkout; for a copy of a checkout
+    without its .git (shipped to a lent GPU or a cluster node), the commit the copier names in SPECREPRO_COMMIT,
+    its dirtiness unknown; otherwise none, and the record has the package version that is installed."""
     source = Path(__file__).resolve().parent
 
     def git(*args: str) -> str:
@@ -40,7 +41,7 @@ def code_version() -> dict:
             return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.SubprocessError):
         pass
-    return {"commit": None, "dirty": None}
+    return {"commit": os.environ.get("SPECREPRO_COMMIT"), "dirty": None}
 
 
 def _version(package: str) -> str | None:
