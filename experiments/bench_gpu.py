@@ -11,7 +11,8 @@ Arms, interleaved per prompt in one process (greedy, the same GSM8K prompts):
 Prints each arm's throughput, the weight-reading bound (weight bytes over the card's copy bandwidth, measured
 here), compiled over eager `ar`, our compiled `ar` over transformers' compiled `generate`, each speculative
 arm's paired speedup over eager `ar` (a compiled arm also over compiled `ar`) and MAT, and which outputs are
-token-identical. Compile times are reported apart.
+token-identical. Compile times are reported apart. With --json the figures are written after every timed
+prompt (`prompts` says how many), so a run cut off by a lent machine's limit keeps what it measured.
 Run: python experiments/bench_gpu.py [--limit 5] [--max-new-tokens 256] [--json out.json]
      [--methods "sar_draft_tree;eesd method.draft_vocab=4096" --artifacts-dir results/artifacts]
      [--model llama2_7b_chat | --model "smollm2_135m model.source=hf model.id=/path/to/checkpoint"]
@@ -135,12 +136,9 @@ def main() -> None:
         compile_s.setdefault(arm, time.perf_counter() - start)
     arms = [*decoders, *GENERATE_ARMS]
     speculative = [arm for arm in decoders if not arm.startswith("ar_")]
+    weight_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    bandwidth = copy_bandwidth(loader.device)
     results = {arm: [] for arm in arms}
-    progress("timing")
-    for i, ids in enumerate(tqdm(prompts, desc="prompts", file=sys.stderr)):
-        for arm in arms[i % len(arms):] + arms[: i % len(arms)]:  # rotate the order between prompts
-            tokens, seconds, steps = run(arm, ids, args.max_new_tokens)
-            results[arm].append({"tokens": tokens, "seconds": seconds, "steps": steps})
 
     def rate(arm):
         return sum(len(r["tokens"]) for r in results[arm]) / sum(r["seconds"] for r in results[arm])
@@ -152,27 +150,38 @@ def main() -> None:
     def identical(arm, base):
         return sum(r["tokens"] == b["tokens"] for r, b in zip(results[arm], results[base]))
 
-    weight_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
-    bandwidth = copy_bandwidth(loader.device)
-    figures = {
-        "provenance": provenance(asdict(hardware), loader.device) | {"command": " ".join(["python", *sys.argv])},
-        "model": model_cfg.name, "dtype": args.dtype,
-        "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "widths": args.widths,
-        "tok_per_s": {arm: rate(arm) for arm in arms},
-        "bound_tok_per_s": bandwidth / weight_bytes, "copy_bandwidth_gb_s": bandwidth / 1e9,
-        "weight_mb": weight_bytes / 1e6,
-        "ar_compiled_over_eager": paired("ar_compiled", "ar_eager"),
-        "ar_compiled_over_generate_compiled": paired("ar_compiled", "generate_compiled"),
-        # every speculative arm: paired speedup over eager ar (and, when compiled, over compiled ar) and its MAT
-        "speculative": {arm: {"over_ar_eager": paired(arm, "ar_eager"),
-                              **({"over_ar_compiled": paired(arm, "ar_compiled"),
-                                  "identical_to_ar_compiled": identical(arm, "ar_compiled")}
-                                 if arm.endswith("_compiled") else {}),
-                              "mat": sum(len(r["tokens"]) - 1 for r in results[arm]) / sum(r["steps"] for r in results[arm])}
-                        for arm in speculative},
-        "identical_to_ar_eager": {arm: identical(arm, "ar_eager") for arm in arms},
-        "compile_or_first_call_s": compile_s,
-    }
+    def summary() -> dict:
+        """The figures over the prompts timed so far."""
+        return {
+            "provenance": provenance(asdict(hardware), loader.device) | {"command": " ".join(["python", *sys.argv])},
+            "model": model_cfg.name, "dtype": args.dtype,
+            "prompts": len(results["ar_eager"]), "prompts_asked": len(prompts),
+            "max_new_tokens": args.max_new_tokens, "widths": args.widths,
+            "tok_per_s": {arm: rate(arm) for arm in arms},
+            "bound_tok_per_s": bandwidth / weight_bytes, "copy_bandwidth_gb_s": bandwidth / 1e9,
+            "weight_mb": weight_bytes / 1e6,
+            "ar_compiled_over_eager": paired("ar_compiled", "ar_eager"),
+            "ar_compiled_over_generate_compiled": paired("ar_compiled", "generate_compiled"),
+            # every speculative arm: paired speedup over eager ar (and, when compiled, over compiled ar) and its MAT
+            "speculative": {arm: {"over_ar_eager": paired(arm, "ar_eager"),
+                                  **({"over_ar_compiled": paired(arm, "ar_compiled"),
+                                      "identical_to_ar_compiled": identical(arm, "ar_compiled")}
+                                     if arm.endswith("_compiled") else {}),
+                                  "mat": sum(len(r["tokens"]) - 1 for r in results[arm]) / sum(r["steps"] for r in results[arm])}
+                            for arm in speculative},
+            "identical_to_ar_eager": {arm: identical(arm, "ar_eager") for arm in arms},
+            "compile_or_first_call_s": compile_s,
+        }
+
+    progress("timing")
+    for i, ids in enumerate(tqdm(prompts, desc="prompts", file=sys.stderr)):
+        for arm in arms[i % len(arms):] + arms[: i % len(arms)]:  # rotate the order between prompts
+            tokens, seconds, steps = run(arm, ids, args.max_new_tokens)
+            results[arm].append({"tokens": tokens, "seconds": seconds, "steps": steps})
+        if args.json:  # after every prompt: a run cut off by a lent machine's limit keeps the prompts it timed
+            atomic_write(Path(args.json), json.dumps(summary(), indent=1) + "\n")
+
+    figures = summary()
     print(json.dumps(figures, indent=1))
     print(f"\n{figures['provenance']['machine']}  {model_cfg.name}  {args.dtype}  {len(prompts)} GSM8K prompts x {args.max_new_tokens} new tokens")
     print(f"weight-reading bound {figures['bound_tok_per_s']:.0f} tok/s ({figures['weight_mb']:.0f} MB of weights "
@@ -184,8 +193,6 @@ def main() -> None:
     for arm, row in figures["speculative"].items():
         print(f"{arm:26} MAT {row['mat']:.2f}  over eager ar {row['over_ar_eager']:.2f}x"
               + (f"  over compiled ar {row['over_ar_compiled']:.2f}x" if "over_ar_compiled" in row else ""))
-    if args.json:
-        atomic_write(Path(args.json), json.dumps(figures, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path):
     arms = {"ar_eager", "ar_compiled", "pld_eager", "pld_compiled", "jacobi_eager", "generate_eager",
             "generate_compiled"}
     assert arms <= set(figures["tok_per_s"]) and figures["model"] == "tiny_random"
+    assert figures["prompts"] == figures["prompts_asked"] == 2
     assert all(n == 2 for n in figures["identical_to_ar_eager"].values())  # greedy: every arm decodes what ar does
     assert figures["speculative"]["jacobi_eager"]["mat"] >= 1.0
     assert figures["ar_compiled_over_eager"] > 0 and figures["bound_tok_per_s"] > 0
