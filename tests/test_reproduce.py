@@ -95,6 +95,25 @@ def test_dry_run_lists_the_stages_and_runs_nothing(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+def test_stages_picks_stage_numbers_and_a_bad_pick_is_one_line(tmp_path):
+    pipeline = _pipeline(tmp_path)
+    out = specrepro("reproduce", str(pipeline), "--dry-run", "--stages", "2-3", cwd=tmp_path)
+    assert "[2/3] run -m method=ar,sps" in out.stdout and "[3/3] table" in out.stdout and "[1/3]" not in out.stdout
+    for pick, message in [("4", "this pipeline has stages 1-3"), ("2-x", "takes stage numbers and ranges")]:
+        proc = specrepro("reproduce", str(pipeline), "--dry-run", "--stages", pick, cwd=tmp_path, check=False)
+        assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_lanes_recording_their_stages_keep_each_others_minutes(tmp_path):
+    """Two lanes running other stages of one pipeline each add their own stage to stages.json, under its lock."""
+    from specrepro.reproduce import read_measured, record_minutes
+
+    path = tmp_path / "stages.json"
+    record_minutes(path, "train method=sps", 48.0)
+    record_minutes(path, "train method=eesd", 47.5)
+    assert read_measured(path) == {"train method=sps": 48.0, "train method=eesd": 47.5}
+
+
 @pytest.mark.parametrize("paper", sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")))
 def test_every_shipped_pipeline_is_well_formed(paper):
     from tests.test_config import compose_run

@@ -12,7 +12,8 @@ Every train and run stage works in `<results dir>/reproduce/<paper>/` (its runs 
 pipeline), and the tables go to `<results dir>/<paper>/`. Each stage is resumable on its own (a finished
 artifact or run is reused, an interrupted one resumes), so a killed pipeline picks up where it stopped when
 called again. `minutes` is the stage's measured time on a 2-core CPU; each call records what it measured in
-`<work dir>/stages.json`.
+`<work dir>/stages.json`. `--stages 2-3,9` runs only those stages: two lanes of one machine (or two machines
+sharing the results dir) each take stages that do not need the other's, with the pipeline's exact overrides.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from specrepro.errors import SpecReproError, one_line
 from specrepro.plots import table_rows
 from specrepro.tables import MISSING_CELL
 from specrepro.tracking import atomic_write
+from specrepro.training.shards import exclusive, lock_file
 
 PIPELINES_DIR = Path(files("specrepro.pipelines"))  # experiments/reproduce/ in a source checkout
 STAGE_KINDS = ("train", "run", "table")
@@ -86,10 +88,31 @@ def read_measured(path: Path) -> dict:
     return measured if isinstance(measured, dict) else {}
 
 
+def parse_stages(spec: str, count: int) -> set[int]:
+    """The stage numbers `2-3,9` names, each between 1 and `count`; one line naming what is wrong."""
+    chosen = set()
+    for part in spec.split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or not (last or first).isdigit():
+            raise SpecReproError(f"--stages {spec}: takes stage numbers and ranges, e.g. 2-3,9")
+        chosen.update(range(int(first), int(last or first) + 1))
+    if not chosen or min(chosen) < 1 or max(chosen) > count:
+        raise SpecReproError(f"--stages {spec}: this pipeline has stages 1-{count}")
+    return chosen
+
+
+def record_minutes(path: Path, stage: str, minutes: float) -> None:
+    """Add one stage's minutes to `stages.json`, re-read under its lock: lanes running other stages write it too."""
+    with exclusive(lock_file(path), path.name):
+        measured = read_measured(path) | {stage: minutes}
+        atomic_write(path, json.dumps(measured, indent=2) + "\n")
+
+
 def reproduce(name: str, results_dir: str = "results", overrides: list[str] = (), dry_run: bool = False,
-              pipelines_dir: Path = PIPELINES_DIR) -> None:
-    """Run (or, with dry_run, list) every stage of one paper's pipeline."""
+              pipelines_dir: Path = PIPELINES_DIR, only: str | None = None) -> None:
+    """Run (or, with dry_run, list) every stage of one paper's pipeline, or the stage numbers `only` names."""
     paper, stages = load_pipeline(name, pipelines_dir)
+    chosen = parse_stages(only, len(stages)) if only else set(range(1, len(stages) + 1))
     work_dir, out_dir = Path(results_dir) / "reproduce" / paper, Path(results_dir) / paper
     paper_command = " ".join(["specrepro reproduce", name, *overrides])
     measured_path = work_dir / "stages.json"
@@ -100,6 +123,8 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
           f"{f' plus {untimed} stages not timed yet' if untimed else ''} "
           f"(runs and artifacts in {work_dir}, tables in {out_dir})")
     for i, stage in enumerate(stages, 1):
+        if i not in chosen:
+            continue
         expected = (f"about {stage['minutes']} min" if "minutes" in stage
                     else "under a minute" if "table" in stage else "not timed yet")
         if describe(stage) in measured:
@@ -112,9 +137,9 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
         if proc.returncode != 0:
             raise SpecReproError(f"{paper}: stage {i} ({describe(stage)}) failed with exit status {proc.returncode}; "
                                  f"run `specrepro reproduce {name}` again to resume from it")
-        measured[describe(stage)] = round((time.monotonic() - start) / 60, 2)
-        atomic_write(measured_path, json.dumps(measured, indent=2) + "\n")
-        print(f"[{i}/{len(stages)}] done in {measured[describe(stage)]:.1f} min", flush=True)
+        minutes = round((time.monotonic() - start) / 60, 2)
+        record_minutes(measured_path, describe(stage), minutes)
+        print(f"[{i}/{len(stages)}] done in {minutes:.1f} min", flush=True)
 
 
 def summary_main(args: list[str]) -> None:
@@ -136,10 +161,13 @@ def main(args: list[str]) -> None:
     parser.add_argument("--results-dir", default="results", help="runs and artifacts under <dir>/reproduce/<paper>, "
                                                                  "tables under <dir>/<paper>")
     parser.add_argument("--dry-run", action="store_true", help="list the stages and their expected time, run nothing")
+    parser.add_argument("--stages", default=None, help="only these stage numbers, e.g. 2-3,9 (see --dry-run)")
     opts = parser.parse_args(args)
+    if opts.stages and opts.paper == "all":
+        raise SpecReproError("--stages picks stages of one pipeline, not of all")
     names = sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")) if opts.paper == "all" else [opts.paper]
     for name in names:
-        reproduce(name, opts.results_dir, opts.overrides, opts.dry_run)
+        reproduce(name, opts.results_dir, opts.overrides, opts.dry_run, only=opts.stages)
 
 
 README_START, README_END = "<!-- summary: made by `specrepro summary` -->", "<!-- end of summary -->"
