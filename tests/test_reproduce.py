@@ -97,7 +97,7 @@ def test_dry_run_lists_the_stages_and_runs_nothing(tmp_path):
 
 def test_stages_picks_stage_numbers_and_a_bad_pick_is_one_line(tmp_path):
     pipeline = _pipeline(tmp_path)
-    out = specrepro("reproduce", str(pipeline), "--dry-run", "--stages", "2-3", cwd=tmp_path)
+    out = specrepro("reproduce", str(pipeline), "--dry-run", "--stages", "2-3", "hardware.threads=1", cwd=tmp_path)
     assert "[2/3] run -m method=ar,sps" in out.stdout and "[3/3] table" in out.stdout and "[1/3]" not in out.stdout
     for pick, message in [("4", "this pipeline has stages 1-3"), ("2-x", "takes stage numbers and ranges")]:
         proc = specrepro("reproduce", str(pipeline), "--dry-run", "--stages", pick, cwd=tmp_path, check=False)

@@ -162,7 +162,7 @@ def main(args: list[str]) -> None:
                                                                  "tables under <dir>/<paper>")
     parser.add_argument("--dry-run", action="store_true", help="list the stages and their expected time, run nothing")
     parser.add_argument("--stages", default=None, help="only these stage numbers, e.g. 2-3,9 (see --dry-run)")
-    opts = parser.parse_args(args)
+    opts = parser.parse_intermixed_args(args)  # options before or after the overrides
     if opts.stages and opts.paper == "all":
         raise SpecReproError("--stages picks stages of one pipeline, not of all")
     names = sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")) if opts.paper == "all" else [opts.paper]
