@@ -35,9 +35,8 @@ columns:
 def _pipeline(tmp_path: Path) -> Path:
     (tmp_path / "tiny_table.yaml").write_text(TABLE)
     pipeline = {"paper": "tiny", "stages": [
-        {"train": TRAIN, "minutes": 1},
-        {"run": ["-m", "method=ar,sps", "dataset.limit=2", *[o for o in FAST if not o.startswith(("model=", "hardware."))]],
-         "minutes": 1},
+        {"train": TRAIN},
+        {"run": ["-m", "method=ar,sps", "dataset.limit=2", *[o for o in FAST if not o.startswith(("model=", "hardware."))]]},
         {"table": str(tmp_path / "tiny_table.yaml")},
     ], "headline": [{"table": "tiny_table", "row": ["SPS"], "column": "lossless", "claim": "lossless"}]}
     (tmp_path / "pipelines").mkdir()
@@ -52,7 +51,7 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     proc = subprocess.Popen([sys.executable, "-m", "specrepro.cli", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    stages = tmp_path / "results" / "reproduce" / "tiny" / "stages.json"
+    stages = tmp_path / "results" / "tiny" / "stages.json"  # what each stage took, beside the tables
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline and not stages.is_file():
         time.sleep(0.05)
@@ -61,8 +60,16 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     proc.wait()
     assert not (tmp_path / "results" / "tiny" / "tiny_table.md").exists()
 
+    trained = json.loads(stages.read_text())
+    assert list(trained) == [f"train {' '.join(TRAIN)}"]
+    first = trained[f"train {' '.join(TRAIN)}"]
+    assert first["reused"] == [] and first["minutes"] > 0 and first["command"].endswith("--stages 1 " + " ".join(args[2:]))
+    assert first["machine"] and first["date"] and "commit" in first
+
     out = specrepro(*args, cwd=tmp_path)
     assert "[3/3] table" in out.stdout and "done in" in out.stdout
+    measured = json.loads(stages.read_text())  # the train stage reused its artifact: its first measurement stays
+    assert measured[f"train {' '.join(TRAIN)}"] == first and len(measured) == 2
     table = (tmp_path / "results" / "tiny" / "tiny_table.md").read_text()
     assert "| AR |" in table and "| SPS |" in table and "Provenance:" in table
     assert f"Regenerate: `specrepro reproduce {pipeline} model=tiny_random" in table
@@ -79,6 +86,7 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     records = written()
     again = specrepro(*args, cwd=tmp_path)  # everything re-used: no record or artifact is written again
     assert written() == records and len(records) == 3  # the ar and sps runs, the sps draft
+    assert json.loads(stages.read_text()) == measured and again.stdout.count("stays the earlier one") == 2
     assert "already trained" in again.stdout + again.stderr and "already complete" in again.stdout + again.stderr
     assert sorted(p.name for p in (tmp_path / "results" / "reproduce" / "tiny" / "artifacts").iterdir()) == artifacts
     assert (tmp_path / "results" / "tiny" / "tiny_table.md").read_text() == table
@@ -92,8 +100,8 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
 def test_dry_run_lists_the_stages_and_runs_nothing(tmp_path):
     pipeline = _pipeline(tmp_path)
     out = specrepro("reproduce", str(pipeline), "--dry-run", cwd=tmp_path)
-    assert "3 stages, about 2 min" in out.stdout and "[1/3] train method=sps" in out.stdout
-    assert not (tmp_path / "results").exists()
+    assert "0 of the 2 train and run stages measured" in out.stdout and "[1/3] train method=sps" in out.stdout
+    assert "(not timed yet)" in out.stdout and not (tmp_path / "results").exists()
 
 
 def test_stages_picks_stage_numbers_and_a_bad_pick_is_one_line(tmp_path):
@@ -108,14 +116,22 @@ def test_stages_picks_stage_numbers_and_a_bad_pick_is_one_line(tmp_path):
             parse_stages(pick, 3)
 
 
-def test_lanes_recording_their_stages_keep_each_others_minutes(tmp_path):
-    """Two lanes running other stages of one pipeline each add their own stage to stages.json, under its lock."""
-    from specrepro.reproduce import read_measured, record_minutes
+def test_stage_minutes_keep_lanes_apart_and_a_stage_that_reused_something_fills_only_a_gap(tmp_path):
+    """Two lanes running other stages of one pipeline each add their own stage to stages.json, under its lock; a
+    measurement of a stage that found something already made never replaces one, and is labelled as such."""
+    from specrepro.reproduce import expected_time, read_measured, record_minutes
 
     path = tmp_path / "stages.json"
-    record_minutes(path, "train method=sps", 48.0)
-    record_minutes(path, "train method=eesd", 47.5)
-    assert read_measured(path) == {"train method=sps": 48.0, "train method=eesd": 47.5}
+    sps = {"minutes": 48.0, "reused": [], "machine": "AMD EPYC (AVX2), 2 cores", "commit": "0123456789", "dirty": False,
+           "date": "2026-11-27T23:00:00+00:00", "command": "specrepro reproduce spec_bench --stages 2"}
+    eesd = sps | {"minutes": 30.5, "reused": ["44 saved batches of target continuations"]}
+    assert record_minutes(path, "train method=sps", sps) and record_minutes(path, "train method=eesd", eesd)
+    assert not record_minutes(path, "train method=sps", sps | {"minutes": 0.2, "reused": ["artifact sps_draft"]})
+    assert record_minutes(path, "train method=eesd", eesd | {"minutes": 80.0, "reused": []})
+    measured = read_measured(path)
+    assert measured == {"train method=sps": sps, "train method=eesd": eesd | {"minutes": 80.0, "reused": []}}
+    assert expected_time(sps) == "about 48.0 min: AMD EPYC (AVX2), 2 cores, 2026-11-27, commit 0123456"
+    assert expected_time(eesd).startswith("30.5 min with 1 thing already made") and expected_time(None) == "not timed yet"
 
 
 @pytest.mark.parametrize("paper", sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")))
@@ -133,6 +149,7 @@ def test_every_shipped_pipeline_is_well_formed(paper):
 
 @pytest.mark.parametrize("text, message", [
     ("paper: x\n", "needs `paper`"), ("paper: x\nstages: [{train: [a=1], run: [b=2]}]\n", "exactly one of"),
+    ("paper: x\nstages: [{train: [a=1], minutes: 5}]\n", "measured into stages.json, not set"),
     ("paper: x\nstages: [{table: [a]}]\n", "takes a table name"), ("paper: [\n", "not valid YAML"),
 ])
 def test_a_malformed_pipeline_is_one_line(tmp_path, text, message):

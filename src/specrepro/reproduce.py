@@ -4,24 +4,29 @@ A paper's pipeline is a short explicit list of stages in `experiments/reproduce/
 
     paper: cllm
     stages:
-      - {train: [method=cllm, training.stage=trajectories], minutes: 16}   # `specrepro train ...`
-      - {run: [-m, +experiment=cllm_table1], minutes: 10}                  # `specrepro run ...`
-      - {table: cllm_table1}                                               # `specrepro table ...`
+      - {train: [method=cllm, training.stage=trajectories]}   # `specrepro train ...`
+      - {run: [-m, +experiment=cllm_table1]}                  # `specrepro run ...`
+      - {table: cllm_table1}                                  # `specrepro table ...`
 
 Every train and run stage works in `<results dir>/reproduce/<paper>/` (its runs and artifacts: one machine, one
 pipeline), and the tables go to `<results dir>/<paper>/`. Each stage is resumable on its own (a finished
 artifact or run is reused, an interrupted one resumes), so a killed pipeline picks up where it stopped when
-called again. `minutes` is the stage's measured time on a 2-core CPU; each call records what it measured in
-`<work dir>/stages.json`. `--stages 2-3,9` runs only those stages: two lanes of one machine (or two machines
-sharing the results dir) each take stages that do not need the other's, with the pipeline's exact overrides.
+called again. What each stage took is measured, not configured: every call records it in
+`<results dir>/<paper>/stages.json` beside the tables (minutes, machine, commit, date, command), and `--dry-run`
+shows it as the stage's expected time. A stage that found something already made (`reuse.py`) is kept there only
+where no measurement of that stage exists yet. `--stages 2-3,9` runs only those stages: two lanes of one machine
+(or two machines sharing the results dir) each take stages that do not need the other's, with the pipeline's
+exact overrides.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from importlib.resources import files
 from pathlib import Path
@@ -30,6 +35,8 @@ import yaml
 
 from specrepro.errors import SpecReproError, one_line
 from specrepro.plots import table_rows
+from specrepro.provenance import code_version, device_description, machine_label, now
+from specrepro.reuse import REUSE_LOG
 from specrepro.tables import MISSING_CELL
 from specrepro.tracking import atomic_write
 from specrepro.training.shards import exclusive, lock_file
@@ -52,8 +59,9 @@ def load_pipeline(name: str, pipelines_dir: Path = PIPELINES_DIR) -> tuple[str, 
         raise SpecReproError(f"{path}: needs `paper` (a name) and `stages` (a list)")
     for i, stage in enumerate(spec["stages"]):
         kinds = [k for k in STAGE_KINDS if k in (stage if isinstance(stage, dict) else {})]
-        if len(kinds) != 1 or set(stage) - {*STAGE_KINDS, "minutes"}:
-            raise SpecReproError(f"{path}: stage {i + 1} must have exactly one of {', '.join(STAGE_KINDS)} (and minutes)")
+        if len(kinds) != 1 or set(stage) - set(STAGE_KINDS):
+            raise SpecReproError(f"{path}: stage {i + 1} must have exactly one of {', '.join(STAGE_KINDS)} and nothing "
+                                 "else (its minutes are measured into stages.json, not set)")
         value = stage[kinds[0]]
         if not (isinstance(value, str) if kinds[0] == "table" else isinstance(value, list)):
             raise SpecReproError(f"{path}: stage {i + 1}: {kinds[0]} takes {'a table name' if kinds[0] == 'table' else 'a list of overrides'}")
@@ -76,7 +84,7 @@ def stage_command(stage: dict, work_dir: Path, out_dir: Path, overrides: list[st
 
 
 def read_measured(path: Path) -> dict:
-    """Each stage's minutes in the work dir's last call (`stages.json`); {} when there is none or it is unreadable
+    """Each stage's measurement in `stages.json` (by its description); {} when there is none or it is unreadable
     (then rewritten as the stages run again)."""
     try:
         measured = json.loads(path.read_text())
@@ -101,11 +109,44 @@ def parse_stages(spec: str, count: int) -> set[int]:
     return chosen
 
 
-def record_minutes(path: Path, stage: str, minutes: float) -> None:
-    """Add one stage's minutes to `stages.json`, re-read under its lock: lanes running other stages write it too."""
+def record_minutes(path: Path, stage: str, measurement: dict) -> bool:
+    """Put one stage's measurement in `stages.json`, re-read under its lock (lanes running other stages write it
+    too), unless it reused something and the stage has a measurement already; whether it was put."""
     with exclusive(lock_file(path), path.name):
-        measured = read_measured(path) | {stage: minutes}
-        atomic_write(path, json.dumps(measured, indent=2) + "\n")
+        measured = read_measured(path)
+        if measurement.get("reused") and stage in measured:
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(measured | {stage: measurement}, indent=2) + "\n")
+        return True
+
+
+def expected_time(measurement: dict | None) -> str:
+    """How long a stage took where it was measured, for --dry-run and the progress lines."""
+    if not isinstance(measurement, dict) or not isinstance(measurement.get("minutes"), (int, float)):
+        return "not timed yet"
+    reused = measurement.get("reused") or []
+    made = f" with {len(reused)} thing{'s' if len(reused) > 1 else ''} already made" if reused else ""
+    commit = (measurement.get("commit") or "unknown")[:7] + ("+changes" if measurement.get("dirty") else "")
+    return (f"{'' if reused else 'about '}{measurement['minutes']:.1f} min{made}: {measurement.get('machine')}, "
+            f"{str(measurement.get('date'))[:10]}, commit {commit}")
+
+
+def stage_device() -> str | None:
+    """The GPU a stage's process uses when this machine has one (`hardware.device: auto`), for its machine label."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else None
+
+
+def run_stage(stage: dict, command: list[str], work_dir: Path) -> tuple[int, float, list[str]]:
+    """Run one stage's process: its exit status, minutes, and what it reported reusing (`reuse.py`)."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("r", dir=work_dir, prefix=".reused-", suffix=".txt") as reused:
+        start = time.monotonic()
+        proc = subprocess.run(command, env={**os.environ, REUSE_LOG: reused.name})
+        minutes = round((time.monotonic() - start) / 60, 2)
+        return proc.returncode, minutes, sorted(set(reused.read().splitlines()))
 
 
 def reproduce(name: str, results_dir: str = "results", overrides: list[str] = (), dry_run: bool = False,
@@ -115,31 +156,33 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
     chosen = parse_stages(only, len(stages)) if only else set(range(1, len(stages) + 1))
     work_dir, out_dir = Path(results_dir) / "reproduce" / paper, Path(results_dir) / paper
     paper_command = " ".join(["specrepro reproduce", name, *overrides])
-    measured_path = work_dir / "stages.json"
+    measured_path = out_dir / "stages.json"
     measured = read_measured(measured_path)
-    total = sum(stage.get("minutes", 0) for stage in stages)
-    untimed = sum("minutes" not in stage and "table" not in stage for stage in stages)
-    print(f"{paper}: {len(stages)} stages, about {total} min on a 2-core CPU from nothing cached"
-          f"{f' plus {untimed} stages not timed yet' if untimed else ''} "
-          f"(runs and artifacts in {work_dir}, tables in {out_dir})")
+    timed = [measured.get(describe(stage)) for stage in stages if "table" not in stage]
+    from_scratch = [m["minutes"] for m in timed if expected_time(m) != "not timed yet" and not m.get("reused")]
+    print(f"{paper}: {len(stages)} stages; {len(from_scratch)} of the {len(timed)} train and run stages measured from "
+          f"nothing cached, about {sum(from_scratch):.0f} min together ({measured_path}); runs and artifacts in "
+          f"{work_dir}, tables in {out_dir}")
     for i, stage in enumerate(stages, 1):
         if i not in chosen:
             continue
-        expected = (f"about {stage['minutes']} min" if "minutes" in stage
-                    else "under a minute" if "table" in stage else "not timed yet")
-        if describe(stage) in measured:
-            expected += f"; {measured[describe(stage)]:.1f} min in this directory's last call"
+        expected = "under a minute" if "table" in stage else expected_time(measured.get(describe(stage)))
         print(f"[{i}/{len(stages)}] {describe(stage)} ({expected})", flush=True)
         if dry_run:
             continue
-        start = time.monotonic()
-        proc = subprocess.run(stage_command(stage, work_dir, out_dir, list(overrides), paper_command))
-        if proc.returncode != 0:
-            raise SpecReproError(f"{paper}: stage {i} ({describe(stage)}) failed with exit status {proc.returncode}; "
+        returncode, minutes, reused = run_stage(stage, stage_command(stage, work_dir, out_dir, list(overrides),
+                                                                     paper_command), work_dir)
+        if returncode != 0:
+            raise SpecReproError(f"{paper}: stage {i} ({describe(stage)}) failed with exit status {returncode}; "
                                  f"run `specrepro reproduce {name}` again to resume from it")
-        minutes = round((time.monotonic() - start) / 60, 2)
-        record_minutes(measured_path, describe(stage), minutes)
-        print(f"[{i}/{len(stages)}] done in {minutes:.1f} min", flush=True)
+        kept_earlier = "table" not in stage and not record_minutes(measured_path, describe(stage), {
+            "minutes": minutes, "reused": reused, "machine": machine_label(device_description(stage_device())),
+            "commit": code_version()["commit"], "dirty": code_version()["dirty"], "date": now(),
+            "command": " ".join(["specrepro reproduce", name, "--stages", str(i), *overrides])})
+        print(f"[{i}/{len(stages)}] done in {minutes:.1f} min"
+              f"{f', found already made: {len(reused)}' if reused else ''}"
+              f"{f' (the estimate in {measured_path} stays the earlier one)' if kept_earlier else ''}",
+              flush=True)
 
 
 def summary_main(args: list[str]) -> None:

@@ -28,6 +28,7 @@ from specrepro.models import LoadedModel, ModelLoader
 from specrepro.decoding.steps import BACKENDS, EagerSteps
 from specrepro.identity import records_fingerprint, reference_key, resolved_artifacts, run_name
 from specrepro.provenance import now, provenance
+from specrepro.reuse import note_reused
 from specrepro.tracking import RunRecord, complete_runs, log_to_wandb
 from specrepro.training import cost
 
@@ -225,6 +226,7 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
     record = RunRecord(Path(cfg.results_dir) / "runs" / name)
     if cfg.resume and record.complete:
         log.info("run %s is already complete; skipping (resume=false to redo it)", name)
+        note_reused(f"run {name}")
         return record.metrics()
 
     loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
@@ -255,6 +257,8 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
     rows = record.start(cfg, cfg.resume)
     started_at = record.started_at()
     done = {row["id"] for row in rows}
+    if rows:
+        note_reused(f"{len(rows)} samples of run {name}")
     todo = [(i, r) for i, r in enumerate(records) if r.id not in done]
     compile_time = compile_steps_for(longest_prompt + cfg.decoding.max_new_tokens, [decoder, *baselines.values()]) \
         if todo else 0.0

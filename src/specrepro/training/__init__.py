@@ -13,6 +13,7 @@ from specrepro.config import weights_identity
 from specrepro.models import ModelLoader
 from specrepro.models.loading import unreadable_weights
 from specrepro.provenance import now, provenance
+from specrepro.reuse import note_reused
 from specrepro.tracking import config_hash, wandb_init
 from specrepro.training.artifacts import is_complete, publish, staging_dir
 from specrepro.training.loop import clear_checkpoints, validate_loop
@@ -55,6 +56,7 @@ def _train(cfg, state: PartialState, final: Path) -> Path:
         damaged = unreadable_weights(final)
         if damaged is None:
             log.info("artifact %s is already trained; skipping (resume=false to retrain)", final)
+            note_reused(f"artifact {final.name}")
             return final
         log.warning("artifact %s is damaged (%s does not read back whole): training it again", final, damaged.name)
     registry.load()

@@ -34,6 +34,7 @@ from specrepro.config import weights_identity
 from specrepro.data import load_records, reference_response, render_prompt
 from specrepro.models import resolve_dtype
 from specrepro.models.kernels import warn_if_bf16_is_slow
+from specrepro.reuse import note_reused
 from specrepro.training import cost
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 from specrepro.training.shards import making_cache, map_batches, write_once
@@ -112,6 +113,7 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
     with making_cache(cache_dir, "the target continuations") as saved:
         if (cache_dir / "dataset_info.json").is_file():
             log.info("re-using target continuations from %s", cache_dir)
+            note_reused(f"target continuations {cache_dir.name}")
             return load_from_disk(str(cache_dir))
         clock = suspension.clock()
         sources_and_texts = prompt_texts(prompt_sets, target.tokenizer)
@@ -189,6 +191,7 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
     with making_cache(cache_dir, "the target labels") as saved:
         if (cache_dir / "dataset_info.json").is_file():
             log.info("re-using target labels from %s", cache_dir)
+            note_reused(f"target labels {cache_dir.name}")
             return load_from_disk(str(cache_dir))
         clock = suspension.clock()
         tokenizer = target.tokenizer
@@ -265,6 +268,7 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
         path = cache_dir / "hidden.safetensors"
         if path.is_file():
             log.info("re-using target hidden states from %s", cache_dir)
+            note_reused(f"target hidden states {cache_dir.name}")
             stored = load_file(str(path))
             return list(torch.split(stored["hidden"], stored["lengths"].tolist()))
         clock = suspension.clock()

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from specrepro import suspension
 from specrepro.errors import SpecReproError
 from specrepro.models.kernels import warn_if_bf16_is_slow
+from specrepro.reuse import note_reused
 from specrepro.tracking import atomic_write
 from specrepro.training.shards import BATCHES_SUFFIX
 
@@ -184,6 +185,7 @@ def train_loop(
     if latest.is_file():
         accelerator.load_state(str(work_dir / latest.read_text().strip()))
         log.info("resuming training from step %d (%s)", progress.step, work_dir)
+        note_reused(f"training steps 1-{progress.step} of {work_dir.name}")
     start, resumed_seconds, clock = progress.step, progress.seconds, suspension.clock()
     torch.manual_seed(cfg.seed + start)
     trained.train()

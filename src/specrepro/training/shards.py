@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from specrepro import suspension
 from specrepro.errors import SpecReproError
+from specrepro.reuse import note_reused
 
 log = logging.getLogger(__name__)
 Item, Result = TypeVar("Item"), TypeVar("Result")
@@ -41,13 +42,14 @@ def map_batches(batches: list[Item], fn: Callable[[Item], list[Result]], desc: s
     process's loaded batches took when they ran (a cost counts them, training/cost.py)."""
     state = PartialState()
     mine = range(state.process_index, len(batches), state.num_processes)
-    done, earlier_seconds = [], 0.0
+    done, earlier_seconds, loaded = [], 0.0, 0
     for index in tqdm(mine, desc=desc, unit="batch", disable=not state.is_main_process):
         path = Path(saved_in) / f"{index:06d}.pt" if saved_in is not None else None
         if path is not None and path.is_file():
             saved = torch.load(path, weights_only=True)
             done.append((index, saved["results"]))
             earlier_seconds += saved["seconds"]
+            loaded += 1
             continue
         clock = suspension.clock()
         results = fn(batches[index])
@@ -57,6 +59,8 @@ def map_batches(batches: list[Item], fn: Callable[[Item], list[Result]], desc: s
             torch.save({"results": results, "seconds": suspension.clock() - clock}, partial)
             os.replace(partial, path)
         done.append((index, results))
+    if loaded:
+        note_reused(f"{loaded} saved batches of {desc}")
     if state.num_processes > 1:
         done = gather_object(done)
     return [result for _, results in sorted(done, key=lambda pair: pair[0]) for result in results], earlier_seconds
