@@ -23,8 +23,10 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/specrepro run -m +experiment=demo
 
+# one worker per core, up to 4 (pytest-xdist; each worker's torch on one thread: tests/conftest.py); a module
+# marked xdist_group runs on one worker, its module fixtures computed once
 test: setup
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --numprocesses auto --maxprocesses 4 --dist loadgroup
 
 # resolve the newest versions pyproject.toml admits in a scratch venv and write them to constraints.txt
 lock:

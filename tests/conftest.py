@@ -13,6 +13,9 @@ from specrepro.models.loading import random_llama
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+if "PYTEST_XDIST_WORKER" in os.environ:  # `make test` runs a worker per core: one torch thread each, in the
+    os.environ["OMP_NUM_THREADS"] = "1"  # CLI processes the tests start too (hardware.threads=null follows it)
+    torch.set_num_threads(1)
 
 
 def tiny_llama(vocab_size: int = 64, seed: int = 0, num_layers: int = 2, logit_scale: float = 1.0):

@@ -20,7 +20,8 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.space import SpaceDecoder
 from specrepro.decoding.sps import SPSDecoder
 
-pytestmark = pytest.mark.embedded
+# one xdist worker takes the whole module (`make test`: --dist loadgroup), so its AR references are decoded once
+pytestmark = [pytest.mark.embedded, pytest.mark.xdist_group("embedded_references")]
 MAX_NEW_TOKENS = 128
 
 
