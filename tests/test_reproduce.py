@@ -111,9 +111,11 @@ def test_stages_picks_stage_numbers_and_a_bad_pick_is_one_line(tmp_path):
     proc = specrepro("reproduce", str(pipeline), "--dry-run", "--stages", "4", cwd=tmp_path, check=False)
     assert proc.returncode != 0 and "this pipeline has stages 1-3" in proc.stderr and "Traceback" not in proc.stderr
     assert parse_stages("3,1-2", 3) == {1, 2, 3}
-    for pick in ("2-x", "", "0", "3-1"):
+    for pick in ("2-x", "", "0"):
         with pytest.raises(SpecReproError, match="--stages"):
             parse_stages(pick, 3)
+    with pytest.raises(SpecReproError, match=r"--stages 3-1: a range goes from the lower stage up \(1-3\)"):
+        parse_stages("3-1", 3)
 
 
 def test_stage_minutes_keep_lanes_apart_and_a_stage_that_reused_something_fills_only_a_gap(tmp_path):

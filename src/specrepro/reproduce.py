@@ -103,6 +103,8 @@ def parse_stages(spec: str, count: int) -> set[int]:
         first, _, last = part.strip().partition("-")
         if not first.isdigit() or not (last or first).isdigit():
             raise SpecReproError(f"--stages {spec}: takes stage numbers and ranges, e.g. 2-3,9")
+        if int(last or first) < int(first):
+            raise SpecReproError(f"--stages {spec}: a range goes from the lower stage up ({last}-{first})")
         chosen.update(range(int(first), int(last or first) + 1))
     if not chosen or min(chosen) < 1 or max(chosen) > count:
         raise SpecReproError(f"--stages {spec}: this pipeline has stages 1-{count}")
