@@ -104,8 +104,8 @@ def test_crop_cache_restores_the_shorter_cache(target):
     ids = torch.tensor([prompts()[0]])
     full, short = DynamicCache(config=target.config), DynamicCache(config=target.config)
     with torch.no_grad():
-        target(ids, past_key_values=full)
-        target(ids[:, :10], past_key_values=short)
+        target(ids, cache=full)
+        target(ids[:, :10], cache=short)
     crop_cache(full, 10)
     assert full.get_seq_length() == 10
     for a, b in zip(full.layers, short.layers):
@@ -145,12 +145,12 @@ def test_keeping_a_tree_path_leaves_the_cache_of_that_sequence(target):
     ids = torch.tensor([prompts()[0][:12]])
     tree, chain = DynamicCache(config=target.config), DynamicCache(config=target.config)
     with torch.no_grad():
-        target(ids[:, :8], past_key_values=tree)
+        target(ids[:, :8], cache=tree)
         allow, positions = tree_attention([-1, 0, -1, 2], past=8)
         nodes = torch.cat([ids[:, 8:9], torch.tensor([[5, 6]]), ids[:, 9:11]], 1)  # root, chain, then the path
         mask = torch.zeros(allow.shape).masked_fill(~allow, torch.finfo(torch.float32).min)[None, None]
-        target(nodes, past_key_values=tree, attention_mask=mask, position_ids=positions[None])
-        target(ids[:, :11], past_key_values=chain)
+        target(nodes, cache=tree, attention_mask=mask, position_ids=positions[None])
+        target(ids[:, :11], cache=chain)
     keep_tree_path(tree, 9, [2, 3])
     for a, b in zip(tree.layers, chain.layers):
         torch.testing.assert_close(a.keys, b.keys)

@@ -32,7 +32,7 @@ def logits(model) -> tuple[torch.Tensor, torch.Tensor]:
     tokens = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(0))
     cache = DynamicCache()
     with torch.no_grad():
-        return model(tokens[:, :25], past_key_values=cache).logits, model(tokens[:, 25:], past_key_values=cache).logits
+        return model(tokens[:, :25], cache=cache).logits, model(tokens[:, 25:], cache=cache).logits
 
 
 def test_a_second_model_in_the_process_keeps_torch_and_transformers_kernels():

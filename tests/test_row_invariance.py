@@ -32,10 +32,10 @@ def steps_and_block(model, prompt: torch.Tensor, block: torch.Tensor):
     """Logits of `block` scored one token at a time, and in one forward, after the same prefill."""
     one, many = DynamicCache(), DynamicCache()
     with torch.no_grad():
-        model(prompt, past_key_values=one)
-        model(prompt, past_key_values=many)
-        steps = torch.cat([model(block[:, i:i + 1], past_key_values=one).logits[0] for i in range(block.shape[1])])
-        return steps, model(block, past_key_values=many).logits[0]
+        model(prompt, cache=one)
+        model(prompt, cache=many)
+        steps = torch.cat([model(block[:, i:i + 1], cache=one).logits[0] for i in range(block.shape[1])])
+        return steps, model(block, cache=many).logits[0]
 
 
 @pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
@@ -117,12 +117,12 @@ def test_space_block_real_slots_equal_one_token_steps_in_bf16(name_real_slots, m
     full = torch.cat([torch.ones(len(allow), 24, dtype=torch.bool), allow], 1)
     cache = DynamicCache()
     with torch.no_grad():
-        model(prefix, past_key_values=cache)
+        model(prefix, cache=cache)
         exact = {"exact_rows": torch.arange(k + 1)} if name_real_slots else {}
         calls = []
         attend = attention.attend
         monkeypatch.setattr(attention, "attend", lambda *args, **kwargs: calls.append(1) or attend(*args, **kwargs))
-        logits = model(block, past_key_values=cache, position_ids=(24 + offsets)[None],
+        logits = model(block, cache=cache, position_ids=(24 + offsets)[None],
                        attention_mask=additive_mask(full, model.dtype), **exact).logits[0]
         monkeypatch.undo()
     steps, _ = steps_and_block(model, prefix, real[None])

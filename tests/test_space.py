@@ -55,12 +55,12 @@ def test_one_block_equals_plain_causal_forwards():
     model, k = tiny_llama(seed=1), 3
     prefix, anchor, candidates = list(range(3, 15)), 20, [21, 22, 23]
     cache = DynamicCache(config=model.config)
-    model(torch.tensor([prefix]), past_key_values=cache)
+    model(torch.tensor([prefix]), cache=cache)
     allow, offsets = block_layout(k)
     block = [anchor] + candidates + [MASK] * k * (k + 1)
     full = torch.cat([torch.ones(len(block), len(prefix), dtype=torch.bool), allow], 1)
     with torch.no_grad():
-        logits = model(torch.tensor([block]), past_key_values=cache, position_ids=(len(prefix) + offsets)[None],
+        logits = model(torch.tensor([block]), cache=cache, position_ids=(len(prefix) + offsets)[None],
                        attention_mask=additive_mask(full, model.dtype)).logits[0]
         for g in range(k + 1):
             plain = model(torch.tensor([prefix + [anchor] + candidates[:g] + [MASK] * k])).logits[0, -(k + 1):]

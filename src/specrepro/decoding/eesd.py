@@ -219,10 +219,10 @@ def run_layers(target, hidden: torch.Tensor, layers, cache: DynamicCache | None,
         past = cache.get_seq_length(cache_layer) if cache is not None else 0
         position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device).unsqueeze(0)
         mask = create_causal_mask(config=target.config, inputs_embeds=hidden, attention_mask=None,
-                                  past_key_values=cache, position_ids=position_ids, layer_idx=cache_layer)
+                                  cache=cache, position_ids=position_ids, layer_idx=cache_layer)
     rope = target.model.rotary_emb(hidden, position_ids=position_ids)
     for layer in layers:
-        hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+        hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, cache=cache,
                        use_cache=cache is not None, position_embeddings=rope)
     return hidden
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers import Cache
 from transformers.generation import BaseStreamer
 
 from specrepro.config import ModelConfig
@@ -114,8 +113,7 @@ class StepRecorder(BaseStreamer):
 
     def record_forward(self, module, args, kwargs) -> None:
         inputs = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
-        # found by type: transformers renamed this argument from `past_key_values` to `cache` during 5.x
-        cache = next((value for value in kwargs.values() if isinstance(value, Cache)), None)
+        cache = kwargs.get("cache")
         self.fed_end = (cache.get_seq_length() if cache is not None else 0) + inputs.shape[1]
 
     def put(self, value: torch.Tensor) -> None:

@@ -86,7 +86,7 @@ class JacobiDecoder(Decoder):
         device = prompt_ids.device
         cache = DynamicCache(config=self.model.config)
         with out.timed("prefill"):
-            first = int(self.model(prompt_ids, past_key_values=cache, logits_to_keep=1).logits[0, -1].argmax())
+            first = int(self.model(prompt_ids, cache=cache, logits_to_keep=1).logits[0, -1].argmax())
         out.commit([first], prefill=True)
         context = prompt_ids[0]
         fast_forwarded, stationary = [], []
@@ -104,7 +104,7 @@ class JacobiDecoder(Decoder):
             past = cache.get_seq_length()
             state = torch.tensor([[out.gen.token_ids[-1], *guesses]], device=device)
             with out.timed("verify"):  # one parallel Jacobi update of every position (Eq. 3)
-                logits = self.model(state, past_key_values=cache).logits[0]
+                logits = self.model(state, cache=cache).logits[0]
             tokens, n_fixed = greedy_verify(torch.tensor(guesses, device=device), logits)
             crop_cache(cache, past + 1 + n_fixed)  # keep the KV of the converged prefix only (Alg. 3 line 12)
             fast_forwarded.append(len(tokens))

@@ -236,9 +236,9 @@ class SelfSDDecoder(DraftVerifyDecoder):
     def draft_logits(self, state: SkipDraft, step_input, position) -> torch.Tensor:
         """The skipped-layer draft's last logits: over the whole vocabulary, or over `vocab_ids` (draft_vocab)."""
         if state.draft_head is None:
-            return self.model(step_input, past_key_values=state.cache, position_ids=position,
+            return self.model(step_input, cache=state.cache, position_ids=position,
                               logits_to_keep=1).logits[0, -1]
-        hidden = self.model.model(step_input, past_key_values=state.cache, position_ids=position).last_hidden_state
+        hidden = self.model.model(step_input, cache=state.cache, position_ids=position).last_hidden_state
         return state.draft_head(hidden[0, -1])
 
     def propose(self, state: SkipDraft, tokens, k, sampling: Sampling, rng, controller) -> Proposal:

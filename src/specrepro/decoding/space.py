@@ -121,9 +121,9 @@ class SpaceDecoder(Decoder):
         cache = DynamicCache(config=self.model.config)
         masks = torch.full((1, k), self.mask_id, device=device)
         with out.timed("prefill"):  # the prompt as ar prefills it, then one mask group after it (the training layout)
-            logits = self.model(prompt_ids, past_key_values=cache, logits_to_keep=1).logits[0, -1]
+            logits = self.model(prompt_ids, cache=cache, logits_to_keep=1).logits[0, -1]
             out.commit([next_token(logits, sampling, rng)], prefill=True)
-            candidates, q = self._draft(self.model(masks, past_key_values=cache).logits[0], sampling, rng)
+            candidates, q = self._draft(self.model(masks, cache=cache).logits[0], sampling, rng)
         n_cached = prompt_ids.shape[1]
         crop_cache(cache, n_cached)
         accepted_per_position = torch.zeros(k, dtype=torch.long)
@@ -135,7 +135,7 @@ class SpaceDecoder(Decoder):
                 allow = torch.cat([torch.ones(len(self.block_allow), n_cached, dtype=torch.bool, device=device),
                                    self.block_allow], 1)
                 hidden = self.model.model(
-                    block, past_key_values=cache, position_ids=(n_cached + self.block_offsets)[None],
+                    block, cache=cache, position_ids=(n_cached + self.block_offsets)[None],
                     attention_mask=additive_mask(allow, self.model.dtype),
                     exact_rows=self.real_slots,  # with hardware.row_invariant only these take the one-row path
                 ).last_hidden_state[0]

@@ -100,8 +100,8 @@ class SPSDecoder(DraftVerifyDecoder):
     def draft_logits(self, state: DraftCache, step_input) -> torch.Tensor:
         """The draft's last logits: over the whole vocabulary, or over the prompt's draft vocabulary."""
         if state.head is None:
-            return self.draft(step_input, past_key_values=state.cache, logits_to_keep=1).logits[0, -1]
-        hidden = self.draft.model(step_input, past_key_values=state.cache).last_hidden_state
+            return self.draft(step_input, cache=state.cache, logits_to_keep=1).logits[0, -1]
+        hidden = self.draft.model(step_input, cache=state.cache).last_hidden_state
         return state.head(hidden[0, -1])
 
     def propose(self, state: DraftCache, tokens, k, sampling: Sampling, rng, controller) -> Proposal:

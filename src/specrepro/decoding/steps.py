@@ -13,7 +13,6 @@ Decoders ask `target_steps(model)` for the steps object the loader attached (`us
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 
@@ -28,11 +27,6 @@ log = logging.getLogger(__name__)
 STEPS_ATTRIBUTE = "specrepro_steps"  # where `use_hardware` leaves a model's compiled steps
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 BACKENDS = ("inductor", "aot_eager", "eager", "cudagraphs")
-
-
-def cache_keyword(model) -> str:
-    """The forward's name for the KV cache: transformers 5.24 renamed `past_key_values` to `cache`."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class EagerSteps:
@@ -50,13 +44,13 @@ class EagerSteps:
     def __call__(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None, **kwargs):
         """One forward appending `input_ids` (1, n) to `cache`; `tree`: (allowed keys, positions) of a token
         tree (`verify.tree_attention`), None for a causal chain. Returns the model's output."""
-        return self.model(input_ids, past_key_values=cache, logits_to_keep=logits_to_keep, **self.tree_inputs(tree),
+        return self.model(input_ids, cache=cache, logits_to_keep=logits_to_keep, **self.tree_inputs(tree),
                           **kwargs)
 
     def with_hidden(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None):
         """The same forward, returning (logits, last-layer hidden states after the final norm) of every row: what
         drafters conditioned on the target's hidden state read."""
-        hidden = self.model.model(input_ids, past_key_values=cache, **self.tree_inputs(tree)).last_hidden_state
+        hidden = self.model.model(input_ids, cache=cache, **self.tree_inputs(tree)).last_hidden_state
         return self.model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden), hidden
 
     def tree_inputs(self, tree) -> dict:
@@ -78,7 +72,6 @@ class CompiledSteps(EagerSteps):
         self.widths = tuple(sorted(widths))
         self.cache: StaticCache | None = None
         self.cache_len = 0
-        self.keyword = cache_keyword(model)
         options = dict(backend=backend, fullgraph=True, dynamic=False, **({"mode": mode} if mode else {}))
         self.forward = torch.compile(self._forward, **options)
         self.forward_hidden = torch.compile(self._forward_hidden, **options)
@@ -86,11 +79,11 @@ class CompiledSteps(EagerSteps):
 
     def _forward(self, input_ids, mask, positions, cache):
         return (self.model(input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=0,
-                           **{self.keyword: cache}).logits,)
+                           cache=cache).logits,)
 
     def _forward_hidden(self, input_ids, mask, positions, cache):
         hidden = self.model.model(input_ids, attention_mask=mask, position_ids=positions,
-                                  **{self.keyword: cache}).last_hidden_state
+                                  cache=cache).last_hidden_state
         return self.model.lm_head(hidden), hidden
 
     def new_cache(self, length: int) -> StaticCache:

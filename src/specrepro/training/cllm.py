@@ -93,13 +93,13 @@ def jacobi_trajectories(model, prompt_ids: list[int], n: int, max_new_tokens: in
     device = next(model.parameters()).device
     cache = DynamicCache(config=model.config)
     if len(prompt_ids) > 1:
-        model(torch.tensor([prompt_ids[:-1]], device=device), past_key_values=cache)
+        model(torch.tensor([prompt_ids[:-1]], device=device), cache=cache)
     prefix, rows = list(prompt_ids), []
     while len(prefix) - len(prompt_ids) < max_new_tokens:
         past = len(prefix) - 1
         state, states = rng.choices(prompt_ids, k=n), []
         while True:  # Eq. 3 until y^(j+1) = y^(j)
-            logits = model(torch.tensor([[prefix[-1], *state]], device=device), past_key_values=cache).logits[0]
+            logits = model(torch.tensor([[prefix[-1], *state]], device=device), cache=cache).logits[0]
             update = logits[:n].argmax(-1).tolist()
             if update == state:
                 break
