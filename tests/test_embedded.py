@@ -33,7 +33,7 @@ def truncated_copy(model, num_layers: int) -> LlamaForCausalLM:
     return draft
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not module: a worker that leaves this module and comes back keeps them
 def prompt_ids(embedded):
     gsm8k = DatasetConfig(name="gsm8k", path="gsm8k/test.jsonl.gz", task="gsm8k", template="hash_answer",
                           few_shot=1, shots_path="gsm8k/train.jsonl.gz", limit=10)
@@ -44,7 +44,7 @@ def prompt_ids(embedded):
             for cfg in (gsm8k, humaneval) for r in load_records(cfg)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ar_outputs(embedded, prompt_ids):
     decoder = ARDecoder(embedded.model, embedded.tokenizer)
     return [decoder.generate(ids, Sampling(), MAX_NEW_TOKENS).token_ids for ids in prompt_ids]
