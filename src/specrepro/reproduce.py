@@ -123,9 +123,14 @@ def record_minutes(path: Path, stage: str, measurement: dict) -> bool:
         return True
 
 
+def is_measured(measurement) -> bool:
+    """Whether a `stages.json` entry holds a stage's minutes (a hand-edited or older file may not)."""
+    return isinstance(measurement, dict) and isinstance(measurement.get("minutes"), (int, float))
+
+
 def expected_time(measurement: dict | None) -> str:
     """How long a stage took where it was measured, for --dry-run and the progress lines."""
-    if not isinstance(measurement, dict) or not isinstance(measurement.get("minutes"), (int, float)):
+    if not is_measured(measurement):
         return "not timed yet"
     reused = measurement.get("reused") or []
     made = f" with {len(reused)} thing{'s' if len(reused) > 1 else ''} already made" if reused else ""
@@ -141,7 +146,7 @@ def stage_device() -> str | None:
     return "cuda" if torch.cuda.is_available() else None
 
 
-def run_stage(stage: dict, command: list[str], work_dir: Path) -> tuple[int, float, list[str]]:
+def run_stage(command: list[str], work_dir: Path) -> tuple[int, float, list[str]]:
     """Run one stage's process: its exit status, minutes, and what it reported reusing (`reuse.py`)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("r", dir=work_dir, prefix=".reused-", suffix=".txt") as reused:
@@ -161,7 +166,7 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
     measured_path = out_dir / "stages.json"
     measured = read_measured(measured_path)
     timed = [measured.get(describe(stage)) for stage in stages if "table" not in stage]
-    from_scratch = [m["minutes"] for m in timed if expected_time(m) != "not timed yet" and not m.get("reused")]
+    from_scratch = [m["minutes"] for m in timed if is_measured(m) and not m.get("reused")]
     print(f"{paper}: {len(stages)} stages; {len(from_scratch)} of the {len(timed)} train and run stages measured from "
           f"nothing cached, about {sum(from_scratch):.0f} min together ({measured_path}); runs and artifacts in "
           f"{work_dir}, tables in {out_dir}")
@@ -172,8 +177,8 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
         print(f"[{i}/{len(stages)}] {describe(stage)} ({expected})", flush=True)
         if dry_run:
             continue
-        returncode, minutes, reused = run_stage(stage, stage_command(stage, work_dir, out_dir, list(overrides),
-                                                                     paper_command), work_dir)
+        returncode, minutes, reused = run_stage(stage_command(stage, work_dir, out_dir, list(overrides), paper_command),
+                                                work_dir)
         if returncode != 0:
             raise SpecReproError(f"{paper}: stage {i} ({describe(stage)}) failed with exit status {returncode}; "
                                  f"run `specrepro reproduce {name}` again to resume from it")
