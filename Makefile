@@ -24,7 +24,7 @@ demo: setup
 	$(VENV)/bin/specrepro run -m +experiment=demo
 
 # one worker per core, up to 4 (pytest-xdist; each worker's torch on one thread: tests/conftest.py); a module
-# marked xdist_group runs on one worker, its module fixtures computed once
+# marked xdist_group runs on one worker, the fixtures its tests share computed once
 test: setup
 	$(VENV)/bin/pytest -q --numprocesses auto --maxprocesses 4 --dist loadgroup
 
