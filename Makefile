@@ -23,10 +23,9 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/specrepro run -m +experiment=demo
 
-# one worker per core, up to 4 (pytest-xdist; each worker's torch on one thread: tests/conftest.py); a module
-# marked xdist_group runs on one worker, the fixtures its tests share computed once
+# one worker per core, up to 4 (pytest-xdist; each worker's torch on one thread: tests/conftest.py)
 test: setup
-	$(VENV)/bin/pytest -q --numprocesses auto --maxprocesses 4 --dist loadgroup
+	$(VENV)/bin/pytest -q --numprocesses auto --maxprocesses 4
 
 # resolve the newest versions pyproject.toml admits in a scratch venv and write them to constraints.txt
 lock:
