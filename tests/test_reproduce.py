@@ -136,6 +136,24 @@ def test_stage_minutes_keep_lanes_apart_and_a_stage_that_reused_something_fills_
     assert expected_time(eesd).startswith("30.5 min with 1 thing already made") and expected_time(None) == "not timed yet"
 
 
+def test_a_stage_records_the_commit_it_started_on(tmp_path, monkeypatch):
+    """A lane keeps running while its checkout moves on (a `git pull` beside it): the stage's entry names the
+    commit its process started from, not the one checked out when it ended."""
+    from specrepro import reproduce as pipeline
+
+    checkout = {"commit": "a" * 40, "dirty": False}
+
+    def stage_that_outlives_a_pull(command, work_dir):
+        checkout["commit"] = "b" * 40
+        return 0, 12.5, []
+
+    monkeypatch.setattr(pipeline, "code_version", lambda: dict(checkout))
+    monkeypatch.setattr(pipeline, "run_stage", stage_that_outlives_a_pull)
+    pipeline.reproduce(str(_pipeline(tmp_path)), results_dir=str(tmp_path / "results"), only="1")
+    (entry,) = pipeline.read_measured(tmp_path / "results" / "tiny" / "stages.json").values()
+    assert entry["commit"] == "a" * 40 and entry["minutes"] == 12.5
+
+
 @pytest.mark.parametrize("paper", sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")))
 def test_every_shipped_pipeline_is_well_formed(paper):
     from tests.test_config import compose_run

@@ -177,6 +177,7 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
         print(f"[{i}/{len(stages)}] {describe(stage)} ({expected})", flush=True)
         if dry_run:
             continue
+        version = code_version()  # before the stage: the checkout may move on while it runs
         returncode, minutes, reused = run_stage(stage_command(stage, work_dir, out_dir, list(overrides), paper_command),
                                                 work_dir)
         if returncode != 0:
@@ -184,7 +185,7 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
                                  f"run `specrepro reproduce {name}` again to resume from it")
         kept_earlier = "table" not in stage and not record_minutes(measured_path, describe(stage), {
             "minutes": minutes, "reused": reused, "machine": machine_label(device_description(stage_device())),
-            "commit": code_version()["commit"], "dirty": code_version()["dirty"], "date": now(),
+            "commit": version["commit"], "dirty": version["dirty"], "date": now(),
             "command": " ".join(["specrepro reproduce", name, "--stages", str(i), *overrides])})
         print(f"[{i}/{len(stages)}] done in {minutes:.1f} min"
               f"{f', found already made: {len(reused)}' if reused else ''}"
