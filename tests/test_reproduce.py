@@ -147,7 +147,7 @@ def test_a_stage_records_the_commit_it_started_on(tmp_path, monkeypatch):
         checkout["commit"] = "b" * 40
         return 0, 12.5, []
 
-    monkeypatch.setattr(pipeline, "code_version", lambda: dict(checkout))
+    monkeypatch.setattr(pipeline, "checkout_version", lambda: dict(checkout))
     monkeypatch.setattr(pipeline, "run_stage", stage_that_outlives_a_pull)
     pipeline.reproduce(str(_pipeline(tmp_path)), results_dir=str(tmp_path / "results"), only="1")
     (entry,) = pipeline.read_measured(tmp_path / "results" / "tiny" / "stages.json").values()

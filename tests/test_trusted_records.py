@@ -220,3 +220,24 @@ def test_a_copy_without_git_records_the_commit_its_copier_names(monkeypatch):
         assert provenance.code_version() == {"commit": "0123abc", "dirty": None}
     finally:
         provenance.code_version.cache_clear()
+
+
+def test_results_the_harness_writes_do_not_make_the_checkout_dirty(tmp_path):
+    """A pipeline rewrites committed files under results/ (tables, stages.json) as it goes: its next stage's
+    records must not call the code dirty for that. An edited source file or config does."""
+    import subprocess
+
+    from specrepro.provenance import checkout_version
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    package, table = tmp_path / "src" / "specrepro", tmp_path / "results" / "paper" / "table.md"
+    package.mkdir(parents=True), table.parent.mkdir(parents=True)
+    (package / "provenance.py").write_text("x = 1\n"), table.write_text("| a |\n")
+    git("init", "-q"), git("add", "."), git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    assert checkout_version(package)["dirty"] is False and len(checkout_version(package)["commit"]) == 40
+    table.write_text("| b |\n")
+    assert checkout_version(package)["dirty"] is False
+    (package / "provenance.py").write_text("x = 2\n")
+    assert checkout_version(package)["dirty"] is True

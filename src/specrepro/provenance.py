@@ -24,12 +24,11 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-@lru_cache(maxsize=1)
-def code_version() -> dict:
-    """The git commit (and whether the work tree differs from it) of a source checkout; for a copy of a checkout
+def checkout_version(source: Path = Path(__file__).resolve().parent) -> dict:
+    """The git commit of a source checkout as it is now, and whether its code and configs differ from it (what
+    the harness writes under results/, committed tables included, does not count); for a copy of a checkout
     without its .git (shipped to a lent GPU or a cluster node), the commit the copier names in SPECREPRO_COMMIT,
     its dirtiness unknown; otherwise none, and the record has the package version that is installed."""
-    source = Path(__file__).resolve().parent
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=10,
@@ -38,10 +37,17 @@ def code_version() -> dict:
     try:
         top = Path(git("rev-parse", "--show-toplevel"))
         if source.is_relative_to(top):
-            return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+            changed = git("status", "--porcelain", "--untracked-files=no", "--", ":(top,exclude)results")
+            return {"commit": git("rev-parse", "HEAD"), "dirty": bool(changed)}
     except (OSError, subprocess.SubprocessError):
         pass
     return {"commit": os.environ.get("SPECREPRO_COMMIT"), "dirty": None}
+
+
+@lru_cache(maxsize=1)
+def code_version() -> dict:
+    """`checkout_version()` when this process first asked: the code it imported."""
+    return checkout_version()
 
 
 def _version(package: str) -> str | None:

@@ -35,7 +35,7 @@ import yaml
 
 from specrepro.errors import SpecReproError, one_line
 from specrepro.plots import table_rows
-from specrepro.provenance import code_version, device_description, machine_label, now
+from specrepro.provenance import checkout_version, device_description, machine_label, now
 from specrepro.reuse import REUSE_LOG
 from specrepro.tables import MISSING_CELL
 from specrepro.tracking import atomic_write
@@ -177,7 +177,7 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
         print(f"[{i}/{len(stages)}] {describe(stage)} ({expected})", flush=True)
         if dry_run:
             continue
-        version = code_version()  # before the stage: the checkout may move on while it runs
+        version = checkout_version()  # as the stage starts: a lane outlives a `git pull` beside it
         returncode, minutes, reused = run_stage(stage_command(stage, work_dir, out_dir, list(overrides), paper_command),
                                                 work_dir)
         if returncode != 0:
