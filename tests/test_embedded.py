@@ -29,7 +29,8 @@ from specrepro.training.shards import exclusive, lock_file
 
 pytestmark = pytest.mark.embedded
 MAX_NEW_TOKENS = 128
-HALVES = [0, 1]  # the protocol's prompts at even and odd positions: smaller work units for the suite's xdist workers
+# the protocol's prompts at even and odd positions: smaller work units for the suite's xdist workers
+HALVES = [pytest.param(0, id="even"), pytest.param(1, id="odd")]
 
 
 def truncated_copy(model, num_layers: int) -> LlamaForCausalLM:
@@ -75,7 +76,7 @@ def ar_reference(embedded, tmp_path_factory):
     return shared_reference
 
 
-@pytest.mark.parametrize("half", HALVES, ids=["even", "odd"])
+@pytest.mark.parametrize("half", HALVES)
 @pytest.mark.parametrize("method", ["pld", "sps", "hf_prompt_lookup", "hf_assistant"])
 def test_greedy_methods_reproduce_ar(embedded, prompt_ids, ar_reference, method, half):
     model, tok = embedded.model, embedded.tokenizer
@@ -94,7 +95,7 @@ def test_greedy_methods_reproduce_ar(embedded, prompt_ids, ar_reference, method,
     assert accepted_drafts > 0  # the drafts were really used
 
 
-@pytest.mark.parametrize("half", HALVES, ids=["even", "odd"])
+@pytest.mark.parametrize("half", HALVES)
 def test_greedy_space_reproduces_ar(embedded, prompt_ids, ar_reference, half):
     """SPACE's block mask, Eq. 7 positions and cache gather on the real architecture (GQA, RoPE): an existing
     token stands in for the untrained [M], so only exactness is tested here, not acceptance."""
