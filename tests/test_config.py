@@ -32,6 +32,15 @@ def test_train_config_follows_the_method():
     assert set(cfg.training.prompts) == {"gsm8k", "sharegpt", "mbpp"}
 
 
+@pytest.mark.parametrize("config", ["run", "train"])
+def test_two_sweeps_started_in_one_second_get_their_own_job_dirs(config):
+    """Two lanes of one pipeline launch sweeps side by side: a shared sweep dir mixed their jobs' results."""
+    def sweep_dir():
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name=config, return_hydra_config=True).hydra.sweep.dir
+    assert sweep_dir() != sweep_dir()
+
+
 def test_unknown_key_fails_at_composition():
     with pytest.raises(ConfigCompositionException, match="max_new_tokns"):
         compose_run("decoding.max_new_tokns=3")
