@@ -77,7 +77,9 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     sps = next(json.loads((p / "metrics.json").read_text()) for p in runs.iterdir()
                if json.loads((p / "metrics.json").read_text())["method"] == "sps")
     assert sps["lossless"] == 1.0 and sps["provenance"]["record_version"] >= 2
-    artifacts = sorted(p.name for p in (tmp_path / "results" / "reproduce" / "tiny" / "artifacts").iterdir())
+    shared = tmp_path / "results" / "reproduce" / "artifacts"  # every pipeline's trained components
+    artifacts = sorted(p.name for p in shared.iterdir())
+    assert artifacts and not (tmp_path / "results" / "reproduce" / "tiny" / "artifacts").exists()
 
     def written():  # when each run record and artifact was last written
         return {p: p.stat().st_mtime_ns for name in ("metrics.json", "artifact.json")
@@ -88,8 +90,15 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     assert written() == records and len(records) == 3  # the ar and sps runs, the sps draft
     assert json.loads(stages.read_text()) == measured and again.stdout.count("stays the earlier one") == 2
     assert "already trained" in again.stdout + again.stderr and "already complete" in again.stdout + again.stderr
-    assert sorted(p.name for p in (tmp_path / "results" / "reproduce" / "tiny" / "artifacts").iterdir()) == artifacts
+    assert sorted(p.name for p in shared.iterdir()) == artifacts
     assert (tmp_path / "results" / "tiny" / "tiny_table.md").read_text() == table
+
+    other = tmp_path / "pipelines" / "other.yaml"  # another paper's pipeline training the same component
+    other.write_text(json.dumps({"paper": "other", "stages": [{"train": TRAIN}, {"table": "unused"}]}))
+    specrepro("reproduce", str(other), "--stages", "1", *args[2:], cwd=tmp_path)
+    assert written() == records and sorted(p.name for p in shared.iterdir()) == artifacts
+    (reused,) = json.loads((tmp_path / "results" / "other" / "stages.json").read_text()).values()
+    assert reused["reused"], "the other pipeline's stage did not say it found the component already made"
 
     readme = tmp_path / "README.md"
     readme.write_text(f"# front\n{README_START}\nold\n{README_END}\nrest\n")
@@ -165,6 +174,30 @@ def test_every_shipped_pipeline_is_well_formed(paper):
             # a swept value (`method.k=1,2`) composes as its first value
             overrides = [o.split(",")[0] for o in stage.get("run", stage.get("train")) if o != "-m"]
             compose_run(*overrides, config="run" if "run" in stage else "train")  # composes
+
+
+def test_a_component_two_pipelines_train_is_trained_alike():
+    """Every pipeline's artifacts share one folder, and a run loads the newest artifact its method's settings
+    match: so the shipped train stages that make a component for the same model and method settings must make the
+    same artifact, or one paper's table could decode a component another pipeline trained differently."""
+    from omegaconf import OmegaConf
+
+    from specrepro.reproduce import describe
+    from specrepro.training import artifact_path
+    from tests.test_config import compose_run
+
+    made: dict[tuple, dict[str, list[str]]] = {}
+    for paper in sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")):
+        for stage in load_pipeline(paper)[1]:
+            if "train" in stage:
+                cfg = compose_run(*stage["train"], config="train")
+                method = json.dumps(OmegaConf.to_container(cfg.method, resolve=True), sort_keys=True)
+                made.setdefault((cfg.training.component, cfg.model.name, method), {}).setdefault(
+                    artifact_path(cfg).name, []).append(f"{paper}: {describe(stage)}")
+    assert not {key: names for key, names in made.items() if len(names) > 1}
+    shared = [stages for names in made.values() for stages in names.values()
+              if len({s.split(":")[0] for s in stages}) > 1]
+    assert len(shared) >= 5, "the pipelines' common components (sps, self_sd, the EESD and SAR heads, ...) differ"
 
 
 @pytest.mark.parametrize("text, message", [

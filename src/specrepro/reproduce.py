@@ -8,9 +8,12 @@ A paper's pipeline is a short explicit list of stages in `experiments/reproduce/
       - {run: [-m, +experiment=cllm_table1]}                  # `specrepro run ...`
       - {table: cllm_table1}                                  # `specrepro table ...`
 
-Every train and run stage works in `<results dir>/reproduce/<paper>/` (its runs and artifacts: one machine, one
-pipeline), and the tables go to `<results dir>/<paper>/`. Each stage is resumable on its own (a finished
-artifact or run is reused, an interrupted one resumes), so a killed pipeline picks up where it stopped when
+Every run stage records its runs in `<results dir>/reproduce/<paper>/` (one machine, one pipeline), and the tables
+go to `<results dir>/<paper>/`. Trained components go to `<results dir>/reproduce/artifacts/`, shared by every
+pipeline: an artifact's name carries the hash of its model and training config, so a component two pipelines train
+alike (the sps draft of eesd and spec_bench, the SAR heads of sar and eesd) is trained once, and a later pipeline's
+stage reuses it (and the data caches it made), "reused" in stages.json. Each stage is resumable on its own (a
+finished artifact or run is reused, an interrupted one resumes), so a killed pipeline picks up where it stopped when
 called again. What each stage took is measured, not configured: every call records it in
 `<results dir>/<paper>/stages.json` beside the tables (minutes, machine, commit, date, command), and `--dry-run`
 shows it as the stage's expected time. A stage that found something already made (`reuse.py`) is kept there only
@@ -43,6 +46,7 @@ from specrepro.training.shards import exclusive, lock_file
 
 PIPELINES_DIR = Path(files("specrepro.pipelines"))  # experiments/reproduce/ in a source checkout
 STAGE_KINDS = ("train", "run", "table")
+SHARED_ARTIFACTS = "artifacts"  # <results dir>/reproduce/artifacts/: the trained components of every pipeline
 
 
 def load_pipeline(name: str, pipelines_dir: Path = PIPELINES_DIR) -> tuple[str, list[dict]]:
@@ -57,6 +61,8 @@ def load_pipeline(name: str, pipelines_dir: Path = PIPELINES_DIR) -> tuple[str, 
         raise SpecReproError(f"{path}: not valid YAML ({one_line(exc)})") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("paper"), str) or not isinstance(spec.get("stages"), list):
         raise SpecReproError(f"{path}: needs `paper` (a name) and `stages` (a list)")
+    if spec["paper"] == SHARED_ARTIFACTS:
+        raise SpecReproError(f"{path}: paper '{SHARED_ARTIFACTS}' would share its folder with every pipeline's artifacts")
     for i, stage in enumerate(spec["stages"]):
         kinds = [k for k in STAGE_KINDS if k in (stage if isinstance(stage, dict) else {})]
         if len(kinds) != 1 or set(stage) - set(STAGE_KINDS):
@@ -74,13 +80,15 @@ def describe(stage: dict) -> str:
 
 
 def stage_command(stage: dict, work_dir: Path, out_dir: Path, overrides: list[str], paper_command: str) -> list[str]:
-    """The `specrepro ...` command line of one stage, run in a process of its own."""
+    """The `specrepro ...` command line of one stage, run in a process of its own: its runs in `work_dir`, the
+    artifacts it trains or loads in the pipelines' shared folder beside it."""
     cli = [sys.executable, "-m", "specrepro.cli"]
     if "table" in stage:
         return [*cli, "table", stage["table"], "--results-dir", str(work_dir), "--out-dir", str(out_dir),
                 "--command", paper_command]
     kind = "train" if "train" in stage else "run"
-    return [*cli, kind, *map(str, stage[kind]), f"results_dir={work_dir}", *overrides]
+    return [*cli, kind, *map(str, stage[kind]), f"results_dir={work_dir}",
+            f"artifacts_dir={work_dir.parent / SHARED_ARTIFACTS}", *overrides]
 
 
 def read_measured(path: Path) -> dict:
@@ -168,8 +176,8 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
     timed = [measured.get(describe(stage)) for stage in stages if "table" not in stage]
     from_scratch = [m["minutes"] for m in timed if is_measured(m) and not m.get("reused")]
     print(f"{paper}: {len(stages)} stages; {len(from_scratch)} of the {len(timed)} train and run stages measured from "
-          f"nothing cached, about {sum(from_scratch):.0f} min together ({measured_path}); runs and artifacts in "
-          f"{work_dir}, tables in {out_dir}")
+          f"nothing cached, about {sum(from_scratch):.0f} min together ({measured_path}); runs in {work_dir}, "
+          f"artifacts in {work_dir.parent / SHARED_ARTIFACTS}, tables in {out_dir}")
     for i, stage in enumerate(stages, 1):
         if i not in chosen:
             continue
@@ -209,7 +217,8 @@ def main(args: list[str]) -> None:
                                      description="Train, run and tabulate one paper (or all) from nothing cached.")
     parser.add_argument("paper", help=f"a pipeline in {PIPELINES_DIR} (without .yaml), a pipeline file, or all")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides added to every train and run stage")
-    parser.add_argument("--results-dir", default="results", help="runs and artifacts under <dir>/reproduce/<paper>, "
+    parser.add_argument("--results-dir", default="results", help="runs under <dir>/reproduce/<paper>, artifacts under "
+                                                                 "<dir>/reproduce/artifacts, "
                                                                  "tables under <dir>/<paper>")
     parser.add_argument("--dry-run", action="store_true", help="list the stages and their expected time, run nothing")
     parser.add_argument("--stages", default=None, help="only these stage numbers, e.g. 2-3,9 (see --dry-run)")
