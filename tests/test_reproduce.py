@@ -113,6 +113,14 @@ def test_dry_run_lists_the_stages_and_runs_nothing(tmp_path):
     assert "(not timed yet)" in out.stdout and not (tmp_path / "results").exists()
 
 
+def test_a_dry_run_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "specrepro.cli", "reproduce", "all", "--dry-run"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # as `| head -1` does once it has its line: every write after it fails
+    stderr = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 1 and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
 def test_stages_picks_stage_numbers_and_a_bad_pick_is_one_line(tmp_path):
     pipeline = _pipeline(tmp_path)
     out = specrepro("reproduce", str(pipeline), "--dry-run", "--stages", "2-3", "hardware.threads=1", cwd=tmp_path)

@@ -9,6 +9,7 @@ User errors (bad data, unreachable model, bad values) print one line and exit wi
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from importlib.resources import files
 from pathlib import Path
@@ -113,6 +114,9 @@ def main() -> None:
             {"table": table_main, "reproduce": reproduce_main, "summary": summary_main}[command](rest)
         except SpecReproError as exc:
             fail(str(exc))
+        except BrokenPipeError:  # stdout closed early (`specrepro reproduce all --dry-run | head`): stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit fails too
+            sys.exit(1)
     else:
         fail(f"unknown command '{command}'\n{USAGE}")
 
