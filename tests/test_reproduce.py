@@ -135,6 +135,31 @@ def test_stages_picks_stage_numbers_and_a_bad_pick_is_one_line(tmp_path):
         parse_stages("3-1", 3)
 
 
+def test_artifacts_a_pipeline_trained_into_its_own_folder_move_to_the_shared_one_unless_in_use(tmp_path):
+    import fcntl
+
+    from specrepro.reproduce import adopt_earlier_artifacts
+
+    old, shared = tmp_path / "eesd" / "artifacts", tmp_path / "artifacts"
+    for path in ["sps_draft-m-1/artifact.json", ".sps_draft-m-1.lock", ".work/.continuations-2.batches/000000.pt",
+                 ".work/.continuations-2.lock", ".work/hidden-3/rows.pt", "eesd_head-m-4/artifact.json"]:
+        (old / path).parent.mkdir(parents=True, exist_ok=True)
+        (old / path).write_text(path)
+    (shared / "eesd_head-m-4").mkdir(parents=True)  # trained by another pipeline already: kept, not overwritten
+    (shared / "eesd_head-m-4" / "artifact.json").write_text("shared")
+    with open(old / ".work" / ".continuations-2.lock", "a") as lock:  # a lane of an older checkout, still running
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert adopt_earlier_artifacts(old, shared) == 0 and (old / "sps_draft-m-1").is_dir()
+    assert adopt_earlier_artifacts(old, shared) == 3
+    assert (shared / "sps_draft-m-1" / "artifact.json").read_text() == "sps_draft-m-1/artifact.json"
+    assert (shared / ".work" / ".continuations-2.batches" / "000000.pt").is_file()
+    assert (shared / ".work" / "hidden-3" / "rows.pt").is_file()
+    assert (shared / "eesd_head-m-4" / "artifact.json").read_text() == "shared"
+    assert (old / "eesd_head-m-4").is_dir()  # a copy of one already shared stays: nothing is deleted unseen
+    (old / "eesd_head-m-4" / "artifact.json").unlink()
+    assert adopt_earlier_artifacts(old, shared) == 0 and not old.exists()
+
+
 def test_stage_minutes_keep_lanes_apart_and_a_stage_that_reused_something_fills_only_a_gap(tmp_path):
     """Two lanes running other stages of one pipeline each add their own stage to stages.json, under its lock; a
     measurement of a stage that found something already made never replaces one, and is labelled as such."""

@@ -12,7 +12,8 @@ Every run stage records its runs in `<results dir>/reproduce/<paper>/` (one mach
 go to `<results dir>/<paper>/`. Trained components go to `<results dir>/reproduce/artifacts/`, shared by every
 pipeline: an artifact's name carries the hash of its model and training config, so a component two pipelines train
 alike (the sps draft of eesd and spec_bench, the SAR heads of sar and eesd) is trained once, and a later pipeline's
-stage reuses it (and the data caches it made), "reused" in stages.json. Each stage is resumable on its own (a
+stage reuses it (and the data caches it made), "reused" in stages.json; what a pipeline trained into its own
+`<paper>/artifacts/` before is moved there on its next call. Each stage is resumable on its own (a
 finished artifact or run is reused, an interrupted one resumes), so a killed pipeline picks up where it stopped when
 called again. What each stage took is measured, not configured: every call records it in
 `<results dir>/<paper>/stages.json` beside the tables (minutes, machine, commit, date, command), and `--dry-run`
@@ -25,12 +26,15 @@ exact overrides.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from importlib.resources import files
 from pathlib import Path
 
@@ -154,6 +158,38 @@ def stage_device() -> str | None:
     return "cuda" if torch.cuda.is_available() else None
 
 
+def adopt_earlier_artifacts(old: Path, shared: Path) -> int:
+    """Move what a pipeline trained into its own `<work dir>/artifacts/` (before pipelines shared one folder) into
+    `shared`, so it is reused, not trained again: each artifact and data cache not there yet. Nothing moves while
+    a process holds one of the old folder's locks (a lane of an older checkout still training). How many moved."""
+    if not old.is_dir():
+        return 0
+    with ExitStack() as held:
+        for lock in [*old.glob(".*.lock"), *old.glob(".work/.*.lock")]:
+            handle = held.enter_context(open(lock, "a"))
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"{old} is in use by another process: its artifacts move to {shared} on a later call")
+                return 0
+        moved = 0
+        for entry in sorted([*old.iterdir(), *old.glob(".work/*")]):
+            target = shared / entry.relative_to(old)
+            if entry.name.endswith(".lock") or entry.name == ".work" or target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            entry.rename(target)
+            moved += 1
+        left = [p for p in old.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+    if moved:
+        print(f"moved {moved} artifacts and caches from {old} to {shared}, the folder every pipeline shares")
+    if left:
+        print(f"{old} keeps {len(left)} files of artifacts and caches {shared} already has: delete them once unneeded")
+    else:
+        shutil.rmtree(old)
+    return moved
+
+
 def run_stage(command: list[str], work_dir: Path) -> tuple[int, float, list[str]]:
     """Run one stage's process: its exit status, minutes, and what it reported reusing (`reuse.py`)."""
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -178,6 +214,8 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
     print(f"{paper}: {len(stages)} stages; {len(from_scratch)} of the {len(timed)} train and run stages measured from "
           f"nothing cached, about {sum(from_scratch):.0f} min together ({measured_path}); runs in {work_dir}, "
           f"artifacts in {work_dir.parent / SHARED_ARTIFACTS}, tables in {out_dir}")
+    if not dry_run:
+        adopt_earlier_artifacts(work_dir / "artifacts", work_dir.parent / SHARED_ARTIFACTS)
     for i, stage in enumerate(stages, 1):
         if i not in chosen:
             continue
