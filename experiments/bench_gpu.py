@@ -93,7 +93,9 @@ def main() -> None:
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--methods", default="", help='trained drafters too: ";"-separated method presets with '
                         'overrides, e.g. "sar_draft_tree;eesd method.draft_vocab=4096"')
-    parser.add_argument("--artifacts-dir", default="results/artifacts", help="where --methods find their artifacts")
+    parser.add_argument("--artifacts-dir", default="results/artifacts",
+                        help="where --methods find their artifacts (`specrepro train`'s; the pipelines' are in "
+                             "results/reproduce/artifacts)")
     parser.add_argument("--model", default="smollm2_135m", help='a model preset with overrides (conf/model/): '
                         '"llama2_7b_chat", "smollm2_135m model.source=hf model.id=/path/to/checkpoint"')
     args = parser.parse_args()
