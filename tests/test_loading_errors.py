@@ -8,6 +8,7 @@ unreachable (no retries: a few seconds, not 75).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -120,6 +121,22 @@ def test_a_truncated_head_artifact_found_by_its_settings_is_an_error(tmp_path):
     truncate(artifact / "eesd_head.safetensors")
     with pytest.raises(SpecReproError, match="eesd_head-tiny-00000000 is damaged"):
         find_matching_artifact("eesd_head", tmp_path, "tiny", lambda p: True)
+
+
+def test_of_several_matching_artifacts_the_newest_is_loaded_with_a_warning_and_a_full_name_pins_one(tmp_path, caplog):
+    older, newer, other_model = (tmp_path / name for name in
+                                 ("eesd_head-tiny-00000000", "eesd_head-tiny-11111111", "eesd_head-tiny_sft-22222222"))
+    for age, artifact in enumerate((older, newer, other_model)):  # trained in this order
+        artifact.mkdir()
+        (artifact / METADATA).write_text("{}")
+        os.utime(artifact / METADATA, (1_000_000 + age, 1_000_000 + age))
+    with caplog.at_level("WARNING", logger="specrepro.training.artifacts"):
+        assert find_matching_artifact("eesd_head", tmp_path, "tiny", lambda p: True) == newer  # not tiny_sft's
+    assert "2 trained artifacts match eesd_head-tiny-*" in caplog.text and newer.name in caplog.text
+    caplog.clear()
+    assert find_matching_artifact(older.name, tmp_path, "tiny", lambda p: True) == older  # named in full: pinned
+    assert find_artifact(older.name, tmp_path) == older and not caplog.text
+    assert find_matching_artifact("eesd_head", tmp_path, "tiny", lambda p: p != newer) == older and not caplog.text
 
 
 # c. an absolute path

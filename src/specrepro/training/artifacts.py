@@ -10,6 +10,7 @@ that never finished) is refused, as is an artifact whose weights do not read bac
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -19,6 +20,7 @@ from specrepro.models.loading import unreadable_weights
 from specrepro.tracking import atomic_write
 
 METADATA = "artifact.json"
+log = logging.getLogger(__name__)
 
 
 def is_complete(path: Path) -> bool:
@@ -52,24 +54,39 @@ def publish(staging: Path, final: Path, metadata: dict) -> Path:
     return final
 
 
-def find_artifact(ref: str, artifacts_dir: str | Path) -> Path | None:
-    """Resolve an artifact reference: exact name, newest complete `<ref>-*`, or a path; None if none exists.
-    A directory `ref` names that is not a complete artifact is an error."""
-    root, path = Path(artifacts_dir), Path(ref).expanduser()
-    exact = root / ref  # `ref` itself when it is absolute
-    if is_complete(exact):
-        return exact
-    if not path.is_absolute():  # Path.glob takes relative patterns only
-        matches = [p for p in root.glob(f"{ref}-*") if is_complete(p)]
-        if matches:
-            return max(matches, key=lambda p: (p / METADATA).stat().st_mtime)
-    if is_complete(path):
-        return path
-    for named in (exact, path):
-        if named.is_dir():
+def newest(pattern: str, matches: list[Path]) -> Path:
+    """The newest of the complete artifacts `pattern` matches, saying which when there are several (a results
+    folder where one component was trained twice, e.g. under other overrides): the run record names it too."""
+    chosen = max(matches, key=lambda p: (p / METADATA).stat().st_mtime)
+    if len(matches) > 1:
+        log.warning("%d trained artifacts match %s in %s; using the newest, %s (name one in full to pin it)",
+                    len(matches), pattern, chosen.parent, chosen.name)
+    return chosen
+
+
+def named_artifact(ref: str, artifacts_dir: str | Path) -> Path | None:
+    """The complete artifact `ref` names exactly (a directory of `artifacts_dir`, or a path), or None."""
+    return next((p for p in (Path(artifacts_dir) / ref, Path(ref).expanduser()) if is_complete(p)), None)
+
+
+def refuse_incomplete(ref: str, artifacts_dir: str | Path) -> None:
+    """A directory `ref` names that is not a complete artifact is an error."""
+    for named in (Path(artifacts_dir) / ref, Path(ref).expanduser()):
+        if named.is_dir() and not is_complete(named):
             raise SpecReproError(f"{named} is an incomplete artifact (a staging directory, or no {METADATA}: its "
                                  "training did not finish): train it again, or load a plain model directory with "
                                  "source=hf")
+
+
+def find_artifact(ref: str, artifacts_dir: str | Path) -> Path | None:
+    """Resolve an artifact reference: exact name, newest complete `<ref>-*`, or a path; None if none exists."""
+    if (named := named_artifact(ref, artifacts_dir)) is not None:
+        return named
+    if not Path(ref).expanduser().is_absolute():  # Path.glob takes relative patterns only
+        matches = [p for p in Path(artifacts_dir).glob(f"{ref}-*") if is_complete(p)]
+        if matches:
+            return newest(f"{ref}-*", matches)
+    refuse_incomplete(ref, artifacts_dir)
     return None
 
 
@@ -77,12 +94,12 @@ def find_matching_artifact(ref: str, artifacts_dir: str | Path, model_name: str 
                            matches: Callable[[Path], bool]) -> Path | None:
     """`ref` itself (name or path) if it matches, else the newest complete `<ref>-<model>-*` that does
     (`<ref>-*` when model_name is None: a ref that already names the model)."""
-    root = Path(artifacts_dir)
-    prefix = f"{ref}-{model_name}-" if model_name else f"{ref}-"
-    exact = find_artifact(ref, root)
-    candidates = [exact] if exact is not None and not exact.name.startswith(prefix) else []
-    if "/" not in ref:
-        candidates += sorted((p for p in root.glob(f"{prefix}*") if is_complete(p)),
-                             key=lambda p: (p / METADATA).stat().st_mtime, reverse=True)
-    found = next((path for path in candidates if matches(path)), None)
-    return None if found is None else check_intact(found)
+    pattern = f"{ref}-{model_name}-*" if model_name else f"{ref}-*"
+    named = named_artifact(ref, artifacts_dir)
+    if named is not None and matches(named):
+        return check_intact(named)
+    found = [p for p in Path(artifacts_dir).glob(pattern) if is_complete(p) and matches(p)] if "/" not in ref else []
+    if found:
+        return check_intact(newest(pattern, found))
+    refuse_incomplete(ref, artifacts_dir)
+    return None
