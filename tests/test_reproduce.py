@@ -95,6 +95,8 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
 
     other = tmp_path / "pipelines" / "other.yaml"  # another paper's pipeline training the same component
     other.write_text(json.dumps({"paper": "other", "stages": [{"train": TRAIN}, {"table": "unused"}]}))
+    planned = specrepro("reproduce", str(other), "--dry-run", *args[2:], cwd=tmp_path).stdout
+    assert f"made already: {next(a for a in artifacts if not a.startswith('.'))}" in planned
     specrepro("reproduce", str(other), "--stages", "1", *args[2:], cwd=tmp_path)
     assert written() == records and sorted(p.name for p in shared.iterdir()) == artifacts
     (reused,) = json.loads((tmp_path / "results" / "other" / "stages.json").read_text()).values()

@@ -12,7 +12,8 @@ Every run stage records its runs in `<results dir>/reproduce/<paper>/` (one mach
 go to `<results dir>/<paper>/`. Trained components go to `<results dir>/reproduce/artifacts/`, shared by every
 pipeline: an artifact's name carries the hash of its model and training config, so a component two pipelines train
 alike (the sps draft of eesd and spec_bench, the SAR heads of sar and eesd) is trained once, and a later pipeline's
-stage reuses it (and the data caches it made), "reused" in stages.json; what a pipeline trained into its own
+stage reuses it (and the data caches it made), "reused" in stages.json (`--dry-run` names each train stage's
+artifact that is made already); what a pipeline trained into its own
 `<paper>/artifacts/` before is moved there on its next call. Each stage is resumable on its own (a
 finished artifact or run is reused, an interrupted one resumes), so a killed pipeline picks up where it stopped when
 called again. What each stage took is measured, not configured: every call records it in
@@ -190,6 +191,28 @@ def adopt_earlier_artifacts(old: Path, shared: Path) -> int:
     return moved
 
 
+def made_already(stage: dict, work_dir: Path, overrides: list[str]) -> str | None:
+    """The artifact a train stage makes, when a complete one is in the shared folder (its stage will reuse it):
+    the stage's config composed as its process composes it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from specrepro.cli import CONF_DIR
+    from specrepro.config import register_configs
+    from specrepro.training import artifact_path
+    from specrepro.training.artifacts import is_complete
+
+    register_configs()
+    command = stage_command(stage, work_dir, work_dir, overrides, "")
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            path = artifact_path(compose(config_name="train", overrides=command[command.index("train") + 1:]))
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise SpecReproError(f"{describe(stage)}: {one_line(exc)}") from None
+    return path.name if is_complete(path) else None
+
+
 def run_stage(command: list[str], work_dir: Path) -> tuple[int, float, list[str]]:
     """Run one stage's process: its exit status, minutes, and what it reported reusing (`reuse.py`)."""
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -220,6 +243,8 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
         if i not in chosen:
             continue
         expected = "under a minute" if "table" in stage else expected_time(measured.get(describe(stage)))
+        if dry_run and "train" in stage and (made := made_already(stage, work_dir, list(overrides))):
+            expected += f"; made already: {made}"
         print(f"[{i}/{len(stages)}] {describe(stage)} ({expected})", flush=True)
         if dry_run:
             continue
