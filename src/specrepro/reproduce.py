@@ -13,10 +13,10 @@ go to `<results dir>/<paper>/`. Trained components go to `<results dir>/reproduc
 pipeline: an artifact's name carries the hash of its model and training config, so a component two pipelines train
 alike (the sps draft of eesd and spec_bench, the SAR heads of sar and eesd) is trained once, and a later pipeline's
 stage reuses it (and the data caches it made), "reused" in stages.json (`--dry-run` names each train stage's
-artifact that is made already); what a pipeline trained into its own
-`<paper>/artifacts/` before is moved there on its next call. Each stage is resumable on its own (a
-finished artifact or run is reused, an interrupted one resumes), so a killed pipeline picks up where it stopped when
-called again. What each stage took is measured, not configured: every call records it in
+artifact that is made already); what a pipeline trained into its own `<paper>/artifacts/` before is moved there on
+its next call. Each stage is resumable on its own (a finished artifact or run is reused, an interrupted one
+resumes), so a killed pipeline picks up where it stopped when called again. What each stage took is measured,
+not configured: every call records it in
 `<results dir>/<paper>/stages.json` beside the tables (minutes, machine, commit, date, command), and `--dry-run`
 shows it as the stage's expected time. A stage that found something already made (`reuse.py`) is kept there only
 where no measurement of that stage exists yet. `--stages 2-3,9` runs only those stages: two lanes of one machine
@@ -229,6 +229,7 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
     paper, stages = load_pipeline(name, pipelines_dir)
     chosen = parse_stages(only, len(stages)) if only else set(range(1, len(stages) + 1))
     work_dir, out_dir = Path(results_dir) / "reproduce" / paper, Path(results_dir) / paper
+    shared = work_dir.parent / SHARED_ARTIFACTS
     paper_command = " ".join(["specrepro reproduce", name, *overrides])
     measured_path = out_dir / "stages.json"
     measured = read_measured(measured_path)
@@ -236,9 +237,9 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
     from_scratch = [m["minutes"] for m in timed if is_measured(m) and not m.get("reused")]
     print(f"{paper}: {len(stages)} stages; {len(from_scratch)} of the {len(timed)} train and run stages measured from "
           f"nothing cached, about {sum(from_scratch):.0f} min together ({measured_path}); runs in {work_dir}, "
-          f"artifacts in {work_dir.parent / SHARED_ARTIFACTS}, tables in {out_dir}")
+          f"artifacts in {shared}, tables in {out_dir}")
     if not dry_run:
-        adopt_earlier_artifacts(work_dir / "artifacts", work_dir.parent / SHARED_ARTIFACTS)
+        adopt_earlier_artifacts(work_dir / "artifacts", shared)
     for i, stage in enumerate(stages, 1):
         if i not in chosen:
             continue
