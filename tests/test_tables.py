@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -19,6 +21,9 @@ from specrepro.plots import read_here, write_plots
 from specrepro.tables import (TABLES_DIR, Column, Row, RunInfo, TableSpec, _matches, build_table, local_runs,
                               render_csv, write_table)
 from tests.test_runner import FAST, run_dirs, specrepro
+
+COMMITTED = Path(__file__).parents[1] / "results"
+PAPERS_WITH_INPUTS = sorted(runs.parent for runs in COMMITTED.glob("*/runs") if runs.is_dir())
 
 TINY = [*FAST, "decoding.max_new_tokens=48", "dataset.limit=2", "logger=none"]  # 48: long enough for pld to draft
 
@@ -422,6 +427,23 @@ def test_a_table_regenerates_from_its_committed_inputs_alone(tmp_path):
     md = write_table("two", [newer, out], tables_dir=tables_dir, out_dir=out).read_text()
     assert "| pld | 2.00 | [2] |" in md and "| ar | 1.00 | [1] |" in md
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["ar-run", "pld-run-2"]
+
+
+@pytest.mark.parametrize("paper", PAPERS_WITH_INPUTS, ids=lambda path: path.name)
+def test_the_committed_tables_are_what_their_committed_inputs_regenerate(paper, tmp_path):
+    """Each committed table beside committed inputs (`results/<paper>/runs/`) is, byte for byte, what `specrepro
+    table` writes from them with the command its footer names, and the inputs are exactly the runs the tables name:
+    no cell typed in or left stale by a change to the table code."""
+    copy = tmp_path / paper.name
+    shutil.copytree(paper, copy)  # its tables too: the inputs a table in the folder names are kept
+    for table in sorted(paper.glob("*.csv")):
+        command = re.search(r"^# Regenerate: `(.+)`$", table.read_text(), re.M).group(1)
+        md = write_table(table.stem, copy, out_dir=copy, command=command)
+        assert md.read_text() == table.with_suffix(".md").read_text(), f"{table.with_suffix('.md')} differs"
+        assert md.with_suffix(".csv").read_text() == table.read_text(), f"{table} differs"
+    inputs = sorted(path.relative_to(paper) for path in (paper / "runs").rglob("*") if path.is_file())
+    assert inputs == sorted(path.relative_to(copy) for path in (copy / "runs").rglob("*") if path.is_file())
+    assert all((copy / path).read_bytes() == (paper / path).read_bytes() for path in inputs)
 
 
 def test_a_results_dir_that_fills_nothing_does_not_wipe_a_committed_table(tmp_path, caplog):
