@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from specrepro.errors import SpecReproError
-from specrepro.reproduce import (PIPELINES_DIR, README_END, README_START, load_pipeline, parse_stages, summary_table,
-                                 write_summary)
+from specrepro.reproduce import PIPELINES_DIR, SUMMARY_PAGE, load_pipeline, parse_stages, summary_page
 from tests.test_runner import FAST, specrepro
 from tests.test_training import TINY_TRAINING
 
@@ -102,10 +101,11 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     (reused,) = json.loads((tmp_path / "results" / "other" / "stages.json").read_text()).values()
     assert reused["reused"], "the other pipeline's stage did not say it found the component already made"
 
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# front\n{README_START}\nold\n{README_END}\nrest\n")
-    write_summary(readme, str(tmp_path / "results"), pipelines_dir=tmp_path / "pipelines")
-    assert "| tiny | lossless | – | 1.00 | [tiny_table](" in readme.read_text() and "old" not in readme.read_text()
+    page = summary_page(str(tmp_path / "results"), pipelines_dir=tmp_path / "pipelines")
+    (row,) = [line for line in page.splitlines() if line.startswith("| tiny | lossless |")]
+    assert row.endswith("| [tiny_table](tiny/tiny_table.md) |") and "| – | 1.00 | " in row
+    assert f"; {first['commit'][:10]}" in row and "unknown" not in row  # the table's machine; commit; date
+    assert "- Regenerate: `specrepro summary`" in page
 
 
 def test_dry_run_lists_the_stages_and_runs_nothing(tmp_path):
@@ -258,21 +258,20 @@ def test_every_headline_names_a_row_and_column_of_its_table(paper):
         assert item["column"] in [column.label for column in spec.columns], item
 
 
-def test_the_readme_summary_is_the_one_the_committed_results_give(monkeypatch):
-    """Every figure in README.md's summary is copied from a committed table by `specrepro summary`, never typed."""
+def test_the_committed_summary_is_the_one_the_committed_results_give(monkeypatch):
+    """Every figure in results/SUMMARY.md is copied from a committed table by `specrepro summary`, never typed."""
     root = Path(__file__).resolve().parents[1]
-    monkeypatch.chdir(root)  # the summary links tables by their path from the repository root
-    text = (root / "README.md").read_text()
-    block = text.split(README_START, 1)[1].split(README_END, 1)[0].strip()
-    assert block == summary_table("results"), "README.md's summary is stale: run `specrepro summary --readme README.md`"
+    monkeypatch.chdir(root)  # the page names tables by their path under results/
+    assert (root / "results" / SUMMARY_PAGE).read_text() == summary_page("results"), \
+        "results/SUMMARY.md is stale: run `specrepro summary`"
 
 
 def test_summary_and_dry_run_meet_bad_files_in_one_line(tmp_path):
-    """A missing README, a headline column no table has and a corrupt stages.json: one line each, no traceback."""
-    from specrepro.reproduce import headline_cells, read_measured
+    """A missing results dir, a headline column no table has and a corrupt stages.json: one line each, no traceback."""
+    from specrepro.reproduce import headline_cells, read_measured, summary_main
 
-    with pytest.raises(SpecReproError, match="missing.md: no such file"):
-        write_summary(tmp_path / "missing.md", str(tmp_path))
+    with pytest.raises(SpecReproError, match="missing: no such results directory"):
+        summary_main(["--results-dir", str(tmp_path / "missing")])
     table = tmp_path / "t.csv"
     table.write_text("Method,MAT (here),runs\npld,1.50,run-1\n# Machine: m\n")
     assert headline_cells(table, ["pld"], "MAT") == ("–", "1.50")

@@ -30,7 +30,7 @@ USAGE = """usage: specrepro {run,train} [hydra overrides...] | specrepro {table,
   specrepro run --help                                               (Hydra's help: groups and options)
   specrepro table specbench_small [--results-dir results] [--source local|wandb]   (a paper table)
   specrepro reproduce cllm [--dry-run] [overrides...]   (train, run and tabulate one paper, or all)
-  specrepro summary --readme README.md                  (the README's summary, copied from results/)"""
+  specrepro summary                                    (results/SUMMARY.md, copied from the tables)"""
 POINTER_FILE = "specrepro_run.txt"  # in each Hydra job dir: the run record it wrote
 FAILURE_FILE = "specrepro_failed.txt"  # in each Hydra job dir whose job failed: the one-line reason
 

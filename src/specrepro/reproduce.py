@@ -269,11 +269,13 @@ def summary_main(args: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="specrepro summary",
                                      description="Copy each pipeline's headline cells from the committed tables.")
     parser.add_argument("--results-dir", default="results", help="where the tables are (<dir>/<paper>/<table>.csv)")
-    parser.add_argument("--readme", default=None, help="also rewrite this file's summary block (e.g. README.md)")
+    parser.add_argument("--out", default=None, help=f"the page to write (default <results dir>/{SUMMARY_PAGE})")
     opts = parser.parse_args(args)
-    print(summary_table(opts.results_dir))
-    if opts.readme:
-        write_summary(Path(opts.readme), opts.results_dir)
+    if not Path(opts.results_dir).is_dir():
+        raise SpecReproError(f"{opts.results_dir}: no such results directory")
+    out = Path(opts.out or Path(opts.results_dir) / SUMMARY_PAGE)
+    out.write_text(summary_page(opts.results_dir, out.parent))
+    print(f"wrote {out}")
 
 
 def main(args: list[str]) -> None:
@@ -294,7 +296,7 @@ def main(args: list[str]) -> None:
         reproduce(name, opts.results_dir, opts.overrides, opts.dry_run, only=opts.stages)
 
 
-README_START, README_END = "<!-- summary: made by `specrepro summary` -->", "<!-- end of summary -->"
+SUMMARY_PAGE = "SUMMARY.md"
 
 
 def headline_cells(table_csv: Path, row: list[str], column: str) -> tuple[str, str]:
@@ -310,29 +312,35 @@ def headline_cells(table_csv: Path, row: list[str], column: str) -> tuple[str, s
     raise SpecReproError(f"{table_csv}: no row {' / '.join(row)}")
 
 
-def summary_table(results_dir: str = "results", pipelines_dir: Path = PIPELINES_DIR) -> str:
-    """One markdown row per pipeline headline, its cells copied from the committed tables under `results_dir`."""
-    lines = ["| paper | claim | paper | here | table |", "|---|---|---|---|---|"]
+def table_origin(table_csv: Path) -> str:
+    """Machine, code commit and dates of a committed table, from its CSV's provenance footer."""
+    footer = dict(line[2:].split(": ", 1) for line in table_csv.read_text().splitlines()
+                  if line.startswith(("# Machine: ", "# Code: ", "# Dates: ")))
+    commits = footer.get("Code", "unknown").split(" (", 1)[0].split(", ")
+    code = ", ".join(commits) if len(commits) <= 2 else f"{len(commits)} commits"
+    first, _, last = footer.get("Dates", "unknown").partition(" to ")
+    return f"{footer.get('Machine', 'unknown')}; {code}; {first if last in ('', first) else f'{first} to {last}'}"
+
+
+def summary_page(results_dir: str = "results", page_dir: Path | None = None,
+                 pipelines_dir: Path = PIPELINES_DIR) -> str:
+    """The summary page: one row per pipeline headline, its cells copied from the committed tables under
+    `results_dir` with their origin, the table linked relative to `page_dir` (default `results_dir`)."""
+    page_dir = Path(page_dir or results_dir)
+    lines = ["# What the harness found", "",
+             "Headline cells copied from the committed tables: the paper's figure, ours, and where ours was measured "
+             "(machine; commit; dates, from the table's provenance footer). A paper's claims page "
+             "(`<paper>/README.md`) says which claims were reproduced and why.", "",
+             "| paper | claim | paper | here | measured on | table |", "|---|---|---|---|---|---|"]
     for path in sorted(pipelines_dir.glob("*.yaml")):
         spec = yaml.safe_load(path.read_text())
         for item in spec.get("headline", []):
             table = Path(results_dir) / spec["paper"] / f"{item['table']}.csv"
             if table.is_file():
                 paper, here = headline_cells(table, item["row"], item["column"])
-                link = f"[{item['table']}]({table.with_suffix('.md').as_posix()})"
+                origin = table_origin(table)
+                link = f"[{item['table']}]({Path(os.path.relpath(table.with_suffix('.md'), page_dir)).as_posix()})"
             else:
-                paper, here, link = "", "not regenerated yet", f"`specrepro reproduce {path.stem}`"
-            lines.append(f"| {spec['paper']} | {item['claim']} | {paper} | {here} | {link} |")
-    return "\n".join(lines)
-
-
-def write_summary(readme: Path, results_dir: str = "results", pipelines_dir: Path = PIPELINES_DIR) -> None:
-    """Replace the summary block of `readme` with the headline cells of the committed tables."""
-    if not readme.is_file():
-        raise SpecReproError(f"{readme}: no such file")
-    text = readme.read_text()
-    if README_START not in text or README_END not in text:
-        raise SpecReproError(f"{readme} has no summary block ({README_START} ... {README_END})")
-    head, rest = text.split(README_START, 1)
-    tail = rest.split(README_END, 1)[1]
-    readme.write_text(f"{head}{README_START}\n{summary_table(results_dir, pipelines_dir)}\n{README_END}{tail}")
+                paper, here, origin, link = "", "not regenerated yet", "", f"`specrepro reproduce {path.stem}`"
+            lines.append(f"| {spec['paper']} | {item['claim']} | {paper} | {here} | {origin} | {link} |")
+    return "\n".join(lines + ["", "- Regenerate: `specrepro summary` (after `specrepro reproduce <paper>`)", ""])
