@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -264,6 +265,17 @@ def test_the_committed_summary_is_the_one_the_committed_results_give(monkeypatch
     monkeypatch.chdir(root)  # the page names tables by their path under results/
     assert (root / "results" / SUMMARY_PAGE).read_text() == summary_page("results"), \
         "results/SUMMARY.md is stale: run `specrepro summary`"
+
+
+def test_every_link_on_the_committed_pages_names_a_file_of_the_repository():
+    """README, docs and the results pages link tables and claims pages by relative path: none may dangle."""
+    root = Path(__file__).resolve().parents[1]
+    pages = [root / "README.md", *(root / "docs").glob("*.md"),
+             *(p for p in (root / "results").rglob("*.md") if not {"runs", "reproduce"} & set(p.relative_to(root).parts))]
+    dangling = [(page.relative_to(root).as_posix(), target) for page in pages
+                for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text())
+                if not re.match(r"[a-z]+:|#", target) and not (page.parent / target.split("#")[0]).exists()]
+    assert len(pages) > 10 and not dangling, dangling
 
 
 def test_summary_and_dry_run_meet_bad_files_in_one_line(tmp_path):
