@@ -263,6 +263,9 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
               f"{f', found already made: {len(reused)}' if reused else ''}"
               f"{f' (the estimate in {measured_path} stays the earlier one)' if kept_earlier else ''}",
               flush=True)
+        if "table" in stage:  # the headlines (of this pipeline and those beside it) follow the tables
+            beside = Path(name).parent if name.endswith(".yaml") else pipelines_dir
+            atomic_write(Path(results_dir) / SUMMARY_PAGE, summary_page(results_dir, pipelines_dir=beside))
 
 
 def summary_main(args: list[str]) -> None:
@@ -274,7 +277,7 @@ def summary_main(args: list[str]) -> None:
     if not Path(opts.results_dir).is_dir():
         raise SpecReproError(f"{opts.results_dir}: no such results directory")
     out = Path(opts.out or Path(opts.results_dir) / SUMMARY_PAGE)
-    out.write_text(summary_page(opts.results_dir, out.parent))
+    atomic_write(out, summary_page(opts.results_dir, out.parent))
     print(f"wrote {out}")
 
 
