@@ -69,14 +69,39 @@ def test_a_newer_artifact_under_the_same_prefix_is_a_new_run_and_a_new_reference
 
     method = compose_run("method=self_sd", "method.skip_set=self_sd_skip_set", f"artifacts_dir={tmp_path}")
     weights = compose_run("method=jacobi", "model.source=artifact", "model.id=cllm", f"artifacts_dir={tmp_path}")
-    publish("self_sd_skip_set-m-aaaa", 1_000)
-    publish("cllm-m-aaaa", 1_000)
-    before = run_name(method, "data"), run_name(weights, "data"), reference_key(weights, "data")
+    peer = compose_run("method=hf_assisted", "method.mode=assistant", f"artifacts_dir={tmp_path}")  # an sps draft
+    for name in ("self_sd_skip_set", "cllm", "sps_draft"):
+        publish(f"{name}-m-aaaa", 1_000)
+    before = run_name(method, "data"), run_name(weights, "data"), reference_key(weights, "data"), run_name(peer, "data")
     assert reference_key(reference_config(weights), "data") == reference_key(weights, "data")
-    publish("self_sd_skip_set-m-bbbb", 2_000)
-    publish("cllm-m-bbbb", 2_000)
+    for name in ("self_sd_skip_set", "cllm", "sps_draft"):
+        publish(f"{name}-m-bbbb", 2_000)
+    assert run_name(method, "data") != before[0] and run_name(peer, "data") != before[3]
+    assert run_name(weights, "data") != before[1] and reference_key(weights, "data") != before[2]
+
+
+def test_an_artifact_retrained_under_its_name_with_other_weights_is_a_new_run_and_a_new_reference(tmp_path):
+    """`resume=false`, or deleting a damaged artifact and training it again, keeps the name; the weights decide."""
+    from specrepro.identity import reference_key, run_name
+
+    def publish(name: str, weights: bytes) -> None:
+        (tmp_path / name).mkdir(exist_ok=True)
+        (tmp_path / name / "skip_set.json").write_bytes(weights)
+        (tmp_path / name / "artifact.json").write_text('{"metrics": {"compute_minutes": 1.0}}')
+
+    method = compose_run("method=self_sd", "method.skip_set=self_sd_skip_set", f"artifacts_dir={tmp_path}")
+    weights = compose_run("method=jacobi", "model.source=artifact", "model.id=cllm", f"artifacts_dir={tmp_path}")
+    publish("self_sd_skip_set-m-aaaa", b"[1, 2]")
+    publish("cllm-m-aaaa", b"first")
+    before = run_name(method, "data"), run_name(weights, "data"), reference_key(weights, "data")
+    publish("self_sd_skip_set-m-aaaa", b"[1, 3]")
+    publish("cllm-m-aaaa", b"second")
     assert run_name(method, "data") != before[0]
     assert run_name(weights, "data") != before[1] and reference_key(weights, "data") != before[2]
+    publish("cllm-m-aaaa", b"first")  # the same weights again (a deterministic retrain): the same run
+    assert (run_name(weights, "data"), reference_key(weights, "data")) == before[1:]
+    (tmp_path / "cllm-m-aaaa" / "artifact.json").write_text('{"metrics": {"compute_minutes": 2.0}}')
+    assert run_name(weights, "data") == before[1]  # the metadata (history, minutes) is not what a run loads
 
 
 @pytest.mark.parametrize("override", ["reference_nll=true", "method.sliding=true", "hardware.linear_min_rows=1",

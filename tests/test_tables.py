@@ -429,6 +429,32 @@ def test_a_table_regenerates_from_its_committed_inputs_alone(tmp_path):
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["ar-run", "pld-run-2"]
 
 
+def test_a_table_whose_runs_loaded_other_weights_under_one_artifact_name_says_so(tmp_path, caplog):
+    """Records merged from two machines, or made before and after a retrain: the footer names which runs loaded
+    which content of the artifact, and a warning says it; one content is not worth a line."""
+    tables_dir, records = tmp_path / "tables", tmp_path / "records"
+    tables_dir.mkdir()
+    (tables_dir / "two.yaml").write_text(KEEP_TABLE)
+    _record(records, "ar-run", "ar", 1.0)
+    _record(records, "pld-run", "pld", 1.5)
+
+    def loaded(run: str, digest: str) -> None:
+        path = records / "runs" / run / "metrics.json"
+        artifacts = {"draft": {"name": "sps_draft-m-1234", "content_digest": digest}}
+        path.write_text(json.dumps({**json.loads(path.read_text()), "artifacts": artifacts}))
+
+    loaded("ar-run", "aaaa")
+    loaded("pld-run", "aaaa")
+    one = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "one").read_text()
+    assert "Mixed weights" not in one and "| pld | 1.50 | [2] |" in one
+    loaded("pld-run", "bbbb")
+    with caplog.at_level("WARNING"):
+        md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "two").read_text()
+    line = ("- Mixed weights: runs loaded 2 different contents of sps_draft-m-1234 ([1]: aaaa; [2]: bbbb): it was "
+            "retrained between them; their cells do not come from one model")
+    assert line in md.splitlines() and "Mixed weights" in caplog.text
+
+
 @pytest.mark.parametrize("paper", PAPERS_WITH_INPUTS, ids=lambda path: path.name)
 def test_the_committed_tables_are_what_their_committed_inputs_regenerate(paper, tmp_path):
     """Each committed table beside committed inputs (`results/<paper>/runs/`) is, byte for byte, what `specrepro

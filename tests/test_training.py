@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from omegaconf import OmegaConf
+from safetensors.torch import load_file, save_file
 
 from specrepro.config import ModelConfig, RandomArchConfig
 from specrepro.data import DatasetConfig
 from specrepro.models.loading import LoadedModel, load_tokenizer, random_llama
 from specrepro.training import cost
+from specrepro.training.artifacts import content_digest
 from specrepro.training.distill_data import continuation_dataset, distill_cache_dir
 from specrepro.training.loop import LoopConfig, lr_lambda, train_loop
 from tests.test_data import compose_dataset
@@ -117,8 +119,22 @@ def test_train_sps_draft_then_decode_with_it(tmp_path):
     sps = next(p for k, p in run_dirs(tmp_path).items() if k.startswith("sps:"))
     metrics = json.loads((sps / "metrics.json").read_text())
     assert metrics["lossless"] == 1.0 and metrics["training_minutes"] == spent
+    assert metrics["artifacts"] == {"draft": {"name": artifact.name, "content_digest": content_digest(artifact)}}
     ar = next(p for k, p in run_dirs(tmp_path).items() if k.startswith("ar:"))
     assert json.loads((ar / "metrics.json").read_text())["training_minutes"] == 0.0
+
+    # trained again under its name with other weights (resume=false elsewhere, a retrain after damage): a new run,
+    # never the record the old weights made; the ar reference (no artifact of its own) is reused
+    weights = artifact / "model.safetensors"
+    tensors = load_file(weights)
+    save_file({name: value + 0.01 for name, value in tensors.items()}, weights)
+    again = specrepro("run", *FAST, "method=sps", "dataset.limit=2", "logger=none", cwd=tmp_path)
+    assert "already complete" not in again.stdout + again.stderr
+    runs = [p for k, p in run_dirs(tmp_path).items() if k.startswith("sps:")]
+    assert len(runs) == 2 and len(run_dirs(tmp_path)) == 3
+    newer = json.loads(next(p for p in runs if p != sps).joinpath("metrics.json").read_text())
+    assert newer["artifacts"]["draft"]["content_digest"] != metrics["artifacts"]["draft"]["content_digest"]
+    assert newer["artifacts"]["draft"]["content_digest"] == content_digest(artifact)
 
 
 @pytest.mark.parametrize("override, message", [

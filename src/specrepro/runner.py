@@ -26,7 +26,8 @@ from specrepro.metrics.speed import (impossible_generation, impossible_metrics, 
                                      speed_metrics, speedups)
 from specrepro.models import LoadedModel, ModelLoader
 from specrepro.decoding.steps import BACKENDS, EagerSteps
-from specrepro.identity import records_fingerprint, reference_key, resolved_artifacts, run_name
+from specrepro.identity import (artifact_identities, records_fingerprint, reference_key, resolved_artifacts,
+                                run_name)
 from specrepro.provenance import now, provenance
 from specrepro.reuse import note_reused
 from specrepro.tracking import RunRecord, complete_runs, log_to_wandb
@@ -217,12 +218,15 @@ def run(cfg: DictConfig, group: str | None = None) -> dict:
     validate(cfg)
     records = load_records(cfg.dataset)
     fingerprint = records_fingerprint(records)
-    name = run_name(cfg, fingerprint)
+    artifacts = resolved_artifacts(cfg)
+    identities = artifact_identities(artifacts)  # once: the name and the record say the same weights
+    name = run_name(cfg, fingerprint, identities)
     with run_lock(Path(cfg.results_dir) / "runs" / name):
-        return _run_locked(cfg, group, name, records, fingerprint)
+        return _run_locked(cfg, group, name, records, fingerprint, artifacts, identities)
 
 
-def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fingerprint: str) -> dict:
+def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fingerprint: str,
+                artifacts: dict[str, Path], identities: dict[str, dict]) -> dict:
     record = RunRecord(Path(cfg.results_dir) / "runs" / name)
     if cfg.resume and record.complete:
         log.info("run %s is already complete; skipping (resume=false to redo it)", name)
@@ -290,7 +294,8 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
         reference_run=reference.dir.name if reference else None,
         lossless_method=decoder.lossless,
         compile_time=compile_time,  # seconds compiling the target's steps (hardware.compile), untimed
-        training_minutes=training_minutes(cfg, decoder),
+        artifacts=identities,  # the trained components it loaded: names and content digests
+        training_minutes=training_minutes(artifacts.values(), decoder),
         provenance=provenance(cfg.hardware, loader.device) | {"started_at": started_at, "finished_at": now()},
     )
     record.finish(metrics)
@@ -298,14 +303,13 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
     return metrics
 
 
-def training_minutes(cfg: DictConfig, decoder) -> float | None:
+def training_minutes(artifacts, decoder) -> float | None:
     """What the trained artifacts this run uses cost to make here (training/cost.py): 0 for a method that needs
     none, None when one does not say (trained before costs were recorded) or the extra weights come from elsewhere
     (a hub draft)."""
-    artifacts = resolved_artifacts(cfg).values()
     if not artifacts:
         return None if decoder.extra_parameters else 0.0
-    spent = [cost.artifact_minutes(Path(cfg.artifacts_dir) / name) for name in artifacts]
+    spent = [cost.artifact_minutes(path) for path in artifacts]
     return None if None in spent else sum(spent)
 
 

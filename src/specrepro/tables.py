@@ -435,6 +435,19 @@ def provenance_footer(runs: list[RunInfo], command: str) -> list[str]:
     return lines
 
 
+def mixed_weights(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]:
+    """A line for each trained artifact whose name this table's runs share but not its content (retrained under
+    the same name between them, e.g. on another machine): which runs loaded which weights."""
+    contents: dict[str, dict[str, list[str]]] = {}
+    for mark, name in enumerate(footnotes, start=1):
+        for artifact in (by_name[name].metrics.get("artifacts") or {}).values() if name in by_name else ():
+            contents.setdefault(artifact["name"], {}).setdefault(artifact["content_digest"], []).append(f"[{mark}]")
+    return [f"- Mixed weights: runs loaded {len(by_digest)} different contents of {artifact} ("
+            + "; ".join(f"{' '.join(marks)}: {digest}" for digest, marks in by_digest.items())
+            + "): it was retrained between them; their cells do not come from one model"
+            for artifact, by_digest in contents.items() if len(by_digest) > 1]
+
+
 def render_markdown(spec: TableSpec, header, body, footnotes, footer: list[str]) -> str:
     lines = [f"# {spec.title}", ""]
     if spec.source:
@@ -539,6 +552,9 @@ def write_table(name: str, results_dir: str | Path | list = "results", source: s
     command = command or f"specrepro table {name}" + "".join(f" --results-dir {d}" for d in results_dirs)
     fresh = [by_name[n] for n in footnotes if n in by_name]
     footer = provenance_footer(fresh, command)
+    if mixed := mixed_weights(footnotes, by_name):
+        log.warning("%s: %s", md_path, " ".join(line.removeprefix("- ") for line in mixed))
+        footer[-1:-1] = mixed
     if kept:
         footer = footer if fresh else footer[-1:]  # no run of its own: only the kept rows' provenance
         footer[-1:-1] = [f"- Kept rows: {', '.join(kept)} (no run of theirs where this table was regenerated; "

@@ -11,6 +11,7 @@ import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -126,9 +127,9 @@ class Decoder(ABC):
                 "extra_memory_pct": 100.0 * extra / sum(p.numel() for p in self.model.parameters())}
 
     @classmethod
-    def resolve_artifacts(cls, cfg, model_name: str, artifacts_dir) -> dict[str, str]:
-        """The trained artifacts (role -> directory name) a method config resolves to now; a reference by prefix
-        names the newest match, so these, not the reference, are part of a run's identity."""
+    def resolve_artifacts(cls, cfg, model_name: str, artifacts_dir) -> dict[str, Path]:
+        """The trained artifacts (role -> directory) a method config resolves to now; a reference by prefix names
+        the newest match, so these (their names and contents), not the reference, are part of a run's identity."""
         return {}
 
     @torch.inference_mode()

@@ -288,8 +288,10 @@ class EESDDecoder(DraftVerifyDecoder):
                 "draft_vocab": cfg.draft_vocab}
 
     @classmethod
-    def resolve_artifacts(cls, cfg: EESDConfig, model_name: str, artifacts_dir) -> dict[str, str]:
-        return {} if cfg.head == "none" else {"head": find_head(cfg.head, artifacts_dir, model_name, cls.head_settings(cfg)).name}
+    def resolve_artifacts(cls, cfg: EESDConfig, model_name: str, artifacts_dir) -> dict[str, Path]:
+        if cfg.head == "none":
+            return {}
+        return {"head": find_head(cfg.head, artifacts_dir, model_name, cls.head_settings(cfg))}
 
     @classmethod
     def from_config(cls, cfg: EESDConfig, target, ctx) -> "EESDDecoder":

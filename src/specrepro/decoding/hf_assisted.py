@@ -8,6 +8,7 @@ tokens each step commits, and a forward pre-hook on the target sees how many dra
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers.generation import BaseStreamer
@@ -49,6 +50,13 @@ class HFAssistedDecoder(Decoder):
     @property
     def extra_parameters(self) -> int:
         return 0 if self.assistant is None else parameters_beside(self.assistant, self.model)
+
+    @classmethod
+    def resolve_artifacts(cls, cfg: HFAssistedConfig, model_name: str, artifacts_dir) -> dict[str, Path]:
+        from specrepro.models.loading import resolve_artifact
+
+        trained = cfg.mode == "assistant" and cfg.draft.source == "artifact"
+        return {"draft": resolve_artifact(cfg.draft.id, artifacts_dir)} if trained else {}
 
     @classmethod
     def from_config(cls, cfg: HFAssistedConfig, target, ctx) -> "HFAssistedDecoder":

@@ -264,10 +264,11 @@ class SARDraftDecoder(DraftVerifyDecoder):
         return self.head.num_parameters()
 
     @classmethod
-    def resolve_artifacts(cls, cfg: SARDraftConfig, model_name: str, artifacts_dir) -> dict[str, str]:
+    def resolve_artifacts(cls, cfg: SARDraftConfig, model_name: str, artifacts_dir) -> dict[str, Path]:
         if cfg.head == "none":
             return {}
-        return {"head": find_head(cfg.head, artifacts_dir, model_name, cfg.variant, cfg.shared_lm_head, cfg.draft_vocab).name}
+        return {"head": find_head(cfg.head, artifacts_dir, model_name, cfg.variant, cfg.shared_lm_head,
+                                  cfg.draft_vocab)}
 
     @classmethod
     def from_config(cls, cfg: SARDraftConfig, target, ctx) -> "SARDraftDecoder":

@@ -195,12 +195,12 @@ class SelfSDDecoder(DraftVerifyDecoder):
         self.controller: DraftLengthController | None = None  # the last generation's, whose gamma is carried
 
     @classmethod
-    def resolve_artifacts(cls, cfg: SelfSDConfig, model_name: str, artifacts_dir) -> dict[str, str]:
+    def resolve_artifacts(cls, cfg: SelfSDConfig, model_name: str, artifacts_dir) -> dict[str, Path]:
         from specrepro.models.loading import resolve_artifact
 
         if cfg.attn_skip or cfg.mlp_skip or cfg.skip_set is None:
             return {}
-        return {"skip_set": resolve_artifact(cfg.skip_set, artifacts_dir).name}
+        return {"skip_set": resolve_artifact(cfg.skip_set, artifacts_dir)}
 
     @classmethod
     def from_config(cls, cfg: SelfSDConfig, target, ctx) -> "SelfSDDecoder":

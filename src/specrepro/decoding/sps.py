@@ -7,6 +7,7 @@ its warped distribution q when the run samples), the target verifies them in one
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache
@@ -76,10 +77,10 @@ class SPSDecoder(DraftVerifyDecoder):
         return parameters_beside(self.draft, self.model)
 
     @classmethod
-    def resolve_artifacts(cls, cfg: SPSConfig, model_name: str, artifacts_dir) -> dict[str, str]:
+    def resolve_artifacts(cls, cfg: SPSConfig, model_name: str, artifacts_dir) -> dict[str, Path]:
         from specrepro.models.loading import resolve_artifact
 
-        return {"draft": resolve_artifact(cfg.draft.id, artifacts_dir).name} if cfg.draft.source == "artifact" else {}
+        return {"draft": resolve_artifact(cfg.draft.id, artifacts_dir)} if cfg.draft.source == "artifact" else {}
 
     @classmethod
     def from_config(cls, cfg: SPSConfig, target, ctx) -> "SPSDecoder":
