@@ -123,7 +123,13 @@ def test_train_sps_draft_then_decode_with_it(tmp_path):
     ar = next(p for k, p in run_dirs(tmp_path).items() if k.startswith("ar:"))
     assert json.loads((ar / "metrics.json").read_text())["training_minutes"] == 0.0
 
-    # trained again under its name with other weights (resume=false elsewhere, a retrain after damage): a new run,
+    retrained = specrepro("train", *TINY_TRAINING, "resume=false", cwd=tmp_path)  # from scratch, on the same thread
+    assert retrained.stdout.strip().endswith(artifact.name)  # count: the same weights, so the sps run stays reusable
+    assert content_digest(artifact) == metrics["artifacts"]["draft"]["content_digest"]
+    rerun = specrepro("run", *FAST, "method=sps", "dataset.limit=2", "logger=none", cwd=tmp_path)
+    assert "already complete" in rerun.stdout + rerun.stderr
+
+    # trained again under its name with other weights (another thread count, a retrain after damage): a new run,
     # never the record the old weights made; the ar reference (no artifact of its own) is reused
     weights = artifact / "model.safetensors"
     tensors = load_file(weights)
