@@ -104,6 +104,26 @@ def test_an_artifact_retrained_under_its_name_with_other_weights_is_a_new_run_an
     assert run_name(weights, "data") == before[1]  # the metadata (history, minutes) is not what a run loads
 
 
+def test_a_checkpoint_saved_again_at_the_same_local_path_is_a_new_run_and_a_new_reference(tmp_path):
+    """`model.source=hf model.id=<a directory>` (a target or a draft): its files, not its path, say which weights."""
+    from specrepro.identity import reference_key, run_name
+
+    target, draft = tmp_path / "my_model", tmp_path / "my_draft"
+    for directory in (target, draft):
+        directory.mkdir()
+        (directory / "model.safetensors").write_bytes(b"first")
+    on_target = compose_run("method=pld", "model.source=hf", f"model.id={target}")
+    with_draft = compose_run("method=sps", "method.draft.source=hf", f"method.draft.id={draft}")
+    before = run_name(on_target, "data"), reference_key(on_target, "data"), run_name(with_draft, "data")
+    (target / "model.safetensors").write_bytes(b"second")
+    (draft / "model.safetensors").write_bytes(b"second")
+    assert run_name(on_target, "data") != before[0] and reference_key(on_target, "data") != before[1]
+    assert run_name(with_draft, "data") != before[2]
+    assert reference_key(with_draft, "data") == reference_key(compose_run("method=sps"), "data")  # the target's ar
+    (target / "model.safetensors").write_bytes(b"first")
+    assert (run_name(on_target, "data"), reference_key(on_target, "data")) == before[:2]
+
+
 @pytest.mark.parametrize("override", ["reference_nll=true", "method.sliding=true", "hardware.linear_min_rows=1",
                                       "hardware.row_invariant=true", "timing.paired=true", "decoding.seed=3"])
 def test_every_option_that_changes_a_run_changes_its_name(override):

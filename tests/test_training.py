@@ -16,9 +16,9 @@ from safetensors.torch import load_file, save_file
 
 from specrepro.config import ModelConfig, RandomArchConfig
 from specrepro.data import DatasetConfig
+from specrepro.identity import content_digest
 from specrepro.models.loading import LoadedModel, load_tokenizer, random_llama
 from specrepro.training import cost
-from specrepro.training.artifacts import content_digest
 from specrepro.training.distill_data import continuation_dataset, distill_cache_dir
 from specrepro.training.loop import LoopConfig, lr_lambda, train_loop
 from tests.test_data import compose_dataset

@@ -1,10 +1,11 @@
 """What makes two runs the same run: the full resolved config, the artifacts it resolves to, and the data.
 
 A run's name ends in a hash of everything that changes what it computes: the resolved config (without
-where results go and how they are logged), the trained artifacts its references resolve to now (each by name
-and content digest), the content of the records it decodes, and the record version. A record is resumed,
-skipped or used as a reference only under the same hash, so an edited dataset file, a newer artifact or one
-retrained under the same name with other weights is a new run.
+where results go and how they are logged), the trained artifacts its references resolve to now and the models
+it loads from a local directory (each by name and content digest), the content of the records it decodes, and
+the record version. A record is resumed, skipped or used as a reference only under the same hash, so an edited
+dataset file, a newer artifact, one retrained under the same name with other weights, or a checkpoint saved
+again at the same path is a new run.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from functools import lru_cache
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -19,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from specrepro import registry
 from specrepro.models.loading import resolve_artifact
 from specrepro.provenance import RECORD_VERSION
-from specrepro.training.artifacts import content_digest
 from specrepro.tracking import config_hash
+from specrepro.training.artifacts import METADATA
 
 # where results go and how they are logged: not part of what a run computes
 NOT_IN_IDENTITY = ("logger", "results_dir", "artifacts_dir", "resume", "run_name", "reference")
@@ -33,6 +35,41 @@ def records_fingerprint(records) -> str:
         digest.update(json.dumps(dataclasses.asdict(record), sort_keys=True, default=str).encode())
         digest.update(b"\n")
     return digest.hexdigest()[:16]
+
+
+def content_digest(directory: Path) -> str:
+    """A hash of the files directly in a model or artifact directory (weights, configs, tokenizer: what
+    `from_pretrained` and the decoders read), but an artifact's metadata (`artifact.json`: history, minutes).
+    Read once per process while no file's size or time changes (a sweep names the same weights in every job)."""
+    files = sorted(p for p in Path(directory).iterdir() if p.is_file() and p.name != METADATA)
+    return _digest(tuple((str(f), f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+
+
+@lru_cache(maxsize=64)
+def _digest(files: tuple[tuple[str, str, int, int], ...]) -> str:
+    digest = hashlib.sha256()
+    for path, name, size, _ in files:
+        digest.update(f"{name}\0{size}\0".encode())
+        with open(path, "rb") as handle:
+            digest.update(hashlib.file_digest(handle, "sha256").digest())
+    return digest.hexdigest()[:16]
+
+
+def local_checkpoints(cfg: DictConfig) -> dict[str, Path]:
+    """Every model the config loads from a local directory (`source: hf` with a path for `id`), by where it sits
+    in the config (`model`, `method.draft`): its files, not its path, say which weights it holds."""
+    found = {}
+
+    def visit(node, key: str) -> None:
+        if isinstance(node, dict):
+            path = Path(str(node.get("id"))).expanduser()
+            if node.get("source") == "hf" and node.get("id") and path.is_dir():
+                found[key] = path
+            for name, value in node.items():
+                visit(value, f"{key}.{name}" if key else str(name))
+
+    visit(OmegaConf.to_container(cfg, resolve=True), "")
+    return found
 
 
 def model_artifact(cfg: DictConfig) -> dict[str, Path]:
@@ -49,19 +86,24 @@ def resolved_artifacts(cfg: DictConfig) -> dict[str, Path]:
     return model_artifact(cfg) | found
 
 
-def artifact_identities(artifacts: dict[str, Path]) -> dict[str, dict[str, str]]:
-    """Each artifact's name and content digest (role -> {name, content_digest}): part of a run's identity, and
-    in its record so a table can tell runs made with other weights under one name apart."""
-    return {role: {"name": path.name, "content_digest": content_digest(path)} for role, path in artifacts.items()}
+def artifact_identities(directories: dict[str, Path]) -> dict[str, dict[str, str]]:
+    """Each artifact's or local checkpoint's name and content digest (role -> {name, content_digest}): part of a
+    run's identity, and in its record so a table can tell runs made with other weights under one name apart."""
+    return {role: {"name": path.name, "content_digest": content_digest(path)} for role, path in directories.items()}
+
+
+def loaded_weights(cfg: DictConfig) -> dict[str, dict[str, str]]:
+    """The identities of every trained artifact and local checkpoint a run loads."""
+    return artifact_identities(resolved_artifacts(cfg) | local_checkpoints(cfg))
 
 
 def run_name(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None = None) -> str:
-    """`<model>-<method>-<dataset>-<decoding>-<hash of config, artifacts, data and record version>`; `artifacts`:
-    the `artifact_identities` of what the config resolves to, when the caller has them already."""
+    """`<model>-<method>-<dataset>-<decoding>-<hash of config, weights, data and record version>`; `artifacts`:
+    the `loaded_weights(cfg)`, when the caller has them already."""
     if cfg.run_name:
         return cfg.run_name
     content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_IDENTITY}
-    artifacts = artifact_identities(resolved_artifacts(cfg)) if artifacts is None else artifacts
+    artifacts = loaded_weights(cfg) if artifacts is None else artifacts
     content.update(artifacts=artifacts, data=data_fingerprint, record_version=RECORD_VERSION)
     return f"{cfg.model.name}-{cfg.method.name}-{cfg.dataset.name}-{cfg.decoding.name}-{config_hash(content)}"
 
@@ -70,6 +112,7 @@ def reference_key(cfg: DictConfig, data_fingerprint: str) -> str:
     """Runs with equal keys decode the same prompts on the same weights, hardware and decoding."""
     content = OmegaConf.to_container(cfg, resolve=True)
     key = {k: content[k] for k in ("model", "dataset", "decoding", "hardware")}
-    key.update(artifacts=artifact_identities(model_artifact(cfg)), data=data_fingerprint,
+    target = {role: path for role, path in local_checkpoints(cfg).items() if role == "model"}
+    key.update(artifacts=artifact_identities(model_artifact(cfg) | target), data=data_fingerprint,
                record_version=RECORD_VERSION)
     return config_hash(key)

@@ -26,8 +26,8 @@ from specrepro.metrics.speed import (impossible_generation, impossible_metrics, 
                                      speed_metrics, speedups)
 from specrepro.models import LoadedModel, ModelLoader
 from specrepro.decoding.steps import BACKENDS, EagerSteps
-from specrepro.identity import (artifact_identities, records_fingerprint, reference_key, resolved_artifacts,
-                                run_name)
+from specrepro.identity import (artifact_identities, local_checkpoints, records_fingerprint, reference_key,
+                                resolved_artifacts, run_name)
 from specrepro.provenance import now, provenance
 from specrepro.reuse import note_reused
 from specrepro.tracking import RunRecord, complete_runs, log_to_wandb
@@ -219,7 +219,7 @@ def run(cfg: DictConfig, group: str | None = None) -> dict:
     records = load_records(cfg.dataset)
     fingerprint = records_fingerprint(records)
     artifacts = resolved_artifacts(cfg)
-    identities = artifact_identities(artifacts)  # once: the name and the record say the same weights
+    identities = artifact_identities(artifacts | local_checkpoints(cfg))  # once: the name and record agree
     name = run_name(cfg, fingerprint, identities)
     with run_lock(Path(cfg.results_dir) / "runs" / name):
         return _run_locked(cfg, group, name, records, fingerprint, artifacts, identities)
@@ -294,7 +294,7 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
         reference_run=reference.dir.name if reference else None,
         lossless_method=decoder.lossless,
         compile_time=compile_time,  # seconds compiling the target's steps (hardware.compile), untimed
-        artifacts=identities,  # the trained components it loaded: names and content digests
+        artifacts=identities,  # the trained components and local checkpoints it loaded: names, content digests
         training_minutes=training_minutes(artifacts.values(), decoder),
         provenance=provenance(cfg.hardware, loader.device) | {"started_at": started_at, "finished_at": now()},
     )

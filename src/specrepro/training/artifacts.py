@@ -5,17 +5,16 @@ config, metrics and history); `artifact.json` is written last, atomically, so it
 artifact complete. Runs name an artifact by its full directory name, by its prefix (`sps_draft`: the
 newest complete match) or by a path. A named directory without that marker (a staging directory, training
 that never finished) is refused, as is an artifact whose weights do not read back whole. A run's identity holds
-each artifact's `content_digest`, not only its name: retraining under the same name (`resume=false`, or after
-deleting a damaged artifact) with other weights makes new runs, never a reuse of records the old weights made.
+each artifact's content digest (`identity.content_digest`), not only its name: retraining under the same name
+(`resume=false`, or after deleting a damaged artifact) with other weights makes new runs, never a reuse of records
+the old weights made.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -39,24 +38,6 @@ def check_intact(path: Path) -> Path:
         raise SpecReproError(f"artifact {path.name} is damaged ({bad.name} is truncated or unreadable): delete {path} "
                              "and train it again with the `specrepro train` command that made it")
     return path
-
-
-def content_digest(path: Path) -> str:
-    """A hash of every file the artifact holds but its metadata (weights, configs, tokenizer): what a run loads.
-    Read once per process while no file's size or time changes (a sweep names the same artifact in every job)."""
-    files = sorted(p for p in Path(path).rglob("*") if p.is_file() and p.name != METADATA)
-    return _digest(tuple((str(f), f.relative_to(path).as_posix(), f.stat().st_size, f.stat().st_mtime_ns)
-                         for f in files))
-
-
-@lru_cache(maxsize=64)
-def _digest(files: tuple[tuple[str, str, int, int], ...]) -> str:
-    digest = hashlib.sha256()
-    for file, name, size, _ in files:
-        digest.update(f"{name}\0{size}\0".encode())
-        with open(file, "rb") as handle:
-            digest.update(hashlib.file_digest(handle, "sha256").digest())
-    return digest.hexdigest()[:16]
 
 
 def staging_dir(final: Path) -> Path:
