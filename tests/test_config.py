@@ -124,6 +124,31 @@ def test_a_checkpoint_saved_again_at_the_same_local_path_is_a_new_run_and_a_new_
     assert (run_name(on_target, "data"), reference_key(on_target, "data")) == before[:2]
 
 
+def test_a_newer_download_of_a_hub_model_is_a_new_run_and_a_new_reference(tmp_path, monkeypatch):
+    """A hub id loads from the local cache first: the commit its revision points to there names the weights."""
+    import huggingface_hub
+
+    from specrepro.identity import reference_key, run_name
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--org--tiny"
+
+    def download(commit: str) -> None:
+        (repo / "snapshots" / commit).mkdir(parents=True, exist_ok=True)
+        (repo / "snapshots" / commit / "config.json").write_text("{}")
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+
+    cfg = compose_run("method=pld", "model.source=hf", "model.id=org/tiny")
+    pinned = compose_run("method=pld", "model.source=hf", "model.id=org/tiny", f"model.revision={'a' * 40}")
+    not_cached = run_name(cfg, "data"), reference_key(cfg, "data")
+    download("a" * 40)
+    first = run_name(cfg, "data"), reference_key(cfg, "data"), run_name(pinned, "data")
+    download("b" * 40)
+    assert run_name(cfg, "data") != first[0] != not_cached[0] and reference_key(cfg, "data") != first[1]
+    assert run_name(pinned, "data") == first[2]  # a pinned commit still names the same weights
+
+
 @pytest.mark.parametrize("override", ["reference_nll=true", "method.sliding=true", "hardware.linear_min_rows=1",
                                       "hardware.row_invariant=true", "timing.paired=true", "decoding.seed=3"])
 def test_every_option_that_changes_a_run_changes_its_name(override):

@@ -2,10 +2,10 @@
 
 A run's name ends in a hash of everything that changes what it computes: the resolved config (without
 where results go and how they are logged), the trained artifacts its references resolve to now and the models
-it loads from a local directory (each by name and content digest), the content of the records it decodes, and
-the record version. A record is resumed, skipped or used as a reference only under the same hash, so an edited
-dataset file, a newer artifact, one retrained under the same name with other weights, or a checkpoint saved
-again at the same path is a new run.
+it loads from a local directory (each by name and content digest) or from the hub cache (by commit), the
+content of the records it decodes, and the record version. A record is resumed, skipped or used as a reference
+only under the same hash, so an edited dataset file, a newer artifact, one retrained under the same name with
+other weights, a checkpoint saved again at the same path, or a newer download of a hub model is a new run.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from huggingface_hub import try_to_load_from_cache
+from huggingface_hub.errors import HFValidationError
 from omegaconf import DictConfig, OmegaConf
 
 from specrepro import registry
@@ -55,20 +57,43 @@ def _digest(files: tuple[tuple[str, str, int, int], ...]) -> str:
     return digest.hexdigest()[:16]
 
 
-def local_checkpoints(cfg: DictConfig) -> dict[str, Path]:
-    """Every model the config loads from a local directory (`source: hf` with a path for `id`), by where it sits
-    in the config (`model`, `method.draft`): its files, not its path, say which weights it holds."""
+def hf_models(cfg: DictConfig) -> dict[str, dict]:
+    """Every `source: hf` model config a run config holds, by where it sits (`model`, `method.draft`)."""
     found = {}
 
     def visit(node, key: str) -> None:
         if isinstance(node, dict):
-            path = Path(str(node.get("id"))).expanduser()
-            if node.get("source") == "hf" and node.get("id") and path.is_dir():
-                found[key] = path
+            if node.get("source") == "hf" and node.get("id"):
+                found[key] = node
             for name, value in node.items():
                 visit(value, f"{key}.{name}" if key else str(name))
 
     visit(OmegaConf.to_container(cfg, resolve=True), "")
+    return found
+
+
+def local_checkpoints(cfg: DictConfig) -> dict[str, Path]:
+    """The models a config loads from a local directory (a path for `id`): their files, not their path, say which
+    weights they hold."""
+    paths = {role: Path(str(model["id"])).expanduser() for role, model in hf_models(cfg).items()}
+    return {role: path for role, path in paths.items() if path.is_dir()}
+
+
+def hub_snapshots(cfg: DictConfig) -> dict[str, dict[str, str]]:
+    """The hub models a config loads that are in the local Hugging Face cache (where loading looks first), each
+    with the commit its revision points to there: a newer download of `main` is a new run. A model not cached yet
+    is named by its revision alone until it is."""
+    found = {}
+    for role, model in hf_models(cfg).items():
+        ident = str(model["id"])
+        if Path(ident).expanduser().is_dir():
+            continue
+        try:
+            cached = try_to_load_from_cache(ident, "config.json", revision=model.get("revision"))
+        except HFValidationError:  # not a hub id: loading it fails in one line of its own
+            continue
+        if isinstance(cached, str):  # <cache>/models--<org>--<name>/snapshots/<commit>/config.json
+            found[role] = {"name": ident, "content_digest": Path(cached).parent.name[:16]}
     return found
 
 
@@ -92,9 +117,11 @@ def artifact_identities(directories: dict[str, Path]) -> dict[str, dict[str, str
     return {role: {"name": path.name, "content_digest": content_digest(path)} for role, path in directories.items()}
 
 
-def loaded_weights(cfg: DictConfig) -> dict[str, dict[str, str]]:
-    """The identities of every trained artifact and local checkpoint a run loads."""
-    return artifact_identities(resolved_artifacts(cfg) | local_checkpoints(cfg))
+def loaded_weights(cfg: DictConfig, artifacts: dict[str, Path] | None = None) -> dict[str, dict[str, str]]:
+    """The identities of every trained artifact (`artifacts`: `resolved_artifacts(cfg)` when the caller has them),
+    local checkpoint and cached hub model a run loads."""
+    artifacts = resolved_artifacts(cfg) if artifacts is None else artifacts
+    return artifact_identities(artifacts | local_checkpoints(cfg)) | hub_snapshots(cfg)
 
 
 def run_name(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None = None) -> str:
@@ -112,7 +139,6 @@ def reference_key(cfg: DictConfig, data_fingerprint: str) -> str:
     """Runs with equal keys decode the same prompts on the same weights, hardware and decoding."""
     content = OmegaConf.to_container(cfg, resolve=True)
     key = {k: content[k] for k in ("model", "dataset", "decoding", "hardware")}
-    target = {role: path for role, path in local_checkpoints(cfg).items() if role == "model"}
-    key.update(artifacts=artifact_identities(model_artifact(cfg) | target), data=data_fingerprint,
-               record_version=RECORD_VERSION)
+    target = {role: found for role, found in loaded_weights(cfg, model_artifact(cfg)).items() if role == "model"}
+    key.update(artifacts=target, data=data_fingerprint, record_version=RECORD_VERSION)
     return config_hash(key)

@@ -26,8 +26,7 @@ from specrepro.metrics.speed import (impossible_generation, impossible_metrics, 
                                      speed_metrics, speedups)
 from specrepro.models import LoadedModel, ModelLoader
 from specrepro.decoding.steps import BACKENDS, EagerSteps
-from specrepro.identity import (artifact_identities, local_checkpoints, records_fingerprint, reference_key,
-                                resolved_artifacts, run_name)
+from specrepro.identity import loaded_weights, records_fingerprint, reference_key, resolved_artifacts, run_name
 from specrepro.provenance import now, provenance
 from specrepro.reuse import note_reused
 from specrepro.tracking import RunRecord, complete_runs, log_to_wandb
@@ -219,7 +218,7 @@ def run(cfg: DictConfig, group: str | None = None) -> dict:
     records = load_records(cfg.dataset)
     fingerprint = records_fingerprint(records)
     artifacts = resolved_artifacts(cfg)
-    identities = artifact_identities(artifacts | local_checkpoints(cfg))  # once: the name and record agree
+    identities = loaded_weights(cfg, artifacts)  # once: the name and the record agree
     name = run_name(cfg, fingerprint, identities)
     with run_lock(Path(cfg.results_dir) / "runs" / name):
         return _run_locked(cfg, group, name, records, fingerprint, artifacts, identities)
