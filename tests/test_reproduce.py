@@ -92,6 +92,8 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     assert "already trained" in again.stdout + again.stderr and "already complete" in again.stdout + again.stderr
     assert sorted(p.name for p in shared.iterdir()) == artifacts
     assert (tmp_path / "results" / "tiny" / "tiny_table.md").read_text() == table
+    progress = specrepro("reproduce", str(pipeline), "--dry-run", *args[2:], cwd=tmp_path).stdout
+    assert re.search(r"\[2/3\] run .*; 2 of 2 run\(s\) done\)", progress), progress
 
     other = tmp_path / "pipelines" / "other.yaml"  # another paper's pipeline training the same component
     other.write_text(json.dumps({"paper": "other", "stages": [{"train": TRAIN}, {"table": "unused"}]}))
@@ -115,6 +117,7 @@ def test_dry_run_lists_the_stages_and_runs_nothing(tmp_path):
     out = specrepro("reproduce", str(pipeline), "--dry-run", cwd=tmp_path)
     assert "0 of the 2 train and run stages measured" in out.stdout and "[1/3] train method=sps" in out.stdout
     assert "(not timed yet)" in out.stdout and not (tmp_path / "results").exists()
+    assert "(not timed yet; 2 run(s), not startable yet: no trained artifact 'sps_draft')" in out.stdout  # stage 1's
 
 
 def test_a_dry_run_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):

@@ -13,7 +13,8 @@ go to `<results dir>/<paper>/`. Trained components go to `<results dir>/reproduc
 pipeline: an artifact's name carries the hash of its model and training config, so a component two pipelines train
 alike (the sps draft of eesd and spec_bench, the SAR heads of sar and eesd) is trained once, and a later pipeline's
 stage reuses it (and the data caches it made), "reused" in stages.json (`--dry-run` names each train stage's
-artifact that is made already); what a pipeline trained into its own `<paper>/artifacts/` before is moved there on
+artifact that is made already, and says how many of each run stage's runs are done under their current names, or
+which artifact they wait for); what a pipeline trained into its own `<paper>/artifacts/` before is moved there on
 its next call. Each stage is resumable on its own (a finished artifact or run is reused, an interrupted one
 resumes), so a killed pipeline picks up where it stopped when called again. What each stage took is measured,
 not configured: every call records it in
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from functools import cache
 from importlib.resources import files
 from pathlib import Path
 
@@ -191,26 +193,69 @@ def adopt_earlier_artifacts(old: Path, shared: Path) -> int:
     return moved
 
 
-def made_already(stage: dict, work_dir: Path, overrides: list[str]) -> str | None:
-    """The artifact a train stage makes, when a complete one is in the shared folder (its stage will reuse it):
-    the stage's config composed as its process composes it."""
+@cache
+def schemas_registered() -> None:
+    """Hydra's ConfigStore holds the schemas (once a process: a dry run composes every stage's runs)."""
+    from specrepro.config import register_configs
+
+    register_configs()
+
+
+def composed(stage: dict, config_name: str, overrides: list[list[str]], hydra_node: bool = False):
+    """Each override list composed as the stage's process composes it (Hydra's `config_name`; `hydra_node`: with
+    the `hydra` node, unresolved); one line naming the stage when one does not compose."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from specrepro.cli import CONF_DIR
-    from specrepro.config import register_configs
+
+    schemas_registered()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return [compose(config_name=config_name, overrides=job, return_hydra_config=hydra_node)
+                    for job in overrides]
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise SpecReproError(f"{describe(stage)}: {one_line(exc)}") from None
+
+
+def made_already(stage: dict, work_dir: Path, overrides: list[str]) -> str | None:
+    """The artifact a train stage makes, when a complete one is in the shared folder (its stage will reuse it)."""
     from specrepro.training import artifact_path
     from specrepro.training.artifacts import is_complete
 
-    register_configs()
     command = stage_command(stage, work_dir, work_dir, overrides, "")
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            path = artifact_path(compose(config_name="train", overrides=command[command.index("train") + 1:]))
-    except (HydraException, OmegaConfBaseException) as exc:
-        raise SpecReproError(f"{describe(stage)}: {one_line(exc)}") from None
+    [cfg] = composed(stage, "train", [command[command.index("train") + 1:]])
+    path = artifact_path(cfg)
     return path.name if is_complete(path) else None
+
+
+def runs_done(stage: dict, work_dir: Path, overrides: list[str]) -> str:
+    """How many of a run stage's runs (its sweep points, as Hydra's basic sweeper expands them: the experiment's
+    `hydra.sweeper.params`, then the command line's) have a complete record under their current name in
+    `work_dir`, or what they wait for (an artifact not trained yet)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from specrepro.data import load_records
+    from specrepro.identity import records_fingerprint, run_name
+    from specrepro.tracking import RunRecord
+
+    command = stage_command(stage, work_dir, work_dir, overrides, "")
+    arguments = [arg for arg in command[command.index("run") + 1:] if arg != "-m"]
+    parser = OverridesParser.create()
+    fixed = [o.input_line for o in parser.parse_overrides(arguments) if not o.is_sweep_override()]
+    [base] = composed(stage, "run", [fixed], hydra_node=True)
+    params = [f"{key}={value}" for key, value in (base.hydra.sweeper.get("params") or {}).items()]
+    [jobs] = BasicSweeper.split_arguments(parser.parse_overrides(params + arguments), None)
+    done = 0
+    for cfg in composed(stage, "run", jobs):
+        try:
+            name = run_name(cfg, records_fingerprint(load_records(cfg.dataset)))
+        except SpecReproError as exc:  # an artifact it loads is not trained yet (by an earlier stage)
+            return f"{len(jobs)} run(s), not startable yet: {one_line(exc).split(' under ')[0]}"
+        done += RunRecord(work_dir / "runs" / name).complete
+    return f"{done} of {len(jobs)} run(s) done"
 
 
 def run_stage(command: list[str], work_dir: Path) -> tuple[int, float, list[str]]:
@@ -246,6 +291,8 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
         expected = "under a minute" if "table" in stage else expected_time(measured.get(describe(stage)))
         if dry_run and "train" in stage and (made := made_already(stage, work_dir, list(overrides))):
             expected += f"; made already: {made}"
+        if dry_run and "run" in stage:
+            expected += f"; {runs_done(stage, work_dir, list(overrides))}"
         print(f"[{i}/{len(stages)}] {describe(stage)} ({expected})", flush=True)
         if dry_run:
             continue
@@ -289,7 +336,8 @@ def main(args: list[str]) -> None:
     parser.add_argument("--results-dir", default="results", help="runs under <dir>/reproduce/<paper>, artifacts under "
                                                                  "<dir>/reproduce/artifacts, "
                                                                  "tables under <dir>/<paper>")
-    parser.add_argument("--dry-run", action="store_true", help="list the stages and their expected time, run nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list the stages, their expected time and what is done already; run nothing")
     parser.add_argument("--stages", default=None, help="only these stage numbers, e.g. 2-3,9 (see --dry-run)")
     opts = parser.parse_intermixed_args(args)  # options before or after the overrides
     if opts.stages and opts.paper == "all":
