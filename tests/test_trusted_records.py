@@ -147,6 +147,19 @@ def test_a_prompt_longer_than_the_context_is_refused_before_decoding(tmp_path):
     assert not list((tmp_path / "results" / "runs").iterdir())  # nothing decoded, no empty run directory left
 
 
+def test_a_reference_missing_some_samples_is_refused_before_decoding_not_left_out_of_the_metrics(tmp_path):
+    args = ["run", *FAST, "dataset=gsm8k", "dataset.limit=2", "logger=none"]
+    specrepro(*args, "method=ar", cwd=tmp_path)
+    [ar] = run_dirs(tmp_path).values()
+    generations = ar / "generations.jsonl"
+    generations.write_text(generations.read_text().splitlines()[0] + "\n")  # cut, while metrics.json says complete
+    proc = specrepro(*args, "method=pld", cwd=tmp_path, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert f"the `ar` reference {ar.name} is complete but has no samples for 1 record(s)" in proc.stderr
+    assert list(run_dirs(tmp_path)) == [f"ar:{ar.name}"]  # no pld run recorded without its speedup and lossless
+    assert not list((tmp_path / "results" / "runs").glob("*-pld-*/generations.jsonl"))  # and nothing decoded
+
+
 def test_a_corrupt_metrics_file_is_redone_not_a_traceback(tmp_path):
     args = ["run", *FAST, "method=ar", "dataset.limit=1", "logger=none"]
     specrepro(*args, cwd=tmp_path)

@@ -160,8 +160,8 @@ def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool)
         metrics.update(paired_speedup(gens, "eager_ar"))
         if greedy:
             metrics["lossless_eager"] = lossless(gens, [{"token_ids": g["eager_ar_token_ids"]} for g in gens])
-    by_id = {row["id"]: row for row in reference_rows or []}
-    if reference_rows is not None and all(row["id"] in by_id for row in rows):
+    if reference_rows is not None:
+        by_id = {row["id"]: row for row in reference_rows}
         for row in rows:  # later turns follow each run's own (sampled) answers; the first prompt must match
             if by_id[row["id"]]["prompts"][:1] != row["prompts"][:1]:
                 raise SpecReproError(f"the `ar` reference decoded a different prompt for record {row['id']}; "
@@ -171,6 +171,18 @@ def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool)
         if greedy:
             metrics["lossless"] = lossless(gens, ref_gens)
     return metrics
+
+
+def reference_samples(reference: RunRecord, records: list) -> list[dict]:
+    """The `ar` reference's samples; one line, before anything is decoded, when it lacks some record this run
+    decodes (a complete record whose generations were cut or edited): no speedup or lossless left out unsaid."""
+    rows = reference.rows()
+    missing = sorted({record.id for record in records} - {row["id"] for row in rows})
+    if missing:
+        raise SpecReproError(f"the `ar` reference {reference.dir.name} is complete but has no samples for "
+                             f"{len(missing)} record(s) ({', '.join(map(str, missing[:3]))}): its generations.jsonl "
+                             f"was cut or edited; delete {reference.dir} to run it again")
+    return rows
 
 
 def find_reference(cfg: DictConfig, ref_key: str) -> RunRecord | None:
@@ -249,6 +261,7 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
             log.info("no `ar` reference run for %s yet: running it first", name)
             run(reference_config(cfg), group)  # the same loaded target (load_target keeps it)
             reference = find_reference(cfg, ref_key)
+    reference_rows = reference_samples(reference, records) if reference else None
 
     baselines = {}  # `ar` timed beside each sample: as the run computes, and eager when that is compiled
     if cfg.timing.paired:
@@ -274,7 +287,7 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
             rows.append(row)
     rows.sort(key=lambda row: row["index"])
 
-    metrics = summarize(rows, reference.rows() if reference else None, sampling.greedy)
+    metrics = summarize(rows, reference_rows, sampling.greedy)
     problem = impossible_metrics(metrics)
     if problem:
         raise SpecReproError(f"method '{cfg.method.name}' produced impossible metrics ({problem}); "
