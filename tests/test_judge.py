@@ -81,6 +81,25 @@ def test_cached_judge_pays_once(tmp_path):
     other = CachedJudge(JudgeConfig(name="local", model=OmegaConf.create({"name": "m"}), max_new_tokens=9), tmp_path, backend)
     other(messages)
     assert len(calls) == 2  # a different judge setting is a different judgment
+    CachedJudge(cfg, tmp_path, backend, weights={})(messages)  # a judge with no weights of its own: the same key
+    assert len(calls) == 2
+    retrained = CachedJudge(cfg, tmp_path, backend, weights={"model": {"name": "j", "content_digest": "b"}})
+    retrained(messages)
+    assert len(calls) == 3  # other weights behind the same judge config judge again
+
+
+def test_a_local_judge_checkpoint_saved_again_at_its_path_is_part_of_the_judgment_key(tmp_path):
+    from specrepro.identity import judge_weights
+    from tests.test_config import compose_run
+
+    checkpoint = tmp_path / "judge"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"first")
+    cfg = compose_run("dataset=mt_bench", "judge=local", "judge.model.source=hf", f"judge.model.id={checkpoint}")
+    first = judge_weights(cfg)
+    (checkpoint / "model.safetensors").write_bytes(b"second")
+    assert first["model"]["name"] == "judge" and judge_weights(cfg) != first
+    assert judge_weights(compose_run("dataset=mt_bench")) == {}  # judge=none
 
 
 class _ChatServer(BaseHTTPRequestHandler):

@@ -124,6 +124,15 @@ def loaded_weights(cfg: DictConfig, artifacts: dict[str, Path] | None = None) ->
     return artifact_identities(artifacts | local_checkpoints(cfg)) | hub_snapshots(cfg)
 
 
+def judge_weights(cfg: DictConfig) -> dict[str, dict[str, str]]:
+    """The weights a local judge (`judge.model`, a model config) loads, as for a run's own models: part of the key of
+    its cached judgments, so a judge checkpoint saved again at its path judges again."""
+    if cfg.judge.name != "local" or not isinstance(cfg.judge.model, DictConfig):
+        return {}
+    judge = OmegaConf.create({"model": cfg.judge.model, "artifacts_dir": cfg.artifacts_dir})
+    return artifact_identities(model_artifact(judge) | local_checkpoints(judge)) | hub_snapshots(judge)
+
+
 def run_name(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None = None) -> str:
     """`<model>-<method>-<dataset>-<decoding>-<hash of config, weights, data and record version>`; `artifacts`:
     the `loaded_weights(cfg)`, when the caller has them already."""

@@ -157,11 +157,14 @@ def judge_label(cfg) -> str:
 class CachedJudge:
     """Judgments keyed by a hash of everything that determines them; the backend starts only on a miss."""
 
-    def __init__(self, cfg, cache_dir: Path, backend: Callable[[], Callable[[list[dict]], str]]):
+    def __init__(self, cfg, cache_dir: Path, backend: Callable[[], Callable[[list[dict]], str]],
+                 weights: dict | None = None):
         self.dir = Path(cache_dir) / judge_label(cfg)
         self.identity = {"judge": judge_label(cfg), "model": _plain(cfg.model), "base_url": cfg.base_url if cfg.name == "openai" else None,
                          "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
                          "force_rating": cfg.force_rating}
+        if weights:  # a local judge's checkpoint content (identity.judge_weights); none keeps older keys valid
+            self.identity["weights"] = weights
         self._backend, self._chat = backend, None
         self.hits = self.misses = 0
 
@@ -223,6 +226,8 @@ def _mean(values) -> float:
 
 def judge_run(cfg, records, rows: list[dict], loader, run_dir: Path) -> dict:
     """The MT-Bench metrics of a finished run under `cfg.judge` ({} when judge=none); writes judgments.jsonl."""
+    from specrepro.identity import judge_weights
+
     judge_cfg = cfg.judge
     if judge_cfg.name == "none":
         return {}
@@ -233,7 +238,7 @@ def judge_run(cfg, records, rows: list[dict], loader, run_dir: Path) -> dict:
     else:
         raise SpecReproError(f"judge.name must be none, local or openai; got '{judge_cfg.name}'")
     cache_dir = Path(judge_cfg.cache_dir or Path(cfg.results_dir) / "judgments")
-    judge = CachedJudge(judge_cfg, cache_dir, backend)
+    judge = CachedJudge(judge_cfg, cache_dir, backend, judge_weights(cfg))
     metrics, judgments = grade(records, rows, judge)
     atomic_write(Path(run_dir) / "judgments.jsonl", "".join(json.dumps(j) + "\n" for j in judgments))
     log.info("MT-Bench: %d judgments (%d cached), %.0f%% unparsed", len(judgments), judge.hits,
