@@ -124,6 +124,26 @@ def test_a_checkpoint_saved_again_at_the_same_local_path_is_a_new_run_and_a_new_
     assert (run_name(on_target, "data"), reference_key(on_target, "data")) == before[:2]
 
 
+def test_what_training_makes_from_a_checkpoint_is_named_by_its_weights(tmp_path):
+    """A component trained on an artifact or a local checkpoint (SPACE's later rounds, a draft for a fine-tuned
+    target), and the continuations cached from it, are made anew for a new checkpoint behind the same config."""
+    from specrepro.training import artifact_path
+    from specrepro.training.distill_data import distill_cache_dir
+
+    cfg = compose_run("method=sps", "model.source=artifact", "model.id=base", f"artifacts_dir={tmp_path}",
+                      config="train")
+    not_trained = artifact_path(cfg)  # its base is not trained yet: named by the config alone (a dry run's view)
+    (tmp_path / "base-m-aaaa").mkdir()
+    (tmp_path / "base-m-aaaa" / "artifact.json").write_text("{}")
+    (tmp_path / "base-m-aaaa" / "pytorch_model.bin").write_bytes(b"first")
+    first = artifact_path(cfg), distill_cache_dir(cfg, "continuations", {}, 8, 64)
+    (tmp_path / "base-m-aaaa" / "pytorch_model.bin").write_bytes(b"second")
+    assert first[0] != artifact_path(cfg) != not_trained
+    assert first[1] != distill_cache_dir(cfg, "continuations", {}, 8, 64)
+    embedded = compose_run("method=sps", f"artifacts_dir={tmp_path}", config="train")
+    assert artifact_path(embedded).name == "sps_draft-smollm2_135m-" + artifact_path(embedded).name.split("-")[-1]
+
+
 def test_a_newer_download_of_a_hub_model_is_a_new_run_and_a_new_reference(tmp_path, monkeypatch):
     """A hub id loads from the local cache first: the commit its revision points to there names the weights."""
     import huggingface_hub

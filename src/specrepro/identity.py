@@ -21,6 +21,7 @@ from huggingface_hub.errors import HFValidationError
 from omegaconf import DictConfig, OmegaConf
 
 from specrepro import registry
+from specrepro.errors import SpecReproError
 from specrepro.models.loading import resolve_artifact
 from specrepro.provenance import RECORD_VERSION
 from specrepro.tracking import config_hash
@@ -124,13 +125,30 @@ def loaded_weights(cfg: DictConfig, artifacts: dict[str, Path] | None = None) ->
     return artifact_identities(artifacts | local_checkpoints(cfg)) | hub_snapshots(cfg)
 
 
+def model_weights(model, artifacts_dir) -> dict[str, dict[str, str]]:
+    """The identity of the weights one model config loads: a trained artifact or a local directory by content, a
+    cached hub model by commit; {} for the embedded and random models (their config says it all)."""
+    node = OmegaConf.create({"model": model, "artifacts_dir": str(artifacts_dir)})
+    return artifact_identities(model_artifact(node) | local_checkpoints(node)) | hub_snapshots(node)
+
+
+def weights_key(cfg: DictConfig) -> dict:
+    """`{"weights": ...}` of `cfg.model`, for the names of what is computed from it (components trained on it, its
+    cached continuations and hidden states), so a new checkpoint behind the same config makes them anew; {} when
+    its config says it all, or its artifact is not trained yet (nothing is computed from it until it is)."""
+    try:
+        weights = model_weights(cfg.model, cfg.artifacts_dir)
+    except SpecReproError:
+        return {}
+    return {"weights": weights} if weights else {}
+
+
 def judge_weights(cfg: DictConfig) -> dict[str, dict[str, str]]:
     """The weights a local judge (`judge.model`, a model config) loads, as for a run's own models: part of the key of
     its cached judgments, so a judge checkpoint saved again at its path judges again."""
     if cfg.judge.name != "local" or not isinstance(cfg.judge.model, DictConfig):
         return {}
-    judge = OmegaConf.create({"model": cfg.judge.model, "artifacts_dir": cfg.artifacts_dir})
-    return artifact_identities(model_artifact(judge) | local_checkpoints(judge)) | hub_snapshots(judge)
+    return model_weights(cfg.judge.model, cfg.artifacts_dir)
 
 
 def run_name(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None = None) -> str:
@@ -148,6 +166,6 @@ def reference_key(cfg: DictConfig, data_fingerprint: str) -> str:
     """Runs with equal keys decode the same prompts on the same weights, hardware and decoding."""
     content = OmegaConf.to_container(cfg, resolve=True)
     key = {k: content[k] for k in ("model", "dataset", "decoding", "hardware")}
-    target = {role: found for role, found in loaded_weights(cfg, model_artifact(cfg)).items() if role == "model"}
-    key.update(artifacts=target, data=data_fingerprint, record_version=RECORD_VERSION)
+    key.update(artifacts=model_weights(cfg.model, cfg.artifacts_dir), data=data_fingerprint,
+               record_version=RECORD_VERSION)
     return config_hash(key)

@@ -23,10 +23,14 @@ log = logging.getLogger(__name__)
 
 
 def artifact_path(cfg) -> Path:
-    """`<artifacts_dir>/<component>-<model>-<hash of model + training config>`."""
+    """`<artifacts_dir>/<component>-<model>-<hash of model + training config>` (and, for a target loaded from an
+    artifact, a local directory or the hub cache, of its weights: `identity.weights_key`)."""
+    from specrepro.identity import weights_key
+
     content = OmegaConf.to_container(cfg, resolve=True)
     training, dtype = content["training"], content["hardware"]["dtype"]
-    key = config_hash({"model": weights_identity(content["model"]), "training": training, "dtype": dtype})
+    key = config_hash({"model": weights_identity(content["model"]), "training": training, "dtype": dtype,
+                       **weights_key(cfg)})
     return Path(cfg.artifacts_dir) / f"{cfg.training.component}-{cfg.model.name}-{key}"
 
 

@@ -86,13 +86,15 @@ def generate_continuations(model, tokenizer, texts: list[str], max_new_tokens: i
 
 def distill_cache_dir(cfg, kind: str, prompt_sets, tokens: int, max_prompt_tokens, dtype: str = "") -> Path:
     """`<artifacts_dir>/.work/<kind>-<hash>`: cached target outputs (`continuations`, `labels`) depend on the
-    target, the prompt sets, the lengths and the dtype that computed them (`dtype`, default the run's) only,
-    so every trainer asking for the same ones shares them."""
+    target (its config, and its weights where they are an artifact or a checkpoint), the prompt sets, the lengths
+    and the dtype that computed them (`dtype`, default the run's) only, so every trainer asking for the same ones
+    shares them."""
+    from specrepro.identity import weights_key
     from specrepro.tracking import config_hash
 
     key = config_hash(OmegaConf.to_container(OmegaConf.create({
         "model": weights_identity(cfg.model), "prompts": prompt_sets, "tokens": tokens, "max_prompt_tokens": max_prompt_tokens,
-        "dtype": dtype or cfg.hardware.dtype}), resolve=True))
+        "dtype": dtype or cfg.hardware.dtype, **weights_key(cfg)}), resolve=True))
     return Path(cfg.artifacts_dir) / ".work" / f"{kind}-{key}"
 
 
@@ -231,12 +233,13 @@ def frequent_tokens(rows: list[dict], size: int) -> torch.Tensor:
 def hidden_cache_dir(cfg, rows: list[dict], prompt_tokens: int, autocast: bool) -> Path:
     """`<artifacts_dir>/.work/hidden-<hash>`: the target's hidden states depend on the target, the rows' tokens, the
     prompt context and the precision of the forward only."""
+    from specrepro.identity import weights_key
     from specrepro.tracking import config_hash
 
     digest = hashlib.sha256(json.dumps([[r["prompt_ids"][-prompt_tokens:], r["continuation_ids"]] for r in rows])
                             .encode()).hexdigest()
     key = config_hash({"model": weights_identity(cfg.model), "rows": digest,
-                       "dtype": "bf16_autocast" if autocast else cfg.hardware.dtype})
+                       "dtype": "bf16_autocast" if autocast else cfg.hardware.dtype, **weights_key(cfg)})
     return Path(cfg.artifacts_dir) / ".work" / f"hidden-{key}"
 
 
