@@ -429,9 +429,9 @@ def test_a_table_regenerates_from_its_committed_inputs_alone(tmp_path):
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["ar-run", "pld-run-2"]
 
 
-def test_a_table_whose_runs_loaded_other_weights_under_one_artifact_name_says_so(tmp_path, caplog):
-    """Records merged from two machines, or made before and after a retrain: the footer names which runs loaded
-    which content of the artifact, and a warning says it; one content is not worth a line."""
+def test_a_table_whose_runs_loaded_other_weights_or_data_under_one_name_says_so(tmp_path, caplog):
+    """Records merged from two machines, or made before and after a retrain or a data edit: the footer names which
+    runs had which content of the artifact or dataset, and a warning says it; one content is not worth a line."""
     tables_dir, records = tmp_path / "tables", tmp_path / "records"
     tables_dir.mkdir()
     (tables_dir / "two.yaml").write_text(KEEP_TABLE)
@@ -452,7 +452,16 @@ def test_a_table_whose_runs_loaded_other_weights_under_one_artifact_name_says_so
         md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "two").read_text()
     line = ("- Mixed weights: runs loaded 2 different contents of sps_draft-m-1234 ([1]: aaaa; [2]: bbbb): it was "
             "retrained between them; their cells do not come from one model")
-    assert line in md.splitlines() and "Mixed weights" in caplog.text
+    assert line in md.splitlines() and "Mixed weights" in caplog.text and "Mixed data" not in md
+
+    for run, fingerprint in (("ar-run", "d1"), ("pld-run", "d2")):  # one dataset setting, its file edited between
+        (records / "runs" / run / "config.yaml").write_text(f"method: {{name: {run[:-4]}}}\n"
+                                                            "dataset: {name: gsm8k, limit: 10}\n")
+        path = records / "runs" / run / "metrics.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "data_fingerprint": fingerprint}))
+    md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "three").read_text()
+    assert ("- Mixed data: runs decoded 2 different contents of gsm8k (limit 10) ([1]: d1; [2]: d2): its records "
+            "changed between them; their cells do not come from the same prompts") in md.splitlines()
 
 
 @pytest.mark.parametrize("paper", PAPERS_WITH_INPUTS, ids=lambda path: path.name)

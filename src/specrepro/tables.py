@@ -435,17 +435,34 @@ def provenance_footer(runs: list[RunInfo], command: str) -> list[str]:
     return lines
 
 
-def mixed_weights(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]:
-    """A line for each trained artifact whose name this table's runs share but not its content (retrained under
-    the same name between them, e.g. on another machine): which runs loaded which weights."""
-    contents: dict[str, dict[str, list[str]]] = {}
-    for mark, name in enumerate(footnotes, start=1):
-        for artifact in (by_name[name].metrics.get("artifacts") or {}).values() if name in by_name else ():
-            contents.setdefault(artifact["name"], {}).setdefault(artifact["content_digest"], []).append(f"[{mark}]")
-    return [f"- Mixed weights: runs loaded {len(by_digest)} different contents of {artifact} ("
-            + "; ".join(f"{' '.join(marks)}: {digest}" for digest, marks in by_digest.items())
-            + "): it was retrained between them; their cells do not come from one model"
-            for artifact, by_digest in contents.items() if len(by_digest) > 1]
+def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]:
+    """A line for each input this table's runs share by name but not by content: a trained artifact or checkpoint
+    retrained between them ("Mixed weights"), or a dataset whose records changed between them ("Mixed data"), with
+    which runs had which content: their cells do not come from one model, or from the same prompts."""
+    weights: dict[str, dict[str, list[str]]] = {}
+    data: dict[str, dict[str, list[str]]] = {}
+    for mark, run in ((f"[{i}]", by_name[name]) for i, name in enumerate(footnotes, 1) if name in by_name):
+        for artifact in (run.metrics.get("artifacts") or {}).values():
+            weights.setdefault(artifact["name"], {}).setdefault(artifact["content_digest"], []).append(mark)
+        dataset = run.config.get("dataset") or {}
+        if dataset and run.metrics.get("data_fingerprint"):  # one dataset setting: the same records expected
+            setting = json.dumps(dataset, sort_keys=True, default=str)
+            data.setdefault(setting, {}).setdefault(run.metrics["data_fingerprint"], []).append(mark)
+
+    def lines(kind: str, found: dict, what: str, why: str) -> list[str]:
+        return [f"- Mixed {kind}: runs {what} {len(by_content)} different contents of {label(name)} ("
+                + "; ".join(f"{' '.join(marks)}: {content}" for content, marks in by_content.items()) + f"): {why}"
+                for name, by_content in found.items() if len(by_content) > 1]
+
+    def label(name: str) -> str:  # an artifact's name, or a dataset setting's name and limit
+        if not name.startswith("{"):
+            return name
+        dataset = json.loads(name)
+        return dataset.get("name", "a dataset") + (f" (limit {dataset['limit']})" if dataset.get("limit") else "")
+
+    return (lines("weights", weights, "loaded", "it was retrained between them; their cells do not come from one model")
+            + lines("data", data, "decoded", "its records changed between them; their cells do not come from the "
+                                             "same prompts"))
 
 
 def render_markdown(spec: TableSpec, header, body, footnotes, footer: list[str]) -> str:
@@ -552,7 +569,7 @@ def write_table(name: str, results_dir: str | Path | list = "results", source: s
     command = command or f"specrepro table {name}" + "".join(f" --results-dir {d}" for d in results_dirs)
     fresh = [by_name[n] for n in footnotes if n in by_name]
     footer = provenance_footer(fresh, command)
-    if mixed := mixed_weights(footnotes, by_name):
+    if mixed := mixed_inputs(footnotes, by_name):
         log.warning("%s: %s", md_path, " ".join(line.removeprefix("- ") for line in mixed))
         footer[-1:-1] = mixed
     if kept:
