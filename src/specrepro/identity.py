@@ -1,4 +1,4 @@
-"""What makes two runs the same run: the full resolved config, the artifacts it resolves to, and the data.
+"""What makes two runs the same run: the full resolved config, the weights it loads, and the data.
 
 A run's name ends in a hash of everything that changes what it computes: the resolved config (without
 where results go and how they are logged), the trained artifacts its references resolve to now and the models
@@ -129,7 +129,7 @@ def model_weights(model, artifacts_dir) -> dict[str, dict[str, str]]:
     """The identity of the weights one model config loads: a trained artifact or a local directory by content, a
     cached hub model by commit; {} for the embedded and random models (their config says it all)."""
     node = OmegaConf.create({"model": model, "artifacts_dir": str(artifacts_dir)})
-    return artifact_identities(model_artifact(node) | local_checkpoints(node)) | hub_snapshots(node)
+    return loaded_weights(node, model_artifact(node))
 
 
 def weights_key(cfg: DictConfig) -> dict:
