@@ -439,30 +439,26 @@ def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]
     """A line for each input this table's runs share by name but not by content: a trained artifact or checkpoint
     retrained between them ("Mixed weights"), or a dataset whose records changed between them ("Mixed data"), with
     which runs had which content: their cells do not come from one model, or from the same prompts."""
-    weights: dict[str, dict[str, list[str]]] = {}
-    data: dict[str, dict[str, list[str]]] = {}
+    weights: dict[str, dict[str, list[str]]] = {}  # artifact name -> content digest -> footnote marks
+    data: dict[tuple[str, str], dict[str, list[str]]] = {}  # (label, dataset setting) -> records fingerprint -> marks
     for mark, run in ((f"[{i}]", by_name[name]) for i, name in enumerate(footnotes, 1) if name in by_name):
         for artifact in (run.metrics.get("artifacts") or {}).values():
             weights.setdefault(artifact["name"], {}).setdefault(artifact["content_digest"], []).append(mark)
         dataset = run.config.get("dataset") or {}
         if dataset and run.metrics.get("data_fingerprint"):  # one dataset setting: the same records expected
-            setting = json.dumps(dataset, sort_keys=True, default=str)
+            label = str(dataset.get("name")) + (f" (limit {dataset['limit']})" if dataset.get("limit") else "")
+            setting = (label, json.dumps(dataset, sort_keys=True, default=str))
             data.setdefault(setting, {}).setdefault(run.metrics["data_fingerprint"], []).append(mark)
 
-    def lines(kind: str, found: dict, what: str, why: str) -> list[str]:
-        return [f"- Mixed {kind}: runs {what} {len(by_content)} different contents of {label(name)} ("
+    def lines(kind: str, found: list[tuple[str, dict[str, list[str]]]], what: str, why: str) -> list[str]:
+        return [f"- Mixed {kind}: runs {what} {len(by_content)} different contents of {name} ("
                 + "; ".join(f"{' '.join(marks)}: {content}" for content, marks in by_content.items()) + f"): {why}"
-                for name, by_content in found.items() if len(by_content) > 1]
+                for name, by_content in found if len(by_content) > 1]
 
-    def label(name: str) -> str:  # an artifact's name, or a dataset setting's name and limit
-        if not name.startswith("{"):
-            return name
-        dataset = json.loads(name)
-        return dataset.get("name", "a dataset") + (f" (limit {dataset['limit']})" if dataset.get("limit") else "")
-
-    return (lines("weights", weights, "loaded", "it was retrained between them; their cells do not come from one model")
-            + lines("data", data, "decoded", "its records changed between them; their cells do not come from the "
-                                             "same prompts"))
+    return (lines("weights", list(weights.items()), "loaded",
+                  "it was retrained between them; their cells do not come from one model")
+            + lines("data", [(label, found) for (label, _), found in data.items()], "decoded",
+                    "its records changed between them; their cells do not come from the same prompts"))
 
 
 def render_markdown(spec: TableSpec, header, body, footnotes, footer: list[str]) -> str:
