@@ -80,7 +80,8 @@ TINY_TRAINING = [
 
 
 def test_continuations_from_a_bf16_copy_are_cached_apart_and_leave_the_target_in_fp32(tmp_path):
-    cfg = OmegaConf.create({"model": {"name": "tiny"}, "artifacts_dir": str(tmp_path), "hardware": {"dtype": "float32"}})
+    cfg = OmegaConf.create({"model": {"name": "tiny", "source": "random"}, "artifacts_dir": str(tmp_path),
+                            "hardware": {"dtype": "float32"}})
     prompts = {"gsm8k": DatasetConfig(name="gsm8k_train", path="gsm8k/train.jsonl.gz", task="gsm8k",
                                       prompt_style="chat", template="hash_answer", limit=3)}
     bf16_dir = distill_cache_dir(cfg, "continuations", prompts, 6, 64, "bfloat16")
