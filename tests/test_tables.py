@@ -454,6 +454,17 @@ def test_a_table_whose_runs_loaded_other_weights_or_data_under_one_name_says_so(
             "retrained between them; their cells do not come from one model")
     assert line in md.splitlines() and "Mixed weights" in caplog.text and "Mixed data" not in md
 
+    path = records / "runs" / "ar-run" / "metrics.json"  # recorded before runs named their weights' contents
+    old_record = {k: v for k, v in json.loads(path.read_text()).items() if k != "artifacts"}
+    path.write_text(json.dumps({**old_record, "training_minutes": 0.0}))  # it loads no trained weights
+    md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "four").read_text()
+    assert "Unrecorded weights" not in md and "Mixed weights" not in md
+    path.write_text(json.dumps({**old_record, "training_minutes": 12.5}))
+    md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "five").read_text()
+    assert ("- Unrecorded weights: runs [1] predate records of the weights a run loads (`artifacts` in "
+            "metrics.json); nothing shows they loaded the contents the others recorded (sps_draft-m-1234: bbbb)"
+            ) in md.splitlines()
+
     for run, fingerprint in (("ar-run", "d1"), ("pld-run", "d2")):  # one dataset setting, its file edited between
         (records / "runs" / run / "config.yaml").write_text(f"method: {{name: {run[:-4]}}}\n"
                                                             "dataset: {name: gsm8k, limit: 10}\n")

@@ -438,10 +438,15 @@ def provenance_footer(runs: list[RunInfo], command: str) -> list[str]:
 def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]:
     """A line for each input this table's runs share by name but not by content: a trained artifact or checkpoint
     retrained between them ("Mixed weights"), or a dataset whose records changed between them ("Mixed data"), with
-    which runs had which content: their cells do not come from one model, or from the same prompts."""
+    which runs had which content: their cells do not come from one model, or from the same prompts. Runs that load
+    trained weights but predate records of them ("Unrecorded weights"), beside runs that record theirs, get a line
+    too: nothing shows they loaded the same contents."""
     weights: dict[str, dict[str, list[str]]] = {}  # artifact name -> content digest -> footnote marks
     data: dict[tuple[str, str], dict[str, list[str]]] = {}  # (label, dataset setting) -> records fingerprint -> marks
+    unrecorded: list[str] = []  # marks of runs with trained weights and no `artifacts` (recorded before it existed)
     for mark, run in ((f"[{i}]", by_name[name]) for i, name in enumerate(footnotes, 1) if name in by_name):
+        if "artifacts" not in run.metrics and run.metrics.get("training_minutes") != 0:
+            unrecorded.append(mark)
         for artifact in (run.metrics.get("artifacts") or {}).values():
             weights.setdefault(artifact["name"], {}).setdefault(artifact["content_digest"], []).append(mark)
         dataset = run.config.get("dataset") or {}
@@ -455,8 +460,13 @@ def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]
                 + "; ".join(f"{' '.join(marks)}: {content}" for content, marks in by_content.items()) + f"): {why}"
                 for name, by_content in found if len(by_content) > 1]
 
+    unverified = [f"- Unrecorded weights: runs {' '.join(unrecorded)} predate records of the weights a run loads "
+                  f"(`artifacts` in metrics.json); nothing shows they loaded the contents the others recorded ("
+                  + "; ".join(f"{name}: {', '.join(by_content)}" for name, by_content in weights.items()) + ")"
+                  ] if unrecorded and weights else []
     return (lines("weights", list(weights.items()), "loaded",
                   "it was retrained between them; their cells do not come from one model")
+            + unverified
             + lines("data", [(label, found) for (label, _), found in data.items()], "decoded",
                     "its records changed between them; their cells do not come from the same prompts"))
 
