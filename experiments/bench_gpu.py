@@ -29,7 +29,7 @@ from pathlib import Path
 from statistics import fmean
 
 import torch
-from common import compose_config, gsm8k_prompts, run_script, timed_generate
+from common import composed, gsm8k_prompts, run_script, timed_generate
 from tqdm import tqdm
 
 from specrepro import registry
@@ -59,13 +59,6 @@ def copy_bandwidth(device: torch.device, gib: float = 1.0) -> float:
         device_sync(device)
         best = min(best, time.perf_counter() - start)
     return 2 * x.numel() / best
-
-
-def composed(group: str, spec: str):
-    """The `group` config of a preset with overrides, as `specrepro run` composes it: ("method", "eesd
-    method.draft_vocab=4096") is the eesd preset with that override."""
-    name, *overrides = spec.split()
-    return compose_config("run", [f"{group}={name}", *overrides])[group]
 
 
 def method_arms(presets: str, target, stock: LoadedModel, loader) -> dict:

@@ -50,6 +50,13 @@ def compose_config(name: str, overrides: list[str]):
         return compose(config_name=name, overrides=overrides)
 
 
+def composed(group: str, spec: str):
+    """The `group` config of a preset with overrides, as `specrepro run` composes it: ("method", "eesd
+    method.draft_vocab=4096") is the eesd preset with that override."""
+    name, *overrides = spec.split()
+    return compose_config("run", [f"{group}={name}", *overrides])[group]
+
+
 def run_script(main) -> None:
     """Run a script's `main`: a user's mistake (an unknown preset or override, a missing artifact) ends as one
     line on stderr and exit status 2, as the specrepro command's do."""
