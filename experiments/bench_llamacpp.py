@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from statistics import fmean
+from statistics import fmean, median
 
 import numpy as np
 import torch
@@ -40,6 +40,8 @@ from specrepro.config import HardwareConfig
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.steps import EagerSteps
+from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.models import ModelLoader
 from specrepro.models.loading import embedded_gguf_path
@@ -47,6 +49,7 @@ from specrepro.provenance import machine_label, provenance
 from specrepro.tracking import atomic_write
 
 ARMS = ("ar", "pld", "llamacpp_ar", "llamacpp_lookup")
+REPEATS = 5  # timings of one forward, of which the median counts
 LOOKUPS = {"pld": "ar", "llamacpp_lookup": "llamacpp_ar"}  # each lookup arm and its own engine's AR
 
 
@@ -83,6 +86,20 @@ class LlamaCppArm:
         seconds = time.perf_counter() - start
         return tokens, seconds, self.drafts if self.llm.draft_model else len(tokens) - 1
 
+    def forward_seconds(self, ids: list[int], width: int) -> float:
+        """Median seconds of one forward over `width` tokens after the prompt `ids` (all rows' logits when the
+        arm keeps them, as a lookup's verification does)."""
+        self.llm.reset()
+        self.llm.eval(ids)
+        times = []
+        for _ in range(REPEATS):
+            self.llm.n_tokens = len(ids)
+            self.llm._ctx.kv_cache_seq_rm(-1, len(ids), -1)  # as Llama.generate rolls back a rejected draft
+            start = time.perf_counter()
+            self.llm.eval(ids[-width:])
+            times.append(time.perf_counter() - start)
+        return median(times)
+
     def batched_mismatches(self, ids: list[int], tokens: list[int]) -> list[float]:
         """Where one batched forward over the prompt and `tokens` (a greedy output) picks another token than
         `tokens` has, that is, where a verification forward disagrees with the one-token steps that chose them:
@@ -93,6 +110,23 @@ class LlamaCppArm:
         scores = self.llm.scores[len(ids) - 1 : len(ids) - 1 + len(tokens)]
         chosen = scores[np.arange(len(tokens)), tokens]
         return [float(gap) for gap in scores.max(axis=-1) - chosen if gap > 0]
+
+
+def our_forward_seconds(model, ids: list[int], width: int) -> float:
+    """Median seconds of one forward of our model over `width` tokens after the prompt `ids`, every row's logits
+    kept (as our verification does), on the eager steps our decoders run."""
+    steps = EagerSteps(model)
+    cache = steps.new_cache(len(ids) + width)
+    times = []
+    with torch.inference_mode():
+        steps(torch.tensor([ids], device=model.device), cache, logits_to_keep=1)
+        tokens = torch.tensor([ids[-width:]], device=model.device)
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            steps(tokens, cache, logits_to_keep=width)
+            times.append(time.perf_counter() - start)
+            crop_cache(cache, len(ids))
+    return median(times)
 
 
 def shared_prefix(a: list[int], b: list[int]) -> int:
@@ -126,6 +160,11 @@ def markdown(figures: dict) -> str:
     lines += [
         "",
         f"- llama.cpp's AR over ours (tok/s, paired): {figures['llamacpp_ar_over_ar']:.2f}x.",
+        f"- One forward over {figures['verify_width']} tokens (a whole verification: a draft of"
+        f" {figures['verify_width'] - 1} and the token before it) costs {figures['verify_cost']['ours']:.2f}"
+        f" one-token forwards in ours and {figures['verify_cost']['llamacpp']:.2f} in llama.cpp (median of"
+        f" {REPEATS}, after the first prompt); a lookup's speedup is about its MAT over that cost, less its own"
+        " overhead.",
         f"- Where llama.cpp's and our greedy AR part: on average after {figures['shared_prefix_share']:.0%} of the"
         " shorter output (4-bit weights times 8-bit activations against float32; a lookup is checked against its"
         " own engine's AR).",
@@ -191,6 +230,11 @@ def main() -> None:
 
     for arm in ARMS:  # warm-up
         run(arm, prompts[0], 16)
+    width = pld_cfg.num_pred_tokens + 1  # a whole verification: the draft and the token before it
+    lookup = llama["llamacpp_lookup"]
+    step_cost = {"ours": our_forward_seconds(target.model, prompts[0], width)
+                 / our_forward_seconds(target.model, prompts[0], 1),
+                 "llamacpp": lookup.forward_seconds(prompts[0], width) / lookup.forward_seconds(prompts[0], 1)}
     results = {arm: [] for arm in ARMS}
 
     def paired(arm: str, base: str) -> float:
@@ -213,6 +257,7 @@ def main() -> None:
             "llamacpp_ar_over_ar": paired("llamacpp_ar", "ar"),
             "identical": {arm: sum(r["tokens"] == b["tokens"] for r, b in zip(results[arm], results[base]))
                           for arm, base in [*LOOKUPS.items(), ("llamacpp_ar", "ar")]},
+            "verify_width": width, "verify_cost": step_cost,
             "llamacpp_batched_mismatches": [r["batched_mismatches"] for r in results["llamacpp_ar"]],
             "shared_prefix_share": fmean(shared_prefix(r["tokens"], b["tokens"]) / min(len(r["tokens"]), len(b["tokens"]))
                                          for r, b in zip(results["llamacpp_ar"], done)),

@@ -36,6 +36,10 @@ def test_bench_times_every_arm_and_each_lookup_decodes_what_its_own_ar_does(tmp_
     assert figures["mat"]["ar"] == figures["mat"]["llamacpp_ar"] == 1.0
     assert figures["mat"]["pld"] >= 1.0 and figures["mat"]["llamacpp_lookup"] >= 1.0
     assert 0.0 <= figures["shared_prefix_share"] <= 1.0
+    assert figures["verify_width"] == 11 and set(figures["verify_cost"]) == {"ours", "llamacpp"}
+    assert all(cost > 0 for cost in figures["verify_cost"].values())
+    assert len(figures["llamacpp_batched_mismatches"]) == 2
+    assert all(gap > 0 for gaps in figures["llamacpp_batched_mismatches"] for gap in gaps)
     text = page.read_text()
     assert "| `llamacpp_lookup` | llama.cpp prompt lookup | Q4_1 GGUF |" in text
     assert "bench_llamacpp.py" in text.splitlines()[-1] and "Regenerate" in text.splitlines()[-1]
