@@ -49,7 +49,7 @@ from specrepro.provenance import machine_label, provenance
 from specrepro.tracking import atomic_write
 
 ARMS = ("ar", "pld", "llamacpp_ar", "llamacpp_lookup")
-REPEATS = 5  # timings of one forward, of which the median counts
+REPEATS = 21  # back-to-back pairs of forwards timed for a width's cost; the median counts
 LOOKUPS = {"pld": "ar", "llamacpp_lookup": "llamacpp_ar"}  # each lookup arm and its own engine's AR
 
 
@@ -86,19 +86,20 @@ class LlamaCppArm:
         seconds = time.perf_counter() - start
         return tokens, seconds, self.drafts if self.llm.draft_model else len(tokens) - 1
 
-    def forward_seconds(self, ids: list[int], width: int) -> float:
-        """Median seconds of one forward over `width` tokens after the prompt `ids` (all rows' logits when the
-        arm keeps them, as a lookup's verification does)."""
+    def forward_timer(self, ids: list[int]):
+        """A function timing one forward over `width` tokens after the prompt `ids`, which it evaluates once (all
+        rows' logits when the arm keeps them, as a lookup's verification does)."""
         self.llm.reset()
         self.llm.eval(ids)
-        times = []
-        for _ in range(REPEATS):
+
+        def seconds(width: int) -> float:
             self.llm.n_tokens = len(ids)
             self.llm._ctx.kv_cache_seq_rm(-1, len(ids), -1)  # as Llama.generate rolls back a rejected draft
             start = time.perf_counter()
             self.llm.eval(ids[-width:])
-            times.append(time.perf_counter() - start)
-        return median(times)
+            return time.perf_counter() - start
+
+        return seconds
 
     def batched_mismatches(self, ids: list[int], tokens: list[int]) -> list[float]:
         """Where one batched forward over the prompt and `tokens` (a greedy output) picks another token than
@@ -112,21 +113,29 @@ class LlamaCppArm:
         return [float(gap) for gap in scores.max(axis=-1) - chosen if gap > 0]
 
 
-def our_forward_seconds(model, ids: list[int], width: int) -> float:
-    """Median seconds of one forward of our model over `width` tokens after the prompt `ids`, every row's logits
-    kept (as our verification does), on the eager steps our decoders run."""
+def our_forward_timer(model, ids: list[int]):
+    """A function timing one forward of our model over `width` tokens after the prompt `ids`, every row's logits
+    kept (as our verification does), on the eager steps our decoders run; the prompt is evaluated once."""
     steps = EagerSteps(model)
-    cache = steps.new_cache(len(ids) + width)
-    times = []
+    cache = steps.new_cache(len(ids))
     with torch.inference_mode():
         steps(torch.tensor([ids], device=model.device), cache, logits_to_keep=1)
+
+    def seconds(width: int) -> float:
         tokens = torch.tensor([ids[-width:]], device=model.device)
-        for _ in range(REPEATS):
+        with torch.inference_mode():
             start = time.perf_counter()
             steps(tokens, cache, logits_to_keep=width)
-            times.append(time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
             crop_cache(cache, len(ids))
-    return median(times)
+        return elapsed
+
+    return seconds
+
+
+def width_cost(seconds, width: int) -> float:
+    """A forward over `width` tokens in one-token forwards: the median over REPEATS pairs timed back to back."""
+    return median(seconds(width) / seconds(1) for _ in range(REPEATS))
 
 
 def shared_prefix(a: list[int], b: list[int]) -> int:
@@ -162,8 +171,8 @@ def markdown(figures: dict) -> str:
         f"- llama.cpp's AR over ours (tok/s, paired): {figures['llamacpp_ar_over_ar']:.2f}x.",
         f"- One forward over {figures['verify_width']} tokens (a whole verification: a draft of"
         f" {figures['verify_width'] - 1} and the token before it) costs {figures['verify_cost']['ours']:.2f}"
-        f" one-token forwards in ours and {figures['verify_cost']['llamacpp']:.2f} in llama.cpp (median of"
-        f" {REPEATS}, after the first prompt): a lookup step's cost when its draft is whole; a shorter draft, or"
+        f" one-token forwards in ours and {figures['verify_cost']['llamacpp']:.2f} in llama.cpp (the median of"
+        f" {REPEATS} pairs timed back to back, after the first prompt): a lookup step's cost when its draft is whole; a shorter draft, or"
         " none where no n-gram matches, costs less.",
         f"- Where llama.cpp's and our greedy AR part: on average after {figures['shared_prefix_share']:.0%} of the"
         " shorter output (4-bit weights times 8-bit activations against float32; a lookup is checked against its"
@@ -231,10 +240,8 @@ def main() -> None:
     for arm in ARMS:  # warm-up
         run(arm, prompts[0], 16)
     width = pld_cfg.num_pred_tokens + 1  # a whole verification: the draft and the token before it
-    lookup = llama["llamacpp_lookup"]
-    step_cost = {"ours": our_forward_seconds(target.model, prompts[0], width)
-                 / our_forward_seconds(target.model, prompts[0], 1),
-                 "llamacpp": lookup.forward_seconds(prompts[0], width) / lookup.forward_seconds(prompts[0], 1)}
+    step_cost = {"ours": width_cost(our_forward_timer(target.model, prompts[0]), width),
+                 "llamacpp": width_cost(llama["llamacpp_lookup"].forward_timer(prompts[0]), width)}
     results = {arm: [] for arm in ARMS}
 
     def paired(arm: str, base: str) -> float:
