@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).parents[1] / "experiments" / "bench_llamacpp.py"
+ROOT = Path(__file__).parents[1]
+BENCH = ROOT / "experiments" / "bench_llamacpp.py"
 
 
 def test_a_pld_arm_that_drafts_otherwise_than_llama_cpp_is_refused_in_one_line():
@@ -43,3 +44,13 @@ def test_bench_times_every_arm_and_each_lookup_decodes_what_its_own_ar_does(tmp_
     text = page.read_text()
     assert "| `llamacpp_lookup` | llama.cpp prompt lookup | Q4_1 GGUF |" in text
     assert "bench_llamacpp.py" in text.splitlines()[-1] and "Regenerate" in text.splitlines()[-1]
+
+
+def test_the_committed_page_is_the_one_its_committed_figures_give(monkeypatch):
+    """results/cpu/llamacpp.md is the bench's rendering of the JSON it wrote beside it, never typed."""
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    from bench_llamacpp import markdown
+
+    figures = json.loads((ROOT / "results" / "cpu" / "llamacpp.json").read_text())
+    assert (ROOT / "results" / "cpu" / "llamacpp.md").read_text() == markdown(figures)
+    assert figures["prompts"] == figures["prompts_asked"] and not figures["provenance"]["code"].get("dirty")
