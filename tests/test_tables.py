@@ -18,8 +18,8 @@ import yaml
 from specrepro.errors import SpecReproError
 from specrepro.reproduce import PIPELINES_DIR, load_pipeline
 from specrepro.plots import read_here, write_plots
-from specrepro.tables import (TABLES_DIR, Column, Row, RunInfo, TableSpec, _matches, build_table, local_runs,
-                              render_csv, write_table)
+from specrepro.tables import (TABLES_DIR, Column, Row, RunInfo, TableSpec, _mark_ranges, _matches, build_table,
+                              local_runs, render_csv, write_table)
 from tests.test_runner import FAST, run_dirs, specrepro
 
 COMMITTED = Path(__file__).parents[1] / "results"
@@ -473,6 +473,33 @@ def test_a_table_whose_runs_loaded_other_weights_or_data_under_one_name_says_so(
     md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "three").read_text()
     assert ("- Mixed data: runs decoded 2 different contents of gsm8k (limit 10) ([1]: d1; [2]: d2): its records "
             "changed between them; their cells do not come from the same prompts") in md.splitlines()
+
+
+def test_a_table_whose_runs_two_machines_timed_says_which_runs_each_timed(tmp_path):
+    """Runs merged from two machines: the footer lists each machine's runs, so a reader compares tok/s only
+    within one; runs from one machine (or without a recorded machine) add no line."""
+    tables_dir, records = tmp_path / "tables", tmp_path / "records"
+    tables_dir.mkdir()
+    (tables_dir / "two.yaml").write_text(KEEP_TABLE)
+    _record(records, "ar-run", "ar", 1.0)
+    _record(records, "pld-run", "pld", 1.5)
+
+    def timed_on(run: str, cpu: str) -> None:
+        path = records / "runs" / run / "metrics.json"
+        machine = {"cpu": cpu, "cpu_capability": "AVX2", "cpu_cores": 2}
+        path.write_text(json.dumps({**json.loads(path.read_text()), "provenance": {"machine": machine}}))
+
+    timed_on("ar-run", "AMD EPYC")
+    one = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "one").read_text()
+    timed_on("pld-run", "AMD EPYC")
+    same = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "same").read_text()
+    assert "Runs by machine" not in one + same and "- Machine: AMD EPYC (AVX2), 2 cores\n" in same
+    timed_on("pld-run", "Intel Xeon")
+    md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "two").read_text().splitlines()
+    line = ("- Runs by machine: AMD EPYC (AVX2), 2 cores: [1]; Intel Xeon (AVX2), 2 cores: [2] (tok/s compare only "
+            "between runs of one machine)")
+    assert md[md.index("- Machine: AMD EPYC (AVX2), 2 cores; Intel Xeon (AVX2), 2 cores") + 1] == line
+    assert _mark_ranges([1, 2, 3, 7, 9, 10]) == "[1]-[3] [7] [9]-[10]"  # a long table's marks stay short
 
 
 @pytest.mark.parametrize("paper", PAPERS_WITH_INPUTS, ids=lambda path: path.name)

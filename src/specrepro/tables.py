@@ -471,6 +471,32 @@ def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]
                     "its records changed between them; their cells do not come from the same prompts"))
 
 
+def runs_by_machine(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]:
+    """A line naming which runs each machine timed, when a table's runs come from more than one: tok/s and
+    absolute timings then compare only between rows of one machine (each paired speedup and step cost is a ratio
+    timed on its own run's machine, though one CPU's ratio need not be another's)."""
+    numbers: dict[str, list[int]] = {}
+    for i, name in enumerate(footnotes, 1):
+        machine = ((by_name[name].metrics.get("provenance") or {}).get("machine")) if name in by_name else None
+        if machine:
+            numbers.setdefault(machine_label(machine), []).append(i)
+    if len(numbers) < 2:
+        return []
+    by_machine = "; ".join(f"{machine}: {_mark_ranges(runs)}" for machine, runs in sorted(numbers.items()))
+    return [f"- Runs by machine: {by_machine} (tok/s compare only between runs of one machine)"]
+
+
+def _mark_ranges(numbers: list[int]) -> str:
+    """Footnote marks with consecutive runs joined: [1] [2] [3] [7] -> "[1]-[3] [7]"."""
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return " ".join(f"[{a}]" if a == b else f"[{a}]-[{b}]" for a, b in spans)
+
+
 def render_markdown(spec: TableSpec, header, body, footnotes, footer: list[str]) -> str:
     lines = [f"# {spec.title}", ""]
     if spec.source:
@@ -575,6 +601,7 @@ def write_table(name: str, results_dir: str | Path | list = "results", source: s
     command = command or f"specrepro table {name}" + "".join(f" --results-dir {d}" for d in results_dirs)
     fresh = [by_name[n] for n in footnotes if n in by_name]
     footer = provenance_footer(fresh, command)
+    footer[1:1] = runs_by_machine(footnotes, by_name)
     if mixed := mixed_inputs(footnotes, by_name):
         log.warning("%s: %s", md_path, " ".join(line.removeprefix("- ") for line in mixed))
         footer[-1:-1] = mixed
