@@ -462,8 +462,11 @@ def test_a_table_whose_runs_loaded_other_weights_or_data_under_one_name_says_so(
     path.write_text(json.dumps({**old_record, "training_minutes": 12.5}))
     md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "five").read_text()
     assert ("- Unrecorded weights: runs [1] predate records of the weights a run loads (`artifacts` in "
-            "metrics.json); nothing shows they loaded the contents the others recorded (sps_draft-m-1234: bbbb)"
-            ) in md.splitlines()
+            "metrics.json); nothing shows they loaded the contents runs of their model recorded "
+            "(sps_draft-m-1234: bbbb)") in md.splitlines()
+    path.write_text(json.dumps({**old_record, "training_minutes": 12.5, "model": "another"}))  # its own weights
+    md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "six").read_text()
+    assert "Unrecorded weights" not in md
 
     for run, fingerprint in (("ar-run", "d1"), ("pld-run", "d2")):  # one dataset setting, its file edited between
         (records / "runs" / run / "config.yaml").write_text(f"method: {{name: {run[:-4]}}}\n"

@@ -439,16 +439,19 @@ def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]
     """A line for each input this table's runs share by name but not by content: a trained artifact or checkpoint
     retrained between them ("Mixed weights"), or a dataset whose records changed between them ("Mixed data"), with
     which runs had which content: their cells do not come from one model, or from the same prompts. Runs that load
-    trained weights but predate records of them ("Unrecorded weights"), beside runs that record theirs, get a line
-    too: nothing shows they loaded the same contents."""
+    trained weights but predate records of them ("Unrecorded weights"), beside runs of the same model that record
+    theirs, get a line too: nothing shows they loaded the same contents (another model's weights say nothing)."""
     weights: dict[str, dict[str, list[str]]] = {}  # artifact name -> content digest -> footnote marks
     data: dict[tuple[str, str], dict[str, list[str]]] = {}  # (label, dataset setting) -> records fingerprint -> marks
-    unrecorded: list[str] = []  # marks of runs with trained weights and no `artifacts` (recorded before it existed)
+    unrecorded: list[tuple[str, str]] = []  # (mark, model) of runs with trained weights and no `artifacts` record
+    recorded: dict[str, dict[str, list[str]]] = {}  # model -> artifact name -> content digests its runs recorded
     for mark, run in ((f"[{i}]", by_name[name]) for i, name in enumerate(footnotes, 1) if name in by_name):
         if "artifacts" not in run.metrics and run.metrics.get("training_minutes") != 0:
-            unrecorded.append(mark)
+            unrecorded.append((mark, str(run.metrics.get("model"))))
         for artifact in (run.metrics.get("artifacts") or {}).values():
             weights.setdefault(artifact["name"], {}).setdefault(artifact["content_digest"], []).append(mark)
+            digests = recorded.setdefault(str(run.metrics.get("model")), {}).setdefault(artifact["name"], [])
+            digests += [artifact["content_digest"]] if artifact["content_digest"] not in digests else []
         dataset = run.config.get("dataset") or {}
         if dataset and run.metrics.get("data_fingerprint"):  # one dataset setting: the same records expected
             label = str(dataset.get("name")) + (f" (limit {dataset['limit']})" if dataset.get("limit") else "")
@@ -460,10 +463,13 @@ def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]
                 + "; ".join(f"{' '.join(marks)}: {content}" for content, marks in by_content.items()) + f"): {why}"
                 for name, by_content in found if len(by_content) > 1]
 
-    unverified = [f"- Unrecorded weights: runs {' '.join(unrecorded)} predate records of the weights a run loads "
-                  f"(`artifacts` in metrics.json); nothing shows they loaded the contents the others recorded ("
-                  + "; ".join(f"{name}: {', '.join(by_content)}" for name, by_content in weights.items()) + ")"
-                  ] if unrecorded and weights else []
+    suspects = [(mark, model) for mark, model in unrecorded if model in recorded]
+    others = {name: digests for _, model in suspects for name, digests in recorded[model].items()}
+    unverified = [f"- Unrecorded weights: runs {' '.join(mark for mark, _ in suspects)} predate records of the "
+                  "weights a run loads (`artifacts` in metrics.json); nothing shows they loaded the contents runs of "
+                  "their model recorded ("
+                  + "; ".join(f"{name}: {', '.join(digests)}" for name, digests in others.items()) + ")"
+                  ] if suspects else []
     return (lines("weights", list(weights.items()), "loaded",
                   "it was retrained between them; their cells do not come from one model")
             + unverified
