@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -280,6 +281,33 @@ def test_every_link_on_the_committed_pages_names_a_file_of_the_repository():
                 for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text())
                 if not re.match(r"[a-z]+:|#", target) and not (page.parent / target.split("#")[0]).exists()]
     assert len(pages) > 10 and not dangling, dangling
+
+
+def test_a_headline_says_where_its_own_cell_was_measured(tmp_path):
+    """A table merging runs of two machines: a headline's "measured on" is the machine, commit and date of the run
+    behind its cell, not the whole table's; a table without committed inputs falls back to its footer."""
+    from specrepro.reproduce import headline_origin
+    from specrepro.tables import write_table
+    from tests.test_tables import KEEP_TABLE
+
+    tables, records, out = tmp_path / "tables", tmp_path / "records", tmp_path / "keep"
+    tables.mkdir()
+    (tables / "two.yaml").write_text(KEEP_TABLE)
+    for name, method, cpu, commit, day in (("ar-run", "ar", "AMD EPYC", "a" * 40, "2026-01-01"),
+                                           ("pld-run", "pld", "Intel Xeon", "b" * 40, "2026-01-02")):
+        run = records / "runs" / name
+        run.mkdir(parents=True)
+        origin = {"machine": {"cpu": cpu, "cpu_cores": 2}, "code": {"commit": commit},
+                  "finished_at": f"{day}T00:00:00+00:00"}
+        (run / "metrics.json").write_text(json.dumps({"complete": True, "method": method, "mat": 1.5,
+                                                      "provenance": origin}))
+        (run / "config.yaml").write_text(f"method: {{name: {method}}}\n")
+    table = write_table("two", records, tables_dir=tables, out_dir=out).with_suffix(".csv")
+    item = {"table": "two", "row": ["pld"], "column": "MAT"}
+    assert headline_origin(table, item, tables) == "Intel Xeon, 2 cores; bbbbbbbbbb; 2026-01-02"
+    shutil.rmtree(out / "runs")
+    assert headline_origin(table, item, tables) == ("AMD EPYC, 2 cores; Intel Xeon, 2 cores; aaaaaaaaaa, bbbbbbbbbb; "
+                                                    "2026-01-01 to 2026-01-02")
 
 
 def test_summary_and_dry_run_meet_bad_files_in_one_line(tmp_path):

@@ -47,7 +47,7 @@ from specrepro.errors import SpecReproError, one_line
 from specrepro.plots import table_rows
 from specrepro.provenance import checkout_version, device_description, machine_label, now
 from specrepro.reuse import REUSE_LOG
-from specrepro.tables import MISSING_CELL
+from specrepro.tables import MISSING_CELL, TABLES_DIR, TableSpec, cell_runs, local_runs, runs_origin
 from specrepro.tracking import atomic_write
 from specrepro.training.shards import exclusive, lock_file
 
@@ -363,14 +363,41 @@ def headline_cells(table_csv: Path, row: list[str], column: str) -> tuple[str, s
     raise SpecReproError(f"{table_csv}: no row {' / '.join(row)}")
 
 
+def origin_text(machines: str, commits: list[str], first: str, last: str) -> str:
+    """"machine; commit; dates" as the summary page shows where a figure was measured."""
+    code = ", ".join(commits) if len(commits) <= 2 else f"{len(commits)} commits"
+    return f"{machines}; {code}; {first if last in ('', first) else f'{first} to {last}'}"
+
+
 def table_origin(table_csv: Path) -> str:
     """Machine, code commit and dates of a committed table, from its CSV's provenance footer."""
     footer = dict(line[2:].split(": ", 1) for line in table_csv.read_text().splitlines()
                   if line.startswith(("# Machine: ", "# Code: ", "# Dates: ")))
-    commits = footer.get("Code", "unknown").split(" (", 1)[0].split(", ")
-    code = ", ".join(commits) if len(commits) <= 2 else f"{len(commits)} commits"
     first, _, last = footer.get("Dates", "unknown").partition(" to ")
-    return f"{footer.get('Machine', 'unknown')}; {code}; {first if last in ('', first) else f'{first} to {last}'}"
+    return origin_text(footer.get("Machine", "unknown"), footer.get("Code", "unknown").split(" (", 1)[0].split(", "),
+                       first, last)
+
+
+def headline_origin(table_csv: Path, item: dict, tables_dir: Path = TABLES_DIR) -> str:
+    """Where one headline cell was measured: the machine, commit and dates of the run behind it, as the table's
+    spec selects it among the runs its row names in the committed inputs beside the table (`runs/`); those of all
+    the row's runs where the cell's own cannot be told; the table's footer where no inputs are committed."""
+    header, *body = table_rows(table_csv.read_text())
+    names = next(set(cells[-1].split(";")) for cells in body if cells[: len(item["row"])] == item["row"])
+    runs = [run for run in local_runs(table_csv.parent) if run.name in names] if (table_csv.parent / "runs").is_dir() \
+        else []
+    if not runs:
+        return table_origin(table_csv)
+    try:
+        spec = TableSpec.load(item["table"], tables_dir)
+        row = next(row for row in spec.rows if list(row.label) == item["row"])
+        column = next(column for column in spec.columns if column.label == item["column"])
+        behind = cell_runs(spec, row, column, runs)
+    except (SpecReproError, StopIteration):
+        behind = [None]
+    machines, commits, dates = runs_origin(runs if None in behind else behind)
+    return origin_text("; ".join(machines) or "unknown", commits or ["unknown"],
+                       dates[0][:10] if dates else "unknown", dates[-1][:10] if dates else "")
 
 
 def summary_page(results_dir: str = "results", page_dir: Path | None = None,
@@ -380,7 +407,7 @@ def summary_page(results_dir: str = "results", page_dir: Path | None = None,
     page_dir = Path(page_dir or results_dir)
     lines = ["# What the harness found", "",
              "Headline cells copied from the committed tables: the paper's figure, ours, and where ours was measured "
-             "(machine; commit; dates, from the table's provenance footer). A paper's claims page "
+             "(machine; commit; dates of the run behind the cell, from its record). A paper's claims page "
              "(`<paper>/README.md`) says which claims were reproduced and why.", "",
              "| paper | claim | paper | here | measured on | table |", "|---|---|---|---|---|---|"]
     for path in sorted(pipelines_dir.glob("*.yaml")):
@@ -389,7 +416,7 @@ def summary_page(results_dir: str = "results", page_dir: Path | None = None,
             table = Path(results_dir) / spec["paper"] / f"{item['table']}.csv"
             if table.is_file():
                 paper, here = headline_cells(table, item["row"], item["column"])
-                origin = table_origin(table)
+                origin = headline_origin(table, item)
                 link = f"[{item['table']}]({Path(os.path.relpath(table.with_suffix('.md'), page_dir)).as_posix()})"
             else:
                 paper, here, origin, link = "", "not regenerated yet", "", f"`specrepro reproduce {path.stem}`"

@@ -378,6 +378,17 @@ def _format(value, column: Column, scale: float = 1.0) -> str:
     return column.fmt.format(value * scale)
 
 
+def cell_runs(spec: TableSpec, row: Row, column: Column, runs: list[RunInfo]) -> list[RunInfo | None]:
+    """The run behind a cell (one per value a `mean_over` column averages): the newest complete run matching the
+    table's, row's and column's selectors, None where none does."""
+    selectors = [{key: v} for key, values in column.mean_over.items() for v in values] or [{}]
+    found = []
+    for extra in selectors:
+        candidates = [r for r in runs if _matches(r, {**spec.select, **row.select, **column.select, **extra})]
+        found.append(max(candidates, key=lambda r: (r.order, r.name)) if candidates else None)
+    return found
+
+
 def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[list[str]], list[str]]:
     """(header, body rows, footnotes): per column a "paper" and a "here" cell (only "here" when no row has a paper
     number: a benchmark's own table); a `runs` column of footnote marks."""
@@ -392,12 +403,8 @@ def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[l
         cells = [_label_from_environment(label) for label in row.label] + [""] * (len(spec.row_header) - len(row.label))
         used: list[str] = []
         for column in spec.columns:
-            selectors = ([{column_key: v} for column_key, values in column.mean_over.items() for v in values]
-                         or [{}])
             values = []
-            for extra in selectors:
-                candidates = [r for r in runs if _matches(r, {**spec.select, **row.select, **column.select, **extra})]
-                run = max(candidates, key=lambda r: (r.order, r.name)) if candidates else None
+            for run in cell_runs(spec, row, column, runs):
                 value = run.metrics.get(column.key) if run else None  # a metric; a config flag of that name is not one
                 if run is not None and value is not None and run.name not in used:
                     used.append(run.name)
@@ -416,15 +423,22 @@ def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[l
     return header, body, footnotes
 
 
-def provenance_footer(runs: list[RunInfo], command: str) -> list[str]:
-    """Lines saying where the table's numbers come from: machines, code versions, dates, and how to regenerate."""
+def runs_origin(runs: list[RunInfo]) -> tuple[list[str], list[str], list[str]]:
+    """(machines, commits, dates) the runs' provenance records name, each sorted without repeats."""
     origins = [run.metrics.get("provenance") or {} for run in runs]
     machines = sorted({machine_label(o["machine"]) for o in origins if o.get("machine")})
     commits = sorted({o["code"]["commit"][:10] + ("+dirty" if o["code"].get("dirty") else "")
                       for o in origins if (o.get("code") or {}).get("commit")})
+    dates = sorted({d for o in origins for d in (o.get("started_at"), o.get("finished_at")) if d})
+    return machines, commits, dates
+
+
+def provenance_footer(runs: list[RunInfo], command: str) -> list[str]:
+    """Lines saying where the table's numbers come from: machines, code versions, dates, and how to regenerate."""
+    machines, commits, dates = runs_origin(runs)
+    origins = [run.metrics.get("provenance") or {} for run in runs]
     versions = sorted({f"torch {o['versions']['torch']}, transformers {o['versions']['transformers']}"
                        for o in origins if o.get("versions")})
-    dates = sorted(d for o in origins for d in (o.get("started_at"), o.get("finished_at")) if d)
     unknown = sum(not o for o in origins)
     lines = [f"- Machine: {'; '.join(machines) or 'unknown'}",
              f"- Code: {', '.join(commits) or 'unknown'} ({'; '.join(versions) or 'library versions unknown'})",
