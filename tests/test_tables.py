@@ -373,6 +373,22 @@ def _record(results, name: str, method: str, mat: float) -> None:
     (run / "config.yaml").write_text(f"method: {{name: {method}}}\n")
 
 
+def _two_runs(tmp_path: Path) -> tuple[Path, Path]:
+    """(tables dir holding KEEP_TABLE as two.yaml, records dir with its ar and pld runs)."""
+    tables_dir, records = tmp_path / "tables", tmp_path / "records"
+    tables_dir.mkdir()
+    (tables_dir / "two.yaml").write_text(KEEP_TABLE)
+    _record(records, "ar-run", "ar", 1.0)
+    _record(records, "pld-run", "pld", 1.5)
+    return tables_dir, records
+
+
+def _amend(records: Path, run: str, **fields) -> None:
+    """Add or replace fields of one run's metrics.json."""
+    path = records / "runs" / run / "metrics.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
 def test_keep_rows_carries_rows_whose_runs_are_elsewhere(tmp_path):
     """--keep-rows: a row with no run here keeps its cells and runs from the table already written, the footer
     names it and carries that table's provenance; without it the row is empty; other columns are refused."""
@@ -432,16 +448,10 @@ def test_a_table_regenerates_from_its_committed_inputs_alone(tmp_path):
 def test_a_table_whose_runs_loaded_other_weights_or_data_under_one_name_says_so(tmp_path, caplog):
     """Records merged from two machines, or made before and after a retrain or a data edit: the footer names which
     runs had which content of the artifact or dataset, and a warning says it; one content is not worth a line."""
-    tables_dir, records = tmp_path / "tables", tmp_path / "records"
-    tables_dir.mkdir()
-    (tables_dir / "two.yaml").write_text(KEEP_TABLE)
-    _record(records, "ar-run", "ar", 1.0)
-    _record(records, "pld-run", "pld", 1.5)
+    tables_dir, records = _two_runs(tmp_path)
 
     def loaded(run: str, digest: str) -> None:
-        path = records / "runs" / run / "metrics.json"
-        artifacts = {"draft": {"name": "sps_draft-m-1234", "content_digest": digest}}
-        path.write_text(json.dumps({**json.loads(path.read_text()), "artifacts": artifacts}))
+        _amend(records, run, artifacts={"draft": {"name": "sps_draft-m-1234", "content_digest": digest}})
 
     loaded("ar-run", "aaaa")
     loaded("pld-run", "aaaa")
@@ -481,16 +491,10 @@ def test_a_table_whose_runs_loaded_other_weights_or_data_under_one_name_says_so(
 def test_a_table_whose_runs_two_machines_timed_says_which_runs_each_timed(tmp_path):
     """Runs merged from two machines: the footer lists each machine's runs, so a reader compares tok/s only
     within one; runs from one machine (or without a recorded machine) add no line."""
-    tables_dir, records = tmp_path / "tables", tmp_path / "records"
-    tables_dir.mkdir()
-    (tables_dir / "two.yaml").write_text(KEEP_TABLE)
-    _record(records, "ar-run", "ar", 1.0)
-    _record(records, "pld-run", "pld", 1.5)
+    tables_dir, records = _two_runs(tmp_path)
 
     def timed_on(run: str, cpu: str) -> None:
-        path = records / "runs" / run / "metrics.json"
-        machine = {"cpu": cpu, "cpu_capability": "AVX2", "cpu_cores": 2}
-        path.write_text(json.dumps({**json.loads(path.read_text()), "provenance": {"machine": machine}}))
+        _amend(records, run, provenance={"machine": {"cpu": cpu, "cpu_capability": "AVX2", "cpu_cores": 2}})
 
     timed_on("ar-run", "AMD EPYC")
     one = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "one").read_text()
