@@ -621,7 +621,8 @@ def write_table(name: str, results_dir: str | Path | list = "results", source: s
     command = command or f"specrepro table {name}" + "".join(f" --results-dir {d}" for d in results_dirs)
     fresh = [by_name[n] for n in footnotes if n in by_name]
     footer = provenance_footer(fresh, command)
-    footer[1:1] = runs_by_machine(footnotes, by_name)
+    after_machine = next(i for i, line in enumerate(footer) if line.startswith("- Machine:")) + 1
+    footer[after_machine:after_machine] = runs_by_machine(footnotes, by_name)  # after any "predate" line too
     if mixed := mixed_inputs(footnotes, by_name):
         log.warning("%s: %s", md_path, " ".join(line.removeprefix("- ") for line in mixed))
         footer[-1:-1] = mixed
