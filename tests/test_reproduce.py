@@ -288,20 +288,14 @@ def test_a_headline_says_where_its_own_cell_was_measured(tmp_path):
     behind its cell, not the whole table's; a table without committed inputs falls back to its footer."""
     from specrepro.reproduce import headline_origin
     from specrepro.tables import write_table
-    from tests.test_tables import KEEP_TABLE
+    from tests.test_tables import _amend, _two_runs
 
-    tables, records, out = tmp_path / "tables", tmp_path / "records", tmp_path / "keep"
-    tables.mkdir()
-    (tables / "two.yaml").write_text(KEEP_TABLE)
-    for name, method, cpu, commit, day in (("ar-run", "ar", "AMD EPYC", "a" * 40, "2026-01-01"),
-                                           ("pld-run", "pld", "Intel Xeon", "b" * 40, "2026-01-02")):
-        run = records / "runs" / name
-        run.mkdir(parents=True)
-        origin = {"machine": {"cpu": cpu, "cpu_cores": 2}, "code": {"commit": commit},
-                  "finished_at": f"{day}T00:00:00+00:00"}
-        (run / "metrics.json").write_text(json.dumps({"complete": True, "method": method, "mat": 1.5,
-                                                      "provenance": origin}))
-        (run / "config.yaml").write_text(f"method: {{name: {method}}}\n")
+    tables, records = _two_runs(tmp_path)
+    out = tmp_path / "keep"
+    for name, cpu, commit, day in (("ar-run", "AMD EPYC", "a" * 40, "2026-01-01"),
+                                   ("pld-run", "Intel Xeon", "b" * 40, "2026-01-02")):
+        _amend(records, name, provenance={"machine": {"cpu": cpu, "cpu_cores": 2}, "code": {"commit": commit},
+                                          "finished_at": f"{day}T00:00:00+00:00"})
     table = write_table("two", records, tables_dir=tables, out_dir=out).with_suffix(".csv")
     item = {"table": "two", "row": ["pld"], "column": "MAT"}
     assert headline_origin(table, item, tables) == "Intel Xeon, 2 cores; bbbbbbbbbb; 2026-01-02"
