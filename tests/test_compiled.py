@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.eesd import EarlyExitHead, EESDConfig, EESDDecoder
 from specrepro.decoding.jacobi import JacobiDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.sar_draft import SARDraftConfig, SARDraftDecoder, head_for
+from specrepro.decoding.space import SpaceDecoder
 from specrepro.decoding.sps import SPSDecoder
 from specrepro.decoding.steps import STEPS_ATTRIBUTE, CompiledSteps, EagerSteps
 from specrepro.decoding.verify import tree_attention
@@ -37,7 +39,7 @@ def compiled_target():
     """A tiny target whose steps are compiled (aot_eager), its widths warmed up once for the module."""
     model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
     steps = CompiledSteps(model, backend="aot_eager", widths=[1, 4, 16])
-    steps.warm_up(max_width=65, length=80, hidden=True)  # pld_heuristic's widest step; sar_draft's hidden states
+    steps.warm_up(max_width=65, length=80, hidden=True)  # pld_heuristic's widest step; hidden states for sar, space
     setattr(model, STEPS_ATTRIBUTE, steps)
     return model
 
@@ -54,10 +56,19 @@ def compiled_decoders(model, draft):
         "sps": SPSDecoder(model, None, draft, 4, "fixed", 16),
         "sar_draft": sar(1),
         "sar_draft_tree": sar(4),
+        "jacobi": JacobiDecoder(model, block_size=4),  # a shrinking state: widths 4, 3, 2, 1
+        "jacobi_sliding": JacobiDecoder(model, block_size=16, sliding=True),
+        "space": SpaceDecoder(model, None, MASK, k=3),  # a 16-slot block with its custom mask, hidden states only
+        "space_wide": SpaceDecoder(model, None, MASK, k=5),  # 36 slots: past the largest bucket, run eagerly
     }
 
 
-@pytest.mark.parametrize("name", ["ar", "pld", "pld_heuristic", "sps", "sar_draft", "sar_draft_tree"])
+MASK = 63  # SPACE's mask token on the tiny target (untrained: its drafts are poor, its output still ar's)
+COMPILABLE = ["ar", "pld", "pld_heuristic", "sps", "sar_draft", "sar_draft_tree", "jacobi", "jacobi_sliding", "space",
+              "space_wide"]
+
+
+@pytest.mark.parametrize("name", COMPILABLE)
 def test_compiled_greedy_output_equals_eager_ar(compiled_target, name):
     draft = torch_llama(vocab_size=64, seed=2, num_layers=1)
     decoder = compiled_decoders(compiled_target, draft)[name]
@@ -99,8 +110,9 @@ def test_a_tree_verification_on_compiled_steps_gives_the_eager_logits(compiled_t
 
 
 def test_decoders_that_run_their_own_forwards_refuse_compiled_steps(compiled_target):
+    head = EarlyExitHead(compiled_target, num_layers=1).eval()
     with pytest.raises(SpecReproError, match="does not support hardware.compile"):
-        JacobiDecoder(compiled_target, block_size=4)
+        EESDDecoder(compiled_target, None, head, EESDConfig(head="none"))
 
 
 def test_a_compiled_run_reports_speedups_over_compiled_and_eager_ar(tmp_path):

@@ -95,7 +95,7 @@ class Decoder(ABC):
     name = "base"
     lossless = True  # greedy output must equal `ar` on the same weights
     compilable = False  # runs every target forward through `self.steps` (so `hardware.compile` applies)
-    reads_hidden_states = False  # its target forwards go through `steps.with_hidden`
+    reads_hidden_states = False  # its target forwards go through `steps.hidden` (or `with_hidden`)
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, steps: EagerSteps | None = None):
         self.model = model

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 
 from specrepro.decoding.base import Decoder, GenerationBuilder
 from specrepro.decoding.sampling import Sampling
@@ -68,9 +67,10 @@ class CLLMConfig(JacobiConfig):
 @register_method(JacobiConfig)
 class JacobiDecoder(Decoder):
     name = "jacobi"
+    compilable = True
 
-    def __init__(self, model, tokenizer=None, block_size: int = 16, sliding: bool = False):
-        super().__init__(model, tokenizer)
+    def __init__(self, model, tokenizer=None, block_size: int = 16, sliding: bool = False, steps=None):
+        super().__init__(model, tokenizer, steps)
         if block_size < 1:
             raise SpecReproError(f"method.block_size must be >= 1, got {block_size}")
         self.block_size = block_size
@@ -80,13 +80,17 @@ class JacobiDecoder(Decoder):
     def from_config(cls, cfg: JacobiConfig, target, ctx) -> "JacobiDecoder":
         return cls(target.model, target.tokenizer, cfg.block_size, cfg.sliding)
 
+    @property
+    def max_step_width(self) -> int:
+        return self.block_size  # the state: the first token and n - 1 guesses
+
     def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
         if not sampling.greedy:
             raise SpecReproError("Jacobi decoding is greedy only (as in the CLLM paper): use decoding=greedy")
         device = prompt_ids.device
-        cache = DynamicCache(config=self.model.config)
+        cache = self.steps.new_cache(prompt_ids.shape[1] + out.max_new_tokens)
         with out.timed("prefill"):
-            first = int(self.model(prompt_ids, cache=cache, logits_to_keep=1).logits[0, -1].argmax())
+            first = int(self.steps(prompt_ids, cache, logits_to_keep=1).logits[0, -1].argmax())
         out.commit([first], prefill=True)
         context = prompt_ids[0]
         fast_forwarded, stationary = [], []
@@ -101,10 +105,10 @@ class JacobiDecoder(Decoder):
                 pool = torch.cat([context, torch.tensor(out.gen.token_ids, device=device)])
                 picks = torch.randint(len(pool), (n_new,), generator=rng, device=device)
                 guesses, held_since = guesses + pool[picks].tolist(), held_since + [step] * n_new
-            past = cache.get_seq_length()
+            past = int(cache.get_seq_length())  # a static cache returns its live length tensor
             state = torch.tensor([[out.gen.token_ids[-1], *guesses]], device=device)
             with out.timed("verify"):  # one parallel Jacobi update of every position (Eq. 3)
-                logits = self.model(state, cache=cache).logits[0]
+                logits = self.steps(state, cache).logits[0]
             tokens, n_fixed = greedy_verify(torch.tensor(guesses, device=device), logits)
             crop_cache(cache, past + 1 + n_fixed)  # keep the KV of the converged prefix only (Alg. 3 line 12)
             fast_forwarded.append(len(tokens))

@@ -42,11 +42,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
-
 from specrepro.decoding.base import Decoder, GenerationBuilder
 from specrepro.decoding.sampling import Sampling, next_token, probs, sample
-from specrepro.decoding.verify import additive_mask, crop_cache, speculative_verify
+from specrepro.decoding.verify import crop_cache, speculative_verify
 from specrepro.errors import SpecReproError
 from specrepro.registry import MethodConfig, register_method
 
@@ -84,9 +82,11 @@ def block_layout(k: int) -> tuple[torch.Tensor, torch.Tensor]:
 @register_method(SpaceConfig)
 class SpaceDecoder(Decoder):
     name = "space"
+    compilable = True
+    reads_hidden_states = True  # a block's forward returns hidden states; the LM head runs on the rows it reads
 
-    def __init__(self, model, tokenizer, mask_id: int, k: int = 5, residual_resample: bool = True):
-        super().__init__(model, tokenizer)
+    def __init__(self, model, tokenizer, mask_id: int, k: int = 5, residual_resample: bool = True, steps=None):
+        super().__init__(model, tokenizer, steps)
         trained_k = getattr(model.config, "space_k", None)
         if k < 1 or (trained_k is not None and k > trained_k):
             raise SpecReproError(f"method.k must be between 1 and the checkpoint's training k ({trained_k}), got {k}")
@@ -107,6 +107,10 @@ class SpaceDecoder(Decoder):
             )
         return cls(target.model, target.tokenizer, int(mask_id), cfg.k, cfg.residual_resample)
 
+    @property
+    def max_step_width(self) -> int:
+        return (self.k + 1) ** 2  # one block
+
     def _draft(self, mask_logits: torch.Tensor, sampling: Sampling, rng) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Candidates (k,) from one mask group's logits, and their distributions q (k, vocab) when sampling."""
         mask_logits = mask_logits.clone()
@@ -118,12 +122,12 @@ class SpaceDecoder(Decoder):
 
     def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
         k, device = self.k, prompt_ids.device
-        cache = DynamicCache(config=self.model.config)
+        cache = self.steps.new_cache(prompt_ids.shape[1] + out.max_new_tokens)
         masks = torch.full((1, k), self.mask_id, device=device)
         with out.timed("prefill"):  # the prompt as ar prefills it, then one mask group after it (the training layout)
-            logits = self.model(prompt_ids, cache=cache, logits_to_keep=1).logits[0, -1]
+            logits = self.steps(prompt_ids, cache, logits_to_keep=1).logits[0, -1]
             out.commit([next_token(logits, sampling, rng)], prefill=True)
-            candidates, q = self._draft(self.model(masks, cache=cache).logits[0], sampling, rng)
+            candidates, q = self._draft(self.steps(masks, cache).logits[0], sampling, rng)
         n_cached = prompt_ids.shape[1]
         crop_cache(cache, n_cached)
         accepted_per_position = torch.zeros(k, dtype=torch.long)
@@ -134,11 +138,10 @@ class SpaceDecoder(Decoder):
                 block = torch.cat([real, masks.repeat(1, k + 1)[0]])[None]  # then k masks for each
                 allow = torch.cat([torch.ones(len(self.block_allow), n_cached, dtype=torch.bool, device=device),
                                    self.block_allow], 1)
-                hidden = self.model.model(
-                    block, cache=cache, position_ids=(n_cached + self.block_offsets)[None],
-                    attention_mask=additive_mask(allow, self.model.dtype),
+                hidden = self.steps.hidden(
+                    block, cache, tree=(allow, n_cached + self.block_offsets),
                     exact_rows=self.real_slots,  # with hardware.row_invariant only these take the one-row path
-                ).last_hidden_state[0]
+                )[0]
                 # the head only where it is needed: the real slots, and every mask slot if one pass is cheaper
                 logits = self.model.lm_head(hidden if self.head_on_block else hidden[: k + 1])
                 target_logits = logits[: k + 1]

@@ -47,10 +47,17 @@ class EagerSteps:
         return self.model(input_ids, cache=cache, logits_to_keep=logits_to_keep, **self.tree_inputs(tree),
                           **kwargs)
 
+    def hidden(self, input_ids: torch.Tensor, cache, tree=None, exact_rows: torch.Tensor | None = None):
+        """The same forward without the LM head: the last-layer hidden states after the final norm of every row,
+        for a decoder that runs the head only on the rows it reads. `exact_rows`: the rows that must equal a
+        one-row step bit for bit under `hardware.row_invariant` (models/attention.py)."""
+        rows = {} if exact_rows is None else {"exact_rows": exact_rows}
+        return self.model.model(input_ids, cache=cache, **self.tree_inputs(tree), **rows).last_hidden_state
+
     def with_hidden(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None):
-        """The same forward, returning (logits, last-layer hidden states after the final norm) of every row: what
+        """The forward returning (logits, last-layer hidden states after the final norm) of every row: what
         drafters conditioned on the target's hidden state read."""
-        hidden = self.model.model(input_ids, cache=cache, **self.tree_inputs(tree)).last_hidden_state
+        hidden = self.hidden(input_ids, cache, tree)
         return self.model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden), hidden
 
     def tree_inputs(self, tree) -> dict:
@@ -82,9 +89,8 @@ class CompiledSteps(EagerSteps):
                            cache=cache).logits,)
 
     def _forward_hidden(self, input_ids, mask, positions, cache):
-        hidden = self.model.model(input_ids, attention_mask=mask, position_ids=positions,
-                                  cache=cache).last_hidden_state
-        return self.model.lm_head(hidden), hidden
+        return (self.model.model(input_ids, attention_mask=mask, position_ids=positions,
+                                 cache=cache).last_hidden_state,)
 
     def new_cache(self, length: int) -> StaticCache:
         """The one static cache, emptied; reallocated (new graphs) only when `length` outgrows it."""
@@ -98,6 +104,15 @@ class CompiledSteps(EagerSteps):
             crop_cache(self.cache, 0)  # a write-position reset: stale rows stay masked until overwritten
         return self.cache
 
+    def tree_inputs(self, tree) -> dict:
+        """An uncompiled tree step's mask, widened to the static cache's length (its keys are all of its rows)."""
+        if tree is None:
+            return {}
+        allow, positions = tree
+        wide = allow.new_zeros(allow.shape[0], self.cache_len)
+        wide[:, : allow.shape[1]] = allow
+        return super().tree_inputs((wide, positions))
+
     def bucket(self, n: int) -> int | None:
         return next((w for w in self.widths if w >= n), None)
 
@@ -108,12 +123,11 @@ class CompiledSteps(EagerSteps):
         logits = outputs[0]
         return CausalLMOutputWithPast(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
 
-    def with_hidden(self, input_ids, cache, logits_to_keep: int = 0, tree=None):
+    def hidden(self, input_ids, cache, tree=None, exact_rows=None):
+        """The compiled hidden states (`exact_rows` has no use here: compiled steps refuse `row_invariant`); the
+        LM head then runs, uncompiled, on the rows a caller reads."""
         outputs = self.padded_step(self.forward_hidden, input_ids, cache, tree)
-        if outputs is None:
-            return super().with_hidden(input_ids, cache, logits_to_keep, tree)
-        logits, hidden = outputs
-        return (logits[:, -logits_to_keep:] if logits_to_keep else logits), hidden
+        return super().hidden(input_ids, cache, tree) if outputs is None else outputs[0]
 
     def padded_step(self, forward, input_ids, cache, tree) -> tuple | None:
         """The compiled `forward`'s outputs for the rows of `input_ids`, run padded to a bucket on the static
@@ -148,7 +162,7 @@ class CompiledSteps(EagerSteps):
 
     def warm_up(self, max_width: int, length: int, hidden: bool = False) -> float:
         """Compile every bucket up to `max_width` rows (and, with `hidden`, the forward that returns hidden
-        states too) on a cache of `length` positions, outside any timed region; returns the seconds it took (the
+        states instead of logits) on a cache of `length` positions, outside any timed region; returns the seconds it took (the
         record's `compile_time`)."""
         start = time.perf_counter()
         cache = self.new_cache(length)
@@ -156,7 +170,7 @@ class CompiledSteps(EagerSteps):
         largest = self.bucket(max_width) or self.widths[-1]  # wider steps run uncompiled
         with torch.inference_mode():
             super().__call__(torch.zeros(1, 1, dtype=torch.long, device=device), cache, 1)  # eager prefill
-            for step in (self, self.with_hidden) if hidden else (self,):
+            for step in (self, self.hidden) if hidden else (self,):
                 for width in (w for w in self.widths if w <= largest):
                     for _ in range(2):  # CUDA graphs record on the second call
                         step(torch.zeros(1, width, dtype=torch.long, device=device), cache)
