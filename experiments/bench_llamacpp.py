@@ -173,7 +173,7 @@ def markdown(figures: dict) -> str:
         f"- One forward over {figures['verify_width']} tokens (a whole verification: a draft of"
         f" {figures['verify_width'] - 1} and the token before it) costs {figures['verify_cost']['ours']:.2f}"
         f" one-token forwards in ours and {figures['verify_cost']['llamacpp']:.2f} in llama.cpp (the median of"
-        f" {REPEATS} pairs timed back to back, after the first prompt): a lookup step's cost when its draft is"
+        f" {figures['verify_cost_pairs']} pairs timed back to back, after the first prompt): a lookup step's cost when its draft is"
         " whole; a shorter draft, or none where no n-gram matches, costs less.",
         f"- Where llama.cpp's and our greedy AR part: on average after {figures['shared_prefix_share']:.0%} of the"
         " shorter output (4-bit weights times 8-bit activations against float32; a lookup is checked against its"
@@ -265,7 +265,7 @@ def main() -> None:
             "llamacpp_ar_over_ar": paired("llamacpp_ar", "ar"),
             "identical": {arm: sum(r["tokens"] == b["tokens"] for r, b in zip(results[arm], results[base]))
                           for arm, base in [*LOOKUPS.items(), ("llamacpp_ar", "ar")]},
-            "verify_width": width, "verify_cost": step_cost,
+            "verify_width": width, "verify_cost": step_cost, "verify_cost_pairs": REPEATS,
             "llamacpp_batched_mismatches": [r["batched_mismatches"] for r in results["llamacpp_ar"]],
             "shared_prefix_share": fmean(shared_prefix(r["tokens"], b["tokens"])
                                          / min(len(r["tokens"]), len(b["tokens"]))
