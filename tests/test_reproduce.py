@@ -245,11 +245,34 @@ def test_a_component_two_pipelines_train_is_trained_alike():
     ("paper: x\n", "needs `paper`"), ("paper: x\nstages: [{train: [a=1], run: [b=2]}]\n", "exactly one of"),
     ("paper: x\nstages: [{train: [a=1], minutes: 5}]\n", "measured into stages.json, not set"),
     ("paper: x\nstages: [{table: [a]}]\n", "takes a table name"), ("paper: [\n", "not valid YAML"),
+    ("paper: x\nstages: [{run: [a=1], committed_inputs: true}]\n", "but a table's committed_inputs"),
+    ("paper: x\nstages: [{table: t, committed_inputs: yes please}]\n", "committed_inputs takes true or false"),
 ])
 def test_a_malformed_pipeline_is_one_line(tmp_path, text, message):
     (tmp_path / "bad.yaml").write_text(text)
     with pytest.raises(SpecReproError, match=message):
         load_pipeline(str(tmp_path / "bad.yaml"))
+
+
+def test_a_table_stage_with_committed_inputs_also_reads_the_runs_committed_beside_its_table(tmp_path):
+    """`committed_inputs: true`: a pipeline adding rows to another pipeline's table writes the whole table on a
+    machine that holds only its own runs (here pld) and the other rows' committed inputs (ar); without it the ar
+    row would be emptied."""
+    from specrepro.reproduce import reproduce
+    from tests.test_tables import KEEP_TABLE, _record
+
+    results = tmp_path / "results"
+    _record(results / "reproduce" / "two", "pld-run", "pld", 1.5)  # this pipeline's own run
+    _record(results / "two", "ar-run", "ar", 1.0)  # the other pipeline's run, as committed beside the table
+    (tmp_path / "two.yaml").write_text(KEEP_TABLE.replace("paper: keep", "paper: two"))
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    (pipelines / "adds.yaml").write_text(
+        f"paper: two\nstages:\n  - {{table: {tmp_path / 'two.yaml'}, committed_inputs: true}}\n")
+    reproduce("adds", str(results), pipelines_dir=pipelines)
+    md = (results / "two" / "two.md").read_text()
+    assert "| ar | 1.00 | [1] |" in md and "| pld | 1.50 | [2] |" in md
+    assert sorted(p.name for p in (results / "two" / "runs").iterdir()) == ["ar-run", "pld-run"]
 
 
 @pytest.mark.parametrize("paper", sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")))

@@ -7,6 +7,7 @@ A paper's pipeline is a short explicit list of stages in `experiments/reproduce/
       - {train: [method=cllm, training.stage=trajectories]}   # `specrepro train ...`
       - {run: [-m, +experiment=cllm_table1]}                  # `specrepro run ...`
       - {table: cllm_table1}                                  # `specrepro table ...`
+      - {table: cllm_table1, committed_inputs: true}          # ... also reading results/<paper>/runs/
 
 Every run stage records its runs in `<results dir>/reproduce/<paper>/` (one machine, one pipeline), and the tables
 go to `<results dir>/<paper>/`. Trained components go to `<results dir>/reproduce/artifacts/`, shared by every
@@ -22,7 +23,10 @@ not configured: every call records it in
 shows it as the stage's expected time. A stage that found something already made (`reuse.py`) is kept there only
 where no measurement of that stage exists yet. `--stages 2-3,9` runs only those stages: two lanes of one machine
 (or two machines sharing the results dir) each take stages that do not need the other's, with the pipeline's
-exact overrides.
+exact overrides. A table stage with `committed_inputs: true` also reads the inputs committed beside the table
+(`results/<paper>/runs/`): a pipeline that adds rows to another pipeline's table (cllm_long to cllm's) then writes
+the whole table on a machine that did not run the other one; where both hold a run of one name, the one that
+finished later takes its cell.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from specrepro.training.shards import exclusive, lock_file
 
 PIPELINES_DIR = Path(files("specrepro.pipelines"))  # experiments/reproduce/ in a source checkout
 STAGE_KINDS = ("train", "run", "table")
+TABLE_OPTIONS = ("committed_inputs",)  # what a table stage may set beside its table name
 SHARED_ARTIFACTS = "artifacts"  # <results dir>/reproduce/artifacts/: the trained components of every pipeline
 
 
@@ -72,18 +77,24 @@ def load_pipeline(name: str, pipelines_dir: Path = PIPELINES_DIR) -> tuple[str, 
         raise SpecReproError(f"{path}: paper '{SHARED_ARTIFACTS}' would share its folder with every pipeline's artifacts")
     for i, stage in enumerate(spec["stages"]):
         kinds = [k for k in STAGE_KINDS if k in (stage if isinstance(stage, dict) else {})]
-        if len(kinds) != 1 or set(stage) - set(STAGE_KINDS):
+        options = set(TABLE_OPTIONS) if kinds == ["table"] else set()
+        if len(kinds) != 1 or set(stage) - set(STAGE_KINDS) - options:
             raise SpecReproError(f"{path}: stage {i + 1} must have exactly one of {', '.join(STAGE_KINDS)} and nothing "
-                                 "else (its minutes are measured into stages.json, not set)")
+                                 f"else but a table's {', '.join(TABLE_OPTIONS)} (its minutes are measured into "
+                                 "stages.json, not set)")
         value = stage[kinds[0]]
         if not (isinstance(value, str) if kinds[0] == "table" else isinstance(value, list)):
             raise SpecReproError(f"{path}: stage {i + 1}: {kinds[0]} takes {'a table name' if kinds[0] == 'table' else 'a list of overrides'}")
+        if not isinstance(stage.get("committed_inputs", False), bool):
+            raise SpecReproError(f"{path}: stage {i + 1}: committed_inputs takes true or false")
     return spec["paper"], spec["stages"]
 
 
 def describe(stage: dict) -> str:
     kind = next(k for k in STAGE_KINDS if k in stage)
-    return f"{kind} {stage[kind]}" if kind == "table" else f"{kind} {' '.join(map(str, stage[kind]))}"
+    if kind == "table":
+        return f"table {stage['table']}{' (with its committed inputs)' if stage.get('committed_inputs') else ''}"
+    return f"{kind} {' '.join(map(str, stage[kind]))}"
 
 
 def stage_command(stage: dict, work_dir: Path, out_dir: Path, overrides: list[str], paper_command: str) -> list[str]:
@@ -91,7 +102,8 @@ def stage_command(stage: dict, work_dir: Path, out_dir: Path, overrides: list[st
     artifacts it trains or loads in the pipelines' shared folder beside it."""
     cli = [sys.executable, "-m", "specrepro.cli"]
     if "table" in stage:
-        return [*cli, "table", stage["table"], "--results-dir", str(work_dir), "--out-dir", str(out_dir),
+        committed = ["--results-dir", str(out_dir)] if stage.get("committed_inputs") and (out_dir / "runs").is_dir() else []
+        return [*cli, "table", stage["table"], "--results-dir", str(work_dir), *committed, "--out-dir", str(out_dir),
                 "--command", paper_command]
     kind = "train" if "train" in stage else "run"
     return [*cli, kind, *map(str, stage[kind]), f"results_dir={work_dir}",
