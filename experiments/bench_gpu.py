@@ -42,6 +42,7 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import EagerSteps
 from specrepro.models import LoadedModel, ModelLoader, load_model
 from specrepro.provenance import provenance
+from specrepro.runner import compile_steps_for
 from specrepro.tracking import atomic_write
 
 GENERATE_ARMS = ("generate_eager", "generate_compiled")
@@ -121,8 +122,9 @@ def main() -> None:
 
     longest = max(prompts, key=len)
     progress("compiling our steps")
-    ours_compile = model.specrepro_steps.warm_up(max(d.max_step_width for d in decoders.values()),
-                                                 len(longest) + args.max_new_tokens)
+    # every width, hidden-state graph and layer slice a compiled arm can take, as `specrepro run` compiles them
+    ours_compile = compile_steps_for(len(longest) + args.max_new_tokens,
+                                     [d for d in decoders.values() if d.steps.compiled])
     compile_s = {"ours": ours_compile}
     for arm in [*decoders, *GENERATE_ARMS]:  # warm-up: transformers compiles on its first static call
         progress(f"warming up {arm}")

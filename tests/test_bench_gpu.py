@@ -17,11 +17,12 @@ BENCH = Path(__file__).parents[1] / "experiments" / "bench_gpu.py"
 def test_bench_runs_every_arm_and_writes_its_figures(tmp_path):
     out = tmp_path / "bench.json"
     subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--backend", "eager", "--dtype", "float32",
-                    "--model", "tiny_random model.random.num_layers=1", "--methods", "jacobi", "--limit", "2",
+                    "--model", "tiny_random model.random.num_layers=2", "--methods",
+                    "jacobi;eesd method.head=none method.num_layers=1", "--limit", "2",
                     "--max-new-tokens", "8", "--json", str(out)], check=True, capture_output=True, text=True)
     figures = json.loads(out.read_text())
-    arms = {"ar_eager", "ar_compiled", "pld_eager", "pld_compiled", "jacobi_eager", "jacobi_compiled",
-            "generate_eager", "generate_compiled"}  # jacobi runs on compiled steps too
+    arms = {"ar_eager", "ar_compiled", "pld_eager", "pld_compiled", "jacobi_eager", "jacobi_compiled", "eesd_eager",
+            "eesd_compiled", "generate_eager", "generate_compiled"}  # jacobi and eesd run on compiled steps too
     assert arms <= set(figures["tok_per_s"]) and figures["model"] == "tiny_random"
     assert figures["prompts"] == figures["prompts_asked"] == 2
     assert all(n == 2 for n in figures["identical_to_ar_eager"].values())  # greedy: every arm decodes what ar does

@@ -15,6 +15,7 @@ from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.eesd import EarlyExitHead, EESDConfig, EESDDecoder
 from specrepro.decoding.jacobi import JacobiDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
+from specrepro.decoding.self_sd import SelfSDConfig, SelfSDDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.sar_draft import SARDraftConfig, SARDraftDecoder, head_for
 from specrepro.decoding.space import SpaceDecoder
@@ -49,6 +50,10 @@ def compiled_decoders(model, draft):
         head = head_for(model, "block", 4, 16, 1, False).eval()
         return SARDraftDecoder(model, None, head, SARDraftConfig(variant="block", k=3, k_max=4, tree_width=tree_width))
 
+    def eesd(exit_layer=True, **cfg):  # its draft runs layer 0 and its exit layer, its verification layer 1
+        head = EarlyExitHead(model, num_layers=1, exit_layer=exit_layer).eval()
+        return EESDDecoder(model, None, head, EESDConfig(num_layers=1, exit_layer=exit_layer, head="none", **cfg))
+
     return {
         "ar": ARDecoder(model),
         "pld": PLDDecoder(model, None, PLDConfig()),
@@ -60,12 +65,16 @@ def compiled_decoders(model, draft):
         "jacobi_sliding": JacobiDecoder(model, block_size=16, sliding=True),
         "space": SpaceDecoder(model, None, MASK, k=3),  # a 16-slot block with its custom mask, hidden states only
         "space_wide": SpaceDecoder(model, None, MASK, k=5),  # 36 slots: past the largest bucket, run eagerly
+        "eesd": eesd(control="fixed", k=3),
+        "eesd_beta_ts": eesd(k_max=6),  # round lengths drawn every round: every width up to 7
+        "eesd_tree": eesd(control="fixed", k=2, tree_width=3),
+        "eesd_without_exit_layer": eesd(exit_layer=False, control="fixed", k=3),
     }
 
 
 MASK = 63  # SPACE's mask token on the tiny target (untrained: its drafts are poor, its output still ar's)
 COMPILABLE = ["ar", "pld", "pld_heuristic", "sps", "sar_draft", "sar_draft_tree", "jacobi", "jacobi_sliding", "space",
-              "space_wide"]
+              "space_wide", "eesd", "eesd_beta_ts", "eesd_tree", "eesd_without_exit_layer"]
 
 
 @pytest.mark.parametrize("name", COMPILABLE)
@@ -109,10 +118,27 @@ def test_a_tree_verification_on_compiled_steps_gives_the_eager_logits(compiled_t
     torch.testing.assert_close(outputs[0], outputs[1])
 
 
+def test_a_warmed_up_decoder_compiles_nothing_while_it_decodes():
+    """The runner warms up every width and layer slice a decoder can take (`compile_steps_for`), so no graph is
+    compiled inside the timed region: here EESD, whose draft and exit layer are slices of their own."""
+    from torch._dynamo.utils import counters
+
+    from specrepro.runner import compile_steps_for
+
+    model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
+    setattr(model, STEPS_ATTRIBUTE, CompiledSteps(model, backend="aot_eager", widths=[1, 2, 4, 8]))
+    head = EarlyExitHead(model, num_layers=1).eval()
+    decoder = EESDDecoder(model, None, head, EESDConfig(num_layers=1, head="none", k_max=6, tree_width=2))
+    assert compile_steps_for(80, [decoder]) > 0
+    compiled = counters["stats"]["unique_graphs"]
+    for prompt in prompts():
+        decoder.generate(prompt, GREEDY, 40)
+    assert counters["stats"]["unique_graphs"] == compiled
+
+
 def test_decoders_that_run_their_own_forwards_refuse_compiled_steps(compiled_target):
-    head = EarlyExitHead(compiled_target, num_layers=1).eval()
     with pytest.raises(SpecReproError, match="does not support hardware.compile"):
-        EESDDecoder(compiled_target, None, head, EESDConfig(head="none"))
+        SelfSDDecoder(compiled_target, None, [1], [0], SelfSDConfig(control="fixed", k=3))
 
 
 def test_a_compiled_run_reports_speedups_over_compiled_and_eager_ar(tmp_path):

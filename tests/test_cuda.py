@@ -56,7 +56,6 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
     target = set_linear_kernel(tiny_llama(vocab_size=64, seed=1, num_layers=4, logit_scale=3.0), "torch").to(CUDA)
     draft = set_linear_kernel(tiny_llama(vocab_size=64, seed=2, num_layers=1), "torch").to(CUDA)
     steps = CompiledSteps(target, backend="inductor", mode="reduce-overhead", widths=[1, 16])
-    steps.warm_up(max_width=16, length=80, hidden=True)
     setattr(target, STEPS_ATTRIBUTE, steps)
     eager_ar = ARDecoder(target, steps=EagerSteps(target))
     head = head_for(target, "block", 4, 16, 1, False).to(CUDA).eval()
@@ -64,7 +63,10 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
                 "sps": SPSDecoder(target, None, draft, 4, "fixed", 16),
                 "sar_draft": SARDraftDecoder(target, None, head, SARDraftConfig(variant="block", k=3, k_max=4, tree_width=4)),
                 "jacobi": JacobiDecoder(target, block_size=6),
-                "space_untrained_masks": SpaceDecoder(target, None, mask_id=0, k=3)}
+                "space_untrained_masks": SpaceDecoder(target, None, mask_id=0, k=3),
+                "eesd": EESDDecoder(target, None, EarlyExitHead(target, 2, True, False).to(CUDA).eval(),
+                                    EESDConfig(num_layers=2, control="fixed", k=3, tree_width=2))}
+    steps.warm_up(max_width=16, length=80, hidden=True, slices=compiled["eesd"].layer_slices)
     for name, decoder in compiled.items():
         for prompt in prompts():
             assert decoder.generate(prompt, Sampling(), 40).token_ids == eager_ar.generate(prompt, Sampling(), 40).token_ids, name

@@ -96,6 +96,7 @@ class Decoder(ABC):
     lossless = True  # greedy output must equal `ar` on the same weights
     compilable = False  # runs every target forward through `self.steps` (so `hardware.compile` applies)
     reads_hidden_states = False  # its target forwards go through `steps.hidden` (or `with_hidden`)
+    layer_slices: list = []  # (cache name, layers) it runs through `steps.layers` itself (compiled steps warm them up)
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, steps: EagerSteps | None = None):
         self.model = model

@@ -13,6 +13,10 @@ draft), then layers N..L-1 over all k+1 inputs. The shared loop's `crop_cache` t
 positions in every layer. Reused layer-0..N-1 rows were computed one token at a time, as `ar` computes
 them, so greedy output stays identical to `ar`.
 
+`hardware.compile`: the draft's body, the exit layer (on a static cache of its own) and the verification's layers
+N..L-1 each run as compiled layer slices (`steps.layers`, one graph per slice and width); the LM heads run
+uncompiled on the rows they score.
+
 Token tree (`method.tree_width` w > 1, beyond the paper): the head's next w - 1 best tokens at the first draft
 position join the chain as its first node's siblings (`draft_verify.DraftVerifyDecoder.with_first_siblings`).
 """
@@ -28,15 +32,13 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import DynamicCache
-from transformers.masking_utils import create_causal_mask
-
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.base import parameters_beside
 from specrepro.decoding.controllers import BetaTS, CaliTS, DraftLengthController, FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
 from specrepro.decoding.sampling import Sampling
-from specrepro.decoding.verify import additive_mask, crop_cache
+from specrepro.decoding.steps import EagerSteps
+from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.registry import MethodConfig, register_method
 
@@ -154,10 +156,11 @@ class EarlyExitHead(torch.nn.Module):
         return {"num_layers": self.num_layers, "exit_layer": self.layer is not None, "shared_head": self.shared_head,
                 "draft_vocab": 0 if self.vocab_ids is None else len(self.vocab_ids)}
 
-    def hidden(self, hidden_n: torch.Tensor, cache: DynamicCache | None = None) -> torch.Tensor:
-        """Eq. 1 up to the head: RMSNorm(Transformer^e(H^N)) for (B, T, d) layer-N hidden states."""
+    def hidden(self, hidden_n: torch.Tensor, cache=None, steps: EagerSteps | None = None) -> torch.Tensor:
+        """Eq. 1 up to the head: RMSNorm(Transformer^e(H^N)) for (B, T, d) layer-N hidden states; `steps`: the
+        target's (compiled ones run the exit layer compiled, on its own static cache)."""
         if self.layer is not None:
-            hidden_n = run_layers(self._target[0], hidden_n, [self.layer], cache, cache_layer=0)
+            hidden_n = (steps or EagerSteps(self._target[0])).layers([self.layer], hidden_n, cache)
         return self.norm(hidden_n)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -202,36 +205,12 @@ def _copy_module(module: torch.nn.Module) -> torch.nn.Module:
     return clone
 
 
-def run_layers(target, hidden: torch.Tensor, layers, cache: DynamicCache | None, cache_layer: int,
-               tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Run decoder `layers` of `target`'s architecture on (B, T, d) hidden states that continue `cache`.
-
-    What LlamaModel.forward does for its layers: positions follow the cache length of `cache_layer` (the
-    first layer run), the causal mask is sized against that layer (layers hold different lengths here),
-    and rotary embeddings come from the target's `rotary_emb`. `tree` (allowed keys, positions) of a tree
-    verification (`verify.tree_attention`) replaces the causal mask and positions; its last T rows are these.
-    """
-    if tree is not None:
-        allow, positions = tree
-        position_ids = positions[-hidden.shape[1]:].unsqueeze(0)
-        mask = additive_mask(allow[-hidden.shape[1]:], hidden.dtype)
-    else:
-        past = cache.get_seq_length(cache_layer) if cache is not None else 0
-        position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device).unsqueeze(0)
-        mask = create_causal_mask(config=target.config, inputs_embeds=hidden, attention_mask=None,
-                                  cache=cache, position_ids=position_ids, layer_idx=cache_layer)
-    rope = target.model.rotary_emb(hidden, position_ids=position_ids)
-    for layer in layers:
-        hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, cache=cache,
-                       use_cache=cache is not None, position_embeddings=rope)
-    return hidden
-
-
-def first_layers_hidden(target, input_ids: torch.Tensor, num_layers: int, cache: DynamicCache | None = None,
-                        tree=None):
-    """H^N: the target's residual stream after its first N layers (= output_hidden_states[N])."""
+def first_layers_hidden(target, input_ids: torch.Tensor, num_layers: int, cache=None, tree=None,
+                        steps: EagerSteps | None = None):
+    """H^N: the target's residual stream after its first N layers (= output_hidden_states[N]), run by `steps`
+    (default: eagerly)."""
     embeds = target.model.embed_tokens(input_ids)
-    return run_layers(target, embeds, target.model.layers[:num_layers], cache, cache_layer=0, tree=tree)
+    return (steps or EagerSteps(target)).layers(target.model.layers[:num_layers], embeds, cache, tree)
 
 
 def find_head(ref: str, artifacts_dir, model_name: str, settings: dict) -> Path:
@@ -261,7 +240,7 @@ class ExitState:
     the last proposal, which its verification reuses."""
 
     cache: Any
-    exit_cache: DynamicCache
+    exit_cache: Any
     pending: torch.Tensor
     target_hidden: torch.Tensor | None = None
     drafted_hidden_n: torch.Tensor | None = None
@@ -270,6 +249,7 @@ class ExitState:
 @register_method(EESDConfig)
 class EESDDecoder(DraftVerifyDecoder):
     name = "eesd"
+    compilable = True  # the draft's layers, the exit layer and the verification's layers run through `steps.layers`
 
     def __init__(self, model, tokenizer, head: EarlyExitHead, cfg: EESDConfig):
         super().__init__(model, tokenizer)
@@ -281,6 +261,14 @@ class EESDDecoder(DraftVerifyDecoder):
     @property
     def extra_parameters(self) -> int:
         return parameters_beside(self.head, self.model)  # the frozen first N layers are the target's
+
+    @property
+    def layer_slices(self) -> list[tuple[str, list]]:
+        """The draft's body (layers 0..N-1) and the verification's rest (N..L-1) on the target's cache, and the
+        exit layer on its own: what compiled steps warm up."""
+        layers, n = list(self.model.model.layers), self.head.num_layers
+        return [("target", layers[:n]), ("target", layers[n:]),
+                *([("exit", [self.head.layer])] if self.head.layer is not None else [])]
 
     @staticmethod
     def head_settings(cfg: EESDConfig) -> dict:
@@ -317,27 +305,28 @@ class EESDDecoder(DraftVerifyDecoder):
 
     def start(self, prompt_ids, cache) -> ExitState:
         p = next(self.model.parameters())
-        return ExitState(cache, DynamicCache(), p.new_empty(1, 0, self.model.config.hidden_size))
+        exit_cache = self.steps.new_cache(prompt_ids.shape[1], "exit")  # a static one is as long as the target's
+        return ExitState(cache, exit_cache, p.new_empty(1, 0, self.model.config.hidden_size))
 
     def target_forward(self, state: ExitState, input_ids, cache, logits_to_keep: int = 0, tree=None) -> TargetOutput:
         """The full target on [last token, drafts], reusing the layer 0..N-1 rows the draft already computed."""
         n = self.head.num_layers
         verify_start = cache.get_seq_length(n)
         reused = cache.get_seq_length(0) - verify_start  # inputs the draft already ran through layers < N
-        fresh = first_layers_hidden(self.model, input_ids[:, reused:], n, cache, tree)
+        fresh = first_layers_hidden(self.model, input_ids[:, reused:], n, cache, tree, self.steps)
         hidden_n = torch.cat([state.drafted_hidden_n, fresh], 1) if reused else fresh
-        final = self.model.model.norm(run_layers(self.model, hidden_n, self.model.model.layers[n:], cache, n, tree))
+        final = self.model.model.norm(self.steps.layers(self.model.model.layers[n:], hidden_n, cache, tree))
         logits = self.model.lm_head(final[:, -logits_to_keep:] if logits_to_keep else final)
         return TargetOutput(logits, verify_start, {"layer_n": hidden_n, "final": final})
 
     def propose(self, state: ExitState, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
         x, drafts, qs, rows = tokens[:, -1:], [], [], []
         for i in range(1, k + 1):
-            hidden_n = first_layers_hidden(self.model, x, self.head.num_layers, state.cache)
+            hidden_n = first_layers_hidden(self.model, x, self.head.num_layers, state.cache, steps=self.steps)
             rows.append(hidden_n)
             exit_input = torch.cat([state.pending, hidden_n], 1)
             state.pending = exit_input[:, :0]
-            z = self.head.hidden(exit_input, state.exit_cache)[0, -1]
+            z = self.head.hidden(exit_input, state.exit_cache, self.steps)[0, -1]
             logits = self.head.logits(z)
             token, q, top1 = self.head.choose(logits, sampling, rng)
             if i == 1:

@@ -8,6 +8,11 @@ inputs, so a chain step and a token tree's custom mask share one graph. Rolling 
 write-position reset (`verify.crop_cache`): stale rows past it are masked out and later overwritten. Prefill,
 and any step wider than the largest bucket, run the same forward uncompiled on the same cache.
 
+A drafter that runs some of the target's layers, or a decoder layer of its own, itself (EESD's early exit) runs
+them through `steps.layers`: compiled steps compile one graph per such slice and width too, on the target's static
+cache or on a static cache of the drafter's own (`new_cache(length, name)`), and warm up the slices a decoder
+declares (`Decoder.layer_slices`).
+
 Decoders ask `target_steps(model)` for the steps object the loader attached (`use_hardware`), or eager steps.
 """
 
@@ -15,9 +20,12 @@ from __future__ import annotations
 
 import logging
 import time
+import types
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache, StaticCache
+from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specrepro.decoding.verify import additive_mask, crop_cache
@@ -37,8 +45,9 @@ class EagerSteps:
     def __init__(self, model: torch.nn.Module):
         self.model = model
 
-    def new_cache(self, length: int):
-        """A cache for one generation of up to `length` positions."""
+    def new_cache(self, length: int, name: str = "target"):
+        """A cache for one generation of up to `length` positions: the target's, or (`name`) one a drafter keeps for
+        layers of its own."""
         return DynamicCache(config=self.model.config)
 
     def __call__(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None, **kwargs):
@@ -60,6 +69,11 @@ class EagerSteps:
         hidden = self.hidden(input_ids, cache, tree)
         return self.model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden), hidden
 
+    def layers(self, layers: Sequence[torch.nn.Module], hidden: torch.Tensor, cache, tree=None) -> torch.Tensor:
+        """Decoder `layers` of the target's architecture on (1, n, d) hidden states that continue `cache`; `tree` as
+        in `__call__` (its last n rows are these). Returns their output hidden states."""
+        return run_layers(self.model, hidden, layers, cache, tree)
+
     def tree_inputs(self, tree) -> dict:
         """The model's attention mask and position ids for a tree verification's `tree`; {} for a chain."""
         if tree is None:
@@ -77,11 +91,12 @@ class CompiledSteps(EagerSteps):
                  widths=DEFAULT_WIDTHS):
         super().__init__(model)
         self.widths = tuple(sorted(widths))
-        self.cache: StaticCache | None = None
+        self.caches: dict[str, StaticCache] = {}  # the target's, and any a drafter keeps for layers of its own
         self.cache_len = 0
-        options = dict(backend=backend, fullgraph=True, dynamic=False, **({"mode": mode} if mode else {}))
-        self.forward = torch.compile(self._forward, **options)
-        self.forward_hidden = torch.compile(self._forward_hidden, **options)
+        self.options = dict(backend=backend, fullgraph=True, dynamic=False, **({"mode": mode} if mode else {}))
+        self.forward = torch.compile(self._forward, **self.options)
+        self.forward_hidden = torch.compile(self._forward_hidden, **self.options)
+        self.layer_graphs: dict[tuple[int, ...], tuple] = {}  # a layer slice's ids -> (its layers, its graph)
         self.cudagraphs = mode is not None and "reduce-overhead" in mode
 
     def _forward(self, input_ids, mask, positions, cache):
@@ -92,17 +107,19 @@ class CompiledSteps(EagerSteps):
         return (self.model.model(input_ids, attention_mask=mask, position_ids=positions,
                                  cache=cache).last_hidden_state,)
 
-    def new_cache(self, length: int) -> StaticCache:
-        """The one static cache, emptied; reallocated (new graphs) only when `length` outgrows it."""
+    def new_cache(self, length: int, name: str = "target") -> StaticCache:
+        """The static cache of that name, emptied. Every cache has one size, reallocated (new graphs) only when
+        `length` outgrows it: a drafter's own cache, asked for after the target's, is as long as the target's."""
         needed = length + self.widths[-1]  # a padded step may write past the last real position
-        if self.cache is None or self.cache_len < needed:
-            if self.cache is not None:
+        if self.cache_len < needed:
+            if self.caches:
                 log.warning("the static cache grows past %d positions: its graphs are compiled again", self.cache_len)
-            self.cache_len = 512 * -(-needed // 512)
-            self.cache = StaticCache(config=self.model.config, max_cache_len=self.cache_len)
-        else:
-            crop_cache(self.cache, 0)  # a write-position reset: stale rows stay masked until overwritten
-        return self.cache
+            self.cache_len, self.caches = 512 * -(-needed // 512), {}
+        if name in self.caches:
+            crop_cache(self.caches[name], 0)  # a write-position reset: stale rows stay masked until overwritten
+        else:  # its layers are allocated when first written: a drafter's one-layer cache holds one
+            self.caches[name] = StaticCache(config=self.model.config, max_cache_len=self.cache_len)
+        return self.caches[name]
 
     def tree_inputs(self, tree) -> dict:
         """An uncompiled tree step's mask, widened to the static cache's length (its keys are all of its rows)."""
@@ -112,6 +129,35 @@ class CompiledSteps(EagerSteps):
         wide = allow.new_zeros(allow.shape[0], self.cache_len)
         wide[:, : allow.shape[1]] = allow
         return super().tree_inputs((wide, positions))
+
+    def layers(self, layers, hidden, cache, tree=None):
+        """The slice's compiled graph for the bucket of n rows (hidden states padded with their last row), or, for
+        a cache's first rows or a width past the largest bucket, the same layers uncompiled; either way with the
+        mask and positions as inputs and only the slice's own layers of `cache` written."""
+        layers = tuple(layers)
+        indices = [layer.self_attn.layer_idx for layer in layers]
+        past, n = int(cache.get_seq_length(indices[0])), hidden.shape[1]
+        tree = None if tree is None else (tree[0][-n:], tree[1][-n:])
+        width = self.bucket(n) if past else None
+        if width is None:
+            mask, positions = self.padded_mask(past, n, n, tree, hidden.device)
+            return apply_layers(self.model, hidden, layers, cache, mask, positions)
+        key = tuple(map(id, layers))
+        if key not in self.layer_graphs:
+            def graph(hidden, mask, positions, cache):
+                return (apply_layers(self.model, hidden, layers, cache, mask, positions),)
+
+            # a code object of its own: dynamo allows `recompile_limit` graphs (one per width) per code object
+            graph = types.FunctionType(graph.__code__.replace(), graph.__globals__, closure=graph.__closure__)
+            self.layer_graphs[key] = (layers, torch.compile(graph, **self.options))
+        mask, positions = self.padded_mask(past, n, width, tree, hidden.device)
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        out = self.layer_graphs[key][1](pad_rows(hidden, width), mask, positions, cache)[0][:, :n].clone()
+        if width > n:  # the padding rows are not part of the sequence
+            for index in indices:
+                cache.layers[index].crop(n - width)
+        return out
 
     def bucket(self, n: int) -> int | None:
         return next((w for w in self.widths if w >= n), None)
@@ -145,11 +191,15 @@ class CompiledSteps(EagerSteps):
         return outputs
 
     def padded_inputs(self, input_ids, past: int, width: int, tree):
-        """Inputs padded to `width` rows (the last token repeated), the (1, 1, width, cache) additive mask and the
-        positions: real rows see what they would eagerly (the prefix and, in a tree, their ancestors), padding
+        """Inputs padded to `width` rows (the last token repeated), with their mask and positions (`padded_mask`)."""
+        n = input_ids.shape[1]
+        return pad_rows(input_ids, width), *self.padded_mask(past, n, width, tree, input_ids.device)
+
+    def padded_mask(self, past: int, n: int, width: int, tree, device):
+        """The (1, 1, width, cache) additive mask and the positions of n rows padded to `width` after `past`
+        cached ones: real rows see what they would eagerly (the prefix and, in a tree, their ancestors), padding
         rows continue the sequence causally."""
-        n, size, device = input_ids.shape[1], self.cache_len, input_ids.device
-        ids = torch.cat([input_ids, input_ids[:, -1:].expand(1, width - n)], dim=1)
+        size = self.cache_len
         rows = torch.arange(width, device=device)
         allow = torch.arange(size, device=device)[None] <= (past + rows)[:, None]
         positions = past + rows
@@ -158,25 +208,71 @@ class CompiledSteps(EagerSteps):
             allow[:n, : tree_allow.shape[1]] = tree_allow
             allow[:n, tree_allow.shape[1]:] = False
             positions = torch.cat([tree_positions, past + torch.arange(n, width, device=device)])
-        return ids, additive_mask(allow, self.model.dtype), positions[None]
+        return additive_mask(allow, self.model.dtype), positions[None]
 
-    def warm_up(self, max_width: int, length: int, hidden: bool = False) -> float:
+    def warm_up(self, max_width: int, length: int, hidden: bool = False, slices=()) -> float:
         """Compile every bucket up to `max_width` rows (and, with `hidden`, the forward that returns hidden
-        states instead of logits) on a cache of `length` positions, outside any timed region; returns the seconds it took (the
-        record's `compile_time`)."""
+        states instead of logits; for each (cache name, layers) of `slices`, that layer slice) on caches of
+        `length` positions, outside any timed region; returns the seconds it took (the record's `compile_time`)."""
         start = time.perf_counter()
         cache = self.new_cache(length)
         device = next(self.model.parameters()).device
         largest = self.bucket(max_width) or self.widths[-1]  # wider steps run uncompiled
+        widths = [w for w in self.widths if w <= largest]
         with torch.inference_mode():
             super().__call__(torch.zeros(1, 1, dtype=torch.long, device=device), cache, 1)  # eager prefill
             for step in (self, self.hidden) if hidden else (self,):
-                for width in (w for w in self.widths if w <= largest):
+                for width in widths:
                     for _ in range(2):  # CUDA graphs record on the second call
                         step(torch.zeros(1, width, dtype=torch.long, device=device), cache)
                         crop_cache(cache, 1)
+            for name, layers in slices:
+                own = cache if name == "target" else self.new_cache(length, name)
+                rows = torch.zeros(1, 1, self.model.config.hidden_size, dtype=self.model.dtype, device=device)
+                if name != "target":
+                    self.layers(layers, rows, own)  # uncompiled: a first row for the others to follow
+                for width in widths:
+                    for _ in range(2):
+                        self.layers(layers, rows.expand(1, width, -1), own)
+                        crop_cache(own, 1)
+                crop_cache(own, 0)
             crop_cache(cache, 0)
         return time.perf_counter() - start
+
+
+def pad_rows(x: torch.Tensor, width: int) -> torch.Tensor:
+    """(1, n, ...) token ids or hidden states padded to `width` rows by repeating the last."""
+    return torch.cat([x, x[:, -1:].expand(-1, width - x.shape[1], *x.shape[2:])], dim=1)
+
+
+def run_layers(model, hidden: torch.Tensor, layers, cache, tree=None) -> torch.Tensor:
+    """Run decoder `layers` of `model`'s architecture on (1, T, d) hidden states that continue `cache`, eagerly.
+
+    What LlamaModel.forward does for its layers: positions follow the cache length of the first layer's cache
+    slot (`layer_idx`), the causal mask is sized against that layer (layers may hold different lengths: a drafter
+    that runs only the first layers writes only theirs), and rotary embeddings come from the model's `rotary_emb`.
+    `tree` (allowed keys, positions) of a tree verification (`verify.tree_attention`) replaces the causal mask and
+    positions; its last T rows are these.
+    """
+    if tree is not None:
+        allow, positions = tree
+        return apply_layers(model, hidden, layers, cache, additive_mask(allow[-hidden.shape[1]:], hidden.dtype),
+                            positions[-hidden.shape[1]:].unsqueeze(0))
+    first = layers[0].self_attn.layer_idx
+    past = cache.get_seq_length(first) if cache is not None else 0
+    position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device).unsqueeze(0)
+    mask = create_causal_mask(config=model.config, inputs_embeds=hidden, attention_mask=None, cache=cache,
+                              position_ids=position_ids, layer_idx=first)
+    return apply_layers(model, hidden, layers, cache, mask, position_ids)
+
+
+def apply_layers(model, hidden: torch.Tensor, layers, cache, mask, position_ids) -> torch.Tensor:
+    """Decoder `layers` on `hidden` with a given attention mask and positions (the loop of LlamaModel.forward)."""
+    rope = model.model.rotary_emb(hidden, position_ids=position_ids)
+    for layer in layers:
+        hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, cache=cache,
+                       use_cache=cache is not None, position_embeddings=rope)
+    return hidden
 
 
 def target_steps(model: torch.nn.Module) -> EagerSteps:
