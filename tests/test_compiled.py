@@ -13,6 +13,7 @@ import torch
 
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.eesd import EarlyExitHead, EESDConfig, EESDDecoder
+from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
 from specrepro.decoding.jacobi import JacobiDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.self_sd import SelfSDConfig, SelfSDDecoder
@@ -69,12 +70,22 @@ def compiled_decoders(model, draft):
         "eesd_beta_ts": eesd(k_max=6),  # round lengths drawn every round: every width up to 7
         "eesd_tree": eesd(control="fixed", k=2, tree_width=3),
         "eesd_without_exit_layer": eesd(exit_layer=False, control="fixed", k=3),
+        **self_sd_decoders(model),
     }
+
+
+def self_sd_decoders(model):
+    """Draft & Verify on the 2-layer target: a draft that skips layer 0's attention and layer 1's MLP."""
+    return {"self_sd": SelfSDDecoder(model, None, [0], [1], SelfSDConfig(control="adaptive", k=6)),
+            "self_sd_tree": SelfSDDecoder(model, None, [0], [1], SelfSDConfig(control="fixed", k=3, tree_width=3)),
+            "self_sd_draft_vocab": SelfSDDecoder(model, None, [0], [1], SelfSDConfig(control="fixed", k=3, draft_vocab=16),
+                                                 vocab_ranking=torch.arange(64))}  # its draft reads hidden states
 
 
 MASK = 63  # SPACE's mask token on the tiny target (untrained: its drafts are poor, its output still ar's)
 COMPILABLE = ["ar", "pld", "pld_heuristic", "sps", "sar_draft", "sar_draft_tree", "jacobi", "jacobi_sliding", "space",
-              "space_wide", "eesd", "eesd_beta_ts", "eesd_tree", "eesd_without_exit_layer"]
+              "space_wide", "eesd", "eesd_beta_ts", "eesd_tree", "eesd_without_exit_layer", "self_sd", "self_sd_tree",
+              "self_sd_draft_vocab"]
 
 
 @pytest.mark.parametrize("name", COMPILABLE)
@@ -136,9 +147,37 @@ def test_a_warmed_up_decoder_compiles_nothing_while_it_decodes():
     assert counters["stats"]["unique_graphs"] == compiled
 
 
+@pytest.mark.parametrize("name", ["self_sd", "self_sd_tree", "self_sd_draft_vocab"])
+def test_a_compiled_skipped_layer_draft_drafts_what_the_eager_one_does(compiled_target, name):
+    """Output equal to `ar` holds whatever the draft proposes; equal step counts show that the draft's compiled graphs
+    skip the skip set's sub-layers (traced inside `skipped_sublayers`), not run the whole target."""
+    compiled, eager = self_sd_decoders(compiled_target)[name], self_sd_decoders(compiled_target)[name]
+    eager.steps = EagerSteps(compiled_target)
+    for prompt in prompts():
+        ours, theirs = compiled.generate(prompt, GREEDY, 40), eager.generate(prompt, GREEDY, 40)
+        assert (ours.token_ids, ours.accepted, ours.drafted) == (theirs.token_ids, theirs.accepted, theirs.drafted)
+
+
+def test_a_warmed_up_self_sd_compiles_nothing_while_it_decodes():
+    """Its draft's graphs are warmed up in the skipped state (`step_variants`), and leaving that state around every
+    verification makes dynamo compile nothing again."""
+    from torch._dynamo.utils import counters
+
+    from specrepro.runner import compile_steps_for
+
+    model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
+    setattr(model, STEPS_ATTRIBUTE, CompiledSteps(model, backend="aot_eager", widths=[1, 2, 4, 8]))
+    decoder = self_sd_decoders(model)["self_sd"]
+    compile_steps_for(80, [decoder])
+    compiled = counters["stats"]["unique_graphs"]
+    for prompt in prompts():
+        decoder.generate(prompt, GREEDY, 40)
+    assert counters["stats"]["unique_graphs"] == compiled
+
+
 def test_decoders_that_run_their_own_forwards_refuse_compiled_steps(compiled_target):
     with pytest.raises(SpecReproError, match="does not support hardware.compile"):
-        SelfSDDecoder(compiled_target, None, [1], [0], SelfSDConfig(control="fixed", k=3))
+        HFAssistedDecoder(compiled_target, None, HFAssistedConfig(mode="prompt_lookup"))
 
 
 def test_a_compiled_run_reports_speedups_over_compiled_and_eager_ar(tmp_path):

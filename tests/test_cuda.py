@@ -65,8 +65,10 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
                 "jacobi": JacobiDecoder(target, block_size=6),
                 "space_untrained_masks": SpaceDecoder(target, None, mask_id=0, k=3),
                 "eesd": EESDDecoder(target, None, EarlyExitHead(target, 2, True, False).to(CUDA).eval(),
-                                    EESDConfig(num_layers=2, control="fixed", k=3, tree_width=2))}
-    steps.warm_up(max_width=16, length=80, hidden=True, slices=compiled["eesd"].layer_slices)
+                                    EESDConfig(num_layers=2, control="fixed", k=3, tree_width=2)),
+                "self_sd": SelfSDDecoder(target, None, [1, 3], [0, 2], SelfSDConfig(control="adaptive", k=5))}
+    steps.warm_up(max_width=16, length=80, hidden=True, slices=compiled["eesd"].layer_slices,
+                  variants=compiled["self_sd"].step_variants)
     for name, decoder in compiled.items():
         for prompt in prompts():
             assert decoder.generate(prompt, Sampling(), 40).token_ids == eager_ar.generate(prompt, Sampling(), 40).token_ids, name

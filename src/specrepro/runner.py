@@ -334,7 +334,8 @@ def compile_steps_for(length: int, decoders) -> float:
         return 0.0
     seconds = steps.warm_up(max(d.max_step_width for d in decoders), length,
                             hidden=any(d.reads_hidden_states for d in decoders),
-                            slices=[piece for d in decoders for piece in d.layer_slices])
+                            slices=[piece for d in decoders for piece in d.layer_slices],
+                            variants=[variant for d in decoders for variant in d.step_variants])
     log.info("compiled the target's steps in %.1f s", seconds)
     return seconds
 

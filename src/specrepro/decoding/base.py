@@ -97,6 +97,7 @@ class Decoder(ABC):
     compilable = False  # runs every target forward through `self.steps` (so `hardware.compile` applies)
     reads_hidden_states = False  # its target forwards go through `steps.hidden` (or `with_hidden`)
     layer_slices: list = []  # (cache name, layers) it runs through `steps.layers` itself (compiled steps warm them up)
+    step_variants: list = []  # (name, state context, reads hidden) of model states it drafts in, one token a step
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, steps: EagerSteps | None = None):
         self.model = model

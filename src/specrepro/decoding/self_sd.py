@@ -8,7 +8,8 @@ threshold gamma (§3.4, Eq. 2-4; `controllers.AdaptiveDraftExit`), or drafts a f
 
 Sub-layers are skipped without copying modeling code: inside `skipped_sublayers` a skipped sub-layer's
 `forward` (and its pre-norm's) is replaced by one that leaves the residual stream unchanged, as the
-official code does (a skipped sub-layer bypasses its RMSNorm too).
+official code does (a skipped sub-layer bypasses its RMSNorm too). Under `hardware.compile` the draft step is
+a variant of the target's steps (`variant=`): graphs of its own, traced and run only inside that context.
 
 Token tree (`tree_width` w > 1, beyond the paper): the draft's next w - 1 best tokens at the first draft position
 join the chain as siblings of its first node (`DraftVerifyDecoder.with_first_siblings`).
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -172,6 +174,7 @@ class SkipDraft:
 @register_method(SelfSDConfig)
 class SelfSDDecoder(DraftVerifyDecoder):
     name = "self_sd"
+    compilable = True  # its draft steps run as a variant of the target's steps (`step_variants`)
 
     def __init__(self, model, tokenizer, attn_skip, mlp_skip, cfg: SelfSDConfig,
                  vocab_ranking: torch.Tensor | None = None):
@@ -190,9 +193,17 @@ class SelfSDDecoder(DraftVerifyDecoder):
             vocab_ranking = draft_vocab.corpus_ranking(tokenizer, cfg.draft_vocab_corpus)
         self.frequent = vocab_ranking[:cfg.draft_vocab] if cfg.draft_vocab else None
         self.attn_skip, self.mlp_skip = sorted(set(attn_skip)), sorted(set(mlp_skip))
+        self.variant = f"skip attention {self.attn_skip} mlp {self.mlp_skip}"  # its drafts' graphs, compiled
         self.cfg = cfg
         self.gamma = cfg.gamma0  # carried across generations when cfg.carry_gamma
         self.controller: DraftLengthController | None = None  # the last generation's, whose gamma is carried
+
+    @property
+    def step_variants(self) -> list:
+        """Its draft: the target with the skip set's sub-layers skipped, one token a step (compiled steps warm up its
+        graphs, traced with the sub-layers skipped)."""
+        return [(self.variant, partial(skipped_sublayers, self.model, self.attn_skip, self.mlp_skip),
+                 self.frequent is not None)]
 
     @classmethod
     def resolve_artifacts(cls, cfg: SelfSDConfig, model_name: str, artifacts_dir) -> dict[str, Path]:
@@ -233,12 +244,12 @@ class SelfSDDecoder(DraftVerifyDecoder):
             return SkipDraft(cache)
         return SkipDraft(cache, *draft_vocab.prompt_head(self.model.lm_head, self.frequent, prompt_ids))
 
-    def draft_logits(self, state: SkipDraft, step_input, position) -> torch.Tensor:
+    def draft_logits(self, state: SkipDraft, step_input, position: int) -> torch.Tensor:
         """The skipped-layer draft's last logits: over the whole vocabulary, or over `vocab_ids` (draft_vocab)."""
         if state.draft_head is None:
-            return self.model(step_input, cache=state.cache, position_ids=position,
-                              logits_to_keep=1).logits[0, -1]
-        hidden = self.model.model(step_input, cache=state.cache, position_ids=position).last_hidden_state
+            return self.steps(step_input, state.cache, logits_to_keep=1, past=position,
+                              variant=self.variant).logits[0, -1]
+        hidden = self.steps.hidden(step_input, state.cache, past=position, variant=self.variant)
         return state.draft_head(hidden[0, -1])
 
     def propose(self, state: SkipDraft, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
@@ -254,8 +265,7 @@ class SelfSDDecoder(DraftVerifyDecoder):
         drafts, qs = [], []
         with skipped_sublayers(self.model, self.attn_skip, self.mlp_skip):
             for step in range(k):
-                position = torch.full((1, 1), verified + step, dtype=torch.long, device=tokens.device)
-                logits = self.draft_logits(state, step_input, position)
+                logits = self.draft_logits(state, step_input, verified + step)
                 if step == 0:
                     first_logits = logits
                 # Alg. 4: q = the warped draft distribution (zero outside a reduced draft vocabulary)

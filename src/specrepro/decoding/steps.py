@@ -11,7 +11,8 @@ and any step wider than the largest bucket, run the same forward uncompiled on t
 A drafter that runs some of the target's layers, or a decoder layer of its own, itself (EESD's early exit) runs
 them through `steps.layers`: compiled steps compile one graph per such slice and width too, on the target's static
 cache or on a static cache of the drafter's own (`new_cache(length, name)`), and warm up the slices a decoder
-declares (`Decoder.layer_slices`).
+declares (`Decoder.layer_slices`). A drafter that runs the target in another state (Draft & Verify's skipped
+sub-layers) names it (`variant=`): that state gets graphs of its own (`Decoder.step_variants`).
 
 Decoders ask `target_steps(model)` for the steps object the loader attached (`use_hardware`), or eager steps.
 """
@@ -50,18 +51,31 @@ class EagerSteps:
         layers of its own."""
         return DynamicCache(config=self.model.config)
 
-    def __call__(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None, **kwargs):
+    def __call__(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None, past: int | None = None,
+                 variant: str | None = None):
         """One forward appending `input_ids` (1, n) to `cache`; `tree`: (allowed keys, positions) of a token
-        tree (`verify.tree_attention`), None for a causal chain. Returns the model's output."""
-        return self.model(input_ids, cache=cache, logits_to_keep=logits_to_keep, **self.tree_inputs(tree),
-                          **kwargs)
+        tree (`verify.tree_attention`), None for a causal chain. `past`: the length the chain continues, for a
+        cache whose first layer holds another (a draft that skips attention layers writes only the others');
+        `variant`: the name of a model state the caller has set (`Decoder.step_variants`), which compiled steps
+        compile graphs of their own for. Returns the model's output."""
+        return self.model(input_ids, cache=cache, logits_to_keep=logits_to_keep,
+                          **self.mask_inputs(input_ids, tree, past))
 
-    def hidden(self, input_ids: torch.Tensor, cache, tree=None, exact_rows: torch.Tensor | None = None):
+    def hidden(self, input_ids: torch.Tensor, cache, tree=None, exact_rows: torch.Tensor | None = None,
+               past: int | None = None, variant: str | None = None):
         """The same forward without the LM head: the last-layer hidden states after the final norm of every row,
         for a decoder that runs the head only on the rows it reads. `exact_rows`: the rows that must equal a
         one-row step bit for bit under `hardware.row_invariant` (models/attention.py)."""
         rows = {} if exact_rows is None else {"exact_rows": exact_rows}
-        return self.model.model(input_ids, cache=cache, **self.tree_inputs(tree), **rows).last_hidden_state
+        return self.model.model(input_ids, cache=cache, **self.mask_inputs(input_ids, tree, past),
+                                **rows).last_hidden_state
+
+    def mask_inputs(self, input_ids: torch.Tensor, tree, past: int | None) -> dict:
+        """A tree's mask and positions (`tree_inputs`), a chain's positions after `past`, or {} to let the model
+        count them."""
+        if tree is not None or past is None:
+            return self.tree_inputs(tree)
+        return {"position_ids": torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]}
 
     def with_hidden(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None):
         """The forward returning (logits, last-layer hidden states after the final norm) of every row: what
@@ -96,6 +110,7 @@ class CompiledSteps(EagerSteps):
         self.options = dict(backend=backend, fullgraph=True, dynamic=False, **({"mode": mode} if mode else {}))
         self.forward = torch.compile(self._forward, **self.options)
         self.forward_hidden = torch.compile(self._forward_hidden, **self.options)
+        self.variant_graphs: dict[str, tuple] = {}  # a model state's name -> its (forward, forward_hidden)
         self.layer_graphs: dict[tuple[int, ...], tuple] = {}  # a layer slice's ids -> (its layers, its graph)
         self.cudagraphs = mode is not None and "reduce-overhead" in mode
 
@@ -147,9 +162,7 @@ class CompiledSteps(EagerSteps):
             def graph(hidden, mask, positions, cache):
                 return (apply_layers(self.model, hidden, layers, cache, mask, positions),)
 
-            # a code object of its own: dynamo allows `recompile_limit` graphs (one per width) per code object
-            graph = types.FunctionType(graph.__code__.replace(), graph.__globals__, closure=graph.__closure__)
-            self.layer_graphs[key] = (layers, torch.compile(graph, **self.options))
+            self.layer_graphs[key] = (layers, torch.compile(own_code(graph), **self.options))
         mask, positions = self.padded_mask(past, n, width, tree, hidden.device)
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
@@ -162,23 +175,34 @@ class CompiledSteps(EagerSteps):
     def bucket(self, n: int) -> int | None:
         return next((w for w in self.widths if w >= n), None)
 
-    def __call__(self, input_ids, cache, logits_to_keep: int = 0, tree=None, **kwargs):
-        outputs = None if kwargs else self.padded_step(self.forward, input_ids, cache, tree)
-        if outputs is None:  # prefill, an unbucketed width, or extra outputs: uncompiled
-            return super().__call__(input_ids, cache, logits_to_keep, tree, **kwargs)
+    def graphs(self, variant: str | None) -> tuple:
+        """(forward, forward_hidden) of the target as it is, or of a model state a caller sets (`variant`): each
+        state compiles graphs of its own, traced and run only while it is set."""
+        if variant is None:
+            return self.forward, self.forward_hidden
+        if variant not in self.variant_graphs:
+            self.variant_graphs[variant] = (torch.compile(own_code(self._forward), **self.options),
+                                            torch.compile(own_code(self._forward_hidden), **self.options))
+        return self.variant_graphs[variant]
+
+    def __call__(self, input_ids, cache, logits_to_keep: int = 0, tree=None, past=None, variant=None):
+        outputs = self.padded_step(self.graphs(variant)[0], input_ids, cache, tree, past)
+        if outputs is None:  # prefill, or an unbucketed width: uncompiled
+            return super().__call__(input_ids, cache, logits_to_keep, tree, past)
         logits = outputs[0]
         return CausalLMOutputWithPast(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
 
-    def hidden(self, input_ids, cache, tree=None, exact_rows=None):
+    def hidden(self, input_ids, cache, tree=None, exact_rows=None, past=None, variant=None):
         """The compiled hidden states (`exact_rows` has no use here: compiled steps refuse `row_invariant`); the
         LM head then runs, uncompiled, on the rows a caller reads."""
-        outputs = self.padded_step(self.forward_hidden, input_ids, cache, tree)
-        return super().hidden(input_ids, cache, tree) if outputs is None else outputs[0]
+        outputs = self.padded_step(self.graphs(variant)[1], input_ids, cache, tree, past)
+        return super().hidden(input_ids, cache, tree, past=past) if outputs is None else outputs[0]
 
-    def padded_step(self, forward, input_ids, cache, tree) -> tuple | None:
+    def padded_step(self, forward, input_ids, cache, tree, past: int | None = None) -> tuple | None:
         """The compiled `forward`'s outputs for the rows of `input_ids`, run padded to a bucket on the static
-        cache; None for a prefill (an empty cache) or a width past the largest bucket."""
-        past = int(cache.get_seq_length())
+        cache after `past` positions (default: the first layer's length); None for a prefill (an empty cache) or
+        a width past the largest bucket."""
+        past = int(cache.get_seq_length()) if past is None else past
         n = input_ids.shape[1]
         width = self.bucket(n)
         if past == 0 or width is None:
@@ -210,10 +234,11 @@ class CompiledSteps(EagerSteps):
             positions = torch.cat([tree_positions, past + torch.arange(n, width, device=device)])
         return additive_mask(allow, self.model.dtype), positions[None]
 
-    def warm_up(self, max_width: int, length: int, hidden: bool = False, slices=()) -> float:
+    def warm_up(self, max_width: int, length: int, hidden: bool = False, slices=(), variants=()) -> float:
         """Compile every bucket up to `max_width` rows (and, with `hidden`, the forward that returns hidden
-        states instead of logits; for each (cache name, layers) of `slices`, that layer slice) on caches of
-        `length` positions, outside any timed region; returns the seconds it took (the record's `compile_time`)."""
+        states instead of logits; for each (cache name, layers) of `slices`, that layer slice; for each (name,
+        state, hidden) of `variants`, the one-token step in that model state) on caches of `length` positions,
+        outside any timed region; returns the seconds it took (the record's `compile_time`)."""
         start = time.perf_counter()
         cache = self.new_cache(length)
         device = next(self.model.parameters()).device
@@ -236,8 +261,23 @@ class CompiledSteps(EagerSteps):
                         self.layers(layers, rows.expand(1, width, -1), own)
                         crop_cache(own, 1)
                 crop_cache(own, 0)
+            for name, state, reads_hidden in variants:  # drafts in a model state of their own: one token a step
+                with state():
+                    for _ in range(2):
+                        step = self.hidden if reads_hidden else self
+                        step(torch.zeros(1, 1, dtype=torch.long, device=device), cache, variant=name)
+                        crop_cache(cache, 1)
             crop_cache(cache, 0)
         return time.perf_counter() - start
+
+
+def own_code(fn):
+    """`fn` (a function or bound method) with a code object of its own: dynamo allows `recompile_limit` graphs
+    (one per width) per code object, so each family of graphs (a layer slice, a model state) gets its own."""
+    func = getattr(fn, "__func__", fn)
+    copy = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
+                              func.__closure__)
+    return types.MethodType(copy, fn.__self__) if hasattr(fn, "__self__") else copy
 
 
 def pad_rows(x: torch.Tensor, width: int) -> torch.Tensor:
