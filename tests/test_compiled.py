@@ -129,17 +129,25 @@ def test_a_tree_verification_on_compiled_steps_gives_the_eager_logits(compiled_t
     torch.testing.assert_close(outputs[0], outputs[1])
 
 
-def test_a_warmed_up_decoder_compiles_nothing_while_it_decodes():
-    """The runner warms up every width and layer slice a decoder can take (`compile_steps_for`), so no graph is
-    compiled inside the timed region: here EESD, whose draft and exit layer are slices of their own."""
+WARMED = {  # a decoder whose compiled steps include graphs beyond the widths: EESD's layer slices, self_sd's state
+    "eesd": lambda model: EESDDecoder(model, None, EarlyExitHead(model, num_layers=1).eval(),
+                                      EESDConfig(num_layers=1, head="none", k_max=6, tree_width=2)),
+    "self_sd": lambda model: self_sd_decoders(model)["self_sd"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(WARMED))
+def test_a_warmed_up_decoder_compiles_nothing_while_it_decodes(name):
+    """The runner warms up every width, layer slice (EESD's draft and exit layer) and model state (self_sd's skipped
+    sub-layers, left around every verification) a decoder can take (`compile_steps_for`), so no graph is compiled
+    inside the timed region."""
     from torch._dynamo.utils import counters
 
     from specrepro.runner import compile_steps_for
 
     model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
     setattr(model, STEPS_ATTRIBUTE, CompiledSteps(model, backend="aot_eager", widths=[1, 2, 4, 8]))
-    head = EarlyExitHead(model, num_layers=1).eval()
-    decoder = EESDDecoder(model, None, head, EESDConfig(num_layers=1, head="none", k_max=6, tree_width=2))
+    decoder = WARMED[name](model)
     assert compile_steps_for(80, [decoder]) > 0
     compiled = counters["stats"]["unique_graphs"]
     for prompt in prompts():
@@ -156,23 +164,6 @@ def test_a_compiled_skipped_layer_draft_drafts_what_the_eager_one_does(compiled_
     for prompt in prompts():
         ours, theirs = compiled.generate(prompt, GREEDY, 40), eager.generate(prompt, GREEDY, 40)
         assert (ours.token_ids, ours.accepted, ours.drafted) == (theirs.token_ids, theirs.accepted, theirs.drafted)
-
-
-def test_a_warmed_up_self_sd_compiles_nothing_while_it_decodes():
-    """Its draft's graphs are warmed up in the skipped state (`step_variants`), and leaving that state around every
-    verification makes dynamo compile nothing again."""
-    from torch._dynamo.utils import counters
-
-    from specrepro.runner import compile_steps_for
-
-    model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
-    setattr(model, STEPS_ATTRIBUTE, CompiledSteps(model, backend="aot_eager", widths=[1, 2, 4, 8]))
-    decoder = self_sd_decoders(model)["self_sd"]
-    compile_steps_for(80, [decoder])
-    compiled = counters["stats"]["unique_graphs"]
-    for prompt in prompts():
-        decoder.generate(prompt, GREEDY, 40)
-    assert counters["stats"]["unique_graphs"] == compiled
 
 
 def test_decoders_that_run_their_own_forwards_refuse_compiled_steps(compiled_target):
