@@ -105,8 +105,8 @@ class Decoder(ABC):
         self.eos_ids = _eos_ids(model, tokenizer)
         self.steps = steps or target_steps(model)  # how the target's forwards run: eager, or compiled
         if self.steps.compiled and not self.compilable:
-            raise SpecReproError(f"method '{self.name}' does not support hardware.compile (its drafter runs the "
-                                 "target's forwards itself); run it with hardware.compile=false")
+            raise SpecReproError(f"method '{self.name}' does not support hardware.compile (its target's forwards do "
+                                 "not run through the shared steps); run it with hardware.compile=false")
 
     @property
     def max_step_width(self) -> int:
