@@ -262,9 +262,9 @@ class CompiledSteps(EagerSteps):
                         crop_cache(own, 1)
                 crop_cache(own, 0)
             for name, state, reads_hidden in variants:  # drafts in a model state of their own: one token a step
+                step = self.hidden if reads_hidden else self
                 with state():
                     for _ in range(2):
-                        step = self.hidden if reads_hidden else self
                         step(torch.zeros(1, 1, dtype=torch.long, device=device), cache, variant=name)
                         crop_cache(cache, 1)
             crop_cache(cache, 0)
