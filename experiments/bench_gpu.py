@@ -1,7 +1,8 @@
 """Benchmark on a GPU: eager against compiled decoding, ours and transformers', on the embedded model (or any).
 
 Arms, interleaved per prompt in one process (greedy, the same GSM8K prompts):
-- `ar_eager`: our `ar` as every CPU figure runs it (DynamicCache, eager PyTorch);
+- `ar_eager`: our `ar` on a DynamicCache in eager PyTorch, with torch's own linears as every arm here (CPU runs
+  elsewhere default to `hardware.linear_kernel=onednn`);
 - `ar_compiled`: our `ar` with `hardware.compile` (static cache, torch.compile, CUDA graphs; decoding/steps.py);
 - `generate_eager` / `generate_compiled`: transformers' `generate` on the model as a user loads it, plain and
   with `cache_implementation="static"` (transformers then compiles its forward itself);
@@ -12,8 +13,9 @@ Prints each arm's throughput, the weight-reading bound (weight bytes over the ca
 here), compiled over eager `ar`, our compiled `ar` over transformers' compiled `generate`, each speculative
 arm's paired speedup over eager `ar` (a compiled arm also over compiled `ar`) and MAT, and which outputs are
 token-identical. Compile times are reported apart. With --json the figures are written after every timed
-prompt (`prompts` says how many), so a run cut off by a lent machine's limit keeps what it measured.
-Run: python experiments/bench_gpu.py [--limit 5] [--max-new-tokens 256] [--json out.json]
+prompt (`prompts` says how many), so a run cut off by a lent machine's limit keeps what it measured; --markdown
+writes them as a results page. `--device cpu` asks the same of a CPU (inductor compiles C++ there).
+Run: python experiments/bench_gpu.py [--limit 5] [--max-new-tokens 256] [--json out.json] [--markdown out.md]
      [--methods "sar_draft_tree;eesd method.draft_vocab=4096" --artifacts-dir results/artifacts]
      [--model llama2_7b_chat | --model "smollm2_135m model.source=hf model.id=/path/to/checkpoint"]
 """
@@ -41,7 +43,7 @@ from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import EagerSteps
 from specrepro.models import LoadedModel, ModelLoader, load_model
-from specrepro.provenance import provenance
+from specrepro.provenance import machine_label, provenance
 from specrepro.runner import compile_steps_for
 from specrepro.tracking import atomic_write
 
@@ -76,6 +78,50 @@ def method_arms(presets: str, target, stock: LoadedModel, loader) -> dict:
     return arms
 
 
+def markdown(figures: dict) -> str:
+    """The figures as a results page: one row per arm, the bounds and ratios, then the provenance."""
+    prov, rate, speculative = figures["provenance"], figures["tok_per_s"], figures["speculative"]
+    over_eager = {"ar_eager": 1.0, "ar_compiled": figures["ar_compiled_over_eager"],
+                  **{arm: row["over_ar_eager"] for arm, row in speculative.items()}}
+    lines = [
+        f"# Eager against compiled decoding: {figures['model']} on {machine_label(prov['machine'])}",
+        "",
+        f"{figures['prompts']} GSM8K prompts x up to {figures['max_new_tokens']} new tokens, greedy, {figures['dtype']},"
+        f" {prov['threads']} thread(s), compiled step widths {figures['widths']}, every arm on the same prompt token"
+        " ids, interleaved per prompt. Written by `experiments/bench_gpu.py` (its docstring defines the arms);"
+        " speedups are the mean over prompts of an arm's tokens/s over the baseline's on that prompt; MAT = tokens"
+        " per target forward after the prompt's.",
+        "",
+        "| arm | tok/s | over eager `ar` | over compiled `ar` | MAT | token-identical to eager `ar` |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm, tok_s in rate.items():
+        row = speculative.get(arm, {})
+        cells = [f"{over_eager[arm]:.2f}x" if arm in over_eager else "–",
+                 f"{row['over_ar_compiled']:.2f}x" if "over_ar_compiled" in row else "–",
+                 f"{row['mat']:.2f}" if "mat" in row else "–"]
+        lines.append(f"| `{arm}` | {tok_s:.1f} | {' | '.join(cells)} | "
+                     f"{figures['identical_to_ar_eager'][arm]}/{figures['prompts']} |")
+    compile_s = ", ".join(f"{arm} {seconds:.1f}" for arm, seconds in figures["compile_or_first_call_s"].items())
+    lines += [
+        "",
+        f"- Our compiled `ar` over transformers' static-cache compiled `generate` (paired):"
+        f" {figures['ar_compiled_over_generate_compiled']:.2f}x.",
+        f"- Weight-reading bound: {figures['bound_tok_per_s']:.0f} tok/s ({figures['weight_mb']:.0f} MB of weights at"
+        f" a measured {figures['copy_bandwidth_gb_s']:.0f} GB/s copy bandwidth).",
+        f"- Seconds compiling (`ours`: every compiled step width, untimed) or in each arm's untimed first call:"
+        f" {compile_s}.",
+        "",
+        f"- Machine: {machine_label(prov['machine'])}; threads: {prov['threads']}; kernels: "
+        + ", ".join(f"{key}={value}" for key, value in prov["kernels"].items()),
+        f"- Versions: torch {prov['versions']['torch']}, transformers {prov['versions']['transformers']}",
+        f"- Commit: {prov['code'].get('commit')}{' (dirty tree)' if prov['code'].get('dirty') else ''}; "
+        f"date: {figures['date']}",
+        f"- Regenerate: `{prov['command']}`",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=5)
@@ -83,6 +129,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--widths", default="1,16", help="hardware.compile_widths: compiled step widths")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--markdown", default=None, help="also write them as a results page")
+    parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's own)")
     parser.add_argument("--device", default="cuda", help="cpu: a quick check of the script (--backend aot_eager)")
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--methods", default="", help='trained drafters too: ";"-separated method presets with '
@@ -94,8 +142,9 @@ def main() -> None:
                         '"llama2_7b_chat", "smollm2_135m model.source=hf model.id=/path/to/checkpoint"')
     args = parser.parse_args()
     began = time.perf_counter()
-    hardware = HardwareConfig(device=args.device, dtype=args.dtype, linear_kernel="torch", compile=True,
-                              compile_backend=args.backend, compile_widths=[int(w) for w in args.widths.split(",")])
+    hardware = HardwareConfig(device=args.device, dtype=args.dtype, threads=args.threads, linear_kernel="torch",
+                              compile=True, compile_backend=args.backend,
+                              compile_widths=[int(w) for w in args.widths.split(",")])
     loader = ModelLoader.for_hardware(hardware, args.artifacts_dir)
     model_cfg = composed("model", args.model)
     target = loader.load_model(model_cfg)  # its steps compiled (hardware.compile)
@@ -113,7 +162,7 @@ def main() -> None:
 
     def run(arm: str, ids: list[int], max_new_tokens: int):
         if arm in GENERATE_ARMS:
-            return *timed_generate(stock, ids, max_new_tokens, eos, static=arm == "generate_compiled"), None
+            return *timed_generate(stock, ids, max_new_tokens, eos, arm == "generate_compiled", args.backend), None
         gen = decoders[arm].generate(ids, greedy, max_new_tokens)
         return gen.token_ids, gen.wall_time, gen.steps
 
@@ -151,7 +200,7 @@ def main() -> None:
         """The figures over the prompts timed so far."""
         return {
             "provenance": provenance(asdict(hardware), loader.device) | {"command": " ".join(["python", *sys.argv])},
-            "model": model_cfg.name, "dtype": args.dtype,
+            "date": time.strftime("%Y-%m-%d"), "model": model_cfg.name, "dtype": args.dtype,
             "prompts": len(results["ar_eager"]), "prompts_asked": len(prompts),
             "max_new_tokens": args.max_new_tokens, "widths": args.widths,
             "tok_per_s": {arm: rate(arm) for arm in arms},
@@ -180,6 +229,8 @@ def main() -> None:
 
     figures = summary()
     print(json.dumps(figures, indent=1))
+    if args.markdown:
+        atomic_write(Path(args.markdown), markdown(figures))
     print(f"\n{figures['provenance']['machine']}  {model_cfg.name}  {args.dtype}  {len(prompts)} GSM8K prompts x {args.max_new_tokens} new tokens")
     print(f"weight-reading bound {figures['bound_tok_per_s']:.0f} tok/s ({figures['weight_mb']:.0f} MB of weights "
           f"at a measured {figures['copy_bandwidth_gb_s']:.0f} GB/s copy bandwidth)")

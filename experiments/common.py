@@ -29,11 +29,12 @@ def gsm8k_prompts(tokenizer, limit: int, few_shot: int = 0) -> list[list[int]]:
 
 
 def timed_generate(model, ids: list[int], max_new_tokens: int, eos: list[int],
-                   static: bool = False) -> tuple[list[int], float]:
+                   static: bool = False, backend: str = "inductor") -> tuple[list[int], float]:
     """(new tokens, seconds) of transformers' greedy `generate`; `static`: with a static cache, which makes
-    transformers compile its forward on the first call."""
+    transformers compile its forward with `backend` on the first call."""
     tensor = torch.tensor([ids], device=model.device)
-    extra = {"cache_implementation": "static", "compile_config": CompileConfig(fullgraph=True)} if static else {}
+    extra = {"cache_implementation": "static", "compile_config": generate_compile_config(model.device, backend)} \
+        if static else {}
     device_sync(model.device)
     start = time.perf_counter()
     with torch.inference_mode():
@@ -41,6 +42,16 @@ def timed_generate(model, ids: list[int], max_new_tokens: int, eos: list[int],
                              do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=eos, **extra)
     device_sync(model.device)
     return out[0, len(ids):].tolist(), time.perf_counter() - start
+
+
+def generate_compile_config(device: torch.device, backend: str) -> CompileConfig:
+    """How `generate` compiles its forward, as our compiled steps do on `device`: CUDA graphs on CUDA, plain
+    `torch.compile` elsewhere. Off CUDA-like devices transformers skips compiling (with one warning) unless its
+    config's `_compile_all_devices` flag is set: set here, or a "compiled" arm would time the eager forward."""
+    cuda = device.type == "cuda"
+    config = CompileConfig(fullgraph=True, backend=backend, mode="reduce-overhead" if cuda else "default")
+    config._compile_all_devices = not cuda
+    return config
 
 
 def compose_config(name: str, overrides: list[str]):

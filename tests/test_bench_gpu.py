@@ -14,12 +14,13 @@ import torch
 BENCH = Path(__file__).parents[1] / "experiments" / "bench_gpu.py"
 
 
-def test_bench_runs_every_arm_and_writes_its_figures(tmp_path):
+def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     out = tmp_path / "bench.json"
     subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--backend", "eager", "--dtype", "float32",
                     "--model", "tiny_random model.random.num_layers=2", "--methods",
                     "jacobi;eesd method.head=none method.num_layers=1", "--limit", "2",
-                    "--max-new-tokens", "8", "--json", str(out)], check=True, capture_output=True, text=True)
+                    "--max-new-tokens", "8", "--json", str(out), "--markdown", str(tmp_path / "bench.md")],
+                   check=True, capture_output=True, text=True)
     figures = json.loads(out.read_text())
     arms = {"ar_eager", "ar_compiled", "pld_eager", "pld_compiled", "jacobi_eager", "jacobi_compiled", "eesd_eager",
             "eesd_compiled", "generate_eager", "generate_compiled"}  # jacobi and eesd run on compiled steps too
@@ -29,6 +30,11 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path):
     assert figures["speculative"]["jacobi_eager"]["mat"] >= 1.0
     assert figures["ar_compiled_over_eager"] > 0 and figures["bound_tok_per_s"] > 0
     assert "bench_gpu.py" in figures["provenance"]["command"]
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    from bench_gpu import markdown
+
+    page = (tmp_path / "bench.md").read_text()
+    assert page == markdown(figures) and "| `eesd_compiled` |" in page and figures["date"] in page
 
 
 def test_gpu_check_refuses_a_machine_without_cuda_in_one_line(tmp_path):
