@@ -6,9 +6,9 @@
 #   3. tests/test_cuda.py: every decoder's greedy output equals ar's on the GPU, compiled steps included;
 #   4. the bench again in fp32.
 # Usage: bash experiments/gpu_check.sh OUT_DIR [bench_gpu.py options, e.g. --model llama2_7b_chat]
-# Writes OUT_DIR/bench_gpu_<card>_<dtype>[_short].json and a .log beside each step; limits in seconds:
-# SHORT_S (240), LONG_S (360), TESTS_S (300); STEPS names the steps to run (all four by default: bench_short
-# bench_bf16 tests_cuda bench_fp32); PYTHON picks the interpreter.
+# Writes OUT_DIR/bench_gpu_<card>_<dtype>[_short].json, the two long ones' results pages (.md) and a .log beside each
+# step; limits in seconds: SHORT_S (240), LONG_S (360), TESTS_S (300); STEPS names the steps to run (all four by
+# default: bench_short bench_bf16 tests_cuda bench_fp32); PYTHON picks the interpreter.
 set -uo pipefail
 out=${1:?usage: bash experiments/gpu_check.sh OUT_DIR [bench_gpu.py options]}
 shift
@@ -33,8 +33,9 @@ step() {  # step NAME LIMIT COMMAND...: run one check (when STEPS names it) unde
 
 step bench_short "${SHORT_S:-240}" "$python" experiments/bench_gpu.py --limit 3 --max-new-tokens 128 \
   --json "$out/bench_gpu_${card}_bf16_short.json" "$@"
-step bench_bf16 "${LONG_S:-360}" "$python" experiments/bench_gpu.py --json "$out/bench_gpu_${card}_bf16.json" "$@"
+step bench_bf16 "${LONG_S:-360}" "$python" experiments/bench_gpu.py --json "$out/bench_gpu_${card}_bf16.json" \
+  --markdown "$out/bench_gpu_${card}_bf16.md" "$@"
 step tests_cuda "${TESTS_S:-300}" "$python" -m pytest -x -q tests/test_cuda.py
 step bench_fp32 "${LONG_S:-360}" "$python" experiments/bench_gpu.py --dtype float32 \
-  --json "$out/bench_gpu_${card}_fp32.json" "$@"
+  --json "$out/bench_gpu_${card}_fp32.json" --markdown "$out/bench_gpu_${card}_fp32.md" "$@"
 exit $failed
