@@ -37,6 +37,17 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     assert page == markdown(figures) and "| `eesd_compiled` |" in page and figures["date"] in page
 
 
+def test_the_committed_cpu_page_is_the_one_its_committed_figures_give(monkeypatch):
+    """results/cpu/compiled.md is the bench's rendering of the JSON it wrote beside it, never typed."""
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    from bench_gpu import markdown
+
+    results = BENCH.parents[1] / "results" / "cpu"
+    figures = json.loads((results / "compiled.json").read_text())
+    assert (results / "compiled.md").read_text() == markdown(figures)
+    assert figures["prompts"] == figures["prompts_asked"] and not figures["provenance"]["code"].get("dirty")
+
+
 def test_gpu_check_refuses_a_machine_without_cuda_in_one_line(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
