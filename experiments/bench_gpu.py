@@ -111,6 +111,9 @@ def markdown(figures: dict) -> str:
         f" a measured {figures['copy_bandwidth_gb_s']:.0f} GB/s copy bandwidth).",
         f"- Seconds compiling (`ours`: every compiled step width, untimed) or in each arm's untimed first call:"
         f" {compile_s}.",
+        *([] if prov["machine"].get("gpu") else [
+            "- Every arm runs torch's own linear kernels, which compiled steps need; the CPU tables' runs use oneDNN's"
+            " (`hardware.linear_kernel=onednn`), so compare the ratios here with each other, not with theirs."]),
         "",
         f"- Machine: {machine_label(prov['machine'])}; threads: {prov['threads']}; kernels: "
         + ", ".join(f"{key}={value}" for key, value in prov["kernels"].items()),
