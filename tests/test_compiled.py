@@ -129,10 +129,15 @@ def test_a_tree_verification_on_compiled_steps_gives_the_eager_logits(compiled_t
     torch.testing.assert_close(outputs[0], outputs[1])
 
 
-WARMED = {  # a decoder whose compiled steps include graphs beyond the widths: EESD's layer slices, self_sd's state
-    "eesd": lambda model: EESDDecoder(model, None, EarlyExitHead(model, num_layers=1).eval(),
-                                      EESDConfig(num_layers=1, head="none", k_max=6, tree_width=2)),
-    "self_sd": lambda model: self_sd_decoders(model)["self_sd"],
+def warmed_eesd(model):
+    return EESDDecoder(model, None, EarlyExitHead(model, num_layers=1).eval(),
+                       EESDConfig(num_layers=1, head="none", k_max=6, tree_width=2))
+
+
+WARMED = {  # decoders whose compiled steps include graphs beyond the widths: EESD's layer slices, self_sd's state
+    "eesd": lambda model: [warmed_eesd(model)],
+    "self_sd": lambda model: [self_sd_decoders(model)["self_sd"]],
+    "eesd_and_self_sd": lambda model: [warmed_eesd(model), self_sd_decoders(model)["self_sd"]],  # one warm-up
 }
 
 
@@ -147,11 +152,12 @@ def test_a_warmed_up_decoder_compiles_nothing_while_it_decodes(name):
 
     model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
     setattr(model, STEPS_ATTRIBUTE, CompiledSteps(model, backend="aot_eager", widths=[1, 2, 4, 8]))
-    decoder = WARMED[name](model)
-    assert compile_steps_for(80, [decoder]) > 0
+    decoders = WARMED[name](model)
+    assert compile_steps_for(80, decoders) > 0
     compiled = counters["stats"]["unique_graphs"]
-    for prompt in prompts():
-        decoder.generate(prompt, GREEDY, 40)
+    for decoder in decoders:
+        for prompt in prompts():
+            decoder.generate(prompt, GREEDY, 40)
     assert counters["stats"]["unique_graphs"] == compiled
 
 

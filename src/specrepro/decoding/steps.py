@@ -251,23 +251,23 @@ class CompiledSteps(EagerSteps):
                     for _ in range(2):  # CUDA graphs record on the second call
                         step(torch.zeros(1, width, dtype=torch.long, device=device), cache)
                         crop_cache(cache, 1)
-            for name, layers in slices:
+            rows = torch.zeros(1, 1, self.model.config.hidden_size, dtype=self.model.dtype, device=device)
+            for name, layers in slices:  # every cache keeps one row until the end: the steps after it are compiled
                 own = cache if name == "target" else self.new_cache(length, name)
-                rows = torch.zeros(1, 1, self.model.config.hidden_size, dtype=self.model.dtype, device=device)
-                if name != "target":
+                if not int(own.get_seq_length(layers[0].self_attn.layer_idx)):
                     self.layers(layers, rows, own)  # uncompiled: a first row for the others to follow
                 for width in widths:
                     for _ in range(2):
                         self.layers(layers, rows.expand(1, width, -1), own)
                         crop_cache(own, 1)
-                crop_cache(own, 0)
             for name, state, reads_hidden in variants:  # drafts in a model state of their own: one token a step
                 step = self.hidden if reads_hidden else self
                 with state():
                     for _ in range(2):
                         step(torch.zeros(1, 1, dtype=torch.long, device=device), cache, variant=name)
                         crop_cache(cache, 1)
-            crop_cache(cache, 0)
+            for own in self.caches.values():
+                crop_cache(own, 0)
         return time.perf_counter() - start
 
 
