@@ -86,8 +86,8 @@ def markdown(figures: dict) -> str:
     lines = [
         f"# Eager against compiled decoding: {figures['model']} on {machine_label(prov['machine'])}",
         "",
-        f"{figures['prompts']} GSM8K prompts x up to {figures['max_new_tokens']} new tokens, greedy, {figures['dtype']},"
-        f" {prov['threads']} thread(s), compiled step widths {figures['widths']}, every arm on the same prompt token"
+        f"{figures['prompts']} GSM8K prompts x up to {figures['max_new_tokens']} new tokens, greedy,"
+        f" {figures['dtype']}, {prov['threads']} thread(s), compiled step widths {figures['widths']}, every arm on the same prompt token"
         " ids, interleaved per prompt. Written by `experiments/bench_gpu.py` (its docstring defines the arms);"
         " speedups are the mean over prompts of an arm's tokens/s over the baseline's on that prompt; MAT = tokens"
         " per target forward after the prompt's.",

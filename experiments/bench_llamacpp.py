@@ -173,8 +173,8 @@ def markdown(figures: dict) -> str:
         f"- One forward over {figures['verify_width']} tokens (a whole verification: a draft of"
         f" {figures['verify_width'] - 1} and the token before it) costs {figures['verify_cost']['ours']:.2f}"
         f" one-token forwards in ours and {figures['verify_cost']['llamacpp']:.2f} in llama.cpp (the median of"
-        f" {figures['verify_cost_pairs']} pairs timed back to back, after the first prompt): a lookup step's cost when its draft is"
-        " whole; a shorter draft, or none where no n-gram matches, costs less.",
+        f" {figures['verify_cost_pairs']} pairs timed back to back, after the first prompt): a lookup step's cost"
+        " when its draft is whole; a shorter draft, or none where no n-gram matches, costs less.",
         f"- Where llama.cpp's and our greedy AR part: on average after {figures['shared_prefix_share']:.0%} of the"
         " shorter output (4-bit weights times 8-bit activations against float32; a lookup is checked against its"
         " own engine's AR).",

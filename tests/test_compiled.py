@@ -78,8 +78,9 @@ def self_sd_decoders(model):
     """Draft & Verify on the 2-layer target: a draft that skips layer 0's attention and layer 1's MLP."""
     return {"self_sd": SelfSDDecoder(model, None, [0], [1], SelfSDConfig(control="adaptive", k=6)),
             "self_sd_tree": SelfSDDecoder(model, None, [0], [1], SelfSDConfig(control="fixed", k=3, tree_width=3)),
-            "self_sd_draft_vocab": SelfSDDecoder(model, None, [0], [1], SelfSDConfig(control="fixed", k=3, draft_vocab=16),
-                                                 vocab_ranking=torch.arange(64))}  # its draft reads hidden states
+            "self_sd_draft_vocab": SelfSDDecoder(model, None, [0], [1],  # its draft reads hidden states
+                                                 SelfSDConfig(control="fixed", k=3, draft_vocab=16),
+                                                 vocab_ranking=torch.arange(64))}
 
 
 MASK = 63  # SPACE's mask token on the tiny target (untrained: its drafts are poor, its output still ar's)

@@ -102,7 +102,8 @@ def stage_command(stage: dict, work_dir: Path, out_dir: Path, overrides: list[st
     artifacts it trains or loads in the pipelines' shared folder beside it."""
     cli = [sys.executable, "-m", "specrepro.cli"]
     if "table" in stage:
-        committed = ["--results-dir", str(out_dir)] if stage.get("committed_inputs") and (out_dir / "runs").is_dir() else []
+        committed = stage.get("committed_inputs") and (out_dir / "runs").is_dir()
+        committed = ["--results-dir", str(out_dir)] if committed else []
         return [*cli, "table", stage["table"], "--results-dir", str(work_dir), *committed, "--out-dir", str(out_dir),
                 "--command", paper_command]
     kind = "train" if "train" in stage else "run"
