@@ -31,7 +31,7 @@ from pathlib import Path
 from statistics import fmean
 
 import torch
-from common import composed, gsm8k_prompts, run_script, timed_generate
+from common import composed, gsm8k_prompts, provenance_lines, run_script, timed_generate
 from tqdm import tqdm
 
 from specrepro import registry
@@ -115,12 +115,8 @@ def markdown(figures: dict) -> str:
             "- Every arm runs torch's own linear kernels, which compiled steps need; the CPU tables' runs use oneDNN's"
             " (`hardware.linear_kernel=onednn`), so compare the ratios here with each other, not with theirs."]),
         "",
-        f"- Machine: {machine_label(prov['machine'])}; threads: {prov['threads']}; kernels: "
-        + ", ".join(f"{key}={value}" for key, value in prov["kernels"].items()),
-        f"- Versions: torch {prov['versions']['torch']}, transformers {prov['versions']['transformers']}",
-        f"- Commit: {prov['code'].get('commit')}{' (dirty tree)' if prov['code'].get('dirty') else ''}; "
-        f"date: {figures['date']}",
-        f"- Regenerate: `{prov['command']}`",
+        *provenance_lines(prov, figures["date"], machine_extra="; kernels: " + ", ".join(
+            f"{key}={value}" for key, value in prov["kernels"].items())),
     ]
     return "\n".join(lines) + "\n"
 

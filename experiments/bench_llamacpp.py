@@ -32,7 +32,7 @@ from statistics import fmean, median
 
 import numpy as np
 import torch
-from common import composed, gsm8k_prompts, run_script
+from common import composed, gsm8k_prompts, provenance_lines, run_script
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
@@ -45,7 +45,7 @@ from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.models import ModelLoader
 from specrepro.models.loading import embedded_gguf_path
-from specrepro.provenance import machine_label, provenance
+from specrepro.provenance import provenance
 from specrepro.tracking import atomic_write
 
 ARMS = ("ar", "pld", "llamacpp_ar", "llamacpp_lookup")
@@ -185,12 +185,7 @@ def markdown(figures: dict) -> str:
         " than a single token, so where two tokens are that close its lookup follows another greedy path than its"
         " AR. Our `pld` equals our `ar` token for token here and in the tests.",
         "",
-        f"- Machine: {machine_label(prov['machine'])}; threads: {prov['threads']}",
-        f"- Versions: torch {prov['versions']['torch']}, transformers {prov['versions']['transformers']}, "
-        f"llama-cpp-python {figures['llama_cpp_python']}",
-        f"- Commit: {prov['code'].get('commit')}{' (dirty tree)' if prov['code'].get('dirty') else ''}; "
-        f"date: {figures['date']}",
-        f"- Regenerate: `{prov['command']}`",
+        *provenance_lines(prov, figures["date"], versions_extra=f", llama-cpp-python {figures['llama_cpp_python']}"),
     ]
     return "\n".join(lines) + "\n"
 

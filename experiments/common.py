@@ -18,6 +18,7 @@ from specrepro.config import register_configs
 from specrepro.data import DatasetConfig, load_records, render_prompt
 from specrepro.decoding.base import device_sync
 from specrepro.errors import SpecReproError, one_line
+from specrepro.provenance import machine_label
 
 
 def gsm8k_prompts(tokenizer, limit: int, few_shot: int = 0) -> list[list[int]]:
@@ -52,6 +53,18 @@ def generate_compile_config(device: torch.device, backend: str) -> CompileConfig
     config = CompileConfig(fullgraph=True, backend=backend, mode="reduce-overhead" if cuda else "default")
     config._compile_all_devices = not cuda
     return config
+
+
+def provenance_lines(prov: dict, date: str, machine_extra: str = "", versions_extra: str = "") -> list[str]:
+    """A benchmark page's closing lines from the provenance block of its JSON: machine, versions, commit, date and
+    the command that regenerates it; `machine_extra` and `versions_extra` follow the machine and versions."""
+    return [
+        f"- Machine: {machine_label(prov['machine'])}; threads: {prov['threads']}{machine_extra}",
+        f"- Versions: torch {prov['versions']['torch']}, transformers {prov['versions']['transformers']}"
+        f"{versions_extra}",
+        f"- Commit: {prov['code'].get('commit')}{' (dirty tree)' if prov['code'].get('dirty') else ''}; date: {date}",
+        f"- Regenerate: `{prov['command']}`",
+    ]
 
 
 def compose_config(name: str, overrides: list[str]):
