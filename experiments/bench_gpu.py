@@ -8,7 +8,8 @@ Arms, interleaved per prompt in one process (greedy, the same GSM8K prompts):
   with `cache_implementation="static"` (transformers then compiles its forward itself);
 - `pld_eager` / `pld_compiled`: prompt lookup on eager and on compiled steps;
 - with `--methods`: trained drafters from `--artifacts-dir`, each a method preset with overrides
-  (`sar_draft_tree`, `"eesd method.draft_vocab=4096"`): eager and, where the method supports it, compiled.
+  (`sar_draft_tree`, `"eesd method.draft_vocab=4096"`), labelled where one preset comes twice (`"k3=sar_draft
+  method.k=3"`): eager and, where the method supports it, compiled; the figures name the artifacts each loaded.
 Prints each arm's throughput, the weight-reading bound (weight bytes over the card's copy bandwidth, measured
 here), compiled over eager `ar`, our compiled `ar` over transformers' compiled `generate`, each speculative
 arm's paired speedup over eager `ar` (a compiled arm also over compiled `ar`) and MAT, and which outputs are
@@ -42,6 +43,8 @@ from specrepro.decoding.base import device_sync
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import EagerSteps
+from specrepro.errors import SpecReproError
+from specrepro.identity import artifact_identities, model_weights
 from specrepro.models import LoadedModel, ModelLoader, load_model
 from specrepro.provenance import machine_label, provenance
 from specrepro.runner import compile_steps_for
@@ -64,18 +67,33 @@ def copy_bandwidth(device: torch.device, gib: float = 1.0) -> float:
     return 2 * x.numel() / best
 
 
-def method_arms(presets: str, target, stock: LoadedModel, loader) -> dict:
-    """`<preset>_eager` (on the model as a user loads it, whose forwards are eager) and, where the method runs its
-    target forwards through the shared steps, `<preset>_compiled` (on the compiled target), for each
-    `;`-separated method preset with overrides; trained artifacts come from the loader's artifacts dir."""
+def method_arms(presets: str, target, stock: LoadedModel, loader) -> tuple[dict, dict]:
+    """`<label>_eager` (on the model as a user loads it, whose forwards are eager) and, where the method runs its
+    target forwards through the shared steps, `<label>_compiled` (on the compiled target), for each `;`-separated
+    method preset with overrides, optionally labelled (`k3=sar_draft method.k=3`; the label is the preset's name
+    otherwise); and, per label, the spec and the trained artifacts (name, content digest) it loaded from the
+    loader's artifacts dir, so the figures say which weights they timed."""
     registry.load()
-    arms = {}
+    arms, specs = {}, {}
     for spec in filter(None, (p.strip() for p in presets.split(";"))):
-        name, method = spec.split()[0], composed("method", spec)
-        arms[f"{name}_eager"] = build_decoder(method, stock, loader)
-        if registry.method(method.name).decoder.compilable:
-            arms[f"{name}_compiled"] = build_decoder(method, target, loader)
-    return arms
+        first, *overrides = spec.split()
+        label, _, preset = first.rpartition("=")  # "k3=sar_draft" -> ("k3", "=", "sar_draft")
+        preset = " ".join([preset, *overrides])
+        label, method = label or first, composed("method", preset)
+        if label in specs:
+            raise SpecReproError(f"--methods names the arm '{label}' twice: label one (e.g. '{label}_2={preset}')")
+        decoder = registry.method(method.name).decoder
+        arms[f"{label}_eager"] = build_decoder(method, stock, loader)
+        if decoder.compilable:
+            arms[f"{label}_compiled"] = build_decoder(method, target, loader)
+        found = decoder.resolve_artifacts(method, target.name, loader.artifacts_dir)
+        specs[label] = {"spec": spec, "artifacts": artifact_identities(found)}
+    return arms, specs
+
+
+def weights(identities: dict) -> str:
+    """Trained artifacts or checkpoints (role -> name, content digest) in a line: which weights were timed."""
+    return "; ".join(f"{role} `{w['name']}` (content {w['content_digest']})" for role, w in identities.items())
 
 
 def markdown(figures: dict) -> str:
@@ -111,6 +129,9 @@ def markdown(figures: dict) -> str:
         f" a measured {figures['copy_bandwidth_gb_s']:.0f} GB/s copy bandwidth).",
         f"- Seconds compiling (`ours`: every compiled step width, untimed) or in each arm's untimed first call:"
         f" {compile_s}.",
+        *[f"- `{label}`: `{arm['spec']}`, {weights(arm['artifacts']) or 'nothing trained'}"
+          for label, arm in figures.get("methods", {}).items()],
+        *([f"- Target: {weights(figures['model_weights'])}"] if figures.get("model_weights") else []),
         *([] if prov["machine"].get("gpu") else [
             "- Every arm runs torch's own linear kernels, which compiled steps need; the CPU tables' runs use oneDNN's"
             " (`hardware.linear_kernel=onednn`), so compare the ratios here with each other, not with theirs."]),
@@ -133,7 +154,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cpu: a quick check of the script (--backend aot_eager)")
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--methods", default="", help='trained drafters too: ";"-separated method presets with '
-                        'overrides, e.g. "sar_draft_tree;eesd method.draft_vocab=4096"')
+                        'overrides, each optionally labelled, e.g. "sar_draft_tree;eesd method.draft_vocab=4096;'
+                        'k3=sar_draft method.k=3"')
     parser.add_argument("--artifacts-dir", default="results/artifacts",
                         help="where --methods find their artifacts (`specrepro train`'s; the pipelines' are in "
                              "results/reproduce/artifacts)")
@@ -155,8 +177,9 @@ def main() -> None:
         "ar_compiled": ARDecoder(model, target.tokenizer),
         "pld_eager": PLDDecoder(model, target.tokenizer, PLDConfig(), steps=eager),
         "pld_compiled": PLDDecoder(model, target.tokenizer, PLDConfig()),
-        **method_arms(args.methods, target, LoadedModel(stock, target.tokenizer, target.name), loader),
     }
+    trained, method_specs = method_arms(args.methods, target, LoadedModel(stock, target.tokenizer, target.name), loader)
+    decoders |= trained
     eos, greedy = sorted(decoders["ar_eager"].eos_ids), Sampling()
 
     def run(arm: str, ids: list[int], max_new_tokens: int):
@@ -200,6 +223,7 @@ def main() -> None:
         return {
             "provenance": provenance(asdict(hardware), loader.device) | {"command": " ".join(["python", *sys.argv])},
             "date": time.strftime("%Y-%m-%d"), "model": model_cfg.name, "dtype": args.dtype,
+            "model_weights": model_weights(model_cfg, args.artifacts_dir), "methods": method_specs,
             "prompts": len(results["ar_eager"]), "prompts_asked": len(prompts),
             "max_new_tokens": args.max_new_tokens, "widths": args.widths,
             "tok_per_s": {arm: rate(arm) for arm in arms},

@@ -18,23 +18,37 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     out = tmp_path / "bench.json"
     subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--backend", "eager", "--dtype", "float32",
                     "--model", "tiny_random model.random.num_layers=2", "--methods",
-                    "jacobi;eesd method.head=none method.num_layers=1", "--limit", "2",
+                    "jacobi;eesd1=eesd method.head=none method.num_layers=1", "--limit", "2",
                     "--max-new-tokens", "8", "--json", str(out), "--markdown", str(tmp_path / "bench.md")],
                    check=True, capture_output=True, text=True)
     figures = json.loads(out.read_text())
-    arms = {"ar_eager", "ar_compiled", "pld_eager", "pld_compiled", "jacobi_eager", "jacobi_compiled", "eesd_eager",
-            "eesd_compiled", "generate_eager", "generate_compiled"}  # jacobi and eesd run on compiled steps too
+    arms = {"ar_eager", "ar_compiled", "pld_eager", "pld_compiled", "jacobi_eager", "jacobi_compiled", "eesd1_eager",
+            "eesd1_compiled", "generate_eager", "generate_compiled"}  # jacobi and eesd run on compiled steps too
     assert arms <= set(figures["tok_per_s"]) and figures["model"] == "tiny_random"
     assert figures["prompts"] == figures["prompts_asked"] == 2
     assert all(n == 2 for n in figures["identical_to_ar_eager"].values())  # greedy: every arm decodes what ar does
     assert figures["speculative"]["jacobi_eager"]["mat"] >= 1.0
     assert figures["ar_compiled_over_eager"] > 0 and figures["bound_tok_per_s"] > 0
     assert "bench_gpu.py" in figures["provenance"]["command"]
+    assert figures["methods"] == {"jacobi": {"spec": "jacobi", "artifacts": {}},  # what each arm ran, which weights
+                                  "eesd1": {"spec": "eesd1=eesd method.head=none method.num_layers=1", "artifacts": {}}}
     monkeypatch.syspath_prepend(str(BENCH.parent))
     from bench_gpu import markdown
 
     page = (tmp_path / "bench.md").read_text()
-    assert page == markdown(figures) and "| `eesd_compiled` |" in page and figures["date"] in page
+    assert page == markdown(figures) and "| `eesd1_compiled` |" in page and figures["date"] in page
+    assert "- `eesd1`: `eesd1=eesd method.head=none method.num_layers=1`, nothing trained" in page
+
+
+def test_two_method_arms_of_one_name_are_refused_in_one_line(tmp_path):
+    """`--methods "sar_draft;sar_draft method.k=3"` would time one arm under the other's name: refused, label one."""
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--backend", "eager", "--dtype", "float32",
+                           "--model", "tiny_random model.random.num_layers=2", "--json", str(tmp_path / "bench.json"),
+                           "--methods", "jacobi;jacobi method.block_size=4"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == ("bench_gpu.py: error: --methods names the arm 'jacobi' twice: "
+                                                     "label one (e.g. 'jacobi_2=jacobi method.block_size=4')")
+    assert not (tmp_path / "bench.json").exists()
 
 
 def test_the_committed_cpu_page_is_the_one_its_committed_figures_give(monkeypatch):
