@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from dataclasses import asdict
@@ -147,7 +148,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--widths", default="1,16", help="hardware.compile_widths: compiled step widths")
+    parser.add_argument("--widths", default="1,16", help="hardware.compile_widths: compiled step widths (a "
+                        "narrow step pads up to the next; on a CPU that costs: give 1,2,4,8,16 for K-token drafters)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--markdown", default=None, help="also write them as a results page")
     parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's own)")
@@ -221,7 +223,7 @@ def main() -> None:
     def summary() -> dict:
         """The figures over the prompts timed so far."""
         return {
-            "provenance": provenance(asdict(hardware), loader.device) | {"command": " ".join(["python", *sys.argv])},
+            "provenance": provenance(asdict(hardware), loader.device) | {"command": shlex.join(["python", *sys.argv])},
             "date": time.strftime("%Y-%m-%d"), "model": model_cfg.name, "dtype": args.dtype,
             "model_weights": model_weights(model_cfg, args.artifacts_dir), "methods": method_specs,
             "prompts": len(results["ar_eager"]), "prompts_asked": len(prompts),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from dataclasses import asdict
@@ -248,7 +249,7 @@ def main() -> None:
         """The figures over the prompts timed so far."""
         done = results["ar"]
         return {
-            "provenance": provenance(asdict(hardware), loader.device) | {"command": " ".join(["python", *sys.argv])},
+            "provenance": provenance(asdict(hardware), loader.device) | {"command": shlex.join(["python", *sys.argv])},
             "date": time.strftime("%Y-%m-%d"), "llama_cpp_python": lookup_version,
             "model": model_cfg.name, "prompts": len(done), "prompts_asked": len(prompts),
             "max_new_tokens": args.max_new_tokens, "pld": asdict(pld_cfg),

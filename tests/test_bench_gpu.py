@@ -29,7 +29,8 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     assert all(n == 2 for n in figures["identical_to_ar_eager"].values())  # greedy: every arm decodes what ar does
     assert figures["speculative"]["jacobi_eager"]["mat"] >= 1.0
     assert figures["ar_compiled_over_eager"] > 0 and figures["bound_tok_per_s"] > 0
-    assert "bench_gpu.py" in figures["provenance"]["command"]
+    assert "bench_gpu.py" in figures["provenance"]["command"]  # quoted as a shell takes it back
+    assert "--methods 'jacobi;eesd1=eesd method.head=none method.num_layers=1'" in figures["provenance"]["command"]
     assert figures["methods"] == {"jacobi": {"spec": "jacobi", "artifacts": {}},  # what each arm ran, which weights
                                   "eesd1": {"spec": "eesd1=eesd method.head=none method.num_layers=1", "artifacts": {}}}
     monkeypatch.syspath_prepend(str(BENCH.parent))
