@@ -182,6 +182,7 @@ def main() -> None:
     }
     trained, method_specs = method_arms(args.methods, target, LoadedModel(stock, target.tokenizer, target.name), loader)
     decoders |= trained
+    target_weights = model_weights(model_cfg, args.artifacts_dir)  # once: the figures are rewritten every prompt
     eos, greedy = sorted(decoders["ar_eager"].eos_ids), Sampling()
 
     def run(arm: str, ids: list[int], max_new_tokens: int):
@@ -225,7 +226,7 @@ def main() -> None:
         return {
             "provenance": provenance(asdict(hardware), loader.device) | {"command": shlex.join(["python", *sys.argv])},
             "date": time.strftime("%Y-%m-%d"), "model": model_cfg.name, "dtype": args.dtype,
-            "model_weights": model_weights(model_cfg, args.artifacts_dir), "methods": method_specs,
+            "model_weights": target_weights, "methods": method_specs,
             "prompts": len(results["ar_eager"]), "prompts_asked": len(prompts),
             "max_new_tokens": args.max_new_tokens, "widths": args.widths,
             "tok_per_s": {arm: rate(arm) for arm in arms},
