@@ -130,6 +130,9 @@ def markdown(figures: dict) -> str:
         f" a measured {figures['copy_bandwidth_gb_s']:.0f} GB/s copy bandwidth).",
         f"- Seconds compiling (`ours`: every compiled step width, untimed) or in each arm's untimed first call:"
         f" {compile_s}.",
+        *(["- Steps wider than the widest compiled width run eagerly: " + ", ".join(
+            f"`{arm}` (up to {rows} rows)" for arm, rows in figures["eager_wide_steps"].items())
+           + "; a wider `--widths` bucket compiles them."] if figures.get("eager_wide_steps") else []),
         *[f"- `{label}`: `{arm['spec']}`, {weights(arm['artifacts']) or 'nothing trained'}"
           for label, arm in figures.get("methods", {}).items()],
         *([f"- Target: {weights(figures['model_weights'])}"] if figures.get("model_weights") else []),
@@ -183,6 +186,9 @@ def main() -> None:
     trained, method_specs = method_arms(args.methods, target, LoadedModel(stock, target.tokenizer, target.name), loader)
     decoders |= trained
     target_weights = model_weights(model_cfg, args.artifacts_dir)  # once: the figures are rewritten every prompt
+    widest = max(hardware.compile_widths)  # a compiled arm's steps wider than this run eagerly: the page says which
+    eager_wide_steps = {arm: d.max_step_width for arm, d in decoders.items()
+                        if d.steps.compiled and d.max_step_width > widest}
     eos, greedy = sorted(decoders["ar_eager"].eos_ids), Sampling()
 
     def run(arm: str, ids: list[int], max_new_tokens: int):
@@ -228,7 +234,7 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d"), "model": model_cfg.name, "dtype": args.dtype,
             "model_weights": target_weights, "methods": method_specs,
             "prompts": len(results["ar_eager"]), "prompts_asked": len(prompts),
-            "max_new_tokens": args.max_new_tokens, "widths": args.widths,
+            "max_new_tokens": args.max_new_tokens, "widths": args.widths, "eager_wide_steps": eager_wide_steps,
             "tok_per_s": {arm: rate(arm) for arm in arms},
             "bound_tok_per_s": bandwidth / weight_bytes, "copy_bandwidth_gb_s": bandwidth / 1e9,
             "weight_mb": weight_bytes / 1e6,

@@ -39,6 +39,9 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     page = (tmp_path / "bench.md").read_text()
     assert page == markdown(figures) and "| `eesd1_compiled` |" in page and figures["date"] in page
     assert "- `eesd1`: `eesd1=eesd method.head=none method.num_layers=1`, nothing trained" in page
+    # Beta-TS drafts up to k_max = 16 tokens: a 17-row verify is past the widest bucket (16), so it runs eagerly
+    assert figures["eager_wide_steps"] == {"eesd1_compiled": 17}
+    assert "run eagerly: `eesd1_compiled` (up to 17 rows)" in page
 
 
 def test_two_method_arms_of_one_name_are_refused_in_one_line(tmp_path):
