@@ -173,6 +173,19 @@ def test_a_compiled_skipped_layer_draft_drafts_what_the_eager_one_does(compiled_
         assert (ours.token_ids, ours.accepted, ours.drafted) == (theirs.token_ids, theirs.accepted, theirs.drafted)
 
 
+@pytest.mark.parametrize("name", ["eesd", "eesd_beta_ts", "eesd_tree", "eesd_without_exit_layer"])
+def test_a_compiled_early_exit_draft_drafts_what_the_eager_one_does(compiled_target, name):
+    """Equal round lengths and acceptances: the compiled draft's layer slices and exit layer, on static caches, see
+    the rows and positions the eager draft sees. (A static cache's `get_seq_length` is its live write position: a
+    round that kept it uncopied read a rolled-back position and fed the exit layer the wrong rows, lossless still.)"""
+    draft = torch_llama(vocab_size=64, seed=2, num_layers=1)  # sps's, unused here
+    compiled, eager = (compiled_decoders(compiled_target, draft)[name] for _ in range(2))
+    eager.steps = EagerSteps(compiled_target)
+    for prompt in prompts():
+        ours, theirs = compiled.generate(prompt, GREEDY, 40), eager.generate(prompt, GREEDY, 40)
+        assert (ours.token_ids, ours.accepted, ours.drafted) == (theirs.token_ids, theirs.accepted, theirs.drafted)
+
+
 def test_decoders_that_run_their_own_forwards_refuse_compiled_steps(compiled_target):
     with pytest.raises(SpecReproError, match="does not support hardware.compile"):
         HFAssistedDecoder(compiled_target, None, HFAssistedConfig(mode="prompt_lookup"))

@@ -311,8 +311,8 @@ class EESDDecoder(DraftVerifyDecoder):
     def target_forward(self, state: ExitState, input_ids, cache, logits_to_keep: int = 0, tree=None) -> TargetOutput:
         """The full target on [last token, drafts], reusing the layer 0..N-1 rows the draft already computed."""
         n = self.head.num_layers
-        verify_start = cache.get_seq_length(n)
-        reused = cache.get_seq_length(0) - verify_start  # inputs the draft already ran through layers < N
+        verify_start = int(cache.get_seq_length(n))  # a static cache's is its live write position: copy it
+        reused = int(cache.get_seq_length(0)) - verify_start  # inputs the draft already ran through layers < N
         fresh = first_layers_hidden(self.model, input_ids[:, reused:], n, cache, tree, self.steps)
         hidden_n = torch.cat([state.drafted_hidden_n, fresh], 1) if reused else fresh
         final = self.model.model.norm(self.steps.layers(self.model.model.layers[n:], hidden_n, cache, tree))
@@ -350,7 +350,7 @@ class EESDDecoder(DraftVerifyDecoder):
 
     def after_verify(self, state: ExitState, tokens, output: TargetOutput, rows) -> None:
         committed = tokens.shape[1] - 1  # positions that keep KV; the last committed token is fed next round
-        exit_len = min(state.exit_cache.get_seq_length() if self.head.layer is not None else committed, committed)
+        exit_len = min(int(state.exit_cache.get_seq_length()) if self.head.layer is not None else committed, committed)
         # the kept rows (a tree's accepted path); the exit layer saw only the main chain's drafts
         hidden_n, final = output.hidden["layer_n"][:, rows], output.hidden["final"][0, rows]
         on_chain = next((j for j, row in enumerate(rows) if row != j), len(rows))
