@@ -5,7 +5,8 @@ with room for the longest prompt plus the budget and reused by every generation;
 padded to a bucket width (`hardware.compile_widths`) and run through `torch.compile`d forward, one graph per
 width (with CUDA graphs under `mode="reduce-overhead"`). Every step passes its attention mask and positions as
 inputs, so a chain step and a token tree's custom mask share one graph. Rolling the cache back is a
-write-position reset (`verify.crop_cache`): stale rows past it are masked out and later overwritten. Prefill,
+write-position reset (`verify.crop_cache`): stale rows past it are masked out and later overwritten (a static
+cache's `get_seq_length` is that live position tensor: copy it, `int(...)`, to keep a length). Prefill,
 and any step wider than the largest bucket, run the same forward uncompiled on the same cache.
 
 A drafter that runs some of the target's layers, or a decoder layer of its own, itself (EESD's early exit) runs
