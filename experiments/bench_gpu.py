@@ -109,18 +109,22 @@ def markdown(figures: dict) -> str:
         f" {figures['dtype']}, {prov['threads']} thread(s), compiled step widths {figures['widths']}, every arm on the same prompt token"
         " ids, interleaved per prompt. Written by `experiments/bench_gpu.py` (its docstring defines the arms);"
         " speedups are the mean over prompts of an arm's tokens/s over the baseline's on that prompt; MAT = tokens"
-        " per target forward after the prompt's.",
+        " per target forward after the prompt's; *rounds as its eager arm's*: prompts on which a compiled arm"
+        " committed, round for round, the tokens its eager arm did (lossless either way; a compiled draft that"
+        " drafts differently shows here, as can fp32 rounding flipping a near-tied draft token).",
         "",
-        "| arm | tok/s | over eager `ar` | over compiled `ar` | MAT | token-identical to eager `ar` |",
-        "|---|---|---|---|---|---|",
+        "| arm | tok/s | over eager `ar` | over compiled `ar` | MAT | token-identical to eager `ar` |"
+        " rounds as its eager arm's |",
+        "|---|---|---|---|---|---|---|",
     ]
     for arm, tok_s in rate.items():
         row = speculative.get(arm, {})
         cells = [f"{over_eager[arm]:.2f}x" if arm in over_eager else "–",
                  f"{row['over_ar_compiled']:.2f}x" if "over_ar_compiled" in row else "–",
                  f"{row['mat']:.2f}" if "mat" in row else "–"]
+        same_rounds = f"{row['rounds_as_eager']}/{figures['prompts']}" if "rounds_as_eager" in row else "–"
         lines.append(f"| `{arm}` | {tok_s:.1f} | {' | '.join(cells)} | "
-                     f"{figures['identical_to_ar_eager'][arm]}/{figures['prompts']} |")
+                     f"{figures['identical_to_ar_eager'][arm]}/{figures['prompts']} | {same_rounds} |")
     compile_s = ", ".join(f"{arm} {seconds:.1f}" for arm, seconds in figures["compile_or_first_call_s"].items())
     lines += [
         "",
@@ -193,9 +197,9 @@ def main() -> None:
 
     def run(arm: str, ids: list[int], max_new_tokens: int):
         if arm in GENERATE_ARMS:
-            return *timed_generate(stock, ids, max_new_tokens, eos, arm == "generate_compiled", args.backend), None
+            return *timed_generate(stock, ids, max_new_tokens, eos, arm == "generate_compiled", args.backend), None, None
         gen = decoders[arm].generate(ids, greedy, max_new_tokens)
-        return gen.token_ids, gen.wall_time, gen.steps
+        return gen.token_ids, gen.wall_time, gen.steps, gen.accepted
 
     def progress(message: str) -> None:  # on stderr as it happens: a run cut off by a lent machine's limit shows where
         print(f"[{time.perf_counter() - began:6.0f} s] {message}", file=sys.stderr, flush=True)
@@ -224,8 +228,8 @@ def main() -> None:
         return fmean((len(r["tokens"]) / r["seconds"]) / (len(b["tokens"]) / b["seconds"])
                      for r, b in zip(results[arm], results[base]))
 
-    def identical(arm, base):
-        return sum(r["tokens"] == b["tokens"] for r, b in zip(results[arm], results[base]))
+    def identical(arm, base, key="tokens"):
+        return sum(r[key] == b[key] for r, b in zip(results[arm], results[base]))
 
     def summary() -> dict:
         """The figures over the prompts timed so far."""
@@ -243,7 +247,9 @@ def main() -> None:
             # every speculative arm: paired speedup over eager ar (and, when compiled, over compiled ar) and its MAT
             "speculative": {arm: {"over_ar_eager": paired(arm, "ar_eager"),
                                   **({"over_ar_compiled": paired(arm, "ar_compiled"),
-                                      "identical_to_ar_compiled": identical(arm, "ar_compiled")}
+                                      "identical_to_ar_compiled": identical(arm, "ar_compiled"),
+                                      "rounds_as_eager": identical(arm, arm.removesuffix("_compiled") + "_eager",
+                                                                   "accepted")}
                                      if arm.endswith("_compiled") else {}),
                                   "mat": sum(len(r["tokens"]) - 1 for r in results[arm]) / sum(r["steps"] for r in results[arm])}
                             for arm in speculative},
@@ -254,8 +260,8 @@ def main() -> None:
     progress("timing")
     for i, ids in enumerate(tqdm(prompts, desc="prompts", file=sys.stderr)):
         for arm in arms[i % len(arms):] + arms[: i % len(arms)]:  # rotate the order between prompts
-            tokens, seconds, steps = run(arm, ids, args.max_new_tokens)
-            results[arm].append({"tokens": tokens, "seconds": seconds, "steps": steps})
+            tokens, seconds, steps, accepted = run(arm, ids, args.max_new_tokens)
+            results[arm].append({"tokens": tokens, "seconds": seconds, "steps": steps, "accepted": accepted})
         if args.json:  # after every prompt: a run cut off by a lent machine's limit keeps the prompts it timed
             atomic_write(Path(args.json), json.dumps(summary(), indent=1) + "\n")
 
@@ -272,7 +278,8 @@ def main() -> None:
         print(f"{key:36} {figures[key]:.2f}x")
     for arm, row in figures["speculative"].items():
         print(f"{arm:26} MAT {row['mat']:.2f}  over eager ar {row['over_ar_eager']:.2f}x"
-              + (f"  over compiled ar {row['over_ar_compiled']:.2f}x" if "over_ar_compiled" in row else ""))
+              + (f"  over compiled ar {row['over_ar_compiled']:.2f}x  rounds as its eager arm's "
+                 f"{row['rounds_as_eager']}/{len(prompts)}" if "over_ar_compiled" in row else ""))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     assert figures["prompts"] == figures["prompts_asked"] == 2
     assert all(n == 2 for n in figures["identical_to_ar_eager"].values())  # greedy: every arm decodes what ar does
     assert figures["speculative"]["jacobi_eager"]["mat"] >= 1.0
+    # compiled drafts commit what eager ones do, round for round (EESD's exit layer once did not)
+    assert all(figures["speculative"][f"{arm}_compiled"]["rounds_as_eager"] == 2 for arm in ("pld", "jacobi", "eesd1"))
     assert figures["ar_compiled_over_eager"] > 0 and figures["bound_tok_per_s"] > 0
     assert "bench_gpu.py" in figures["provenance"]["command"]  # quoted as a shell takes it back
     assert "--methods 'jacobi;eesd1=eesd method.head=none method.num_layers=1'" in figures["provenance"]["command"]
@@ -42,6 +44,7 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     # Beta-TS drafts up to k_max = 16 tokens: a 17-row verify is past the widest bucket (16), so it runs eagerly
     assert figures["eager_wide_steps"] == {"eesd1_compiled": 17}
     assert "run eagerly: `eesd1_compiled` (up to 17 rows)" in page
+    assert "| `eesd1_compiled` |" in page and page.count(" | 2/2 | 2/2 |") == 3  # pld, jacobi, eesd1 compiled
 
 
 def test_two_method_arms_of_one_name_are_refused_in_one_line(tmp_path):
