@@ -162,22 +162,14 @@ def test_a_warmed_up_decoder_compiles_nothing_while_it_decodes(name):
     assert counters["stats"]["unique_graphs"] == compiled
 
 
-@pytest.mark.parametrize("name", ["self_sd", "self_sd_tree", "self_sd_draft_vocab"])
-def test_a_compiled_skipped_layer_draft_drafts_what_the_eager_one_does(compiled_target, name):
-    """Output equal to `ar` holds whatever the draft proposes; equal step counts show that the draft's compiled graphs
-    skip the skip set's sub-layers (traced inside `skipped_sublayers`), not run the whole target."""
-    compiled, eager = self_sd_decoders(compiled_target)[name], self_sd_decoders(compiled_target)[name]
-    eager.steps = EagerSteps(compiled_target)
-    for prompt in prompts():
-        ours, theirs = compiled.generate(prompt, GREEDY, 40), eager.generate(prompt, GREEDY, 40)
-        assert (ours.token_ids, ours.accepted, ours.drafted) == (theirs.token_ids, theirs.accepted, theirs.drafted)
-
-
-@pytest.mark.parametrize("name", ["eesd", "eesd_beta_ts", "eesd_tree", "eesd_without_exit_layer"])
-def test_a_compiled_early_exit_draft_drafts_what_the_eager_one_does(compiled_target, name):
-    """Equal round lengths and acceptances: the compiled draft's layer slices and exit layer, on static caches, see
-    the rows and positions the eager draft sees. (A static cache's `get_seq_length` is its live write position: a
-    round that kept it uncopied read a rolled-back position and fed the exit layer the wrong rows, lossless still.)"""
+@pytest.mark.parametrize("name", ["self_sd", "self_sd_tree", "self_sd_draft_vocab", "eesd", "eesd_beta_ts", "eesd_tree",
+                                  "eesd_without_exit_layer"])
+def test_a_compiled_draft_drafts_what_the_eager_one_does(compiled_target, name):
+    """Output equal to `ar` holds whatever a draft proposes; equal rounds show that the compiled draft computes what
+    the eager one does: Draft & Verify's graphs skip the skip set's sub-layers (traced inside `skipped_sublayers`),
+    not run the whole target; EESD's layer slices and exit layer, on static caches, see the eager draft's rows and
+    positions (a static cache's `get_seq_length` is its live write position: kept uncopied, it was rolled back
+    under EESD, whose exit layer then read the wrong rows, losslessly)."""
     draft = torch_llama(vocab_size=64, seed=2, num_layers=1)  # sps's, unused here
     compiled, eager = (compiled_decoders(compiled_target, draft)[name] for _ in range(2))
     eager.steps = EagerSteps(compiled_target)
