@@ -102,6 +102,64 @@ def test_an_edited_dataset_file_is_a_new_run_and_never_reuses_the_old_reference(
     assert "already complete" in out.stdout + out.stderr and len(run_dirs(tmp_path)) == 3
 
 
+def test_code_counts_as_its_syntax_so_comments_docstrings_and_wrapping_are_the_same_code(tmp_path):
+    from specrepro.identity import syntax
+
+    versions = {
+        "plain": "def draft(tokens, k):\n    return tokens[-1:] * k\n",
+        "commented": '"""Drafts."""\n# why\ndef draft(tokens, k):\n    """The last token, k times."""\n'
+                     "    return (tokens[-1:]  # the last one\n            * k)\n",
+        "fixed": "def draft(tokens, k):\n    return tokens[-2:-1] * k\n",
+    }
+    forms = {}
+    for name, text in versions.items():
+        (tmp_path / f"{name}.py").write_text(text)
+        forms[name] = syntax(tmp_path / f"{name}.py")
+    assert forms["plain"] == forms["commented"] != forms["fixed"]
+
+
+def test_a_methods_code_is_the_runner_and_what_its_module_imports_not_the_other_methods():
+    from specrepro.identity import PACKAGE, code_fingerprint, imported_modules
+
+    modules = imported_modules({"specrepro.runner": PACKAGE / "runner.py",
+                                "specrepro.decoding.eesd": PACKAGE / "decoding" / "eesd.py"})
+    assert {"specrepro.decoding.verify", "specrepro.decoding.steps", "specrepro.decoding.ar", "specrepro.data.prompts",
+            "specrepro.metrics.speed", "specrepro.training.artifacts"} <= set(modules)  # the last: inside a function
+    assert not {"specrepro.decoding.space", "specrepro.decoding.self_sd", "specrepro.tables"} & set(modules)
+    assert code_fingerprint("cllm") == code_fingerprint("jacobi")  # one module
+    assert len({code_fingerprint(method) for method in ("ar", "eesd", "space", "self_sd")}) == 4
+
+
+def test_a_record_made_by_other_code_is_a_new_run_and_the_unchanged_reference_is_reused(tmp_path, monkeypatch):
+    """The EESD bug of 8a0c18f drafted worse yet stayed lossless: its records must not be resumed by the fixed
+    code. A toy method drafts the first token (the 'bug'), then the last (the 'fix')."""
+    from specrepro import registry
+    from tests.test_registry import TOY_MODULE
+
+    module = tmp_path / "toy_method.py"
+    module.write_text(TOY_MODULE.replace("tokens[0, -1:]", "tokens[0, :1]"))
+    (tmp_path / "my_conf" / "method").mkdir(parents=True)
+    (tmp_path / "my_conf" / "method" / "toy.yaml").write_text("defaults:\n  - /method_schema_toy@_here_\n  - _self_\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv(registry.PLUGINS_VARIABLE, "toy_method")
+    args = ["run", "--config-dir", str(tmp_path / "my_conf"), *FAST, "method=toy", "dataset.limit=2", "logger=none"]
+    specrepro(*args, cwd=tmp_path)
+    [old] = [json.loads((p / "metrics.json").read_text()) for k, p in run_dirs(tmp_path).items() if k.startswith("toy:")]
+
+    module.write_text("# a comment\n" + TOY_MODULE.replace("tokens[0, -1:]", "tokens[0, :1]"))
+    out = specrepro(*args, cwd=tmp_path)  # the same code: the finished run is reused
+    assert "already complete" in out.stdout + out.stderr and len(run_dirs(tmp_path)) == 2
+
+    module.write_text(TOY_MODULE)
+    specrepro(*args, cwd=tmp_path)
+    runs = run_dirs(tmp_path)
+    assert len(runs) == 3  # the fixed method decoded anew; its old record stays, readable, never resumed
+    toys = [json.loads((p / "metrics.json").read_text()) for k, p in runs.items() if k.startswith("toy:")]
+    [new] = [m for m in toys if m["run_name"] != old["run_name"]]
+    assert new["code_fingerprint"] != old["code_fingerprint"] and new["lossless"] == 1.0
+    assert new["reference_run"] == old["reference_run"]  # ar's code did not change: its record is reused
+
+
 def test_a_reference_that_decoded_other_prompts_is_refused():
     from specrepro.runner import summarize
 

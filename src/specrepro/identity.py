@@ -1,20 +1,26 @@
-"""What makes two runs the same run: the full resolved config, the weights it loads, and the data.
+"""What makes two runs the same run: the full resolved config, the weights it loads, the data and the code.
 
 A run's name ends in a hash of everything that changes what it computes: the resolved config (without
 where results go and how they are logged), the trained artifacts its references resolve to now and the models
 it loads from a local directory (each by name and content digest) or from the hub cache (by commit), the
-content of the records it decodes, and the record version. A record is resumed, skipped or used as a reference
-only under the same hash, so an edited dataset file, a newer artifact, one retrained under the same name with
-other weights, a checkpoint saved again at the same path, or a newer download of a hub model is a new run.
+content of the records it decodes, the code it decodes with (`code_fingerprint`) and the record version. A
+record is resumed, skipped or used as a reference only under the same hash, so an edited dataset file, a newer
+artifact, one retrained under the same name with other weights, a checkpoint saved again at the same path, a
+newer download of a hub model, or a fix to the method's code is a new run.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
+import inspect
 import json
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
+
+import torch
 
 from huggingface_hub import try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError
@@ -151,21 +157,97 @@ def judge_weights(cfg: DictConfig) -> dict[str, dict[str, str]]:
     return model_weights(cfg.judge.model, cfg.artifacts_dir)
 
 
+PACKAGE = Path(__file__).resolve().parent  # the `specrepro` package's directory
+
+
+def code_fingerprint(method: str) -> str:
+    """A hash of the code a run of `method` decodes and scores with: the runner and the method's module, every
+    module of this package either imports (at any depth; other methods' modules are not among them), and the
+    torch and transformers versions. Each module counts as its syntax tree without docstrings, so an edited
+    comment, docstring or line wrap is the same code, and a fixed bug in one method re-decodes that method's runs
+    (a changed runner or verification, every method's)."""
+    registry.load()
+    module = registry.method(method).decoder.__module__
+    return _fingerprint_of_modules(module, Path(inspect.getfile(registry.method(method).decoder)))
+
+
+@lru_cache(maxsize=None)
+def _fingerprint_of_modules(module: str, module_file: Path) -> str:
+    digest = hashlib.sha256()
+    for name, path in sorted(imported_modules({"specrepro.runner": PACKAGE / "runner.py", module: module_file}).items()):
+        digest.update(f"{name}\0{syntax(path)}\0".encode())
+    digest.update(f"torch {torch.__version__}, transformers {metadata.version('transformers')}".encode())
+    return digest.hexdigest()[:16]
+
+
+def imported_modules(roots: dict[str, Path]) -> dict[str, Path]:
+    """`roots` (module name -> file) and every module of this package they import, directly or through others,
+    with the packages that hold them (their `__init__` runs too); imports inside functions count."""
+    found: dict[str, Path] = {}
+    todo = list(roots.items())
+    while todo:
+        name, path = todo.pop()
+        if name in found or path is None:
+            continue
+        found[name] = path
+        parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]
+        todo += [(other, _package_file(other)) for other in parents + _imports(path, name)]
+    return found
+
+
+def _package_file(module: str) -> Path | None:
+    """The file of a module of this package (`specrepro.a.b` -> a/b.py or a/b/__init__.py); None for any other
+    module, or for a name that is a function or class imported from a module."""
+    if module.split(".")[0] != PACKAGE.name:
+        return None
+    base = PACKAGE.parent.joinpath(*module.split("."))
+    return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
+
+
+def _imports(path: Path, name: str) -> list[str]:
+    """The modules `path` (module `name`) imports, and for `from m import x` also `m.x` (x may be a module)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: `from . import x`, `from ..m import x`
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            names += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return names
+
+
+def syntax(path: Path) -> str:
+    """A module's code as its syntax tree, without docstrings: what comments, docstrings and layout do not change."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
+                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
+                and isinstance(node.body[0].value.value, str):
+            node.body = node.body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
 def run_name(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None = None) -> str:
-    """`<model>-<method>-<dataset>-<decoding>-<hash of config, weights, data and record version>`; `artifacts`:
-    the `loaded_weights(cfg)`, when the caller has them already."""
+    """`<model>-<method>-<dataset>-<decoding>-<hash of config, weights, data, code and record version>`;
+    `artifacts`: the `loaded_weights(cfg)`, when the caller has them already."""
     if cfg.run_name:
         return cfg.run_name
     content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_IDENTITY}
     artifacts = loaded_weights(cfg) if artifacts is None else artifacts
-    content.update(artifacts=artifacts, data=data_fingerprint, record_version=RECORD_VERSION)
+    content.update(artifacts=artifacts, data=data_fingerprint, code=code_fingerprint(cfg.method.name),
+                   record_version=RECORD_VERSION)
     return f"{cfg.model.name}-{cfg.method.name}-{cfg.dataset.name}-{cfg.decoding.name}-{config_hash(content)}"
 
 
 def reference_key(cfg: DictConfig, data_fingerprint: str) -> str:
-    """Runs with equal keys decode the same prompts on the same weights, hardware and decoding."""
+    """Runs with equal keys decode the same prompts on the same weights, hardware and decoding, and their `ar`
+    reference with the same code."""
     content = OmegaConf.to_container(cfg, resolve=True)
     key = {k: content[k] for k in ("model", "dataset", "decoding", "hardware")}
     key.update(artifacts=model_weights(cfg.model, cfg.artifacts_dir), data=data_fingerprint,
-               record_version=RECORD_VERSION)
+               code=code_fingerprint("ar"), record_version=RECORD_VERSION)
     return config_hash(key)

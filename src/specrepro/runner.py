@@ -26,7 +26,8 @@ from specrepro.metrics.speed import (impossible_generation, impossible_metrics, 
                                      speed_metrics, speedups)
 from specrepro.models import LoadedModel, ModelLoader
 from specrepro.decoding.steps import BACKENDS, EagerSteps
-from specrepro.identity import loaded_weights, records_fingerprint, reference_key, resolved_artifacts, run_name
+from specrepro.identity import (code_fingerprint, loaded_weights, records_fingerprint, reference_key, resolved_artifacts,
+                                run_name)
 from specrepro.provenance import now, provenance
 from specrepro.reuse import note_reused
 from specrepro.tracking import RunRecord, complete_runs, log_to_wandb
@@ -302,6 +303,7 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
         decoding=cfg.decoding.name,
         n_samples=len(rows),
         data_fingerprint=fingerprint,
+        code_fingerprint=code_fingerprint(cfg.method.name),  # the code it decoded with (identity.code_fingerprint)
         reference_key=ref_key,
         reference_run=reference.dir.name if reference else None,
         lossless_method=decoder.lossless,
