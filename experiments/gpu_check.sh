@@ -1,41 +1,53 @@
 #!/usr/bin/env bash
-# The GPU checks in one command, on a machine with a CUDA card. Quickest and most wanted first, each with a time
-# limit, each writing what it measured as soon as it has it (a machine lent for minutes may be taken back):
-#   1. experiments/bench_gpu.py, short (3 GSM8K prompts x 128 new tokens, bf16);
-#   2. experiments/bench_gpu.py at the setting of results/gpu/ (5 prompts x 256 new tokens), bf16;
-#   3. tests/test_cuda.py: every decoder's greedy output equals ar's on the GPU, compiled steps included;
-#   4. the bench again in fp32.
+# The GPU checks in one command, on a machine with a CUDA card, sized to one call of a lent machine. Most wanted
+# first, each under a time limit and all together under BUDGET_S, each writing what it measured as soon as it has it
+# (the bench after every timed prompt, so a bench cut short still returns the prompts it timed):
+#   1. experiments/bench_gpu.py at the setting of results/gpu/ (5 prompts x 256 new tokens), bf16;
+#   2. tests/test_cuda.py: every decoder's greedy output equals ar's on the GPU, compiled steps included;
+#   3. the bench again in fp32.
 # Usage: bash experiments/gpu_check.sh OUT_DIR [bench_gpu.py options, e.g. --model llama2_7b_chat]
-# Writes OUT_DIR/bench_gpu_<card>_<dtype>[_short].json, the two long ones' results pages (.md) and a .log beside each
-# step; limits in seconds: SHORT_S (240), LONG_S (360), TESTS_S (300); STEPS names the steps to run (all four by
-# default: bench_short bench_bf16 tests_cuda bench_fp32); PYTHON picks the interpreter.
+# Writes OUT_DIR/bench_gpu_<card>_<dtype>.json and .md, and OUT_DIR/gpu_check.log (nvidia-smi, then each step's
+# output): five files, within the eight a lent machine's call returns. Seconds: BUDGET_S (540) for all steps,
+# LONG_S (330) a bench, TESTS_S (200) the tests, MIN_S (60): a step with less left is skipped and said so.
+# STEPS names the steps to run (default: bench_bf16 tests_cuda bench_fp32); PYTHON picks the interpreter.
+# On a checkout copied without .git, SPECREPRO_COMMIT names its commit (experiments/gpu_carry.sh writes it down).
 set -uo pipefail
 out=${1:?usage: bash experiments/gpu_check.sh OUT_DIR [bench_gpu.py options]}
 shift
-python=${PYTHON:-python}
+python=${PYTHON:-python3}
 mkdir -p "$out"
 card=$("$python" -c "import re, torch; print(re.sub(r'^NVIDIA ', '', torch.cuda.get_device_name()).split()[0].lower())" \
   2>/dev/null) || { echo "gpu_check: no CUDA device visible to $python" >&2; exit 1; }
-nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
+carried_commit="$(dirname "$0")/../.gpucarry/1/commit"
+[ -n "${SPECREPRO_COMMIT:-}" ] || [ ! -f "$carried_commit" ] || export SPECREPRO_COMMIT=$(cat "$carried_commit")
+log="$out/gpu_check.log"
+nvidia-smi > "$log" 2>&1 || true
 failed=0
-steps=" ${STEPS:-bench_short bench_bf16 tests_cuda bench_fp32} "
+steps=" ${STEPS:-bench_bf16 tests_cuda bench_fp32} "
+deadline=$(( SECONDS + ${BUDGET_S:-540} ))
 
-step() {  # step NAME LIMIT COMMAND...: run one check (when STEPS names it) under a time limit, output in OUT_DIR/NAME.log
+step() {  # step NAME LIMIT COMMAND...: run one check (when STEPS names it) under its limit and the budget left
   local name=$1 limit=$2
   shift 2
   [[ $steps == *" $name "* ]] || return 0
-  echo "gpu_check: $name (at most $limit s)" >&2
-  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  local left=$(( deadline - SECONDS ))
+  (( limit > left )) && limit=$left
+  if (( limit < ${MIN_S:-60} )); then
+    echo "gpu_check: $name skipped: $left s of BUDGET_S left" | tee -a "$log" >&2
+    failed=1
+    return 0
+  fi
+  echo "gpu_check: $name (at most $limit s)" | tee -a "$log" >&2
+  timeout "$limit" "$@" > "$out/.$name.log" 2>&1
   local rc=$?
-  tail -n 25 "$out/$name.log"
-  [ "$rc" -eq 0 ] || { echo "gpu_check: $name exited with $rc (124: past its limit)" >&2; failed=1; }
+  tail -n 25 "$out/.$name.log"
+  cat "$out/.$name.log" >> "$log" && rm "$out/.$name.log"
+  [ "$rc" -eq 0 ] || { echo "gpu_check: $name exited with $rc (124: past its limit)" | tee -a "$log" >&2; failed=1; }
 }
 
-step bench_short "${SHORT_S:-240}" "$python" experiments/bench_gpu.py --limit 3 --max-new-tokens 128 \
-  --json "$out/bench_gpu_${card}_bf16_short.json" "$@"
-step bench_bf16 "${LONG_S:-360}" "$python" experiments/bench_gpu.py --json "$out/bench_gpu_${card}_bf16.json" \
+step bench_bf16 "${LONG_S:-330}" "$python" experiments/bench_gpu.py --json "$out/bench_gpu_${card}_bf16.json" \
   --markdown "$out/bench_gpu_${card}_bf16.md" "$@"
-step tests_cuda "${TESTS_S:-300}" "$python" -m pytest -x -q tests/test_cuda.py
-step bench_fp32 "${LONG_S:-360}" "$python" experiments/bench_gpu.py --dtype float32 \
+step tests_cuda "${TESTS_S:-200}" "$python" -m pytest -x -q -p no:cacheprovider tests/test_cuda.py
+step bench_fp32 "${LONG_S:-330}" "$python" experiments/bench_gpu.py --dtype float32 \
   --json "$out/bench_gpu_${card}_fp32.json" --markdown "$out/bench_gpu_${card}_fp32.md" "$@"
 exit $failed
