@@ -1,11 +1,17 @@
-"""experiments/bench_gpu.py, end to end on the CPU (eager backend, a tiny random LLaMA), and gpu_check.sh's refusal
-without a GPU: a lent GPU's minutes are too few to find a broken script there."""
+"""experiments/bench_gpu.py, end to end on the CPU (eager backend, a tiny random LLaMA), gpu_check.sh's refusal
+without a GPU and its time budget, and gpu_setup.sh's check of a carry: a lent GPU's minutes are too few to find a
+broken script there."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import shutil
 import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +92,69 @@ def test_an_unknown_model_preset_is_one_line():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("bench_gpu.py: error: ")
     assert "no_such_model" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_gpu_check_keeps_its_steps_within_one_budget_and_returns_one_log(tmp_path):
+    """A lent machine's call ends at its limit: past BUDGET_S no step starts, and a step gets what is left."""
+    fake_python = tmp_path / "python"  # names a card, and runs each step as a command that outlasts its limit
+    fake_python.write_text('#!/bin/bash\nif [ "$1" = -c ]; then echo h200; else echo "ran: $*"; sleep 10; fi\n')
+    fake_python.chmod(0o755)
+    script = Path(__file__).parents[1] / "experiments" / "gpu_check.sh"
+    start = time.monotonic()
+    proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake_python), "BUDGET_S": "5", "LONG_S": "2",
+                               "MIN_S": "2"})
+    assert proc.returncode == 1 and time.monotonic() - start < 10
+    log = (tmp_path / "out" / "gpu_check.log").read_text()
+    assert "gpu_check: bench_bf16 (at most 2 s)" in log and "gpu_check: bench_bf16 exited with 124" in log
+    assert re.search(r"gpu_check: tests_cuda \(at most [23] s\)", log)  # what the budget left, not its 200 s
+    assert re.search(r"gpu_check: bench_fp32 skipped: [01] s of BUDGET_S left", log)
+    assert "ran: experiments/bench_gpu.py --json" in log and "ran: -m pytest" in log
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["gpu_check.log"]
+
+
+def test_gpu_setup_installs_only_a_whole_undamaged_carry(tmp_path):
+    """What experiments/gpu_carry.sh splits over a lent machine's calls (a tar of wheels and artifacts, its sha256
+    and part count in part 1's manifest) is joined there, checked, and installed; a missing or damaged part is one
+    line naming what to carry again."""
+    checkout = tmp_path / "checkout"
+    (checkout / "experiments").mkdir(parents=True)
+    shutil.copy(Path(__file__).parents[1] / "experiments" / "gpu_setup.sh", checkout / "experiments")
+    stage = tmp_path / "stage"
+    (stage / "wheels").mkdir(parents=True)
+    (stage / "wheels" / "hydra_core-1.3.8-py3-none-any.whl").write_bytes(b"wheel")
+    (stage / "results" / "artifacts" / "sar_head-x").mkdir(parents=True)
+    (stage / "results" / "artifacts" / "sar_head-x" / "head.safetensors").write_bytes(bytes(range(256)) * 40)
+    with tarfile.open(tmp_path / "carry.tar", "w") as tar:
+        tar.add(stage, arcname=".")
+    whole = (tmp_path / "carry.tar").read_bytes()
+    carried = checkout / ".gpucarry"
+    for index, part in enumerate((whole[:5000], whole[5000:]), start=1):
+        (carried / str(index)).mkdir(parents=True)
+        (carried / str(index) / "part").write_bytes(part)
+    (carried / "1" / "manifest").write_text(f"{hashlib.sha256(whole).hexdigest()} 2\n")
+    (carried / "1" / "commit").write_text("0123abc\n")
+    fake_python = tmp_path / "python"  # records what it is asked to install
+    fake_python.write_text(f'#!/bin/bash\necho "$*" >> {tmp_path}/pip.log\n')
+    fake_python.chmod(0o755)
+
+    def setup() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(checkout / "experiments" / "gpu_setup.sh")], capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake_python)})
+
+    (carried / "2" / "part").rename(tmp_path / "part2")
+    proc = setup()
+    assert proc.returncode == 1 and proc.stderr.splitlines() == ["gpu_setup: part 2 of 2 is missing: carry .gpucarry/2"]
+    (carried / "2" / "part").write_bytes(b"damaged" + (tmp_path / "part2").read_bytes()[7:])
+    proc = setup()
+    assert proc.returncode == 1 and "do not match their sha256" in proc.stderr
+    assert not (tmp_path / "pip.log").exists() and not (checkout / "results").exists()
+
+    (tmp_path / "part2").rename(carried / "2" / "part")
+    proc = setup()
+    assert proc.returncode == 0 and "commit 0123abc" in proc.stdout, proc.stderr
+    installs = (tmp_path / "pip.log").read_text().splitlines()
+    assert installs[0].startswith("-m pip install") and installs[0].endswith("hydra_core-1.3.8-py3-none-any.whl")
+    assert installs[1].endswith("-e .")
+    head = checkout / "results" / "artifacts" / "sar_head-x" / "head.safetensors"
+    assert head.read_bytes() == bytes(range(256)) * 40
