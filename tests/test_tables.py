@@ -488,6 +488,24 @@ def test_a_table_whose_runs_loaded_other_weights_or_data_under_one_name_says_so(
             "changed between them; their cells do not come from the same prompts") in md.splitlines()
 
 
+def test_a_table_whose_runs_of_one_method_decoded_with_other_code_says_so(tmp_path):
+    """Runs of one method made before and after a change to its code (now a new run, never a resumed one) can still
+    meet in one table: the footer names which runs had which code; one method's code or several methods' is no line."""
+    tables_dir, records = _two_runs(tmp_path)
+    (tables_dir / "pld.yaml").write_text(KEEP_TABLE.replace("{method: ar}", "{method: pld, mat: 2.0}")
+                                         .replace("{method: pld}", "{method: pld, mat: 1.5}"))
+    _record(records, "pld-run-fixed", "pld", 2.0)
+    for run, fingerprint in (("ar-run", "a1"), ("pld-run", "p1"), ("pld-run-fixed", "p1")):
+        _amend(records, run, code_fingerprint=fingerprint)
+    assert "Mixed code" not in write_table("pld", records, tables_dir=tables_dir, out_dir=tmp_path / "one").read_text()
+    assert "Mixed code" not in write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "two").read_text()
+    _amend(records, "pld-run-fixed", code_fingerprint="p2")
+    md = write_table("pld", records, tables_dir=tables_dir, out_dir=tmp_path / "three").read_text()
+    assert ("- Mixed code: runs decoded with 2 different contents of pld's code ([1]: p2; [2]: p1): it changed "
+            "between them (a fix, a refactor, another torch or transformers); their cells may not come from one "
+            "decoder") in md.splitlines()
+
+
 def test_a_table_whose_runs_two_machines_timed_says_which_runs_each_timed(tmp_path):
     """Runs merged from two machines: the footer lists each machine's runs, so a reader compares tok/s only
     within one; runs from one machine (or without a recorded machine) add no line."""

@@ -451,14 +451,16 @@ def provenance_footer(runs: list[RunInfo], command: str) -> list[str]:
 
 def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]:
     """A line for each input this table's runs share by name but not by content: a trained artifact or checkpoint
-    retrained between them ("Mixed weights"), or a dataset whose records changed between them ("Mixed data"), with
-    which runs had which content: their cells do not come from one model, or from the same prompts. Runs that load
+    retrained between them ("Mixed weights"), a dataset whose records changed between them ("Mixed data"), or a
+    method whose code changed between them (`code_fingerprint`: "Mixed code"), with which runs had which content:
+    their cells do not come from one model, the same prompts, or one decoder. Runs that load
     trained weights but predate records of them ("Unrecorded weights"), beside runs of the same model that record
     theirs, get a line too: nothing shows they loaded the same contents (another model's weights say nothing)."""
     weights: dict[str, dict[str, list[str]]] = {}  # artifact name -> content digest -> footnote marks
     data: dict[tuple[str, str], dict[str, list[str]]] = {}  # (label, dataset setting) -> records fingerprint -> marks
     unrecorded: list[tuple[str, str]] = []  # (mark, model) of runs with trained weights and no `artifacts` record
     recorded: dict[str, dict[str, list[str]]] = {}  # model -> artifact name -> content digests its runs recorded
+    code: dict[str, dict[str, list[str]]] = {}  # "<method>'s code" -> code fingerprint -> marks
     for mark, run in ((f"[{i}]", by_name[name]) for i, name in enumerate(footnotes, 1) if name in by_name):
         if "artifacts" not in run.metrics and run.metrics.get("training_minutes") != 0:
             unrecorded.append((mark, str(run.metrics.get("model"))))
@@ -471,6 +473,9 @@ def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]
             label = str(dataset.get("name")) + (f" (limit {dataset['limit']})" if dataset.get("limit") else "")
             setting = (label, json.dumps(dataset, sort_keys=True, default=str))
             data.setdefault(setting, {}).setdefault(run.metrics["data_fingerprint"], []).append(mark)
+        if run.metrics.get("code_fingerprint"):  # recorded since runs are named by their code
+            method = f"{run.metrics.get('method')}'s code"
+            code.setdefault(method, {}).setdefault(run.metrics["code_fingerprint"], []).append(mark)
 
     def lines(kind: str, found: list[tuple[str, dict[str, list[str]]]], what: str, why: str) -> list[str]:
         return [f"- Mixed {kind}: runs {what} {len(by_content)} different contents of {name} ("
@@ -488,7 +493,9 @@ def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]
                   "it was retrained between them; their cells do not come from one model")
             + unverified
             + lines("data", [(label, found) for (label, _), found in data.items()], "decoded",
-                    "its records changed between them; their cells do not come from the same prompts"))
+                    "its records changed between them; their cells do not come from the same prompts")
+            + lines("code", list(code.items()), "decoded with", "it changed between them (a fix, a refactor, "
+                    "another torch or transformers); their cells may not come from one decoder"))
 
 
 def runs_by_machine(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]:
