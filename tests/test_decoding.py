@@ -81,6 +81,37 @@ def test_drafting_methods_take_fewer_steps_when_drafts_match(target):
     assert all(a == 5 for a in self_draft.accepted[:-1])
 
 
+def test_an_sps_tree_drafts_from_the_committed_tokens_after_a_sibling_wins(monkeypatch):
+    """A tree's accepted sibling is not what the draft cached at its position (the chain's token was): every round
+    must draft what the draft model, run afresh on the committed tokens, drafts. Keeping the chain's token stayed
+    lossless, so only this shows it."""
+    from tests.conftest import tiny_llama
+
+    target, draft = tiny_llama(seed=1, logit_scale=3.0), tiny_llama(seed=2, logit_scale=3.0)
+    decoder = SPSDecoder(target, None, draft, 3, "fixed", 16, tree_width=4)
+    propose, rounds = decoder.propose, []
+
+    def recorded(state, tokens, k, sampling, rng, controller):
+        proposal = propose(state, tokens, k, sampling, rng, controller)
+        rounds.append((tokens.clone(), proposal.drafts[:k].tolist()))
+        return proposal
+
+    monkeypatch.setattr(decoder, "propose", recorded)
+    siblings_won = 0
+    for prompt in prompts():
+        rounds.clear()
+        decoder.generate(prompt, GREEDY, 40)
+        for (tokens, chain), (after, _) in zip(rounds, rounds[1:]):
+            ids, afresh = tokens, []
+            with torch.inference_mode():  # the decoder's tokens are inference tensors
+                for _ in chain:
+                    afresh.append(int(draft(ids).logits[0, -1].argmax()))
+                    ids = torch.cat([ids, ids.new_tensor([[afresh[-1]]])], dim=1)
+            assert chain == afresh
+            siblings_won += after.shape[1] - tokens.shape[1] >= 2 and int(after[0, tokens.shape[1]]) != chain[0]
+    assert siblings_won > 0  # the case this test is about happened
+
+
 def test_budget_and_eos_stop_generation(target):
     prompt = prompts()[0]
     unbounded = ARDecoder(target)

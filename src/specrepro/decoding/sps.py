@@ -125,8 +125,10 @@ class SPSDecoder(DraftVerifyDecoder):
         return self.with_first_siblings(torch.stack(drafts), q, first_logits, state.vocab_ids)
 
     def after_verify(self, state: DraftCache, tokens, output, rows) -> None:
-        # keep the draft's KV only for positions that are still committed tokens
-        state.cached = min(state.cached, tokens.shape[1] - 1)
+        # keep the draft's KV only for positions that are still committed tokens: of this round's, the main chain's
+        # drafts up to the first kept row that is not (a tree's accepted sibling was never in the draft's cache)
+        on_chain = next((j for j, row in enumerate(rows) if row != j), len(rows))
+        state.cached = min(state.cached, tokens.shape[1] - len(rows) + on_chain - 1)
         crop_cache(state.cache, state.cached)
 
     def generation_extras(self, state: DraftCache) -> dict:
