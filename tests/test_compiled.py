@@ -130,6 +130,18 @@ def test_a_tree_verification_on_compiled_steps_gives_the_eager_logits(compiled_t
     torch.testing.assert_close(outputs[0], outputs[1])
 
 
+def sps_with_compiled_draft(model, tree_width=1, draft_vocab=False):
+    """sps whose draft, a copy of the tiny target with noise on its LM head (accepted at times, not always), runs
+    on compiled steps of its own (not warmed up: the runner does that)."""
+    draft = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
+    noise = torch.randn(draft.lm_head.weight.shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        draft.lm_head.weight.add_(0.05 * noise)  # rounds that keep from 1 to all 5 tokens
+    setattr(draft, STEPS_ATTRIBUTE, CompiledSteps(draft, backend="aot_eager", widths=[1, 2, 4, 8]))
+    frequent = torch.arange(3, 40) if draft_vocab else None  # a reduced vocabulary: the draft's hidden-state graphs
+    return SPSDecoder(model, None, draft, 4, "fixed", 16, tree_width=tree_width, frequent=frequent)
+
+
 def warmed_eesd(model):
     return EESDDecoder(model, None, EarlyExitHead(model, num_layers=1).eval(),
                        EESDConfig(num_layers=1, head="none", k_max=6, tree_width=2))
@@ -139,14 +151,15 @@ WARMED = {  # decoders whose compiled steps include graphs beyond the widths: EE
     "eesd": lambda model: [warmed_eesd(model)],
     "self_sd": lambda model: [self_sd_decoders(model)["self_sd"]],
     "eesd_and_self_sd": lambda model: [warmed_eesd(model), self_sd_decoders(model)["self_sd"]],  # one warm-up
+    "sps_compiled_draft": lambda model: [sps_with_compiled_draft(model, tree_width=3, draft_vocab=True)],
 }
 
 
 @pytest.mark.parametrize("name", sorted(WARMED))
 def test_a_warmed_up_decoder_compiles_nothing_while_it_decodes(name):
-    """The runner warms up every width, layer slice (EESD's draft and exit layer) and model state (self_sd's skipped
-    sub-layers, left around every verification) a decoder can take (`compile_steps_for`), so no graph is compiled
-    inside the timed region."""
+    """The runner warms up every width, layer slice (EESD's draft and exit layer), model state (self_sd's skipped
+    sub-layers, left around every verification) and draft model's step (sps's) a decoder can take
+    (`compile_steps_for`), so no graph is compiled inside the timed region."""
     from torch._dynamo.utils import counters
 
     from specrepro.runner import compile_steps_for
@@ -176,6 +189,28 @@ def test_a_compiled_draft_drafts_what_the_eager_one_does(compiled_target, name):
     for prompt in prompts():
         ours, theirs = compiled.generate(prompt, GREEDY, 40), eager.generate(prompt, GREEDY, 40)
         assert (ours.token_ids, ours.accepted, ours.drafted) == (theirs.token_ids, theirs.accepted, theirs.drafted)
+
+
+@pytest.mark.parametrize("tree_width, draft_vocab", [(1, False), (3, True)])
+def test_a_compiled_draft_model_drafts_what_the_eager_one_does(tree_width, draft_vocab):
+    """sps's draft on compiled steps of its own (a static cache rolled back by write position, its inputs padded to
+    a bucket) proposes round for round what the eager draft does, and the output is eager `ar`'s."""
+    from specrepro.runner import compile_steps_for
+
+    model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
+    setattr(model, STEPS_ATTRIBUTE, CompiledSteps(model, backend="aot_eager", widths=[1, 2, 4, 8]))
+    compiled, eager = (sps_with_compiled_draft(model, tree_width, draft_vocab) for _ in range(2))
+    compile_steps_for(80, [compiled])
+    assert compiled.draft_steps.compiled and compiled.steps.compiled
+    eager.steps, eager.draft_steps = EagerSteps(model), EagerSteps(eager.draft)
+    eager_ar = ARDecoder(model, steps=EagerSteps(model))
+    drafts_accepted = 0
+    for prompt in prompts():
+        ours, theirs = compiled.generate(prompt, GREEDY, 40), eager.generate(prompt, GREEDY, 40)
+        assert (ours.token_ids, ours.accepted, ours.drafted) == (theirs.token_ids, theirs.accepted, theirs.drafted)
+        assert ours.token_ids == eager_ar.generate(prompt, GREEDY, 40).token_ids
+        drafts_accepted += sum(ours.accepted) - len(ours.accepted)
+    assert drafts_accepted > 0  # the draft is accepted at times: equal rounds say something
 
 
 def test_decoders_that_run_their_own_forwards_refuse_compiled_steps(compiled_target):

@@ -55,12 +55,16 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
     """`hardware.compile` as a GPU runs it: inductor, CUDA graphs, padded widths on a static cache."""
     target = set_linear_kernel(tiny_llama(vocab_size=64, seed=1, num_layers=4, logit_scale=3.0), "torch").to(CUDA)
     draft = set_linear_kernel(tiny_llama(vocab_size=64, seed=2, num_layers=1), "torch").to(CUDA)
+    compiled_draft = set_linear_kernel(tiny_llama(vocab_size=64, seed=2, num_layers=1), "torch").to(CUDA)
+    draft_steps = CompiledSteps(compiled_draft, backend="inductor", mode="reduce-overhead", widths=[1, 16])
+    setattr(compiled_draft, STEPS_ATTRIBUTE, draft_steps)  # sps's draft on steps of its own
     steps = CompiledSteps(target, backend="inductor", mode="reduce-overhead", widths=[1, 16])
     setattr(target, STEPS_ATTRIBUTE, steps)
     eager_ar = ARDecoder(target, steps=EagerSteps(target))
     head = head_for(target, "block", 4, 16, 1, False).to(CUDA).eval()
     compiled = {"ar": ARDecoder(target), "pld": PLDDecoder(target, None, PLDConfig()),
                 "sps": SPSDecoder(target, None, draft, 4, "fixed", 16),
+                "sps_compiled_draft": SPSDecoder(target, None, compiled_draft, 4, "fixed", 16, tree_width=3),
                 "sar_draft": SARDraftDecoder(target, None, head, SARDraftConfig(variant="block", k=3, k_max=4, tree_width=4)),
                 "jacobi": JacobiDecoder(target, block_size=6),
                 "space_untrained_masks": SpaceDecoder(target, None, mask_id=0, k=3),
@@ -69,6 +73,7 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
                 "self_sd": SelfSDDecoder(target, None, [1, 3], [0, 2], SelfSDConfig(control="adaptive", k=5))}
     steps.warm_up(max_width=16, length=80, hidden=True, slices=compiled["eesd"].layer_slices,
                   variants=compiled["self_sd"].step_variants)
+    draft_steps.warm_up(max_width=2, length=80)
     for name, decoder in compiled.items():
         for prompt in prompts():
             assert decoder.generate(prompt, Sampling(), 40).token_ids == eager_ar.generate(prompt, Sampling(), 40).token_ids, name

@@ -77,7 +77,7 @@ def test_greedy_self_sd_with_a_reduced_draft_vocabulary_equals_ar(sharp_model, c
     decoder = SelfSDDecoder(sharp_model, None, [1, 3], [0, 2], cfg, vocab_ranking=ranking)
     gen = decoder.generate(prompt, GREEDY, 40)
     assert gen.token_ids == reference
-    vocab = set(decoder.start(prompt, cache=None).vocab_ids.tolist())  # the generation's draft vocabulary
+    vocab = set(decoder.start(prompt, cache=None, length=0).vocab_ids.tolist())  # the generation's draft vocabulary
     assert vocab == set(ranking[:16].tolist()) | set(prompt[0].tolist()) and gen.extra["draft_vocab"] == len(vocab)
     assert sum(gen.accepted) > len(gen.accepted)  # drafts were accepted
 

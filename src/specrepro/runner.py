@@ -328,9 +328,9 @@ def training_minutes(artifacts, decoder) -> float | None:
 
 
 def compile_steps_for(length: int, decoders) -> float:
-    """With `hardware.compile`: size the static cache for `length` positions (the longest first-turn prompt plus
-    the budget) and compile every step width the decoders can take, outside the timed region; returns the
-    seconds it took."""
+    """With `hardware.compile`: size the static caches for `length` positions (the longest first-turn prompt plus
+    the budget) and compile every step width the decoders can take, the target's and a draft model's, outside the
+    timed region; returns the seconds it took."""
     steps = decoders[0].steps
     if not steps.compiled:
         return 0.0
@@ -338,7 +338,10 @@ def compile_steps_for(length: int, decoders) -> float:
                             hidden=any(d.reads_hidden_states for d in decoders),
                             slices=[piece for d in decoders for piece in d.layer_slices],
                             variants=[variant for d in decoders for variant in d.step_variants])
-    log.info("compiled the target's steps in %.1f s", seconds)
+    for draft_steps, width, hidden in (entry for d in decoders for entry in d.draft_model_steps):
+        if draft_steps.compiled:
+            seconds += draft_steps.warm_up(width, length, hidden=hidden)
+    log.info("compiled the steps in %.1f s", seconds)
     return seconds
 
 

@@ -98,6 +98,7 @@ class Decoder(ABC):
     reads_hidden_states = False  # its target forwards go through `steps.hidden` (or `with_hidden`)
     layer_slices: list = []  # (cache name, layers) it runs through `steps.layers` itself (compiled steps warm them up)
     step_variants: list = []  # (name, state context, reads hidden) of model states it drafts in, one token a step
+    draft_model_steps: list = []  # (steps, widest step, reads hidden) of a draft model's own: warmed up beside the target's
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, steps: EagerSteps | None = None):
         self.model = model

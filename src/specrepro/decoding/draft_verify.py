@@ -2,7 +2,7 @@
 
 A drafter says how to draft and nothing about the loop's order. Per generation:
 
-    state = start(prompt_ids, cache)                  # the drafter's own per-generation state (or None)
+    state = start(prompt_ids, cache, length)          # the drafter's own per-generation state (or None)
     output = target_forward(state, ids, cache, ...)   # every target forward: prefill, then each verification
     after_verify(state, tokens, output, rows)         # after each: the committed tokens and the output rows kept
     proposal = propose(state, tokens, k, ...)         # a Proposal: drafts, their q, and a tree's parents
@@ -62,8 +62,9 @@ class DraftVerifyDecoder(Decoder):
     def new_controller(self) -> DraftLengthController:
         """A fresh draft-length controller for one generation."""
 
-    def start(self, prompt_ids: torch.Tensor, cache) -> Any:
-        """The drafter's state for one generation on the target's `cache` (called before the prefill)."""
+    def start(self, prompt_ids: torch.Tensor, cache, length: int) -> Any:
+        """The drafter's state for one generation on the target's `cache` (called before the prefill); `length`: the
+        positions the generation may fill (prompt and budget), for a cache of the drafter's own."""
         return None
 
     @abstractmethod
@@ -104,8 +105,9 @@ class DraftVerifyDecoder(Decoder):
 
     def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
         controller = self.new_controller()
-        cache = self.steps.new_cache(prompt_ids.shape[1] + out.max_new_tokens)
-        state = self.start(prompt_ids, cache)
+        length = prompt_ids.shape[1] + out.max_new_tokens
+        cache = self.steps.new_cache(length)
+        state = self.start(prompt_ids, cache, length)
         with out.timed("prefill"):
             output = self.target_forward(state, prompt_ids, cache, logits_to_keep=1)
             first = next_token(output.logits[0, -1], sampling, rng)

@@ -303,9 +303,9 @@ class EESDDecoder(DraftVerifyDecoder):
                           cfg.beta_break_even)
         return CaliTS(cfg.sigma_m, cfg.sigma_s, cfg.theta0, cfg.k_max, rng, cfg.cali_mode, cfg.theta_update)
 
-    def start(self, prompt_ids, cache) -> ExitState:
+    def start(self, prompt_ids, cache, length) -> ExitState:
         p = next(self.model.parameters())
-        exit_cache = self.steps.new_cache(prompt_ids.shape[1], "exit")  # a static one is as long as the target's
+        exit_cache = self.steps.new_cache(length, "exit")
         return ExitState(cache, exit_cache, p.new_empty(1, 0, self.model.config.hidden_size))
 
     def target_forward(self, state: ExitState, input_ids, cache, logits_to_keep: int = 0, tree=None) -> TargetOutput:

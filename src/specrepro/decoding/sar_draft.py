@@ -290,7 +290,7 @@ class SARDraftDecoder(DraftVerifyDecoder):
         logits, hidden = self.steps.with_hidden(input_ids, cache, logits_to_keep, tree)
         return TargetOutput(logits, hidden={"final": hidden})
 
-    def start(self, prompt_ids, cache) -> HeadInput:
+    def start(self, prompt_ids, cache, length) -> HeadInput:
         return HeadInput()
 
     def after_verify(self, state: HeadInput, tokens, output, rows) -> None:

@@ -239,7 +239,7 @@ class SelfSDDecoder(DraftVerifyDecoder):
             self.controller = AdaptiveDraftExit(c.k, self.gamma, c.alpha, c.epsilon, c.beta1, c.beta2)
         return self.controller
 
-    def start(self, prompt_ids, cache) -> SkipDraft:
+    def start(self, prompt_ids, cache, length) -> SkipDraft:
         if self.frequent is None:
             return SkipDraft(cache)
         return SkipDraft(cache, *draft_vocab.prompt_head(self.model.lm_head, self.frequent, prompt_ids))

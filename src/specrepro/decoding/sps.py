@@ -1,7 +1,9 @@
 """`sps`: speculative decoding with a separate draft model that shares the target's tokenizer.
 
 Leviathan et al. 2023 / Chen et al. 2023: the draft proposes k tokens autoregressively (sampling from
-its warped distribution q when the run samples), the target verifies them in one forward.
+its warped distribution q when the run samples), the target verifies them in one forward. With
+`hardware.compile` the draft's forwards run on compiled steps of its own (a static cache, one graph per width),
+as the target's do: on a GPU an eager draft's per-token launch overhead would cost what the compiled target saves.
 """
 
 from __future__ import annotations
@@ -10,14 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
-
 from specrepro.config import ModelConfig
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.base import parameters_beside
 from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.steps import EagerSteps, target_steps
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.registry import MethodConfig, register_method
@@ -28,7 +29,7 @@ class DraftCache:
     """The draft model during one generation: its KV cache, how many committed tokens it holds, and with a
     reduced draft vocabulary this prompt's vocabulary and the draft's LM-head rows of it."""
 
-    cache: DynamicCache
+    cache: object  # a DynamicCache, or the draft's static cache on compiled steps
     cached: int = 0
     vocab_ids: torch.Tensor | None = None
     head: torch.nn.Linear | None = None
@@ -69,12 +70,22 @@ class SPSDecoder(DraftVerifyDecoder):
                 "sps needs a draft that shares the tokenizer"
             )
         self.draft = draft
+        # the draft runs as the target does: compiled on the loader's steps of its own, or eagerly; a draft that is
+        # the target itself drafts eagerly (the target's compiled graphs are bound to the target's cache)
+        compiled = self.steps.compiled and draft is not model
+        self.draft_steps = target_steps(draft) if compiled else EagerSteps(draft)
         self.k, self.controller_kind, self.k_max = k, controller, k_max
         self.tree_width, self.frequent = tree_width, frequent
 
     @property
     def extra_parameters(self) -> int:
         return parameters_beside(self.draft, self.model)
+
+    @property
+    def draft_model_steps(self) -> list:
+        """The draft's widest step after its prefill is 2 tokens: the bonus token and the draft it fed last (or a
+        tree's winning sibling), which it never cached."""
+        return [(self.draft_steps, 2, self.frequent is not None)]
 
     @classmethod
     def resolve_artifacts(cls, cfg: SPSConfig, model_name: str, artifacts_dir) -> dict[str, Path]:
@@ -92,8 +103,8 @@ class SPSDecoder(DraftVerifyDecoder):
     def new_controller(self) -> DraftLengthController:
         return build_controller(self.controller_kind, self.k, self.k_max)
 
-    def start(self, prompt_ids: torch.Tensor, cache) -> DraftCache:
-        state = DraftCache(DynamicCache(config=self.draft.config))
+    def start(self, prompt_ids: torch.Tensor, cache, length) -> DraftCache:
+        state = DraftCache(self.draft_steps.new_cache(length))
         if self.frequent is not None:
             state.vocab_ids, state.head = draft_vocab.prompt_head(self.draft.lm_head, self.frequent, prompt_ids)
         return state
@@ -101,9 +112,8 @@ class SPSDecoder(DraftVerifyDecoder):
     def draft_logits(self, state: DraftCache, step_input) -> torch.Tensor:
         """The draft's last logits: over the whole vocabulary, or over the prompt's draft vocabulary."""
         if state.head is None:
-            return self.draft(step_input, cache=state.cache, logits_to_keep=1).logits[0, -1]
-        hidden = self.draft.model(step_input, cache=state.cache).last_hidden_state
-        return state.head(hidden[0, -1])
+            return self.draft_steps(step_input, state.cache, logits_to_keep=1).logits[0, -1]
+        return state.head(self.draft_steps.hidden(step_input, state.cache)[0, -1])
 
     def propose(self, state: DraftCache, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
         step_input = tokens[:, state.cached :]
