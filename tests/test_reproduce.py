@@ -112,6 +112,12 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     assert f"; {first['commit'][:10]}" in row and "unknown" not in row  # the table's machine; commit; date
     assert "- Regenerate: `specrepro summary`" in page
 
+    for run in list(runs.iterdir()):  # the same settings' records under other names: what other code decoded
+        run.rename(run.with_name(run.name + "-old"))
+    progress = specrepro("reproduce", str(pipeline), "--dry-run", *args[2:], cwd=tmp_path).stdout
+    assert re.search(r"\[2/3\] run .*; 0 of 2 run\(s\) done \(2 more decoded by other code: decoded anew\)",
+                     progress), progress
+
 
 def test_dry_run_lists_the_stages_and_runs_nothing(tmp_path):
     pipeline = _pipeline(tmp_path)

@@ -151,12 +151,14 @@ def test_a_record_made_by_other_code_is_a_new_run_and_the_unchanged_reference_is
     assert "already complete" in out.stdout + out.stderr and len(run_dirs(tmp_path)) == 2
 
     module.write_text(TOY_MODULE)
-    specrepro(*args, cwd=tmp_path)
+    out = specrepro(*args, cwd=tmp_path)
+    assert f"were decoded by other code ({old['run_name']}); they are kept, not reused" in out.stdout + out.stderr
     runs = run_dirs(tmp_path)
     assert len(runs) == 3  # the fixed method decoded anew; its old record stays, readable, never resumed
     toys = [json.loads((p / "metrics.json").read_text()) for k, p in runs.items() if k.startswith("toy:")]
     [new] = [m for m in toys if m["run_name"] != old["run_name"]]
     assert new["code_fingerprint"] != old["code_fingerprint"] and new["lossless"] == 1.0
+    assert new["setting_key"] == old["setting_key"]  # all it computes but the code is the same
     assert new["reference_run"] == old["reference_run"]  # ar's code did not change: its record is reused
 
 

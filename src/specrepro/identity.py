@@ -231,16 +231,26 @@ def syntax(path: Path) -> str:
     return ast.dump(tree)
 
 
+def _setting(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None) -> dict:
+    """What a run computes but the code: its config (less where results go), weights, data and record version."""
+    content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_IDENTITY}
+    artifacts = loaded_weights(cfg) if artifacts is None else artifacts
+    return content | {"artifacts": artifacts, "data": data_fingerprint, "record_version": RECORD_VERSION}
+
+
 def run_name(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None = None) -> str:
     """`<model>-<method>-<dataset>-<decoding>-<hash of config, weights, data, code and record version>`;
     `artifacts`: the `loaded_weights(cfg)`, when the caller has them already."""
     if cfg.run_name:
         return cfg.run_name
-    content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_IDENTITY}
-    artifacts = loaded_weights(cfg) if artifacts is None else artifacts
-    content.update(artifacts=artifacts, data=data_fingerprint, code=code_fingerprint(cfg.method.name),
-                   record_version=RECORD_VERSION)
+    content = _setting(cfg, data_fingerprint, artifacts) | {"code": code_fingerprint(cfg.method.name)}
     return f"{cfg.model.name}-{cfg.method.name}-{cfg.dataset.name}-{cfg.decoding.name}-{config_hash(content)}"
+
+
+def setting_key(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None = None) -> str:
+    """A hash of what a run computes but the code: complete runs with this key (`metrics.json`) and another name
+    were decoded by other code, and are kept but never reused."""
+    return config_hash(_setting(cfg, data_fingerprint, artifacts))
 
 
 def reference_key(cfg: DictConfig, data_fingerprint: str) -> str:

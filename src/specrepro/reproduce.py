@@ -246,12 +246,14 @@ def made_already(stage: dict, work_dir: Path, overrides: list[str]) -> str | Non
 def runs_done(stage: dict, work_dir: Path, overrides: list[str]) -> str:
     """How many of a run stage's runs (its sweep points, as Hydra's basic sweeper expands them: the experiment's
     `hydra.sweeper.params`, then the command line's) have a complete record under their current name in
-    `work_dir`, or what they wait for (an artifact not trained yet)."""
+    `work_dir`, and how many others have one decoded by other code (to be decoded anew), or what they wait for (an
+    artifact not trained yet)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from specrepro.data import load_records
-    from specrepro.identity import records_fingerprint, run_name
+    from specrepro.identity import records_fingerprint, run_name, setting_key
+    from specrepro.runner import decoded_by_other_code
     from specrepro.tracking import RunRecord
 
     command = stage_command(stage, work_dir, work_dir, overrides, "")
@@ -261,14 +263,18 @@ def runs_done(stage: dict, work_dir: Path, overrides: list[str]) -> str:
     [base] = composed(stage, "run", [fixed], hydra_node=True)
     params = [f"{key}={value}" for key, value in (base.hydra.sweeper.get("params") or {}).items()]
     [jobs] = BasicSweeper.split_arguments(parser.parse_overrides(params + arguments), None)
-    done = 0
+    done = superseded = 0
     for cfg in composed(stage, "run", jobs):
         try:
-            name = run_name(cfg, records_fingerprint(load_records(cfg.dataset)))
+            data = records_fingerprint(load_records(cfg.dataset))
+            name = run_name(cfg, data)
         except SpecReproError as exc:  # an artifact it loads is not trained yet (by an earlier stage)
             return f"{len(jobs)} run(s), not startable yet: {one_line(exc).split(' under ')[0]}"
-        done += RunRecord(work_dir / "runs" / name).complete
-    return f"{done} of {len(jobs)} run(s) done"
+        complete = RunRecord(work_dir / "runs" / name).complete
+        done += complete
+        superseded += not complete and bool(decoded_by_other_code(work_dir, setting_key(cfg, data), name))
+    other_code = f" ({superseded} more decoded by other code: decoded anew)" if superseded else ""
+    return f"{done} of {len(jobs)} run(s) done{other_code}"
 
 
 def run_stage(command: list[str], work_dir: Path) -> tuple[int, float, list[str]]:

@@ -27,7 +27,7 @@ from specrepro.metrics.speed import (impossible_generation, impossible_metrics, 
 from specrepro.models import LoadedModel, ModelLoader
 from specrepro.decoding.steps import BACKENDS, EagerSteps
 from specrepro.identity import (code_fingerprint, loaded_weights, records_fingerprint, reference_key, resolved_artifacts,
-                                run_name)
+                                run_name, setting_key)
 from specrepro.provenance import now, provenance
 from specrepro.reuse import note_reused
 from specrepro.tracking import RunRecord, complete_runs, log_to_wandb
@@ -186,6 +186,12 @@ def reference_samples(reference: RunRecord, records: list) -> list[dict]:
     return rows
 
 
+def decoded_by_other_code(results_dir, setting: str, name: str) -> list[str]:
+    """The names of the complete runs of this setting (`setting_key`) but not of this name: other code made them."""
+    return sorted(run.dir.name for run in complete_runs(results_dir)
+                  if run.metrics.get("setting_key") == setting and run.dir.name != name)
+
+
 def find_reference(cfg: DictConfig, ref_key: str) -> RunRecord | None:
     """The newest complete `ar` run with the same reference key."""
     candidates = [run for run in complete_runs(cfg.results_dir)
@@ -274,8 +280,12 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
     rows = record.start(cfg, cfg.resume)
     started_at = record.started_at()
     done = {row["id"] for row in rows}
+    setting = setting_key(cfg, fingerprint, identities)
     if rows:
         note_reused(f"{len(rows)} samples of run {name}")
+    elif superseded := decoded_by_other_code(cfg.results_dir, setting, name):
+        log.info("run %s: %d record(s) of this setting were decoded by other code (%s); they are kept, not reused",
+                 name, len(superseded), ", ".join(superseded))
     todo = [(i, r) for i, r in enumerate(records) if r.id not in done]
     compile_time = compile_steps_for(longest_prompt + cfg.decoding.max_new_tokens, [decoder, *baselines.values()]) \
         if todo else 0.0
@@ -303,6 +313,7 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
         decoding=cfg.decoding.name,
         n_samples=len(rows),
         data_fingerprint=fingerprint,
+        setting_key=setting,  # all it computes but the code: runs of one key and other names had other code
         code_fingerprint=code_fingerprint(cfg.method.name),  # the code it decoded with (identity.code_fingerprint)
         reference_key=ref_key,
         reference_run=reference.dir.name if reference else None,
