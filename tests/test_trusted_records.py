@@ -102,7 +102,7 @@ def test_an_edited_dataset_file_is_a_new_run_and_never_reuses_the_old_reference(
     assert "already complete" in out.stdout + out.stderr and len(run_dirs(tmp_path)) == 3
 
 
-def test_code_counts_as_its_syntax_so_comments_docstrings_and_wrapping_are_the_same_code(tmp_path):
+def test_code_counts_as_its_syntax_so_comments_docstrings_and_wrapping_are_the_same_code():
     from specrepro.identity import syntax
 
     versions = {
@@ -111,23 +111,34 @@ def test_code_counts_as_its_syntax_so_comments_docstrings_and_wrapping_are_the_s
                      "    return (tokens[-1:]  # the last one\n            * k)\n",
         "fixed": "def draft(tokens, k):\n    return tokens[-2:-1] * k\n",
     }
-    forms = {}
-    for name, text in versions.items():
-        (tmp_path / f"{name}.py").write_text(text)
-        forms[name] = syntax(tmp_path / f"{name}.py")
+    forms = {name: syntax(text) for name, text in versions.items()}
     assert forms["plain"] == forms["commented"] != forms["fixed"]
 
 
 def test_a_methods_code_is_the_runner_and_what_its_module_imports_not_the_other_methods():
     from specrepro.identity import PACKAGE, code_fingerprint, imported_modules
 
-    modules = imported_modules({"specrepro.runner": PACKAGE / "runner.py",
-                                "specrepro.decoding.eesd": PACKAGE / "decoding" / "eesd.py"})
+    modules = imported_modules({"specrepro.runner": (PACKAGE / "runner.py").read_text(),
+                                "specrepro.decoding.eesd": (PACKAGE / "decoding" / "eesd.py").read_text()})
     assert {"specrepro.decoding.verify", "specrepro.decoding.steps", "specrepro.decoding.ar", "specrepro.data.prompts",
             "specrepro.metrics.speed", "specrepro.training.artifacts"} <= set(modules)  # the last: inside a function
     assert not {"specrepro.decoding.space", "specrepro.decoding.self_sd", "specrepro.tables"} & set(modules)
     assert code_fingerprint("cllm") == code_fingerprint("jacobi")  # one module
     assert len({code_fingerprint(method) for method in ("ar", "eesd", "space", "self_sd")}) == 4
+
+
+def test_a_decoder_whose_source_cannot_be_read_is_refused_in_one_line(monkeypatch):
+    """A run is named by its code: a decoder class defined where no source is kept (exec'd text, a notebook cell on
+    Python < 3.13) cannot be, and says so rather than naming runs by nothing."""
+    from specrepro import registry
+    from specrepro.identity import code_fingerprint
+
+    namespace = {"__name__": "made_in_a_cell"}
+    exec("from specrepro.decoding.ar import ARDecoder\nclass CellDecoder(ARDecoder):\n    name = 'cell'\n", namespace)
+    registry.load()
+    monkeypatch.setitem(registry.METHODS, "cell", registry.Method(namespace["CellDecoder"], registry.MethodConfig))
+    with pytest.raises(SpecReproError, match="the source of CellDecoder cannot be read.*define it in a module"):
+        code_fingerprint("cell")
 
 
 def test_a_record_made_by_other_code_is_a_new_run_and_the_unchanged_reference_is_reused(tmp_path, monkeypatch):

@@ -16,12 +16,13 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import sys
+import textwrap
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
 import torch
-
 from huggingface_hub import try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError
 from omegaconf import DictConfig, OmegaConf
@@ -167,31 +168,48 @@ def code_fingerprint(method: str) -> str:
     comment, docstring or line wrap is the same code, and a fixed bug in one method re-decodes that method's runs
     (a changed runner or verification, every method's)."""
     registry.load()
-    module = registry.method(method).decoder.__module__
-    return _fingerprint_of_modules(module, Path(inspect.getfile(registry.method(method).decoder)))
+    decoder = registry.method(method).decoder
+    return _fingerprint_of_modules(decoder.__module__, decoder_source(method, decoder))
+
+
+def decoder_source(method: str, decoder: type) -> str:
+    """The text of the decoder's module, or, for a class defined where no module file is (a notebook cell), of the
+    class itself."""
+    file = getattr(sys.modules.get(decoder.__module__), "__file__", None)
+    if file and Path(file).is_file():
+        return Path(file).read_text()
+    try:
+        return textwrap.dedent(inspect.getsource(decoder))
+    except (OSError, TypeError):
+        raise SpecReproError(f"method '{method}': the source of {decoder.__qualname__} cannot be read, so its runs "
+                             "cannot be named by their code; define it in a module (SPECREPRO_PLUGINS)") from None
 
 
 @lru_cache(maxsize=None)
-def _fingerprint_of_modules(module: str, module_file: Path) -> str:
+def _fingerprint_of_modules(module: str, source: str) -> str:
     digest = hashlib.sha256()
-    for name, path in sorted(imported_modules({"specrepro.runner": PACKAGE / "runner.py", module: module_file}).items()):
-        digest.update(f"{name}\0{syntax(path)}\0".encode())
+    roots = {"specrepro.runner": (PACKAGE / "runner.py").read_text(), module: source}
+    for name, text in sorted(imported_modules(roots).items()):
+        digest.update(f"{name}\0{syntax(text)}\0".encode())
     digest.update(f"torch {torch.__version__}, transformers {metadata.version('transformers')}".encode())
     return digest.hexdigest()[:16]
 
 
-def imported_modules(roots: dict[str, Path]) -> dict[str, Path]:
-    """`roots` (module name -> file) and every module of this package they import, directly or through others,
-    with the packages that hold them (their `__init__` runs too); imports inside functions count."""
-    found: dict[str, Path] = {}
-    todo = list(roots.items())
+def imported_modules(roots: dict[str, str]) -> dict[str, str]:
+    """`roots` (module name -> source text) and every module of this package they import, directly or through
+    others, with the packages that hold them (their `__init__` runs too); imports inside functions count."""
+    found: dict[str, str] = {}
+    todo = [(name, text, False) for name, text in roots.items()]
     while todo:
-        name, path = todo.pop()
-        if name in found or path is None:
+        name, text, is_package = todo.pop()
+        if name in found or text is None:
             continue
-        found[name] = path
+        found[name] = text
         parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]
-        todo += [(other, _package_file(other)) for other in parents + _imports(path, name)]
+        for other in parents + _imports(text, name if is_package else name.rpartition(".")[0]):
+            file = None if other in found else _package_file(other)
+            if file is not None:
+                todo.append((other, file.read_text(), file.name == "__init__.py"))
     return found
 
 
@@ -204,11 +222,11 @@ def _package_file(module: str) -> Path | None:
     return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
 
 
-def _imports(path: Path, name: str) -> list[str]:
-    """The modules `path` (module `name`) imports, and for `from m import x` also `m.x` (x may be a module)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+def _imports(text: str, package: str) -> list[str]:
+    """The modules a module's source imports (`package`: the one relative imports start from), and for
+    `from m import x` also `m.x` (x may be a module)."""
     names = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -220,9 +238,9 @@ def _imports(path: Path, name: str) -> list[str]:
     return names
 
 
-def syntax(path: Path) -> str:
+def syntax(text: str) -> str:
     """A module's code as its syntax tree, without docstrings: what comments, docstrings and layout do not change."""
-    tree = ast.parse(path.read_text())
+    tree = ast.parse(text)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
                 and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
