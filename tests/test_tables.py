@@ -471,11 +471,22 @@ def test_a_table_whose_runs_loaded_other_weights_or_data_under_one_name_says_so(
     assert "Unrecorded weights" not in md and "Mixed weights" not in md
     path.write_text(json.dumps({**old_record, "training_minutes": 12.5}))
     md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "five").read_text()
-    assert ("- Unrecorded weights: runs [1] predate records of the weights a run loads (`artifacts` in "
-            "metrics.json); nothing shows they loaded the contents runs of their model recorded "
-            "(sps_draft-m-1234: bbbb)") in md.splitlines()
-    path.write_text(json.dumps({**old_record, "training_minutes": 12.5, "model": "another"}))  # its own weights
+    assert "Unrecorded weights" not in md  # nothing in its config names the draft pld-run recorded
+    for run, draft in (("ar-run", "sps_draft"), ("pld-run", "sps_draft")):
+        (records / "runs" / run / "config.yaml").write_text(f"method: {{name: {run[:-4]}, draft: {{id: {draft}}}}}\n")
     md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "six").read_text()
+    assert ("- Unrecorded weights: runs [1] predate records of the weights a run loads (`artifacts` in "
+            "metrics.json); nothing shows they loaded the contents runs naming the same artifacts recorded "
+            "(sps_draft-m-1234: bbbb)") in md.splitlines()
+    (records / "runs" / "ar-run" / "config.yaml").write_text("method: {name: ar, draft: {id: a/sps_draft-m-1234}}\n")
+    md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "path").read_text()
+    assert "- Unrecorded weights: runs [1] predate" in md  # named by a path to it
+    (records / "runs" / "ar-run" / "config.yaml").write_text("method: {name: ar, draft: {id: sps_draft_general}}\n")
+    md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "seven").read_text()
+    assert "Unrecorded weights" not in md  # another draft: the recorded one's digest says nothing of it
+    (records / "runs" / "ar-run" / "config.yaml").write_text("method: {name: ar, draft: {id: sps_draft}}\n")
+    path.write_text(json.dumps({**old_record, "training_minutes": 12.5, "model": "another"}))  # its own weights
+    md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "eight").read_text()
     assert "Unrecorded weights" not in md
 
     for run, fingerprint in (("ar-run", "d1"), ("pld-run", "d2")):  # one dataset setting, its file edited between

@@ -449,24 +449,44 @@ def provenance_footer(runs: list[RunInfo], command: str) -> list[str]:
     return lines
 
 
+def _model_settings(run: RunInfo) -> dict[str, str]:
+    """Each string setting of a run's `model` and `method` configs (dotted key -> value): where an artifact
+    reference can be."""
+    def flat(node, prefix: str):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield from flat(value, f"{prefix}.{key}")
+        elif isinstance(node, str) and node:
+            yield prefix, node
+    return {key: value for part in ("model", "method") for key, value in flat(run.config.get(part), part)}
+
+
+def _names(value: str, artifact: str) -> bool:
+    """Whether a setting names a trained artifact: its exact name, the prefix it is found by (`sps_draft` for
+    `sps_draft-<model>-<hash>`) or a path to it."""
+    return bool(value) and (artifact in (value, Path(value).name) or artifact.startswith(f"{value}-"))
+
+
 def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]:
     """A line for each input this table's runs share by name but not by content: a trained artifact or checkpoint
     retrained between them ("Mixed weights"), a dataset whose records changed between them ("Mixed data"), or a
     method whose code changed between them (`code_fingerprint`: "Mixed code"), with which runs had which content:
     their cells do not come from one model, the same prompts, or one decoder. Runs that load
-    trained weights but predate records of them ("Unrecorded weights"), beside runs of the same model that record
-    theirs, get a line too: nothing shows they loaded the same contents (another model's weights say nothing)."""
+    trained weights but predate records of them ("Unrecorded weights"), beside runs of the same model that recorded
+    an artifact their config names with every setting the recording run's did (`method.draft.id=sps_draft` for
+    `sps_draft-<model>-<hash>`), get a line too: nothing shows they loaded the same contents (other artifacts' weights say nothing)."""
     weights: dict[str, dict[str, list[str]]] = {}  # artifact name -> content digest -> footnote marks
     data: dict[tuple[str, str], dict[str, list[str]]] = {}  # (label, dataset setting) -> records fingerprint -> marks
-    unrecorded: list[tuple[str, str]] = []  # (mark, model) of runs with trained weights and no `artifacts` record
-    recorded: dict[str, dict[str, list[str]]] = {}  # model -> artifact name -> content digests its runs recorded
+    unrecorded: list[tuple[str, RunInfo]] = []  # (mark, run) of runs with trained weights and no `artifacts` record
+    recorded: dict[tuple[str, tuple[str, ...]], dict[str, list[str]]] = {}  # (model, keys naming it) -> name -> digests
     code: dict[str, dict[str, list[str]]] = {}  # "<method>'s code" -> code fingerprint -> marks
     for mark, run in ((f"[{i}]", by_name[name]) for i, name in enumerate(footnotes, 1) if name in by_name):
         if "artifacts" not in run.metrics and run.metrics.get("training_minutes") != 0:
-            unrecorded.append((mark, str(run.metrics.get("model"))))
+            unrecorded.append((mark, run))
         for artifact in (run.metrics.get("artifacts") or {}).values():
             weights.setdefault(artifact["name"], {}).setdefault(artifact["content_digest"], []).append(mark)
-            digests = recorded.setdefault(str(run.metrics.get("model")), {}).setdefault(artifact["name"], [])
+            keys = tuple(key for key, value in _model_settings(run).items() if _names(value, artifact["name"]))
+            digests = recorded.setdefault((str(run.metrics.get("model")), keys), {}).setdefault(artifact["name"], [])
             digests += [artifact["content_digest"]] if artifact["content_digest"] not in digests else []
         dataset = run.config.get("dataset") or {}
         if dataset and run.metrics.get("data_fingerprint"):  # one dataset setting: the same records expected
@@ -482,11 +502,15 @@ def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]
                 + "; ".join(f"{' '.join(marks)}: {content}" for content, marks in by_content.items()) + f"): {why}"
                 for name, by_content in found if len(by_content) > 1]
 
-    suspects = [(mark, model) for mark, model in unrecorded if model in recorded]
-    others = {name: digests for _, model in suspects for name, digests in recorded[model].items()}
-    unverified = [f"- Unrecorded weights: runs {' '.join(mark for mark, _ in suspects)} predate records of the "
-                  "weights a run loads (`artifacts` in metrics.json); nothing shows they loaded the contents runs of "
-                  "their model recorded ("
+    suspects = {mark: {name: digests for (model, keys), named in recorded.items() for name, digests in named.items()
+                       if model == str(run.metrics.get("model")) and keys
+                       and all(_names(_model_settings(run).get(key, ""), name) for key in keys)}
+                for mark, run in unrecorded}
+    suspects = {mark: named for mark, named in suspects.items() if named}
+    others = {name: digests for named in suspects.values() for name, digests in named.items()}
+    unverified = [f"- Unrecorded weights: runs {' '.join(suspects)} predate records of the "
+                  "weights a run loads (`artifacts` in metrics.json); nothing shows they loaded the contents runs "
+                  "naming the same artifacts recorded ("
                   + "; ".join(f"{name}: {', '.join(digests)}" for name, digests in others.items()) + ")"
                   ] if suspects else []
     return (lines("weights", list(weights.items()), "loaded",
