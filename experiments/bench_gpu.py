@@ -12,8 +12,9 @@ Arms, interleaved per prompt in one process (greedy, the same GSM8K prompts):
   method.k=3"`): eager and, where the method supports it, compiled; the figures name the artifacts each loaded.
 Prints each arm's throughput, the weight-reading bound (weight bytes over the card's copy bandwidth, measured
 here), compiled over eager `ar`, our compiled `ar` over transformers' compiled `generate`, each speculative
-arm's paired speedup over eager `ar` (a compiled arm also over compiled `ar`) and MAT, and which outputs are
-token-identical. Compile times are reported apart. With --json the figures are written after every timed
+arm's paired speedup over eager `ar` (a compiled arm also over compiled `ar`), MAT and drafting milliseconds per
+round (device-synced: what compiling a draft model or head saves shows between an eager and a compiled arm), and
+which outputs are token-identical. Compile times are reported apart. With --json the figures are written after every timed
 prompt (`prompts` says how many), so a run cut off by a lent machine's limit keeps what it measured; --markdown
 writes them as a results page. `--device cpu` asks the same of a CPU (inductor compiles C++ there).
 Run: python experiments/bench_gpu.py [--limit 5] [--max-new-tokens 256] [--json out.json] [--markdown out.md]
@@ -92,6 +93,13 @@ def method_arms(presets: str, target, stock: LoadedModel, loader) -> tuple[dict,
     return arms, specs
 
 
+def draft_ms_per_round(rows: list[dict]) -> float:
+    """Milliseconds an arm spent drafting (its decoder's device-synced draft phase) per verification round after
+    the prompt's; 0.0 for a method with no draft phase (Jacobi, SPACE draft inside verification)."""
+    rounds = sum(len(r["accepted"] or []) for r in rows)
+    return 1e3 * sum(r["draft_seconds"] for r in rows) / rounds if rounds else 0.0
+
+
 def weights(identities: dict) -> str:
     """Trained artifacts or checkpoints (role -> name, content digest) in a line: which weights were timed."""
     return "; ".join(f"{role} `{w['name']}` (content {w['content_digest']})" for role, w in identities.items())
@@ -100,6 +108,7 @@ def weights(identities: dict) -> str:
 def markdown(figures: dict) -> str:
     """The figures as a results page: one row per arm, the bounds and ratios, then the provenance."""
     prov, rate, speculative = figures["provenance"], figures["tok_per_s"], figures["speculative"]
+    drafting = any(row.get("draft_ms_per_round") for row in speculative.values())  # recorded since it was measured
     over_eager = {"ar_eager": 1.0, "ar_compiled": figures["ar_compiled_over_eager"],
                   **{arm: row["over_ar_eager"] for arm, row in speculative.items()}}
     lines = [
@@ -113,15 +122,17 @@ def markdown(figures: dict) -> str:
         " committed, round for round, the tokens its eager arm did (lossless either way; a compiled draft that"
         " drafts differently shows here, as can fp32 rounding flipping a near-tied draft token).",
         "",
-        "| arm | tok/s | over eager `ar` | over compiled `ar` | MAT | token-identical to eager `ar` |"
-        " rounds as its eager arm's |",
-        "|---|---|---|---|---|---|---|",
+        "| arm | tok/s | over eager `ar` | over compiled `ar` | MAT |" + (" draft ms / round |" if drafting else "")
+        + " token-identical to eager `ar` | rounds as its eager arm's |",
+        "|---|---|---|---|---|---|---|" + ("---|" if drafting else ""),
     ]
     for arm, tok_s in rate.items():
         row = speculative.get(arm, {})
         cells = [f"{over_eager[arm]:.2f}x" if arm in over_eager else "–",
                  f"{row['over_ar_compiled']:.2f}x" if "over_ar_compiled" in row else "–",
                  f"{row['mat']:.2f}" if "mat" in row else "–"]
+        if drafting:
+            cells.append(f"{row['draft_ms_per_round']:.2f}" if row.get("draft_ms_per_round") else "–")
         same_rounds = f"{row['rounds_as_eager']}/{figures['prompts']}" if "rounds_as_eager" in row else "–"
         lines.append(f"| `{arm}` | {tok_s:.1f} | {' | '.join(cells)} | "
                      f"{figures['identical_to_ar_eager'][arm]}/{figures['prompts']} | {same_rounds} |")
@@ -197,9 +208,9 @@ def main() -> None:
 
     def run(arm: str, ids: list[int], max_new_tokens: int):
         if arm in GENERATE_ARMS:
-            return *timed_generate(stock, ids, max_new_tokens, eos, arm == "generate_compiled", args.backend), None, None
+            return *timed_generate(stock, ids, max_new_tokens, eos, arm == "generate_compiled", args.backend), None, None, 0.0
         gen = decoders[arm].generate(ids, greedy, max_new_tokens)
-        return gen.token_ids, gen.wall_time, gen.steps, gen.accepted
+        return gen.token_ids, gen.wall_time, gen.steps, gen.accepted, gen.draft_time
 
     def progress(message: str) -> None:  # on stderr as it happens: a run cut off by a lent machine's limit shows where
         print(f"[{time.perf_counter() - began:6.0f} s] {message}", file=sys.stderr, flush=True)
@@ -251,7 +262,8 @@ def main() -> None:
                                       "rounds_as_eager": identical(arm, arm.removesuffix("_compiled") + "_eager",
                                                                    "accepted")}
                                      if arm.endswith("_compiled") else {}),
-                                  "mat": sum(len(r["tokens"]) - 1 for r in results[arm]) / sum(r["steps"] for r in results[arm])}
+                                  "mat": sum(len(r["tokens"]) - 1 for r in results[arm]) / sum(r["steps"] for r in results[arm]),
+                                  "draft_ms_per_round": draft_ms_per_round(results[arm])}
                             for arm in speculative},
             "identical_to_ar_eager": {arm: identical(arm, "ar_eager") for arm in arms},
             "compile_or_first_call_s": compile_s,
@@ -260,8 +272,9 @@ def main() -> None:
     progress("timing")
     for i, ids in enumerate(tqdm(prompts, desc="prompts", file=sys.stderr)):
         for arm in arms[i % len(arms):] + arms[: i % len(arms)]:  # rotate the order between prompts
-            tokens, seconds, steps, accepted = run(arm, ids, args.max_new_tokens)
-            results[arm].append({"tokens": tokens, "seconds": seconds, "steps": steps, "accepted": accepted})
+            tokens, seconds, steps, accepted, draft_seconds = run(arm, ids, args.max_new_tokens)
+            results[arm].append({"tokens": tokens, "seconds": seconds, "steps": steps, "accepted": accepted,
+                                 "draft_seconds": draft_seconds})
         if args.json:  # after every prompt: a run cut off by a lent machine's limit keeps the prompts it timed
             atomic_write(Path(args.json), json.dumps(summary(), indent=1) + "\n")
 
@@ -279,7 +292,8 @@ def main() -> None:
     for arm, row in figures["speculative"].items():
         print(f"{arm:26} MAT {row['mat']:.2f}  over eager ar {row['over_ar_eager']:.2f}x"
               + (f"  over compiled ar {row['over_ar_compiled']:.2f}x  rounds as its eager arm's "
-                 f"{row['rounds_as_eager']}/{len(prompts)}" if "over_ar_compiled" in row else ""))
+                 f"{row['rounds_as_eager']}/{len(prompts)}" if "over_ar_compiled" in row else "")
+              + (f"  drafting {row['draft_ms_per_round']:.2f} ms/round" if row["draft_ms_per_round"] else ""))
 
 
 if __name__ == "__main__":

@@ -51,6 +51,9 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     assert figures["eager_wide_steps"] == {"eesd1_compiled": 17}
     assert "run eagerly: `eesd1_compiled` (up to 17 rows)" in page
     assert "| `eesd1_compiled` |" in page and page.count(" | 2/2 | 2/2 |") == 3  # pld, jacobi, eesd1 compiled
+    drafting = {arm: row["draft_ms_per_round"] for arm, row in figures["speculative"].items()}
+    assert drafting["eesd1_eager"] > 0 and drafting["eesd1_compiled"] > 0 and drafting["jacobi_eager"] == 0.0
+    assert "| MAT | draft ms / round |" in page and f"| {drafting['eesd1_eager']:.2f} |" in page
 
 
 def test_two_method_arms_of_one_name_are_refused_in_one_line(tmp_path):

@@ -47,9 +47,8 @@ def compiled_target():
 
 
 def compiled_decoders(model, draft):
-    def sar(tree_width):  # its target steps return hidden states too (`steps.with_hidden`)
-        head = head_for(model, "block", 4, 16, 1, False).eval()
-        return SARDraftDecoder(model, None, head, SARDraftConfig(variant="block", k=3, k_max=4, tree_width=tree_width))
+    def sar(tree_width, variant="block"):  # its target steps return hidden states too (`steps.with_hidden`)
+        return sar_decoder(model, variant, tree_width=tree_width)
 
     def eesd(exit_layer=True, **cfg):  # its draft runs layer 0 and its exit layer, its verification layer 1
         head = EarlyExitHead(model, num_layers=1, exit_layer=exit_layer).eval()
@@ -62,6 +61,9 @@ def compiled_decoders(model, draft):
         "sps": SPSDecoder(model, None, draft, 4, "fixed", 16),
         "sar_draft": sar(1),
         "sar_draft_tree": sar(4),
+        "sar_draft_simplified": sar(1, "simplified"),  # the paper's head, compiled as the others
+        "sar_draft_transformer": sar(1, "transformer"),
+        "sar_draft_lstm": sar(1, "lstm"),  # drafts eagerly: dynamo cannot capture nn.LSTM
         "jacobi": JacobiDecoder(model, block_size=4),  # a shrinking state: widths 4, 3, 2, 1
         "jacobi_sliding": JacobiDecoder(model, block_size=16, sliding=True),
         "space": SpaceDecoder(model, None, MASK, k=3),  # a 16-slot block with its custom mask, hidden states only
@@ -74,6 +76,12 @@ def compiled_decoders(model, draft):
     }
 
 
+def sar_decoder(model, variant: str, steps=None, **cfg) -> SARDraftDecoder:
+    """sar_draft with a random head of `variant` (k = 3 a round unless `cfg` says otherwise)."""
+    head = head_for(model, variant, 4, 16, 1, False).eval()
+    return SARDraftDecoder(model, None, head, SARDraftConfig(variant=variant, **{"k": 3, "k_max": 4, **cfg}), steps)
+
+
 def self_sd_decoders(model):
     """Draft & Verify on the 2-layer target: a draft that skips layer 0's attention and layer 1's MLP."""
     return {"self_sd": SelfSDDecoder(model, None, [0], [1], SelfSDConfig(control="adaptive", k=6)),
@@ -84,8 +92,8 @@ def self_sd_decoders(model):
 
 
 MASK = 63  # SPACE's mask token on the tiny target (untrained: its drafts are poor, its output still ar's)
-COMPILABLE = ["ar", "pld", "pld_heuristic", "sps", "sar_draft", "sar_draft_tree", "jacobi", "jacobi_sliding", "space",
-              "space_wide", "eesd", "eesd_beta_ts", "eesd_tree", "eesd_without_exit_layer", "self_sd", "self_sd_tree",
+COMPILABLE = ["ar", "pld", "pld_heuristic", "sps", "sar_draft", "sar_draft_tree", "sar_draft_simplified",
+              "sar_draft_transformer", "sar_draft_lstm", "jacobi", "jacobi_sliding", "space", "space_wide", "eesd", "eesd_beta_ts", "eesd_tree", "eesd_without_exit_layer", "self_sd", "self_sd_tree",
               "self_sd_draft_vocab"]
 
 
@@ -152,6 +160,7 @@ WARMED = {  # decoders whose compiled steps include graphs beyond the widths: EE
     "self_sd": lambda model: [self_sd_decoders(model)["self_sd"]],
     "eesd_and_self_sd": lambda model: [warmed_eesd(model), self_sd_decoders(model)["self_sd"]],  # one warm-up
     "sps_compiled_draft": lambda model: [sps_with_compiled_draft(model, tree_width=3, draft_vocab=True)],
+    "sar_draft_head": lambda model: [sar_decoder(model, "simplified", k=2, controller="heuristic", k_max=4)],
 }
 
 
@@ -189,6 +198,25 @@ def test_a_compiled_draft_drafts_what_the_eager_one_does(compiled_target, name):
     for prompt in prompts():
         ours, theirs = compiled.generate(prompt, GREEDY, 40), eager.generate(prompt, GREEDY, 40)
         assert (ours.token_ids, ours.accepted, ours.drafted) == (theirs.token_ids, theirs.accepted, theirs.drafted)
+
+
+@pytest.mark.parametrize("variant", ["simplified", "block", "transformer"])
+def test_a_compiled_sar_head_drafts_what_the_eager_one_does(compiled_target, variant):
+    """The SAR head's forward, compiled (a graph per prefix length), gives the eager head's logits on every prefix
+    length a round reaches, and the rounds and output equal an eager decoder's; recurrent heads stay eager."""
+    compiled = sar_decoder(compiled_target, variant, tree_width=2)
+    eager = sar_decoder(compiled_target, variant, EagerSteps(compiled_target), tree_width=2)
+    eager.head = compiled.head
+    assert compiled.compiled_head and not eager.compiled_head and len(compiled.drafter_calls) == 3
+    hp = torch.randn(compiled_target.config.hidden_size)
+    with torch.inference_mode():
+        for j in range(1, 4):
+            prefix = torch.randint(0, 64, (j,))
+            torch.testing.assert_close(compiled.next_draft_logits(hp, prefix), eager.next_draft_logits(hp, prefix))
+    for prompt in prompts():
+        ours, theirs = compiled.generate(prompt, GREEDY, 40), eager.generate(prompt, GREEDY, 40)
+        assert (ours.token_ids, ours.accepted, ours.drafted) == (theirs.token_ids, theirs.accepted, theirs.drafted)
+    assert not sar_decoder(compiled_target, "lstm").compiled_head
 
 
 @pytest.mark.parametrize("tree_width, draft_vocab", [(1, False), (3, True)])

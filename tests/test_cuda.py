@@ -18,6 +18,7 @@ from specrepro.decoding.sps import SPSDecoder
 from specrepro.decoding.steps import STEPS_ATTRIBUTE, CompiledSteps, EagerSteps
 from specrepro.models.kernels import set_linear_kernel
 from specrepro.models.loading import dispatched
+from specrepro.runner import compile_steps_for
 from tests.conftest import tiny_llama
 from tests.test_decoding import decoders, prompts
 from tests.test_lossless_sampling import exact_distribution, p_value
@@ -62,18 +63,18 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
     setattr(target, STEPS_ATTRIBUTE, steps)
     eager_ar = ARDecoder(target, steps=EagerSteps(target))
     head = head_for(target, "block", 4, 16, 1, False).to(CUDA).eval()
+    paper_head = head_for(target, "simplified", 4, 16, 1, False).to(CUDA).eval()  # its forward compiled too
     compiled = {"ar": ARDecoder(target), "pld": PLDDecoder(target, None, PLDConfig()),
                 "sps": SPSDecoder(target, None, draft, 4, "fixed", 16),
                 "sps_compiled_draft": SPSDecoder(target, None, compiled_draft, 4, "fixed", 16, tree_width=3),
                 "sar_draft": SARDraftDecoder(target, None, head, SARDraftConfig(variant="block", k=3, k_max=4, tree_width=4)),
+                "sar_draft_simplified": SARDraftDecoder(target, None, paper_head, SARDraftConfig(k=3, k_max=4)),
                 "jacobi": JacobiDecoder(target, block_size=6),
                 "space_untrained_masks": SpaceDecoder(target, None, mask_id=0, k=3),
                 "eesd": EESDDecoder(target, None, EarlyExitHead(target, 2, True, False).to(CUDA).eval(),
                                     EESDConfig(num_layers=2, control="fixed", k=3, tree_width=2)),
                 "self_sd": SelfSDDecoder(target, None, [1, 3], [0, 2], SelfSDConfig(control="adaptive", k=5))}
-    steps.warm_up(max_width=16, length=80, hidden=True, slices=compiled["eesd"].layer_slices,
-                  variants=compiled["self_sd"].step_variants)
-    draft_steps.warm_up(max_width=2, length=80)
+    compile_steps_for(80, list(compiled.values()))  # as the runner does: widths, slices, states, draft and head steps
     for name, decoder in compiled.items():
         for prompt in prompts():
             assert decoder.generate(prompt, Sampling(), 40).token_ids == eager_ar.generate(prompt, Sampling(), 40).token_ids, name

@@ -340,15 +340,16 @@ def training_minutes(artifacts, decoder) -> float | None:
 
 def compile_steps_for(length: int, decoders) -> float:
     """With `hardware.compile`: size the static caches for `length` positions (the longest first-turn prompt plus
-    the budget) and compile every step width the decoders can take, the target's and a draft model's, outside the
-    timed region; returns the seconds it took."""
+    the budget) and compile every step width the decoders can take, the target's and a draft model's, and their
+    drafters' own steps (a draft head's), outside the timed region; returns the seconds it took."""
     steps = decoders[0].steps
     if not steps.compiled:
         return 0.0
     seconds = steps.warm_up(max(d.max_step_width for d in decoders), length,
                             hidden=any(d.reads_hidden_states for d in decoders),
                             slices=[piece for d in decoders for piece in d.layer_slices],
-                            variants=[variant for d in decoders for variant in d.step_variants])
+                            variants=[variant for d in decoders for variant in d.step_variants],
+                            calls=[call for d in decoders for call in d.drafter_calls])
     for draft_steps, width, hidden in (entry for d in decoders for entry in d.draft_model_steps):
         if draft_steps.compiled:
             seconds += draft_steps.warm_up(width, length, hidden=hidden)

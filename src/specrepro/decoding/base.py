@@ -99,6 +99,7 @@ class Decoder(ABC):
     layer_slices: list = []  # (cache name, layers) it runs through `steps.layers` itself (compiled steps warm them up)
     step_variants: list = []  # (name, state context, reads hidden) of model states it drafts in, one token a step
     draft_model_steps: list = []  # (steps, widest step, reads hidden) of a draft model's own: warmed up beside the target's
+    drafter_calls: list = []  # (drafter step, inputs) of each input shape its `steps.drafter_step`s take: warmed up too
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, steps: EagerSteps | None = None):
         self.model = model

@@ -21,11 +21,14 @@ against their size (SmolLM2-135M: a 2P x V W_3 is 75% of the target). `draft_voc
 W_3 is then 2P x V, or the shared head is the target's V rows, frozen.
 Token tree (`tree_width` w > 1, beyond the paper, as Medusa's trees): the head's next w - 1 best tokens at the
 first draft position join the chain as siblings of its first node (`DraftVerifyDecoder.with_first_siblings`).
+`hardware.compile`: the head's forward runs compiled too (`steps.drafter_step`, a graph per prefix length), but
+for lstm and redrafter, whose nn.LSTM / nn.RNN dynamo cannot capture: those heads draft eagerly.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +46,10 @@ from specrepro.errors import SpecReproError
 from specrepro.models.kernels import onednn_available
 from specrepro.registry import MethodConfig, register_method
 
+log = logging.getLogger(__name__)
+
 VARIANTS = ("simplified", "lstm", "transformer", "redrafter", "block")
+RECURRENT = ("lstm", "redrafter")  # heads dynamo cannot capture ("Attempted to wrap RNN, GRU, or LSTM")
 HEAD_FILES = ("sar_head.json", "sar_head.safetensors")
 
 
@@ -252,12 +258,32 @@ class SARDraftDecoder(DraftVerifyDecoder):
     reads_hidden_states = True
     lossless = True
 
-    def __init__(self, model, tokenizer, head: DraftHead, cfg: SARDraftConfig):
-        super().__init__(model, tokenizer)
+    def __init__(self, model, tokenizer, head: DraftHead, cfg: SARDraftConfig, steps=None):
+        super().__init__(model, tokenizer, steps)
         if not 1 <= cfg.k <= head.k or cfg.k_max > head.k:
             raise SpecReproError(f"sar_draft needs 1 <= k, k_max <= {head.k} (the head's trained k), got k={cfg.k}, "
                                  f"k_max={cfg.k_max}")
         self.head, self.cfg, self.tree_width = head, cfg, cfg.tree_width
+        self.compiled_head = self.steps.compiled and cfg.variant not in RECURRENT
+        self.next_draft_logits = self.steps.drafter_step(self.draft_logits) if self.compiled_head else self.draft_logits
+        if self.steps.compiled and not self.compiled_head:
+            log.info("sar_draft's %s head drafts eagerly: dynamo cannot capture its recurrent layer", cfg.variant)
+
+    def draft_logits(self, hp: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+        """Eq. 5's q_0 of the draft token after the round's draft prefix d_1..d_j (j,), given h_p (H,): logits over
+        the draft vocabulary."""
+        return self.head.draft_logits(hp[None], self.model.get_input_embeddings()(prefix)[None])[0, -1]
+
+    @property
+    def drafter_calls(self) -> list:
+        """The head's compiled step on each prefix length a round can reach (what the runner warms up)."""
+        if not self.compiled_head:
+            return []
+        p = next(self.model.parameters())
+        hp = torch.zeros(self.model.config.hidden_size, device=p.device, dtype=p.dtype)
+        longest = max(self.cfg.k, self.cfg.k_max if self.cfg.controller == "heuristic" else 0)
+        return [(self.next_draft_logits, (hp, torch.zeros(j, dtype=torch.long, device=p.device)))
+                for j in range(1, longest + 1)]
 
     @property
     def extra_parameters(self) -> int:
@@ -299,10 +325,9 @@ class SARDraftDecoder(DraftVerifyDecoder):
         state.hp = output.hidden["final"][0, rows[-1]]
 
     def propose(self, state: HeadInput, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
-        embed = self.model.get_input_embeddings()
         prefix, drafts, qs = tokens[0, -1:], [], []  # d_1: the target's own token (convention A)
         for j in range(1, k + 1):
-            logits = self.head.draft_logits(state.hp[None], embed(prefix)[None])[0, -1]  # Eq. 5
+            logits = self.next_draft_logits(state.hp, prefix)  # Eq. 5
             if j == 1:
                 first_logits = logits
             token, q, top1 = draft_vocab.choose_draft_token(self.head.vocab_ids, logits, self.head.settings["vocab_size"],

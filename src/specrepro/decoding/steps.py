@@ -13,7 +13,9 @@ A drafter that runs some of the target's layers, or a decoder layer of its own, 
 them through `steps.layers`: compiled steps compile one graph per such slice and width too, on the target's static
 cache or on a static cache of the drafter's own (`new_cache(length, name)`), and warm up the slices a decoder
 declares (`Decoder.layer_slices`). A drafter that runs the target in another state (Draft & Verify's skipped
-sub-layers) names it (`variant=`): that state gets graphs of its own (`Decoder.step_variants`).
+sub-layers) names it (`variant=`): that state gets graphs of its own (`Decoder.step_variants`). A drafter's own
+module (a SAR draft head) runs through `steps.drafter_step(fn)`: compiled steps compile it, a graph per input shape,
+warmed up on the inputs a decoder declares (`Decoder.drafter_calls`).
 
 Decoders ask `target_steps(model)` for the steps object the loader attached (`use_hardware`), or eager steps.
 """
@@ -88,6 +90,11 @@ class EagerSteps:
         """Decoder `layers` of the target's architecture on (1, n, d) hidden states that continue `cache`; `tree` as
         in `__call__` (its last n rows are these). Returns their output hidden states."""
         return run_layers(self.model, hidden, layers, cache, tree)
+
+    def drafter_step(self, fn):
+        """`fn`, a drafter's own computation of tensors into one tensor (a draft head's forward), as it runs on
+        these steps: as is here; compiled (a graph per input shape) on compiled steps."""
+        return fn
 
     def tree_inputs(self, tree) -> dict:
         """The model's attention mask and position ids for a tree verification's `tree`; {} for a chain."""
@@ -173,6 +180,18 @@ class CompiledSteps(EagerSteps):
                 cache.layers[index].crop(n - width)
         return out
 
+    def drafter_step(self, fn):
+        """`fn` compiled on a code object of its own (a graph per input shape: a draft head's prefix lengths), under
+        CUDA graphs on a GPU; its output is cloned, as CUDA graphs reuse theirs. Warm it up through
+        `Decoder.drafter_calls`."""
+        graph = torch.compile(own_code(fn), **self.options)
+
+        def step(*inputs: torch.Tensor) -> torch.Tensor:
+            if self.cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            return graph(*inputs).clone()
+        return step
+
     def bucket(self, n: int) -> int | None:
         return next((w for w in self.widths if w >= n), None)
 
@@ -235,11 +254,12 @@ class CompiledSteps(EagerSteps):
             positions = torch.cat([tree_positions, past + torch.arange(n, width, device=device)])
         return additive_mask(allow, self.model.dtype), positions[None]
 
-    def warm_up(self, max_width: int, length: int, hidden: bool = False, slices=(), variants=()) -> float:
+    def warm_up(self, max_width: int, length: int, hidden: bool = False, slices=(), variants=(), calls=()) -> float:
         """Compile every bucket up to `max_width` rows (and, with `hidden`, the forward that returns hidden
         states instead of logits; for each (cache name, layers) of `slices`, that layer slice; for each (name,
-        state, hidden) of `variants`, the one-token step in that model state) on caches of `length` positions,
-        outside any timed region; returns the seconds it took (the record's `compile_time`)."""
+        state, hidden) of `variants`, the one-token step in that model state; for each (drafter step, inputs) of
+        `calls`, that step on those inputs) on caches of `length` positions, outside any timed region; returns
+        the seconds it took (the record's `compile_time`)."""
         start = time.perf_counter()
         cache = self.new_cache(length)
         device = next(self.model.parameters()).device
@@ -267,6 +287,9 @@ class CompiledSteps(EagerSteps):
                     for _ in range(2):
                         step(torch.zeros(1, 1, dtype=torch.long, device=device), cache, variant=name)
                         crop_cache(cache, 1)
+            for step, inputs in calls:  # a drafter's own graphs, one per input shape, on inference tensors as decoding's
+                for _ in range(2):
+                    step(*(x.clone() for x in inputs))
             for own in self.caches.values():
                 crop_cache(own, 0)
         return time.perf_counter() - start
