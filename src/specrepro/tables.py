@@ -502,11 +502,13 @@ def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]
                 + "; ".join(f"{' '.join(marks)}: {content}" for content, marks in by_content.items()) + f"): {why}"
                 for name, by_content in found if len(by_content) > 1]
 
-    suspects = {mark: {name: digests for (model, keys), named in recorded.items() for name, digests in named.items()
-                       if model == str(run.metrics.get("model")) and keys
-                       and all(_names(_model_settings(run).get(key, ""), name) for key in keys)}
-                for mark, run in unrecorded}
-    suspects = {mark: named for mark, named in suspects.items() if named}
+    def same_references(run: RunInfo) -> dict[str, list[str]]:
+        """The recorded artifacts (name -> digests) that `run`'s config names with every setting their runs did."""
+        settings, model = _model_settings(run), str(run.metrics.get("model"))
+        return {name: digests for (recorded_model, keys), named in recorded.items() if recorded_model == model and keys
+                for name, digests in named.items() if all(_names(settings.get(key, ""), name) for key in keys)}
+
+    suspects = {mark: named for mark, run in unrecorded if (named := same_references(run))}
     others = {name: digests for named in suspects.values() for name, digests in named.items()}
     unverified = [f"- Unrecorded weights: runs {' '.join(suspects)} predate records of the "
                   "weights a run loads (`artifacts` in metrics.json); nothing shows they loaded the contents runs "
