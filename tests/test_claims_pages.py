@@ -2,8 +2,8 @@
 value of a committed table or of `stages.json` in the same folder, so no figure on it is typed from a diary.
 
 Quoted from the paper and exempt: the cells of a claims table's "claim (paper)" column and section numbers
-("Sec. 3.1"). Commands, commits and versions in backticks are not figures. Integers (counts, k, minutes) are not
-checked: too many of them are settings."""
+("Sec. 3.1"). Commands, commits and versions in backticks are not figures. Of the integers only minutes are checked
+("89 compute minutes"): the rest are mostly settings (k, prompts, threads)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import pytest
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 CLAIMS_PAGES = sorted(p for p in RESULTS.glob("*/README.md") if any(p.parent.glob("*.csv")))
 
-# a decimal not inside a version ("5.24.0") or a section number; a sign only where it cannot be a range's dash
-FIGURE = re.compile(r"(?<![\w.])(?<!Sec\. )(?:(?<=[\s(])[+-])?\d+\.\d+(?!\.?\d)")
+# a decimal not inside a version ("5.24.0") or a section number, a sign only where it cannot be a range's dash; or
+# a count of minutes
+FIGURE = re.compile(r"(?<![\w.])(?<!Sec\. )(?:(?<=[\s(])[+-])?\d+\.\d+(?!\.?\d)|(?<![\w.])\d+(?= (?:compute )?min)")
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
@@ -47,7 +48,7 @@ def folder_values(folder: Path) -> list[float]:
 
 def in_values(figure: str, values: list[float]) -> bool:
     """`figure` is one of `values` as shown at its precision."""
-    decimals = len(figure.split(".")[1])
+    decimals = len(figure.partition(".")[2])
     return any(f"{value:.{decimals}f}" == figure.lstrip("+") for value in values)
 
 
@@ -56,12 +57,14 @@ def test_page_figures_skip_quotes_versions_and_code_and_keep_signs_and_ranges():
 |---|---|---|
 | 1.94x on XSum (Sec. 3.1) | 0.62x | row *AR* |
 
-Measured at `1.23` with transformers 5.24.0: 1.35-1.84 tokens, a change of -0.002 and +0.024 (0.99x-1.07x)."""
-    assert page_figures(page) == ["0.62", "1.35", "1.84", "-0.002", "+0.024", "0.99", "1.07"]
+Measured at `1.23` with transformers 5.24.0 on 10 prompts: 1.35-1.84 tokens, a change of -0.002 and +0.024
+(0.99x-1.07x), trained in 89 compute minutes (2 threads, 3 min of data)."""
+    assert page_figures(page) == ["0.62", "1.35", "1.84", "-0.002", "+0.024", "0.99", "1.07", "89", "3"]
 
 
 def test_in_values_compares_at_the_figure_s_own_precision():
     assert in_values("1.06", [1.0612]) and in_values("+0.02", [0.024]) and in_values("89.7", [89.68])
+    assert in_values("89", [89.4]) and not in_values("89", [89.6])
     assert not in_values("1.06", [1.07, 10.6]) and not in_values("-0.002", [0.002])
 
 
