@@ -15,6 +15,7 @@ import torch
 
 from specrepro.errors import SpecReproError
 from specrepro.metrics.speed import impossible_generation, impossible_metrics, paired_speedup, speed_metrics
+from specrepro.models.kernels import onednn_available
 from tests.test_runner import FAST, run_dirs, specrepro
 
 
@@ -255,6 +256,7 @@ def test_records_carry_provenance_and_are_readable_by_the_team(tmp_path):
     assert origin["versions"]["torch"] and origin["versions"]["transformers"]
     assert origin["machine"]["cpu"] and origin["machine"]["cpu_cores"] >= 1 and origin["threads"] == 1
     assert origin["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # e.g. AVX2, AVX512
+    assert origin["machine"]["cpu_native_bf16"] == onednn_available(torch.bfloat16)
     assert origin["dtype"] == "float32" and origin["kernels"]["linear_kernel"] == "onednn"
     assert origin["started_at"] <= origin["finished_at"]
 
