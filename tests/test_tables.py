@@ -126,6 +126,22 @@ def test_a_null_in_a_selector_list_matches_records_without_the_key():
     assert [r.name for r in (older, block, sliding) if _matches(r, select)] == ["older", "block"]
 
 
+def test_a_newer_compiled_run_fills_only_the_cells_that_ask_for_compiled_steps():
+    """A compiled run's speedup is over compiled `ar`: it never takes an eager cell's place (runs made before the
+    option existed count as eager), and fills a column that selects `hardware.compile: true`."""
+    older = RunInfo("older", {"speedup_paired": 1.2}, {"hardware": {"device": "cuda"}}, 0.0)
+    eager = RunInfo("eager", {"speedup_paired": 1.5}, {"hardware": {"device": "cuda", "compile": False}}, 1.0)
+    compiled = RunInfo("compiled", {"speedup_paired": 1.1, "speedup_paired_eager": 3.0},
+                       {"hardware": {"device": "cuda", "compile": True}}, 2.0)
+    spec = TableSpec("t", "p", "title", "", ["Method"], [Row(label=["pld"])], [
+        Column("eager", "speedup_paired"),
+        Column("compiled", "speedup_paired", select={"hardware.compile": True}),
+        Column("compiled over eager ar", "speedup_paired_eager", select={"hardware.compile": True})])
+    assert build_table(spec, [older, compiled])[1][0][1:4] == ["1.20", "1.10", "3.00"]
+    assert build_table(spec, [older, eager, compiled])[1][0][1:4] == ["1.50", "1.10", "3.00"]
+    assert build_table(spec, [compiled])[1][0][1:4] == ["–", "1.10", "3.00"]
+
+
 def test_selector_values_from_the_environment_pin_the_runs(monkeypatch):
     """"${CLLM4}" selects the runs of the artifact it names; unset, the key is left unconstrained."""
     older = RunInfo("older", {}, {"model": {"id": "cllm-a"}, "dataset": {"limit": 10}}, 0.0)

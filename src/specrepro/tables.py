@@ -24,7 +24,9 @@ metrics.json key (method, model, dataset, decoding, ...) or a dotted path in the
 environment, so the caller's variables (an artifact, a prompt count) pin the cells to the runs it made; an
 unset NAME without a default leaves that key unconstrained. A row label may name such variables too
 ("SPACE (k = ${K:-5})"). A cell shows the newest complete run matching table,
-row and column selectors; the `runs` column names every run behind the row, as footnotes.
+row and column selectors; the `runs` column names every run behind the row, as footnotes. A compiled run
+(`hardware.compile: true`, its speedups over compiled `ar`) fills only cells whose selectors ask for it: a newer
+compiled run never takes an eager cell's place.
 """
 
 from __future__ import annotations
@@ -378,13 +380,18 @@ def _format(value, column: Column, scale: float = 1.0) -> str:
     return column.fmt.format(value * scale)
 
 
+EAGER = {"hardware.compile": [False, None]}  # every selector's default: runs without compiled steps
+
+
 def cell_runs(spec: TableSpec, row: Row, column: Column, runs: list[RunInfo]) -> list[RunInfo | None]:
     """The run behind a cell (one per value a `mean_over` column averages): the newest complete run matching the
-    table's, row's and column's selectors, None where none does."""
+    table's, row's and column's selectors (an eager one unless they select `hardware.compile`), None where none
+    does."""
     selectors = [{key: v} for key, values in column.mean_over.items() for v in values] or [{}]
     found = []
     for extra in selectors:
-        candidates = [r for r in runs if _matches(r, {**spec.select, **row.select, **column.select, **extra})]
+        select = {**EAGER, **spec.select, **row.select, **column.select, **extra}
+        candidates = [r for r in runs if _matches(r, select)]
         found.append(max(candidates, key=lambda r: (r.order, r.name)) if candidates else None)
     return found
 
