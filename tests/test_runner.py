@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from specrepro.errors import SpecReproError
+
 FAST = ["model=tiny_random", "decoding.max_new_tokens=8", "timing.warmup_tokens=4", "hardware.threads=1"]
 
 
@@ -196,6 +198,41 @@ def test_a_turn_timed_across_a_suspension_is_timed_again():
     assert ResumedDuringOddDecodes.calls == 2 and gen.token_ids == beside["ar"].token_ids
     decode_turn(method, baselines, [1, 2, 3], greedy, 8, seed=0)
     assert ResumedDuringOddDecodes.calls == 3  # not watching: the SIGCONT of the third is not counted
+
+
+class ScriptedArm:
+    """A decoder stand-in whose successive generations take the given wall times and emit the given tokens."""
+
+    def __init__(self, wall_times, tokens=None):
+        self.wall_times, self.tokens, self.calls = list(wall_times), tokens or [[7, 8]] * len(wall_times), 0
+
+    def generate(self, ids, sampling, max_new_tokens, seed):
+        from specrepro.decoding.base import Generation
+
+        gen = Generation(token_ids=self.tokens[self.calls], wall_time=self.wall_times[self.calls])
+        self.calls += 1
+        return gen
+
+
+def test_timing_repeats_keep_each_arms_fastest_decoding():
+    """timing.repeats=R: `ar` and the method each decode the turn R times, in turn, and each keeps its own fastest
+    timing (a slow repeat of one arm, disturbed by other load, is not paired with a fast one of the other)."""
+    from specrepro.runner import decode_turn
+
+    method, ar = ScriptedArm([0.9, 0.5, 0.7]), ScriptedArm([0.4, 1.2, 0.3])
+    gen, beside = decode_turn(method, {"ar": ar}, [1, 2, 3], None, 8, seed=0, repeats=3)
+    assert (gen.wall_time, beside["ar"].wall_time) == (0.5, 0.3) and method.calls == ar.calls == 3
+    once, _ = decode_turn(ScriptedArm([0.9]), {"ar": ScriptedArm([0.4])}, [1, 2, 3], None, 8, seed=0)
+    assert once.wall_time == 0.9  # the default: one timing, as before the option
+
+
+def test_timing_repeats_that_decode_differently_are_refused():
+    """Repeats of one arm that emit other tokens (nondeterministic kernels) are not one decoding: the run stops."""
+    from specrepro.runner import decode_turn
+
+    method = ScriptedArm([0.5, 0.4], tokens=[[7, 8], [7, 9]])
+    with pytest.raises(SpecReproError, match="method decoded one turn differently in two of its timing.repeats"):
+        decode_turn(method, {}, [1, 2, 3], None, 8, seed=0, repeats=2)
 
 
 def test_training_minutes_leave_out_a_pause_of_the_process():

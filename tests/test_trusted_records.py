@@ -198,6 +198,7 @@ def test_a_failed_sweep_job_is_reported_and_the_others_run(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("hardware.threads=-1", "hardware.threads must be positive"),
     ("decoding.top_k=-1", "decoding.top_k must be 0 (off) or positive"),
+    ("timing.repeats=-1", "timing.repeats must be positive"),
 ])
 def test_bad_values_are_refused_in_one_line(tmp_path, override, message):
     start = time.monotonic()

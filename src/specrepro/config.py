@@ -104,6 +104,7 @@ class TimingConfig:
     warmup: int = 1  # warm-up generations before timing (on the first prompt)
     warmup_tokens: int = 16
     paired: bool = False  # also time `ar` on each sample right before the method (speedup_paired)
+    repeats: int = 1  # decode each sample this many times, every arm in turn, and keep each arm's fastest timing
 
 
 @dataclass
