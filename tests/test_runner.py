@@ -231,7 +231,7 @@ def test_timing_repeats_that_decode_differently_are_refused():
     from specrepro.runner import decode_turn
 
     method = ScriptedArm([0.5, 0.4], tokens=[[7, 8], [7, 9]])
-    with pytest.raises(SpecReproError, match="method decoded one turn differently in two of its timing.repeats"):
+    with pytest.raises(SpecReproError, match="the method arm decoded one turn differently in two of its timing.repeats"):
         decode_turn(method, {}, [1, 2, 3], None, 8, seed=0, repeats=2)
 
 

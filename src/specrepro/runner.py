@@ -107,7 +107,7 @@ def decode_turn(decoder, baselines: dict, ids: list[int], sampling, max_new_toke
                 gen = arm.generate(ids, sampling, max_new_tokens, seed)
                 best = fastest.setdefault(key, gen)
                 if gen.token_ids != best.token_ids:
-                    raise SpecReproError(f"{key} decoded one turn differently in two of its timing.repeats "
+                    raise SpecReproError(f"the {key} arm decoded one turn differently in two of its timing.repeats "
                                          "(nondeterministic kernels?): its timings would not be of one decoding")
                 if gen.wall_time < best.wall_time:
                     fastest[key] = gen
