@@ -188,6 +188,23 @@ def test_a_mean_column_averages_the_cells_it_names_and_needs_all_of_them():
     assert body[0][1:3] == ["1.40", "–"] and footnotes == ["pld-qa", "pld-rag"]
 
 
+def test_a_cell_of_one_run_shows_its_confidence_interval_and_a_plot_reads_its_value(tmp_path):
+    """A run recording `speedup_paired_ci95` shows "1.35x ±0.06x" (a mean over cells, or a run made before the
+    key, shows the value alone), and a plot of the table reads 1.35."""
+    runs = [RunInfo("pld-qa", {"speedup_paired": 1.35, "speedup_paired_ci95": 0.0612},
+                    {"method": {"name": "pld"}, "dataset": {"category": "qa"}}, 0.0),
+            RunInfo("pld-rag", {"speedup_paired": 1.5}, {"method": {"name": "pld"}, "dataset": {"category": "rag"}}, 0.0)]
+    spec = TableSpec("t", "p", "title", "", ["Method"], [Row(["pld"])], [
+        Column("QA speedup", "speedup_paired", select={"dataset.category": "qa"}, fmt="{:.2f}x"),
+        Column("RAG speedup", "speedup_paired", select={"dataset.category": "rag"}, fmt="{:.2f}x"),
+        Column("Mean", "speedup_paired", mean_over={"dataset.category": ["qa", "rag"]}, fmt="{:.2f}x")])
+    header, body, footnotes = build_table(spec, runs)
+    assert body[0][1:4] == ["1.35x ±0.06x", "1.50x", "1.43x"]
+    path = tmp_path / "t.csv"
+    path.write_text(render_csv(header, body, footnotes, ["- Machine: test"]))
+    assert read_here(path, ["Method"])[1]["QA speedup"] == [1.35]
+
+
 def test_plots_show_the_tables_own_numbers(tmp_path):
     """A spec's plots read the "(here)" cells of the CSV the table wrote: the figure and the table agree."""
     runs = [RunInfo(f"{m}-{c}", {"speedup_paired": s, "training_minutes": t},

@@ -43,6 +43,25 @@ def test_a_method_that_times_neither_part_of_a_step_has_no_draft_or_verify_cost(
     assert timed["draft_cost_paired"] == 0.0 and timed["verify_cost_paired"] == 0.5
 
 
+def test_a_paired_speedup_carries_the_95_percent_confidence_interval_of_its_per_turn_ratios():
+    """`speedup_paired_ci95` is Student's t half-width over the turns' throughput ratios: t(0.975, 3) = 3.182 for
+    four turns; one turn has no interval; turns that all agree have none wider than 0."""
+    def turn(method_wall, ar_wall):  # 4 tokens each; the ratio is ar_wall / method_wall
+        return {**_gen([2, 1], [2, 2]), "wall_time": method_wall, "ar_wall_time": ar_wall, "ar_tokens": 4}
+
+    turns = [turn(1.0, ar) for ar in (1.0, 1.2, 1.4, 1.8)]
+    paired = paired_speedup(turns)
+    ratios = [1.0, 1.2, 1.4, 1.8]
+    sd = (sum((r - 1.35) ** 2 for r in ratios) / 3) ** 0.5
+    assert paired["speedup_paired"] == pytest.approx(1.35)
+    assert paired["speedup_paired_ci95"] == pytest.approx(3.182446 * sd / 2)
+    assert math.isnan(paired_speedup(turns[:1])["speedup_paired_ci95"])
+    assert paired_speedup([turns[0]] * 3)["speedup_paired_ci95"] == 0.0
+    eager = paired_speedup([{**t, "eager_ar_wall_time": t["ar_wall_time"], "eager_ar_tokens": 4} for t in turns],
+                           "eager_ar")
+    assert eager["speedup_paired_eager_ci95"] == pytest.approx(paired["speedup_paired_ci95"])
+
+
 @pytest.mark.parametrize("gen, problem", [
     (_gen([31], [3]), "31 tokens from 3 drafts"),  # hf_assisted's collapsed counting on transformers 5.24
     (_gen([2, 0], [1, 1]), "no token"),

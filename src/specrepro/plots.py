@@ -44,9 +44,10 @@ def read_here(csv_path: Path, row_header: list[str]) -> tuple[list[tuple[str, ..
 
 
 def number(cell: str) -> float | None:
-    """A cell as written by `specrepro table` ("1.23x", "0.98", "–") as a float; None when it holds no number."""
+    """A cell as written by `specrepro table` ("1.23x", "1.23x ±0.05x", "0.98", "–") as a float (its value, not
+    its confidence interval); None when it holds no number."""
     try:
-        return float(cell.strip().rstrip("x%"))
+        return float(cell.split("±")[0].strip().rstrip("x%"))
     except ValueError:
         return None
 

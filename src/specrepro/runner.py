@@ -410,10 +410,10 @@ def results_table(all_metrics: list[dict]) -> str:
     columns += [(k, k, "{:.3f}") for k in QUALITY_KEYS if any(k in m for m in all_metrics)]
 
     def cell(metrics, key, fmt):
-        value = metrics.get(key)
+        value, ci95 = metrics.get(key), metrics.get(f"{key}_ci95")
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return "-"
-        return fmt.format(value)
+        return fmt.format(value) + (f" ±{fmt.format(ci95)}" if ci95 is not None and not math.isnan(ci95) else "")
 
     grid = [[c[0] for c in columns]] + [[cell(m, key, fmt) for _, key, fmt in columns] for m in all_metrics]
     widths = [max(len(row[i]) for row in grid) for i in range(len(columns))]

@@ -24,7 +24,8 @@ metrics.json key (method, model, dataset, decoding, ...) or a dotted path in the
 environment, so the caller's variables (an artifact, a prompt count) pin the cells to the runs it made; an
 unset NAME without a default leaves that key unconstrained. A row label may name such variables too
 ("SPACE (k = ${K:-5})"). A cell shows the newest complete run matching table,
-row and column selectors; the `runs` column names every run behind the row, as footnotes. A compiled run
+row and column selectors (with " ±" the half-width of its 95% confidence interval where the run records one:
+`speedup_paired_ci95`); the `runs` column names every run behind the row, as footnotes. A compiled run
 (`hardware.compile: true`, its speedups over compiled `ar`) fills only cells whose selectors ask for it: a newer
 compiled run never takes an eager cell's place.
 """
@@ -372,12 +373,16 @@ def _matches(run: RunInfo, select: dict) -> bool:
 
 # ---- the table ----
 
-def _format(value, column: Column, scale: float = 1.0) -> str:
+def _format(value, column: Column, scale: float = 1.0, ci95=None) -> str:
+    """A cell's text; with `ci95`, a run's half-width of the 95% confidence interval of the value, "1.35x ±0.06x"."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return MISSING_CELL
     if not isinstance(value, (int, float)):
         return str(value)  # text as printed (a paper's "1.0×"), or whatever a record holds
-    return column.fmt.format(value * scale)
+    text = column.fmt.format(value * scale)
+    if isinstance(ci95, (int, float)) and not math.isnan(ci95):
+        text += " ±" + column.fmt.format(ci95 * scale)
+    return text
 
 
 EAGER = {"hardware.compile": [False, None]}  # every selector's default: runs without compiled steps
@@ -410,17 +415,20 @@ def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[l
         cells = [_label_from_environment(label) for label in row.label] + [""] * (len(spec.row_header) - len(row.label))
         used: list[str] = []
         for column in spec.columns:
+            behind = cell_runs(spec, row, column, runs)
             values = []
-            for run in cell_runs(spec, row, column, runs):
+            for run in behind:
                 value = run.metrics.get(column.key) if run else None  # a metric; a config flag of that name is not one
                 if run is not None and value is not None and run.name not in used:
                     used.append(run.name)
                 values.append(value)
             missing = any(v is None or not isinstance(v, (int, float)) for v in values)
             value = values[0] if len(values) == 1 else None if missing else sum(values) / len(values)
+            # one run's confidence interval (a record made before `_ci95` has none; a mean over cells shows none)
+            ci95 = behind[0].metrics.get(f"{column.key}_ci95") if len(behind) == 1 and behind[0] else None
             if with_paper:
                 cells.append(_format(row.paper.get(column.label), column))
-            cells.append(_format(value, column, column.scale))
+            cells.append(_format(value, column, column.scale, ci95))
         marks = []
         for name in used:
             if name not in footnotes:

@@ -7,7 +7,9 @@ the `ar` run's generations for the same prompts.
 from __future__ import annotations
 
 import math
-from statistics import fmean
+from statistics import fmean, stdev
+
+from scipy import stats
 
 
 def _rate(gen: dict) -> float:
@@ -24,6 +26,13 @@ def _part_ms_per_step(gens: list[dict], part: str, steps: int) -> float:
     if not any(g["draft_time"] or g["verify_time"] for g in gens):
         return math.nan
     return 1000 * _ratio(sum(g[f"{part}_time"] for g in gens), steps)
+
+
+def ci95(values: list[float]) -> float:
+    """Half-width of the 95% confidence interval of the mean of `values` (Student's t); NaN for fewer than two."""
+    if len(values) < 2:
+        return math.nan
+    return float(stats.t.ppf(0.975, len(values) - 1)) * stdev(values) / math.sqrt(len(values))
 
 
 def speed_metrics(gens: list[dict]) -> dict[str, float]:
@@ -72,19 +81,21 @@ def speedups(gens: list[dict], reference: list[dict]) -> dict[str, float]:
 
 
 def paired_speedup(gens: list[dict], baseline: str = "ar") -> dict[str, float]:
-    """Speedup over `ar` timed right before each sample: the mean per-sample throughput ratio, and the
-    draft and verify cost per step in units of the paired `ar` decoding step. `baseline="eager_ar"`: the same
-    against eager `ar` timed beside a compiled run (keys end in `_eager`)."""
+    """Speedup over `ar` timed right before each sample: the mean per-sample throughput ratio with the half-width
+    of its 95% confidence interval over the decoded turns (`_ci95`), and the draft and verify cost per step in
+    units of the paired `ar` decoding step. `baseline="eager_ar"`: the same against eager `ar` timed beside a
+    compiled run (keys `speedup_paired_eager`, ...)."""
     suffix = "" if baseline == "ar" else "_eager"
     paired = [g for g in gens if g.get(f"{baseline}_wall_time") and g["wall_time"] > 0]
     if not paired:
-        return {f"speedup_paired{suffix}": math.nan}
+        return {f"speedup_paired{suffix}": math.nan, f"speedup_paired{suffix}_ci95": math.nan}
     ratios = [_rate(g) / (g[f"{baseline}_tokens"] / g[f"{baseline}_wall_time"]) for g in paired]
     ar_step_ms = 1000 * _ratio(sum(g[f"{baseline}_wall_time"] - g.get(f"{baseline}_prefill_time", 0.0) for g in paired),
                                sum(g[f"{baseline}_tokens"] - 1 for g in paired))
     steps = sum(g["steps"] for g in paired)
     return {
         f"speedup_paired{suffix}": fmean(ratios),
+        f"speedup_paired{suffix}_ci95": ci95(ratios),
         f"draft_cost_paired{suffix}": _ratio(_part_ms_per_step(paired, "draft", steps), ar_step_ms),
         f"verify_cost_paired{suffix}": _ratio(_part_ms_per_step(paired, "verify", steps), ar_step_ms),
     }
