@@ -249,8 +249,8 @@ def test_decoders_that_run_their_own_forwards_refuse_compiled_steps(compiled_tar
 def test_a_compiled_run_reports_speedups_over_compiled_and_eager_ar(tmp_path):
     compiled = ["hardware.compile=true", "hardware.compile_backend=aot_eager", "hardware.linear_kernel=torch",
                 "hardware.compile_widths=[1,16]"]
-    specrepro("run", *FAST, *compiled, "method=pld", "dataset=gsm8k", "dataset.limit=2", "timing.paired=true",
-              "logger=none", cwd=tmp_path)
+    out = specrepro("run", *FAST, *compiled, "method=pld", "dataset=gsm8k", "dataset.limit=2", "timing.paired=true",
+                    "logger=none", cwd=tmp_path)
     runs = run_dirs(tmp_path)
     metrics = {key.split(":")[0]: json.loads((path / "metrics.json").read_text()) for key, path in runs.items()}
     assert set(metrics) == {"ar", "pld"}  # the reference is compiled `ar`
@@ -258,6 +258,8 @@ def test_a_compiled_run_reports_speedups_over_compiled_and_eager_ar(tmp_path):
     assert pld["compile_time"] > 0 and pld["provenance"]["compile"]["compile"] is True
     assert pld["lossless"] == pld["lossless_paired"] == pld["lossless_eager"] == 1.0
     assert pld["speedup_paired"] > 0 and pld["speedup_paired_eager"] > 0
+    assert pld["speedup_paired_ci95"] >= 0 and pld["speedup_paired_eager_ci95"] >= 0  # two prompts: an interval
+    assert f"{pld['speedup_paired']:.2f}x ±{pld['speedup_paired_ci95']:.2f}x" in out.stdout  # the printed table
 
 
 def test_compile_refuses_kernels_it_cannot_capture(tmp_path):
