@@ -226,6 +226,46 @@ def test_timing_repeats_keep_each_arms_fastest_decoding():
     assert once.wall_time == 0.9  # the default: one timing, as before the option
 
 
+def test_alternating_order_times_the_method_first_on_every_other_turn():
+    """timing.order=alternate: the baselines right after the method on odd turns (record index + sample + turn), right
+    before it on the others; "ar_first" (the default) never times the method first."""
+    from specrepro.runner import decode_turn, method_timed_first
+
+    order = []
+
+    class LoggedArm(ScriptedArm):
+        def __init__(self, name):
+            super().__init__([0.5])
+            self.name = name
+
+        def generate(self, *args):
+            order.append(self.name)
+            self.calls = 0
+            return super().generate(*args)
+
+    method, arms = LoggedArm("method"), {"ar": LoggedArm("ar"), "eager_ar": LoggedArm("eager_ar")}
+    decode_turn(method, arms, [1, 2, 3], None, 8, seed=0, method_first=True)
+    decode_turn(method, arms, [1, 2, 3], None, 8, seed=0)
+    assert order == ["method", "ar", "eager_ar", "ar", "eager_ar", "method"]
+    assert [method_timed_first("alternate", 0, 0, turn) for turn in range(4)] == [False, True, False, True]
+    assert [method_timed_first("alternate", 1, 0, turn) for turn in range(2)] == [True, False]
+    assert not any(method_timed_first("ar_first", i, 0, t) for i in range(3) for t in range(2))
+
+
+def test_a_run_in_alternating_order_records_which_arm_went_first_and_the_order_effect(tmp_path):
+    """Through the runner: two two-turn records in alternating order time the method first on two of four turns,
+    say so in every turn, and the run reports `order_effect_paired` beside `speedup_paired`."""
+    specrepro("run", *FAST, "+experiment=spec_bench", "method=ar", "dataset.category=multi_turn", "dataset.limit=2",
+              "timing.order=alternate", "logger=none", cwd=tmp_path)
+    [run] = [p for key, p in run_dirs(tmp_path).items() if OmegaConf.load(p / "config.yaml").timing.order == "alternate"]
+    rows = [json.loads(line) for line in (run / "generations.jsonl").read_text().splitlines()]
+    firsts = [turn["method_timed_first"] for row in sorted(rows, key=lambda r: r["index"]) for turn in row["samples"][0]]
+    assert firsts == [False, True, True, False]
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["order_effect_paired"] > 0 and metrics["order_effect_paired_ci95"] >= 0
+    assert metrics["lossless_paired"] == 1.0
+
+
 def test_timing_repeats_that_decode_differently_are_refused():
     """Repeats of one arm that emit other tokens (nondeterministic kernels) are not one decoding: the run stops."""
     from specrepro.runner import decode_turn

@@ -62,6 +62,27 @@ def test_a_paired_speedup_carries_the_95_percent_confidence_interval_of_its_per_
     assert eager["speedup_paired_eager_ci95"] == pytest.approx(paired["speedup_paired_ci95"])
 
 
+def test_a_run_timed_in_alternating_order_measures_the_advantage_of_the_arm_timed_second():
+    """`order_effect_paired`: half the difference of the mean log speedups of the turns that timed the method second
+    and first (Welch's t interval, halved); an arm 10% faster when timed second reads 1.10. Runs that always timed
+    `ar` first, or records made before the key, have none."""
+    from scipy import stats
+
+    def turn(ratio, method_first):  # 4 tokens each in 1 s; ar's wall time makes the ratio
+        return {**_gen([2, 1], [2, 2]), "ar_wall_time": ratio, "ar_tokens": 4, "method_timed_first": method_first}
+
+    second, first = [1.21, 1.1, 1.3, 1.2], [1.0, 0.9, 1.1, 1.0]
+    paired = paired_speedup([turn(r, False) for r in second] + [turn(r, True) for r in first])
+    logs_second, logs_first = [math.log(r) for r in second], [math.log(r) for r in first]
+    difference = sum(logs_second) / 4 - sum(logs_first) / 4
+    low, high = stats.ttest_ind(logs_second, logs_first, equal_var=False).confidence_interval(0.95)
+    assert paired["order_effect_paired"] == pytest.approx(math.exp(difference / 2)) and 1.08 < math.exp(difference / 2) < 1.12
+    assert paired["order_effect_paired_ci95"] == pytest.approx((math.exp(high / 2) - math.exp(low / 2)) / 2)
+    assert "order_effect_paired" not in paired_speedup([turn(r, False) for r in second + first])
+    assert "order_effect_paired" not in paired_speedup([{**turn(r, True), "method_timed_first": None}
+                                                        for r in second] + [turn(1.0, True)])
+
+
 @pytest.mark.parametrize("gen, problem", [
     (_gen([31], [3]), "31 tokens from 3 drafts"),  # hf_assisted's collapsed counting on transformers 5.24
     (_gen([2, 0], [1, 1]), "no token"),
@@ -218,6 +239,7 @@ def test_a_failed_sweep_job_is_reported_and_the_others_run(tmp_path):
     ("hardware.threads=-1", "hardware.threads must be positive"),
     ("decoding.top_k=-1", "decoding.top_k must be 0 (off) or positive"),
     ("timing.repeats=-1", "timing.repeats must be positive"),
+    ("timing.order=-1", "timing.order must be one of ar_first, alternate"),
 ])
 def test_bad_values_are_refused_in_one_line(tmp_path, override, message):
     start = time.monotonic()

@@ -105,6 +105,8 @@ class TimingConfig:
     warmup_tokens: int = 16
     paired: bool = False  # also time `ar` on each sample right before the method (speedup_paired)
     repeats: int = 1  # decode each sample this many times, every arm in turn, and keep each arm's fastest timing
+    order: str = "ar_first"  # ar_first: `ar` timed right before the method on every turn; alternate: before it on
+    # one turn, after it on the next, so an advantage of being timed second cancels (records order_effect_paired)
 
 
 @dataclass

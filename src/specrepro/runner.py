@@ -51,6 +51,8 @@ def validate(cfg: DictConfig) -> None:
         raise SpecReproError(f"decoding.top_p must be in (0, 1], got {cfg.decoding.top_p}")
     if cfg.decoding.top_k < 0:
         raise SpecReproError(f"decoding.top_k must be 0 (off) or positive, got {cfg.decoding.top_k}")
+    if cfg.timing.order not in ORDERS:
+        raise SpecReproError(f"timing.order must be one of {', '.join(ORDERS)}, got {cfg.timing.order}")
     if cfg.timing.repeats < 1:
         raise SpecReproError(f"timing.repeats must be positive, got {cfg.timing.repeats}")
     if cfg.hardware.threads is not None and cfg.hardware.threads < 1:
@@ -92,13 +94,23 @@ def sample_seed(cfg: DictConfig, index: int, sample: int) -> int:
 METHOD = "method"  # the method's own arm among the baselines' (`ar`, `eager_ar`) in `decode_turn`
 
 
+ORDERS = ("ar_first", "alternate")  # timing.order: where the method is timed among the baselines, turn by turn
+
+
+def method_timed_first(order: str, index: int, sample: int, turn: int) -> bool:
+    """Whether the method is timed before its baselines on this turn: never with "ar_first"; with "alternate" on
+    every other turn, so an advantage of being timed second (caches warmed by the arm before) cancels in the mean."""
+    return order == "alternate" and (index + sample + turn) % 2 == 1
+
+
 def decode_turn(decoder, baselines: dict, ids: list[int], sampling, max_new_tokens: int, seed: int,
-                repeats: int = 1):
+                repeats: int = 1, method_first: bool = False):
     """One turn decoded by the method, and by the baselines timed beside it: (its Generation, theirs by key).
+    The baselines are timed right before the method, or right after it with `method_first`.
     With `repeats` R > 1 every arm decodes the turn R times, in turn, and keeps its fastest timing, the one least
     disturbed by other work on the machine (timeit's rule); its R decodings must agree token for token. A turn
     during which the process was suspended is decoded again, so that no timing includes the pause."""
-    arms = {**baselines, METHOD: decoder}  # the baselines first: `ar` is timed right before the method
+    arms = {METHOD: decoder, **baselines} if method_first else {**baselines, METHOD: decoder}
     while True:
         resumes_before = suspension.resumes()
         fastest = {}
@@ -122,13 +134,14 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
     for s in range(cfg.decoding.num_samples):
         history: list[str] = []
         turns = []
-        for _ in record.turns:
+        for turn in range(len(record.turns)):
             prompt = render_prompt(record, target.tokenizer, cfg.dataset, history)
             ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             check_fits_context(ids, cfg, target, record.id)
             seed = sample_seed(cfg, index, s)
+            method_first = method_timed_first(cfg.timing.order, index, s, turn)
             gen, timed_beside = decode_turn(decoder, baselines, ids, sampling, cfg.decoding.max_new_tokens, seed,
-                                            cfg.timing.repeats)
+                                            cfg.timing.repeats, method_first)
             gen = gen.to_dict()
             problem = impossible_generation(gen)
             if problem:
@@ -136,6 +149,8 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
                                      f"{record.id} ({problem}); the run is not recorded as complete")
             gen["prompt_tokens"] = len(ids)
             gen["seed"] = seed
+            if timed_beside:
+                gen["method_timed_first"] = method_first
             for key, ar_gen in timed_beside.items():  # `ar_*`: the paired reference, `eager_ar_*`: its eager run
                 gen[f"{key}_wall_time"], gen[f"{key}_tokens"] = ar_gen.wall_time, len(ar_gen.token_ids)
                 gen[f"{key}_token_ids"], gen[f"{key}_prefill_time"] = ar_gen.token_ids, ar_gen.prefill_time

@@ -81,8 +81,8 @@ def speedups(gens: list[dict], reference: list[dict]) -> dict[str, float]:
 
 
 def paired_speedup(gens: list[dict], baseline: str = "ar") -> dict[str, float]:
-    """Speedup over `ar` timed right before each sample: the mean per-sample throughput ratio with the half-width
-    of its 95% confidence interval over the decoded turns (`_ci95`), and the draft and verify cost per step in
+    """Speedup over `ar` timed beside each sample (right before it, or in turn before and after it): the mean per-sample throughput ratio with the half-width
+    of its 95% confidence interval over the decoded turns (`ci95`), and the draft and verify cost per step in
     units of the paired `ar` decoding step. `baseline="eager_ar"`: the same against eager `ar` timed beside a
     compiled run (keys `speedup_paired_eager`, ...)."""
     suffix = "" if baseline == "ar" else "_eager"
@@ -98,7 +98,20 @@ def paired_speedup(gens: list[dict], baseline: str = "ar") -> dict[str, float]:
         f"speedup_paired{suffix}_ci95": ci95(ratios),
         f"draft_cost_paired{suffix}": _ratio(_part_ms_per_step(paired, "draft", steps), ar_step_ms),
         f"verify_cost_paired{suffix}": _ratio(_part_ms_per_step(paired, "verify", steps), ar_step_ms),
-    }
+    } | order_effect(paired, ratios, suffix)
+
+
+def order_effect(paired: list[dict], ratios: list[float], suffix: str = "") -> dict[str, float]:
+    """How much faster an arm runs when timed second on a turn than first (1.00: not at all), from a run that timed
+    the method first on some turns and second on others (timing.order=alternate): half the difference of the two
+    groups' mean log speedups, with the half-width of its 95% interval (Welch's t); {} without two turns of each."""
+    first = [math.log(r) for g, r in zip(paired, ratios) if g.get("method_timed_first")]
+    second = [math.log(r) for g, r in zip(paired, ratios) if g.get("method_timed_first") is False]
+    if len(first) < 2 or len(second) < 2:
+        return {}
+    low, high = stats.ttest_ind(second, first, equal_var=False).confidence_interval(0.95)
+    return {f"order_effect_paired{suffix}": math.exp((fmean(second) - fmean(first)) / 2),
+            f"order_effect_paired{suffix}_ci95": (math.exp(high / 2) - math.exp(low / 2)) / 2}
 
 
 def lossless(gens: list[dict], reference: list[dict]) -> float:
