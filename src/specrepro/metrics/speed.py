@@ -81,9 +81,10 @@ def speedups(gens: list[dict], reference: list[dict]) -> dict[str, float]:
 
 
 def paired_speedup(gens: list[dict], baseline: str = "ar") -> dict[str, float]:
-    """Speedup over `ar` timed beside each sample (right before it, or in turn before and after it): the mean per-sample throughput ratio with the half-width
-    of its 95% confidence interval over the decoded turns (`ci95`), and the draft and verify cost per step in
-    units of the paired `ar` decoding step. `baseline="eager_ar"`: the same against eager `ar` timed beside a
+    """Speedup over `ar` timed beside each sample (right before it, or in turn before and after it): the mean
+    per-sample throughput ratio with the half-width of its 95% confidence interval over the decoded turns (`ci95`),
+    the draft and verify cost per step in units of the paired `ar` decoding step, and with alternating order the
+    `order_effect`. `baseline="eager_ar"`: the same against eager `ar` timed beside a
     compiled run (keys `speedup_paired_eager`, ...)."""
     suffix = "" if baseline == "ar" else "_eager"
     paired = [g for g in gens if g.get(f"{baseline}_wall_time") and g["wall_time"] > 0]
