@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from specrepro.errors import SpecReproError
+from specrepro.metrics.speed import mean_ci95
 from specrepro.reproduce import PIPELINES_DIR, load_pipeline
 from specrepro.plots import read_here, write_plots
 from specrepro.tables import (TABLES_DIR, Column, Row, RunInfo, TableSpec, _mark_ranges, _matches, build_table,
@@ -189,8 +190,9 @@ def test_a_mean_column_averages_the_cells_it_names_and_needs_all_of_them():
 
 
 def test_a_cell_of_one_run_shows_its_confidence_interval_and_a_plot_reads_its_value(tmp_path):
-    """A run recording `speedup_paired_ci95` shows "1.35x ±0.06x" (a mean over cells, or a run made before the
-    key, shows the value alone), and a plot of the table reads 1.35."""
+    """A run recording `speedup_paired_ci95` shows "1.35x ±0.06x" (a run made before the key shows the value alone,
+    and so does a mean over it), a mean over runs that all record one shows the mean's, and a plot of the table
+    reads 1.35."""
     runs = [RunInfo("pld-qa", {"speedup_paired": 1.35, "speedup_paired_ci95": 0.0612},
                     {"method": {"name": "pld"}, "dataset": {"category": "qa"}}, 0.0),
             RunInfo("pld-rag", {"speedup_paired": 1.5}, {"method": {"name": "pld"}, "dataset": {"category": "rag"}}, 0.0)]
@@ -200,6 +202,10 @@ def test_a_cell_of_one_run_shows_its_confidence_interval_and_a_plot_reads_its_va
         Column("Mean", "speedup_paired", mean_over={"dataset.category": ["qa", "rag"]}, fmt="{:.2f}x")])
     header, body, footnotes = build_table(spec, runs)
     assert body[0][1:4] == ["1.35x ±0.06x", "1.50x", "1.43x"]
+    runs[1].metrics |= {"speedup_paired_ci95": 0.0612, "n_generations": 10}
+    runs[0].metrics["n_generations"] = 10
+    mean = build_table(spec, runs)[1][0][3]  # two equal intervals over 10 turns each: about 1/sqrt(2) of one
+    assert mean == f"1.43x ±{mean_ci95([r.metrics for r in runs], 'speedup_paired'):.2f}x" == "1.43x ±0.04x"
     path = tmp_path / "t.csv"
     path.write_text(render_csv(header, body, footnotes, ["- Machine: test"]))
     assert read_here(path, ["Method"])[1]["QA speedup"] == [1.35]

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from specrepro.errors import SpecReproError
-from specrepro.metrics.speed import impossible_generation, impossible_metrics, paired_speedup, speed_metrics
+from specrepro.metrics.speed import (ci95, impossible_generation, impossible_metrics, mean_ci95, paired_speedup,
+                                     speed_metrics)
 from specrepro.models.kernels import onednn_available
 from tests.test_runner import FAST, run_dirs, specrepro
 
@@ -60,6 +61,21 @@ def test_a_paired_speedup_carries_the_95_percent_confidence_interval_of_its_per_
     eager = paired_speedup([{**t, "eager_ar_wall_time": t["ar_wall_time"], "eager_ar_tokens": 4} for t in turns],
                            "eager_ar")
     assert eager["speedup_paired_eager_ci95"] == pytest.approx(paired["speedup_paired_ci95"])
+
+
+def test_a_mean_over_runs_carries_the_interval_of_the_mean_from_the_runs_own_intervals():
+    """A table's mean of two runs' speedups: its half-width is a quarter of Welch's interval of their difference (the
+    same variance, halved), here recovered from each run's `_ci95` and turn count alone; one run keeps its own; a run
+    without an interval, or a key whose interval is not Student's t over turns, gives none."""
+    from scipy import stats
+
+    a, b = [1.0, 1.2, 1.4, 1.8], [1.5, 1.6, 1.4, 1.7, 1.9, 1.3]
+    runs = [{"speedup_paired": sum(x) / len(x), "speedup_paired_ci95": ci95(x), "n_generations": len(x)} for x in (a, b)]
+    low, high = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert mean_ci95(runs, "speedup_paired") == pytest.approx((high - low) / 4)
+    assert mean_ci95(runs[:1], "speedup_paired") == pytest.approx(ci95(a))
+    assert math.isnan(mean_ci95([runs[0], {"speedup_paired": 1.5, "n_generations": 6}], "speedup_paired"))
+    assert math.isnan(mean_ci95([{**r, "order_effect_paired_ci95": 0.1} for r in runs], "order_effect_paired"))
 
 
 def test_a_run_timed_in_alternating_order_measures_the_advantage_of_the_arm_timed_second():

@@ -25,7 +25,8 @@ environment, so the caller's variables (an artifact, a prompt count) pin the cel
 unset NAME without a default leaves that key unconstrained. A row label may name such variables too
 ("SPACE (k = ${K:-5})"). A cell shows the newest complete run matching table,
 row and column selectors (with " ±" the half-width of its 95% confidence interval where the run records one:
-`speedup_paired_ci95`); the `runs` column names every run behind the row, as footnotes. A compiled run
+`speedup_paired_ci95`; a mean over cells shows the interval of the mean, `metrics.speed.mean_ci95`, where each of
+its runs records one); the `runs` column names every run behind the row, as footnotes. A compiled run
 (`hardware.compile: true`, its speedups over compiled `ar`) fills only cells whose selectors ask for it: a newer
 compiled run never takes an eager cell's place.
 """
@@ -51,6 +52,7 @@ from types import SimpleNamespace
 import yaml
 
 from specrepro.errors import SpecReproError, one_line
+from specrepro.metrics.speed import mean_ci95
 from specrepro.plots import KINDS, table_rows, write_plots
 from specrepro.provenance import machine_label
 from specrepro.tracking import atomic_write, complete_runs, wandb_mode
@@ -424,8 +426,11 @@ def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[l
                 values.append(value)
             missing = any(v is None or not isinstance(v, (int, float)) for v in values)
             value = values[0] if len(values) == 1 else None if missing else sum(values) / len(values)
-            # one run's confidence interval (a record made before `_ci95` has none; a mean over cells shows none)
-            ci95 = behind[0].metrics.get(f"{column.key}_ci95") if len(behind) == 1 and behind[0] else None
+            # the 95% interval of one run, or of a mean over cells (none when a run was made before `_ci95`)
+            if len(behind) == 1:
+                ci95 = behind[0].metrics.get(f"{column.key}_ci95") if behind[0] else None
+            else:
+                ci95 = None if missing else mean_ci95([run.metrics for run in behind], column.key)
             if with_paper:
                 cells.append(_format(row.paper.get(column.label), column))
             cells.append(_format(value, column, column.scale, ci95))

@@ -35,6 +35,25 @@ def ci95(values: list[float]) -> float:
     return float(stats.t.ppf(0.975, len(values) - 1)) * stdev(values) / math.sqrt(len(values))
 
 
+# keys whose `<key>_ci95` is `ci95` over each of a run's `n_generations` turns
+STUDENT_T_KEYS = ("speedup_paired", "speedup_paired_eager")
+
+
+def mean_ci95(runs: list[dict], key: str) -> float:
+    """Half-width of the 95% interval of the plain mean of `key` over independent runs (a table's mean over cells):
+    the runs' standard errors, each from its `<key>_ci95`, combined with Welch-Satterthwaite degrees of freedom;
+    NaN for a key not in STUDENT_T_KEYS or a run without an interval."""
+    half_widths = [m.get(f"{key}_ci95", math.nan) for m in runs]
+    counts = [m.get("n_generations", 0) for m in runs]
+    if key not in STUDENT_T_KEYS or not runs or any(not math.isfinite(h) or n < 2 for h, n in zip(half_widths, counts)):
+        return math.nan
+    variances = [(h / stats.t.ppf(0.975, n - 1)) ** 2 for h, n in zip(half_widths, counts)]
+    if not sum(variances):
+        return 0.0
+    dof = sum(variances) ** 2 / sum(v**2 / (n - 1) for v, n in zip(variances, counts))
+    return float(stats.t.ppf(0.975, dof)) * math.sqrt(sum(variances)) / len(runs)
+
+
 def speed_metrics(gens: list[dict]) -> dict[str, float]:
     """Throughput, MAT, acceptance, HM and the per-step draft/verify cost of one run."""
     tokens = sum(len(g["token_ids"]) for g in gens)
