@@ -1,5 +1,5 @@
 """Entry points: `specrepro run ...` (decode + score + record), `specrepro train ...`, `specrepro table NAME`,
-`specrepro reproduce PAPER` (train + run + table, from experiments/reproduce/).
+`specrepro reproduce PAPER` (train + run + table, from experiments/reproduce/), `specrepro compare RUN OTHER_RUN`.
 
 `run` and `train` are Hydra apps over the configs in `conf/` (shipped as the package specrepro.conf); every
 override, `-m` multirun and `--config-dir DIR` (more config files, e.g. DIR/method/<preset>.yaml) works.
@@ -23,14 +23,15 @@ from specrepro.errors import SpecReproError
 
 CONF_MODULE = "specrepro.conf"
 CONF_DIR = Path(files(CONF_MODULE))  # conf/ in a source checkout, site-packages/specrepro/conf when installed
-USAGE = """usage: specrepro {run,train} [hydra overrides...] | specrepro {table,reproduce,summary} ...
+USAGE = """usage: specrepro {run,train} [hydra overrides...] | specrepro {table,reproduce,summary,compare} ...
 
   specrepro run model=smollm2_135m method=pld dataset=gsm8k dataset.limit=20
   specrepro run -m method=ar,sps,pld dataset=gsm8k dataset.limit=20   (a sweep; prints one table)
   specrepro run --help                                               (Hydra's help: groups and options)
   specrepro table specbench_small [--results-dir results] [--source local|wandb]   (a paper table)
   specrepro reproduce cllm [--dry-run] [overrides...]   (train, run and tabulate one paper, or all)
-  specrepro summary                                    (results/SUMMARY.md, copied from the tables)"""
+  specrepro summary                                    (results/SUMMARY.md, copied from the tables)
+  specrepro compare RUN OTHER_RUN                      (is one run faster than another on the same prompts?)"""
 POINTER_FILE = "specrepro_run.txt"  # in each Hydra job dir: the run record it wrote
 FAILURE_FILE = "specrepro_failed.txt"  # in each Hydra job dir whose job failed: the one-line reason
 
@@ -105,13 +106,15 @@ def main() -> None:
         hydra_app("run", run_job, rest)
     elif command == "train":
         hydra_app("train", train_job, rest)
-    elif command in ("table", "reproduce", "summary"):
+    elif command in ("table", "reproduce", "summary", "compare"):
+        from specrepro.compare import main as compare_main
         from specrepro.reproduce import main as reproduce_main
         from specrepro.reproduce import summary_main
         from specrepro.tables import main as table_main
 
         try:
-            {"table": table_main, "reproduce": reproduce_main, "summary": summary_main}[command](rest)
+            {"table": table_main, "reproduce": reproduce_main, "summary": summary_main,
+             "compare": compare_main}[command](rest)
         except SpecReproError as exc:
             fail(str(exc))
         except BrokenPipeError:  # stdout closed early (`specrepro reproduce all --dry-run | head`): stop quietly

@@ -1,0 +1,84 @@
+"""`specrepro compare RUN RUN`: is one method faster than another on the same prompts, and is that resolved?
+
+A table shows each run's paired speedup with its own interval, and two overlapping intervals do not settle which
+run is faster: both hold the spread over prompts that the two runs share. Paired turn by turn, the runs' difference
+has an interval of its own (`metrics.speed.relative_speedup`). Each run must have timed `ar` beside every turn
+(`timing.paired=true`, as every leaderboard run does) and decoded the same prompts as the other; a run is named by
+its directory or by its name under `<results dir>/runs/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specrepro.errors import SpecReproError
+from specrepro.metrics.speed import relative_speedup
+from specrepro.provenance import machine_label
+from specrepro.tracking import RunRecord
+
+
+def find_run(name: str, results_dir: str) -> RunRecord:
+    """The complete run at path `name`, or named `name` under `results_dir/runs/`."""
+    for path in (Path(name), Path(results_dir) / "runs" / name):
+        if path.is_dir():
+            record = RunRecord(path)
+            if not record.complete:
+                raise SpecReproError(f"{path}: not a complete run (no finished metrics.json)")
+            return record
+    raise SpecReproError(f"{name}: no such run directory, nor a run of that name in {Path(results_dir) / 'runs'}")
+
+
+def paired_turns(record: RunRecord) -> dict[tuple, dict]:
+    """Every decoded turn of a run by (record id, first prompt, sample, turn): a later turn's prompt holds the run's
+    own earlier answer, which sampling runs need not share. Refuses a run not timed against `ar`."""
+    turns = {}
+    for row in record.rows():
+        for sample, gens in enumerate(row["samples"]):
+            for turn, gen in enumerate(gens):
+                if not gen.get("ar_wall_time"):
+                    raise SpecReproError(f"{record.dir.name}: record {row['id']} was not timed against ar "
+                                         "(run it with timing.paired=true)")
+                turns[(row["id"], row["prompts"][0], sample, turn)] = gen
+    return turns
+
+
+def compare(run: RunRecord, other: RunRecord) -> dict:
+    """`relative_speedup` of `run` over `other` on the turns both decoded, which must be the same turns."""
+    turns, other_turns = paired_turns(run), paired_turns(other)
+    if turns.keys() != other_turns.keys():
+        only = sorted({key[0] for key in turns.keys() ^ other_turns.keys()})
+        raise SpecReproError(f"{run.dir.name} and {other.dir.name} did not decode the same prompts "
+                             f"(record {only[0]} differs{f', and {len(only) - 1} more' if len(only) > 1 else ''})")
+    keys = sorted(turns)
+    return relative_speedup([turns[k] for k in keys], [other_turns[k] for k in keys])
+
+
+def report(run: RunRecord, other: RunRecord, result: dict) -> str:
+    """What the comparison shows, in a few lines."""
+    def line(record: RunRecord) -> str:
+        metrics = record.metrics()
+        machine = json.loads(record.provenance_path.read_text()).get("machine") if record.provenance_path.is_file() else None
+        return (f"  {record.dir.name}: {metrics['speedup_paired']:.2f}x ±{metrics.get('speedup_paired_ci95', float('nan')):.2f}x "
+                f"over its own ar ({machine_label(machine) if machine else 'machine unknown'})")
+
+    ratio, low, high = result["ratio"], result["low"], result["high"]
+    verdict = ("the first is faster" if low > 1 else "the second is faster" if high < 1 else "not resolved")
+    return "\n".join([
+        f"{run.dir.name} over {other.dir.name}, {result['turns']} turns on the same prompts:",
+        line(run), line(other),
+        f"  {ratio:.2f}x (95% interval {low:.2f}x-{high:.2f}x): {verdict}; "
+        f"the same tokens on {result['same_tokens']:.0%} of the turns",
+        "  (the geometric mean over turns of the ratio of the two paired speedups; each turn over the ar timed "
+        "beside it in its own run)"])
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="specrepro compare", description=__doc__.splitlines()[0])
+    parser.add_argument("run", help="the run whose speedup is measured (a run directory or a run name)")
+    parser.add_argument("other", help="the run it is measured against, on the same prompts")
+    parser.add_argument("--results-dir", default="results", help="where run names are looked up (default: results)")
+    opts = parser.parse_args(argv)
+    run, other = find_run(opts.run, opts.results_dir), find_run(opts.other, opts.results_dir)
+    print(report(run, other, compare(run, other)))

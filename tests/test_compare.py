@@ -1,0 +1,58 @@
+"""`specrepro compare`: one run's speed over another's on the same prompts, paired turn by turn, with its interval."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from omegaconf import OmegaConf
+
+from specrepro.metrics.speed import ci95, relative_speedup
+from tests.test_runner import FAST, run_dirs, specrepro
+
+
+def _turn(wall_time: float, ar_wall_time: float, tokens=(1, 2, 3, 4)) -> dict:
+    return {"token_ids": list(tokens), "wall_time": wall_time, "ar_wall_time": ar_wall_time, "ar_tokens": 4}
+
+
+def test_the_relative_speedup_is_the_geometric_mean_of_the_turns_ratios_of_paired_speedups():
+    """Turn by turn, each run's speedup over its own `ar` (a slower machine at one run's time cancels: the second
+    run's `ar` took twice as long there too); the interval is Student's t on the logs; same_tokens counts turns."""
+    run = [_turn(1.0, 2.0), _turn(1.0, 3.0), _turn(1.0, 2.5)]  # paired speedups 2.0, 3.0, 2.5
+    other = [_turn(2.0, 2.0), _turn(2.0, 4.0), _turn(2.0, 2.0, tokens=(1, 2, 3, 5))]  # 1.0, 2.0, 1.0
+    logs = [math.log(2.0), math.log(1.5), math.log(2.5)]
+    mean = sum(logs) / 3
+    result = relative_speedup(run, other)
+    assert result["ratio"] == pytest.approx(math.exp(mean)) == pytest.approx((2.0 * 1.5 * 2.5) ** (1 / 3))
+    assert result["low"] == pytest.approx(math.exp(mean - ci95(logs)))
+    assert result["high"] == pytest.approx(math.exp(mean + ci95(logs)))
+    assert result["turns"] == 3 and result["same_tokens"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError):
+        relative_speedup(run, other[:2])
+
+
+def test_compare_names_the_faster_run_and_refuses_other_prompts_or_unpaired_runs_in_one_line(tmp_path):
+    specrepro("run", "-m", *FAST, "method=ar,pld", "dataset=gsm8k", "dataset.limit=3", "timing.paired=true",
+              "logger=none", cwd=tmp_path)
+    specrepro("run", "-m", *FAST, "method=pld", "dataset=gsm8k", "dataset.limit=2", "timing.paired=true,false",
+              "logger=none", cwd=tmp_path)
+    runs = {(key.split(":")[0], OmegaConf.load(p / "config.yaml").timing.paired,
+             OmegaConf.load(p / "config.yaml").dataset.limit): p for key, p in run_dirs(tmp_path).items()}
+    pld, ar = runs["pld", True, 3], runs["ar", True, 3]
+
+    out = specrepro("compare", pld.name, str(ar), cwd=tmp_path).stdout
+    turns = {}
+    for path in (pld, ar):
+        rows = [json.loads(line) for line in (path / "generations.jsonl").read_text().splitlines()]
+        turns[path] = {row["id"]: row["samples"][0][0] for row in rows}
+    expected = relative_speedup([turns[pld][i] for i in sorted(turns[pld])], [turns[ar][i] for i in sorted(turns[ar])])
+    assert f"{pld.name} over {ar.name}, 3 turns on the same prompts" in out
+    assert f"{expected['ratio']:.2f}x (95% interval {expected['low']:.2f}x-{expected['high']:.2f}x)" in out
+    assert "the same tokens on 100% of the turns" in out  # pld is lossless
+
+    for args, message in (((pld.name, runs["pld", True, 2].name), "did not decode the same prompts"),
+                          ((pld.name, runs["pld", False, 2].name), "was not timed against ar (run it with timing.paired=true)"),
+                          ((pld.name, "no-such-run"), "no-such-run: no such run directory")):
+        proc = specrepro("compare", *args, cwd=tmp_path, check=False)
+        assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
