@@ -60,7 +60,8 @@ def report(run: RunRecord, other: RunRecord, result: dict) -> str:
     def line(record: RunRecord) -> str:
         metrics = record.metrics()
         machine = json.loads(record.provenance_path.read_text()).get("machine") if record.provenance_path.is_file() else None
-        return (f"  {record.dir.name}: {metrics['speedup_paired']:.2f}x ±{metrics.get('speedup_paired_ci95', float('nan')):.2f}x "
+        half = metrics.get("speedup_paired_ci95")  # none in a record made before intervals were
+        return (f"  {record.dir.name}: {metrics['speedup_paired']:.2f}x{f' ±{half:.2f}x' if half is not None else ''} "
                 f"over its own ar ({machine_label(machine) if machine else 'machine unknown'})")
 
     ratio, low, high = result["ratio"], result["low"], result["high"]
