@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
 
 import pytest
 from omegaconf import OmegaConf
 
+from specrepro.compare import main as compare_main
+from specrepro.errors import SpecReproError
 from specrepro.metrics.speed import ci95, relative_speedup
 from tests.test_runner import FAST, run_dirs, specrepro
 
@@ -33,13 +37,17 @@ def test_the_relative_speedup_is_the_geometric_mean_of_the_turns_ratios_of_paire
 
 
 def test_compare_names_the_faster_run_and_refuses_other_prompts_or_unpaired_runs_in_one_line(tmp_path):
-    specrepro("run", "-m", *FAST, "method=ar,pld", "dataset=gsm8k", "dataset.limit=3", "timing.paired=true",
+    specrepro("run", "-m", *FAST, "method=ar,pld", "dataset=gsm8k", "dataset.limit=3,2", "timing.paired=true",
               "logger=none", cwd=tmp_path)
-    specrepro("run", "-m", *FAST, "method=pld", "dataset=gsm8k", "dataset.limit=2", "timing.paired=true,false",
-              "logger=none", cwd=tmp_path)
-    runs = {(key.split(":")[0], OmegaConf.load(p / "config.yaml").timing.paired,
-             OmegaConf.load(p / "config.yaml").dataset.limit): p for key, p in run_dirs(tmp_path).items()}
-    pld, ar = runs["pld", True, 3], runs["ar", True, 3]
+    runs = {(key.split(":")[0], OmegaConf.load(p / "config.yaml").dataset.limit): p
+            for key, p in run_dirs(tmp_path).items()}
+    pld, ar = runs["pld", 3], runs["ar", 3]
+    unpaired = tmp_path / "results" / "runs" / "pld-unpaired"  # the same run as if timed without ar beside it
+    shutil.copytree(pld, unpaired)
+    rows = [json.loads(line) for line in (unpaired / "generations.jsonl").read_text().splitlines()]
+    for turn in (turn for row in rows for sample in row["samples"] for turn in sample):
+        del turn["ar_wall_time"]
+    (unpaired / "generations.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
     out = specrepro("compare", pld.name, str(ar), cwd=tmp_path).stdout
     turns = {}
@@ -51,8 +59,12 @@ def test_compare_names_the_faster_run_and_refuses_other_prompts_or_unpaired_runs
     assert f"{expected['ratio']:.2f}x (95% interval {expected['low']:.2f}x-{expected['high']:.2f}x)" in out
     assert "the same tokens on 100% of the turns" in out  # pld is lossless
 
-    for args, message in (((pld.name, runs["pld", True, 2].name), "did not decode the same prompts"),
-                          ((pld.name, runs["pld", False, 2].name), "was not timed against ar (run it with timing.paired=true)"),
-                          ((pld.name, "no-such-run"), "no-such-run: no such run directory")):
-        proc = specrepro("compare", *args, cwd=tmp_path, check=False)
-        assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    refusals = (((pld.name, runs["pld", 2].name), "did not decode the same prompts"),
+                ((pld.name, unpaired.name), "was not timed against ar (run it with timing.paired=true)"),
+                ((pld.name, "no-such-run"), "no-such-run: no such run directory"))
+    for args, message in refusals:  # the command prints a SpecReproError as one line and exits with 2
+        with pytest.raises(SpecReproError, match=re.escape(message)):
+            compare_main([*args, "--results-dir", str(tmp_path / "results")])
+    proc = specrepro("compare", pld.name, "no-such-run", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "specrepro: error: no-such-run: no such run directory, nor a run of that name in results/runs"]
