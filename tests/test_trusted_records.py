@@ -75,6 +75,7 @@ def test_a_mean_over_runs_carries_the_interval_of_the_mean_from_the_runs_own_int
     assert mean_ci95(runs, "speedup_paired") == pytest.approx((high - low) / 4)
     assert mean_ci95(runs[:1], "speedup_paired") == pytest.approx(ci95(a))
     assert math.isnan(mean_ci95([runs[0], {"speedup_paired": 1.5, "n_generations": 6}], "speedup_paired"))
+    assert math.isnan(mean_ci95([runs[0], {"speedup_paired_ci95": None, "n_generations": 1}], "speedup_paired"))
     assert math.isnan(mean_ci95([{**r, "order_effect_paired_ci95": 0.1} for r in runs], "order_effect_paired"))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from specrepro.errors import SpecReproError
@@ -66,10 +67,11 @@ def report(run: RunRecord, other: RunRecord, result: dict) -> str:
 
     ratio, low, high = result["ratio"], result["low"], result["high"]
     verdict = ("the first is faster" if low > 1 else "the second is faster" if high < 1 else "not resolved")
+    interval = f"95% interval {low:.2f}x-{high:.2f}x" if math.isfinite(low) else "no interval from one turn"
     return "\n".join([
         f"{run.dir.name} over {other.dir.name}, {result['turns']} turns on the same prompts:",
         line(run), line(other),
-        f"  {ratio:.2f}x (95% interval {low:.2f}x-{high:.2f}x): {verdict}; "
+        f"  {ratio:.2f}x ({interval}): {verdict}; "
         f"the same tokens on {result['same_tokens']:.0%} of the turns",
         "  (the geometric mean over turns of the ratio of the two paired speedups; each turn over the ar timed "
         "beside it in its own run)"])

@@ -43,7 +43,8 @@ def mean_ci95(runs: list[dict], key: str) -> float:
     """Half-width of the 95% interval of the plain mean of `key` over independent runs (a table's mean over cells):
     the runs' standard errors, each from its `<key>_ci95`, combined with Welch-Satterthwaite degrees of freedom;
     NaN for a key not in STUDENT_T_KEYS or a run without an interval."""
-    half_widths = [m.get(f"{key}_ci95", math.nan) for m in runs]
+    half_widths = [m.get(f"{key}_ci95") for m in runs]
+    half_widths = [math.nan if h is None else h for h in half_widths]  # a record writes NaN as null
     counts = [m.get("n_generations", 0) for m in runs]
     if key not in STUDENT_T_KEYS or not runs or any(not math.isfinite(h) or n < 2 for h, n in zip(half_widths, counts)):
         return math.nan
