@@ -10,14 +10,16 @@ import shutil
 import pytest
 from omegaconf import OmegaConf
 
+from specrepro.compare import TURNS_FILE
 from specrepro.compare import main as compare_main
 from specrepro.errors import SpecReproError
-from specrepro.metrics.speed import ci95, relative_speedup
+from specrepro.metrics.speed import ci95, paired_ratio, relative_speedup
 from tests.test_runner import FAST, run_dirs, specrepro
 
 
 def _turn(wall_time: float, ar_wall_time: float, tokens=(1, 2, 3, 4)) -> dict:
-    return {"token_ids": list(tokens), "wall_time": wall_time, "ar_wall_time": ar_wall_time, "ar_tokens": 4}
+    gen = {"token_ids": list(tokens), "wall_time": wall_time, "ar_wall_time": ar_wall_time, "ar_tokens": 4}
+    return {"speedup": paired_ratio(gen), "tokens": tokens}
 
 
 def test_the_relative_speedup_is_the_geometric_mean_of_the_turns_ratios_of_paired_speedups():
@@ -36,12 +38,34 @@ def test_the_relative_speedup_is_the_geometric_mean_of_the_turns_ratios_of_paire
         relative_speedup(run, other[:2])
 
 
-def test_compare_names_the_faster_run_and_refuses_other_prompts_or_unpaired_runs_in_one_line(tmp_path):
+PAIRED_TABLE = """
+paper: committed
+title: "Paired speedups"
+source: "the test's runs"
+select: {model: tiny_random, dataset.limit: 3}
+row_header: [Method]
+rows:
+  - {label: [ar], select: {method: ar}}
+  - {label: [pld], select: {method: pld}}
+columns:
+  - {label: speedup, key: speedup_paired, fmt: "{:.2f}x"}
+"""
+
+
+def test_compare_names_the_faster_run_also_from_committed_copies_and_refuses_other_prompts_or_unpaired_runs(tmp_path, capsys):
     specrepro("run", "-m", *FAST, "method=ar,pld", "dataset=gsm8k", "dataset.limit=3,2", "timing.paired=true",
               "logger=none", cwd=tmp_path)
     runs = {(key.split(":")[0], OmegaConf.load(p / "config.yaml").dataset.limit): p
             for key, p in run_dirs(tmp_path).items()}
     pld, ar = runs["pld", 3], runs["ar", 3]
+    (tmp_path / "paired.yaml").write_text(PAIRED_TABLE)  # its committed inputs: metrics.json, config.yaml, turns.jsonl
+    specrepro("table", "paired.yaml", "--out-dir", "committed", cwd=tmp_path)
+    committed = tmp_path / "committed" / "runs"
+    assert sorted(p.parent.name for p in committed.glob(f"*/{TURNS_FILE}")) == sorted([pld.name, ar.name])
+    assert not list(committed.glob("*/generations.jsonl"))
+    before_turns = committed.parent / "runs-before-turns" / pld.name  # a committed copy made before turns were kept
+    shutil.copytree(committed / pld.name, before_turns)
+    (before_turns / TURNS_FILE).unlink()
     unpaired = tmp_path / "results" / "runs" / "pld-unpaired"  # the same run as if timed without ar beside it
     shutil.copytree(pld, unpaired)
     rows = [json.loads(line) for line in (unpaired / "generations.jsonl").read_text().splitlines()]
@@ -54,14 +78,20 @@ def test_compare_names_the_faster_run_and_refuses_other_prompts_or_unpaired_runs
     for path in (pld, ar):
         rows = [json.loads(line) for line in (path / "generations.jsonl").read_text().splitlines()]
         turns[path] = {row["id"]: row["samples"][0][0] for row in rows}
-    expected = relative_speedup([turns[pld][i] for i in sorted(turns[pld])], [turns[ar][i] for i in sorted(turns[ar])])
+    expected = relative_speedup(*([{"speedup": paired_ratio(turns[p][i]), "tokens": turns[p][i]["token_ids"]}
+                                   for i in sorted(turns[p])] for p in (pld, ar)))
     assert f"{pld.name} over {ar.name}, 3 turns on the same prompts" in out
     assert f"{expected['ratio']:.2f}x (95% interval {expected['low']:.2f}x-{expected['high']:.2f}x)" in out
     assert "the same tokens on 100% of the turns" in out  # pld is lossless
 
+    # the committed copies compare as the runs themselves do
+    compare_main([pld.name, ar.name, "--results-dir", str(committed.parent)])
+    assert capsys.readouterr().out == out
+
     refusals = (((pld.name, runs["pld", 2].name), "did not decode the same prompts"),
                 ((pld.name, unpaired.name), "was not timed against ar (run it with timing.paired=true)"),
-                ((pld.name, "no-such-run"), "no-such-run: no such run directory"))
+                ((pld.name, "no-such-run"), "no-such-run: no such run directory"),
+                ((str(committed / ar.name), str(before_turns)), f"{pld.name}: holds no per-turn timings"))
     for args, message in refusals:  # the command prints a SpecReproError as one line and exits with 2
         with pytest.raises(SpecReproError, match=re.escape(message)):
             compare_main([*args, "--results-dir", str(tmp_path / "results")])

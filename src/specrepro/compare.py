@@ -4,20 +4,24 @@ A table shows each run's paired speedup with its own interval, and two overlappi
 run is faster: both hold the spread over prompts that the two runs share. Paired turn by turn, the runs' difference
 has an interval of its own (`metrics.speed.relative_speedup`). Each run must have timed `ar` beside every turn
 (`timing.paired=true`, as every leaderboard run does) and decoded the same prompts as the other; a run is named by
-its directory or by its name under `<results dir>/runs/`.
+its directory or by its name under `<results dir>/runs/`. A run's committed copy (a table's inputs under
+`results/<paper>/runs/`) holds its timed turns in `turns.jsonl`, so committed runs compare without their generations.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 from pathlib import Path
 
 from specrepro.errors import SpecReproError
-from specrepro.metrics.speed import relative_speedup
+from specrepro.metrics.speed import paired_ratio, relative_speedup
 from specrepro.provenance import machine_label
 from specrepro.tracking import RunRecord
+
+TURNS_FILE = "turns.jsonl"  # a run's timed turns, all that compare reads, kept beside a committed copy's metrics.json
 
 
 def find_run(name: str, results_dir: str) -> RunRecord:
@@ -31,23 +35,36 @@ def find_run(name: str, results_dir: str) -> RunRecord:
     raise SpecReproError(f"{name}: no such run directory, nor a run of that name in {Path(results_dir) / 'runs'}")
 
 
-def paired_turns(record: RunRecord) -> dict[tuple, dict]:
-    """Every decoded turn of a run by (record id, first prompt, sample, turn): a later turn's prompt holds the run's
-    own earlier answer, which sampling runs need not share. Refuses a run not timed against `ar`."""
-    turns = {}
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:16]
+
+
+def timed_turns(record: RunRecord) -> list[dict]:
+    """Every decoded turn of a run as compare needs it: its key (record id, a digest of the first prompt, sample,
+    turn: a later turn's prompt holds the run's own earlier answer, which sampling runs need not share), its paired
+    speedup over the `ar` timed beside it, and a digest of its tokens. Read from the run's generations, else from
+    the turns.jsonl of a committed copy; refuses a run not timed against `ar`."""
+    if not record.generations_path.is_file() and (record.dir / TURNS_FILE).is_file():
+        return [json.loads(line) for line in (record.dir / TURNS_FILE).read_text().splitlines()]
+    if not record.generations_path.is_file():
+        raise SpecReproError(f"{record.dir.name}: holds no per-turn timings (neither generations.jsonl nor "
+                             f"{TURNS_FILE}: a committed copy made before they were kept)")
+    turns = []
     for row in record.rows():
         for sample, gens in enumerate(row["samples"]):
             for turn, gen in enumerate(gens):
                 if not gen.get("ar_wall_time"):
                     raise SpecReproError(f"{record.dir.name}: record {row['id']} was not timed against ar "
                                          "(run it with timing.paired=true)")
-                turns[(row["id"], row["prompts"][0], sample, turn)] = gen
+                turns.append({"id": row["id"], "prompt": _digest(row["prompts"][0]), "sample": sample, "turn": turn,
+                              "speedup": paired_ratio(gen), "tokens": _digest(gen["token_ids"])})
     return turns
 
 
 def compare(run: RunRecord, other: RunRecord) -> dict:
     """`relative_speedup` of `run` over `other` on the turns both decoded, which must be the same turns."""
-    turns, other_turns = paired_turns(run), paired_turns(other)
+    turns, other_turns = ({(t["id"], t["prompt"], t["sample"], t["turn"]): t for t in timed_turns(record)}
+                          for record in (run, other))
     if turns.keys() != other_turns.keys():
         only = sorted({key[0] for key in turns.keys() ^ other_turns.keys()})
         raise SpecReproError(f"{run.dir.name} and {other.dir.name} did not decode the same prompts "
@@ -60,7 +77,7 @@ def report(run: RunRecord, other: RunRecord, result: dict) -> str:
     """What the comparison shows, in a few lines."""
     def line(record: RunRecord) -> str:
         metrics = record.metrics()
-        machine = json.loads(record.provenance_path.read_text()).get("machine") if record.provenance_path.is_file() else None
+        machine = (metrics.get("provenance") or {}).get("machine")  # none in a record made before provenance was
         half = metrics.get("speedup_paired_ci95")  # none in a record made before intervals were
         return (f"  {record.dir.name}: {metrics['speedup_paired']:.2f}x{f' ±{half:.2f}x' if half is not None else ''} "
                 f"over its own ar ({machine_label(machine) if machine else 'machine unknown'})")

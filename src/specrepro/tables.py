@@ -51,11 +51,12 @@ from types import SimpleNamespace
 
 import yaml
 
+from specrepro.compare import TURNS_FILE, timed_turns
 from specrepro.errors import SpecReproError, one_line
 from specrepro.metrics.speed import mean_ci95
 from specrepro.plots import KINDS, table_rows, write_plots
 from specrepro.provenance import machine_label
-from specrepro.tracking import atomic_write, complete_runs, wandb_mode
+from specrepro.tracking import RunRecord, atomic_write, complete_runs, wandb_mode
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +263,7 @@ class RunInfo:
     metrics: dict
     config: dict
     order: float  # newer runs sort later (file mtime locally, creation time on W&B)
+    dir: Path | None = None  # the run's directory (local runs)
 
 
 def local_runs(*results_dirs: str | Path) -> list[RunInfo]:
@@ -278,19 +280,26 @@ def local_runs(*results_dirs: str | Path) -> list[RunInfo]:
             continue
         finished = (run.metrics.get("provenance") or {}).get("finished_at")
         order = dt.datetime.fromisoformat(finished).timestamp() if isinstance(finished, str) else run.mtime
-        runs.append(RunInfo(run.dir.name, run.metrics, config, order))
+        runs.append(RunInfo(run.dir.name, run.metrics, config, order, run.dir))
     return runs
 
 
 def write_inputs(out_dir: Path, runs: list[RunInfo]) -> None:
     """Copy these runs' metrics.json and config.yaml into `<out dir>/runs/`, the inputs of the tables there, and
     drop the inputs no table there names any more: committed, they let the tables regenerate from the repository
-    alone (`specrepro table NAME --results-dir <out dir> --out-dir <out dir>`)."""
+    alone (`specrepro table NAME --results-dir <out dir> --out-dir <out dir>`). A run timed against `ar` turn by
+    turn also leaves its timed turns (`turns.jsonl`), so that `specrepro compare` works on the committed copies."""
     inputs = out_dir / "runs"
     for run in runs:
         metrics = json.dumps(run.metrics, indent=1, sort_keys=True, default=str)
         atomic_write(inputs / run.name / "metrics.json", metrics + "\n")
         atomic_write(inputs / run.name / "config.yaml", yaml.safe_dump(run.config, sort_keys=False))
+        if run.dir is not None:
+            try:
+                turns = timed_turns(RunRecord(run.dir))
+            except SpecReproError:  # not timed against ar, or a copy made before turns were kept
+                continue
+            atomic_write(inputs / run.name / TURNS_FILE, "".join(json.dumps(turn) + "\n" for turn in turns))
     named = {name for table in out_dir.glob("*.csv") for name in _run_names(table)}
     for stale in (path for path in inputs.glob("*") if path.is_dir() and path.name not in named):
         shutil.rmtree(stale)

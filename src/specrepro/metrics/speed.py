@@ -100,20 +100,21 @@ def speedups(gens: list[dict], reference: list[dict]) -> dict[str, float]:
     }
 
 
-def _paired_ratio(gen: dict, baseline: str = "ar") -> float:
+def paired_ratio(gen: dict, baseline: str = "ar") -> float:
     """One turn's throughput over that of the `baseline` timed beside it."""
     return _rate(gen) / (gen[f"{baseline}_tokens"] / gen[f"{baseline}_wall_time"])
 
 
-def relative_speedup(gens: list[dict], others: list[dict]) -> dict[str, float]:
-    """How much faster one run decoded the same turns than another, each turn's throughput taken over the `ar` timed
-    beside it in its own run (so the machine's load at either run's time cancels): the geometric mean of the turns'
-    ratios of the two paired speedups (`ratio`), the bounds of its 95% interval (Student's t on the logs), the
-    number of `turns` and the share of them decoded to the same tokens (`same_tokens`)."""
-    logs = [math.log(_paired_ratio(g) / _paired_ratio(o)) for g, o in zip(gens, others, strict=True)]
+def relative_speedup(turns: list[dict], others: list[dict]) -> dict[str, float]:
+    """How much faster one run decoded the same turns than another, from each turn's `speedup` over the `ar` timed
+    beside it in its own run (`paired_ratio`: the machine's load at either run's time cancels) and its `tokens`
+    (any value that is equal for the same tokens): the geometric mean of the turns' ratios of the two paired speedups
+    (`ratio`), the bounds of its 95% interval (Student's t on the logs), the number of `turns` and the share of them
+    decoded to the same tokens (`same_tokens`)."""
+    logs = [math.log(t["speedup"] / o["speedup"]) for t, o in zip(turns, others, strict=True)]
     mean, half = fmean(logs), ci95(logs)
     return {"ratio": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half), "turns": len(logs),
-            "same_tokens": fmean(float(g["token_ids"] == o["token_ids"]) for g, o in zip(gens, others))}
+            "same_tokens": fmean(float(t["tokens"] == o["tokens"]) for t, o in zip(turns, others))}
 
 
 def paired_speedup(gens: list[dict], baseline: str = "ar") -> dict[str, float]:
@@ -126,7 +127,7 @@ def paired_speedup(gens: list[dict], baseline: str = "ar") -> dict[str, float]:
     paired = [g for g in gens if g.get(f"{baseline}_wall_time") and g["wall_time"] > 0]
     if not paired:
         return {f"speedup_paired{suffix}": math.nan, f"speedup_paired{suffix}_ci95": math.nan}
-    ratios = [_paired_ratio(g, baseline) for g in paired]
+    ratios = [paired_ratio(g, baseline) for g in paired]
     ar_step_ms = 1000 * _ratio(sum(g[f"{baseline}_wall_time"] - g.get(f"{baseline}_prefill_time", 0.0) for g in paired),
                                sum(g[f"{baseline}_tokens"] - 1 for g in paired))
     steps = sum(g["steps"] for g in paired)
