@@ -98,10 +98,12 @@ def test_greedy_methods_reproduce_ar(embedded, prompt_ids, ar_reference, method,
 @pytest.mark.parametrize("half", HALVES)
 def test_greedy_space_reproduces_ar(embedded, prompt_ids, ar_reference, half):
     """SPACE's block mask, Eq. 7 positions and cache gather on the real architecture (GQA, RoPE): an existing
-    token stands in for the untrained [M], so only exactness is tested here, not acceptance."""
+    token stands in for the untrained [M], so only exactness is tested here, not acceptance. Half the protocol's
+    new tokens, compared with the first half of `ar`'s: still dozens of verification rounds a prompt."""
     decoder = SpaceDecoder(embedded.model, embedded.tokenizer, mask_id=0, k=5)
     for ids in prompt_ids[:5][half::2]:
-        assert decoder.generate(ids, Sampling(), MAX_NEW_TOKENS).token_ids == ar_reference(tuple(ids))
+        tokens = MAX_NEW_TOKENS // 2
+        assert decoder.generate(ids, Sampling(), tokens).token_ids == ar_reference(tuple(ids))[:tokens]
 
 
 def test_ar_output_is_real_text(embedded, prompt_ids, ar_reference):
