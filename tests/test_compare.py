@@ -10,7 +10,6 @@ import shutil
 import pytest
 from omegaconf import OmegaConf
 
-from specrepro.compare import TURNS_FILE
 from specrepro.compare import main as compare_main
 from specrepro.errors import SpecReproError
 from specrepro.metrics.speed import ci95, paired_ratio, relative_speedup
@@ -61,11 +60,11 @@ def test_compare_names_the_faster_run_also_from_committed_copies_and_refuses_oth
     (tmp_path / "paired.yaml").write_text(PAIRED_TABLE)  # its committed inputs: metrics.json, config.yaml, turns.jsonl
     specrepro("table", "paired.yaml", "--out-dir", "committed", cwd=tmp_path)
     committed = tmp_path / "committed" / "runs"
-    assert sorted(p.parent.name for p in committed.glob(f"*/{TURNS_FILE}")) == sorted([pld.name, ar.name])
+    assert sorted(p.parent.name for p in committed.glob("*/turns.jsonl")) == sorted([pld.name, ar.name])
     assert not list(committed.glob("*/generations.jsonl"))
     before_turns = committed.parent / "runs-before-turns" / pld.name  # a committed copy made before turns were kept
     shutil.copytree(committed / pld.name, before_turns)
-    (before_turns / TURNS_FILE).unlink()
+    (before_turns / "turns.jsonl").unlink()
     unpaired = tmp_path / "results" / "runs" / "pld-unpaired"  # the same run as if timed without ar beside it
     shutil.copytree(pld, unpaired)
     rows = [json.loads(line) for line in (unpaired / "generations.jsonl").read_text().splitlines()]
@@ -84,9 +83,13 @@ def test_compare_names_the_faster_run_also_from_committed_copies_and_refuses_oth
     assert f"{expected['ratio']:.2f}x (95% interval {expected['low']:.2f}x-{expected['high']:.2f}x)" in out
     assert "the same tokens on 100% of the turns" in out  # pld is lossless
 
-    # the committed copies compare as the runs themselves do
-    compare_main([pld.name, ar.name, "--results-dir", str(committed.parent)])
+    # the committed copies compare as the runs themselves do, and --out keeps the comparison as a page
+    page = tmp_path / "committed" / "pld_over_ar.md"
+    compare_main([pld.name, ar.name, "--results-dir", str(committed.parent), "--out", str(page)])
     assert capsys.readouterr().out == out
+    text = page.read_text()
+    assert out.strip() in text and "- Machine: " in text and "- Code: " in text
+    assert f"- Regenerate: `specrepro compare {pld.name} {ar.name} --results-dir {committed.parent} --out {page}`" in text
 
     refusals = (((pld.name, runs["pld", 2].name), "did not decode the same prompts"),
                 ((pld.name, unpaired.name), "was not timed against ar (run it with timing.paired=true)"),

@@ -11,17 +11,14 @@ its directory or by its name under `<results dir>/runs/`. A run's committed copy
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import math
 from pathlib import Path
 
 from specrepro.errors import SpecReproError
-from specrepro.metrics.speed import paired_ratio, relative_speedup
+from specrepro.metrics.speed import relative_speedup
 from specrepro.provenance import machine_label
-from specrepro.tracking import RunRecord
-
-TURNS_FILE = "turns.jsonl"  # a run's timed turns, all that compare reads, kept beside a committed copy's metrics.json
+from specrepro.tables import RunInfo, provenance_footer
+from specrepro.tracking import RunRecord, atomic_write
 
 
 def find_run(name: str, results_dir: str) -> RunRecord:
@@ -35,35 +32,9 @@ def find_run(name: str, results_dir: str) -> RunRecord:
     raise SpecReproError(f"{name}: no such run directory, nor a run of that name in {Path(results_dir) / 'runs'}")
 
 
-def _digest(value) -> str:
-    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:16]
-
-
-def timed_turns(record: RunRecord) -> list[dict]:
-    """Every decoded turn of a run as compare needs it: its key (record id, a digest of the first prompt, sample,
-    turn: a later turn's prompt holds the run's own earlier answer, which sampling runs need not share), its paired
-    speedup over the `ar` timed beside it, and a digest of its tokens. Read from the run's generations, else from
-    the turns.jsonl of a committed copy; refuses a run not timed against `ar`."""
-    if not record.generations_path.is_file() and (record.dir / TURNS_FILE).is_file():
-        return [json.loads(line) for line in (record.dir / TURNS_FILE).read_text().splitlines()]
-    if not record.generations_path.is_file():
-        raise SpecReproError(f"{record.dir.name}: holds no per-turn timings (neither generations.jsonl nor "
-                             f"{TURNS_FILE}: a committed copy made before they were kept)")
-    turns = []
-    for row in record.rows():
-        for sample, gens in enumerate(row["samples"]):
-            for turn, gen in enumerate(gens):
-                if not gen.get("ar_wall_time"):
-                    raise SpecReproError(f"{record.dir.name}: record {row['id']} was not timed against ar "
-                                         "(run it with timing.paired=true)")
-                turns.append({"id": row["id"], "prompt": _digest(row["prompts"][0]), "sample": sample, "turn": turn,
-                              "speedup": paired_ratio(gen), "tokens": _digest(gen["token_ids"])})
-    return turns
-
-
 def compare(run: RunRecord, other: RunRecord) -> dict:
     """`relative_speedup` of `run` over `other` on the turns both decoded, which must be the same turns."""
-    turns, other_turns = ({(t["id"], t["prompt"], t["sample"], t["turn"]): t for t in timed_turns(record)}
+    turns, other_turns = ({(t["id"], t["prompt"], t["sample"], t["turn"]): t for t in record.timed_turns()}
                           for record in (run, other))
     if turns.keys() != other_turns.keys():
         only = sorted({key[0] for key in turns.keys() ^ other_turns.keys()})
@@ -99,6 +70,20 @@ def main(argv: list[str]) -> None:
     parser.add_argument("run", help="the run whose speedup is measured (a run directory or a run name)")
     parser.add_argument("other", help="the run it is measured against, on the same prompts")
     parser.add_argument("--results-dir", default="results", help="where run names are looked up (default: results)")
+    parser.add_argument("--out", type=Path, help="also write the comparison to this markdown file, with the runs' "
+                                                 "provenance and the command that regenerates it")
     opts = parser.parse_args(argv)
     run, other = find_run(opts.run, opts.results_dir), find_run(opts.other, opts.results_dir)
-    print(report(run, other, compare(run, other)))
+    text = report(run, other, compare(run, other))
+    print(text)
+    if opts.out:
+        command = f"specrepro compare {opts.run} {opts.other} --results-dir {opts.results_dir} --out {opts.out}"
+        write_page(opts.out, run, other, text, command)
+
+
+def write_page(path: Path, run: RunRecord, other: RunRecord, text: str, command: str) -> None:
+    """The comparison as a committed page: the report, then where its numbers come from (as a table's footer)."""
+    infos = [RunInfo(record.dir.name, record.metrics(), {}, 0.0, record.dir) for record in (run, other)]
+    lines = [f"# {run.dir.name} over {other.dir.name}", "", "```text", text, "```", "", "Provenance:", "",
+             *provenance_footer(infos, command)]
+    atomic_write(path, "\n".join(lines) + "\n")

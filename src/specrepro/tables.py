@@ -51,7 +51,6 @@ from types import SimpleNamespace
 
 import yaml
 
-from specrepro.compare import TURNS_FILE, timed_turns
 from specrepro.errors import SpecReproError, one_line
 from specrepro.metrics.speed import mean_ci95
 from specrepro.plots import KINDS, table_rows, write_plots
@@ -296,10 +295,10 @@ def write_inputs(out_dir: Path, runs: list[RunInfo]) -> None:
         atomic_write(inputs / run.name / "config.yaml", yaml.safe_dump(run.config, sort_keys=False))
         if run.dir is not None:
             try:
-                turns = timed_turns(RunRecord(run.dir))
+                turns = RunRecord(run.dir).timed_turns()
             except SpecReproError:  # not timed against ar, or a copy made before turns were kept
                 continue
-            atomic_write(inputs / run.name / TURNS_FILE, "".join(json.dumps(turn) + "\n" for turn in turns))
+            atomic_write(RunRecord(inputs / run.name).turns_path, "".join(json.dumps(t) + "\n" for t in turns))
     named = {name for table in out_dir.glob("*.csv") for name in _run_names(table)}
     for stale in (path for path in inputs.glob("*") if path.is_dir() and path.name not in named):
         shutil.rmtree(stale)

@@ -22,6 +22,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specrepro.errors import SpecReproError, one_line
+from specrepro.metrics.speed import paired_ratio
 from specrepro.provenance import now, provenance
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def _umask() -> int:
 
 
 def config_hash(node) -> str:
-    """A short stable hash of a plain (JSON-able) config tree."""
+    """A short stable hash of a plain (JSON-able) value: a config tree, a prompt, token ids."""
     blob = json.dumps(node, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:8]
 
@@ -71,6 +72,8 @@ class RunRecord:
         self.generations_path = self.dir / "generations.jsonl"
         self.metrics_path = self.dir / "metrics.json"
         self.provenance_path = self.dir / "provenance.json"  # what started the run, and when
+        # a table's committed copy of a run timed against `ar`: its timed turns (`timed_turns`) without generations
+        self.turns_path = self.dir / "turns.jsonl"
 
     @property
     def complete(self) -> bool:
@@ -110,6 +113,27 @@ class RunRecord:
             started = {"started_at": now(), **provenance(cfg.hardware)}
             atomic_write(self.provenance_path, json.dumps(started, indent=2) + "\n")
         return rows
+
+    def timed_turns(self) -> list[dict]:
+        """Every decoded turn as `specrepro compare` needs it: its key (record id, a digest of the first prompt,
+        sample, turn: a later turn's prompt holds the run's own earlier answer, which sampling runs need not share),
+        its paired speedup over the `ar` timed beside it and a digest of its tokens. From the generations, else from
+        `turns.jsonl`; SpecReproError for a run not timed against `ar` or a copy without either."""
+        if not self.generations_path.is_file():
+            if not self.turns_path.is_file():
+                raise SpecReproError(f"{self.dir.name}: holds no per-turn timings (neither generations.jsonl nor "
+                                     f"{self.turns_path.name}: a committed copy made before they were kept)")
+            return [json.loads(line) for line in self.turns_path.read_text().splitlines()]
+        turns = []
+        for row in self.rows():
+            for sample, gens in enumerate(row["samples"]):
+                for turn, gen in enumerate(gens):
+                    if not gen.get("ar_wall_time"):
+                        raise SpecReproError(f"{self.dir.name}: record {row['id']} was not timed against ar "
+                                             "(run it with timing.paired=true)")
+                    turns.append({"id": row["id"], "prompt": config_hash(row["prompts"][0]), "sample": sample,
+                                  "turn": turn, "speedup": paired_ratio(gen), "tokens": config_hash(gen["token_ids"])})
+        return turns
 
     def rows(self) -> list[dict]:
         """Finished samples; a torn or corrupt trailing line (from a kill mid-write) is ignored."""
