@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from specrepro.cli import CONF_DIR
-from specrepro.config import register_configs
+from specrepro.config import check_names, register_configs
+from specrepro.errors import SpecReproError
 
 register_configs()
 
@@ -22,8 +24,9 @@ def compose_run(*overrides, config="run"):
 @pytest.mark.parametrize("group", ["model", "method", "dataset", "decoding", "logger"])
 def test_every_option_composes(group):
     for option in sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml")):
-        cfg = compose_run(f"{group}={option}")
+        cfg = compose_run(f"{group}={option}", *(["model.id=org/Model"] if option == "hf" else []))
         assert cfg[group].name
+        check_names(cfg)  # every shipped name can label a run
 
 
 def test_train_config_follows_the_method():
@@ -54,6 +57,31 @@ def test_wrong_type_fails_at_composition():
 def test_unknown_option_fails_at_composition():
     with pytest.raises(ConfigCompositionException, match="method"):
         compose_run("method=no_such_method")
+
+
+@pytest.mark.parametrize("model_id, name", [("meta-llama/Llama-2-7b-hf", "llama_2_7b_hf"),
+                                            ("/data/models/My-Model/", "my_model"), ("Qwen2.5-0.5B", "qwen2.5_0.5b")])
+def test_any_hub_id_or_local_path_is_a_model_named_by_its_last_part(model_id, name):
+    cfg = compose_run("model=hf", f"model.id={model_id}")
+    assert (cfg.model.source, cfg.model.id, cfg.model.name) == ("hf", model_id, name)
+    check_names(cfg)
+
+
+@pytest.mark.parametrize("config", ["run", "train"])
+@pytest.mark.parametrize("override, message", [
+    ("model.name=meta-llama/Llama-2-7b-hf", "model.name 'meta-llama/Llama-2-7b-hf' names run and artifact directories"),
+    ("model.name=llama-2", "e.g. llama_2"),  # "-" joins the parts of a run's name
+    ("method.name=../ar", "method.name '../ar'"),
+])
+def test_a_name_that_cannot_label_a_directory_is_refused(config, override, message):
+    with pytest.raises(SpecReproError, match=re.escape(message)):
+        check_names(compose_run(override, config=config))
+
+
+@pytest.mark.parametrize("run_name", ["../elsewhere", "a/b", ".hidden"])
+def test_a_run_name_that_is_a_path_is_refused(run_name):
+    with pytest.raises(SpecReproError, match="not a path"):
+        check_names(compose_run(f"run_name={run_name}"))
 
 
 def test_a_newer_artifact_under_the_same_prefix_is_a_new_run_and_a_new_reference(tmp_path):

@@ -108,6 +108,7 @@ def test_multirun_over_datasets_with_offline_wandb(tmp_path):
         ("model=llama2_7b", "meta-llama/Llama-2-7b-hf"),
         ("dataset.path=/nonexistent/data.jsonl", "/nonexistent/data.jsonl"),
         ("results_dir=/proc/specrepro", "cannot write the run record"),
+        ("model.name=/tmp/elsewhere/llama", "model.name '/tmp/elsewhere/llama' names run and artifact directories"),
     ],
 )
 def test_bad_input_gives_one_line_and_nonzero_exit(tmp_path, override, message):

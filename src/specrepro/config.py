@@ -6,13 +6,39 @@ a key that the schema does not know fails at composition with Hydra's own messag
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from specrepro import registry
+from specrepro.errors import SpecReproError
+
+# model, method, dataset and decoding names join with "-" into run and artifact directory names (and artifacts are
+# found by "<component>-<model>-*"): so no "/" that would leave results/, and no "-" that would blur two names
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.]*")
+
+
+def name_of(model_id: str) -> str:
+    """A hub id's or local path's last part as a model name: `meta-llama/Llama-2-7b-hf` -> `llama_2_7b_hf`
+    (`model=hf`'s name, the resolver `${model_name:...}`)."""
+    return re.sub(r"[^a-z0-9.]+", "_", PurePath(str(model_id)).name.lower()).strip("_.") or "model"
+
+
+def check_names(cfg) -> None:
+    """Refuse a name that cannot label a run or artifact directory, before anything is loaded or written."""
+    for group in ("model", "method", "dataset", "decoding"):
+        name = str(cfg[group].name) if group in cfg else None
+        if name is not None and not NAME.fullmatch(name):
+            hint = " (a hub id or local path goes in model.id: model=hf model.id=...)" if group == "model" else ""
+            raise SpecReproError(f"{group}.name '{name}' names run and artifact directories: use letters, digits, "
+                                 f"'_' and '.', e.g. {name_of(name)}{hint}")
+    run_name = cfg.get("run_name")
+    if run_name and (PurePath(run_name).name != run_name or run_name.startswith(".")):
+        raise SpecReproError(f"run_name '{run_name}' must be a directory name under results/runs, not a path")
 
 
 @dataclass
@@ -147,6 +173,8 @@ def register_configs() -> None:
     from specrepro.metrics.judge import JudgeConfig
 
     registry.load()
+    if not OmegaConf.has_resolver("model_name"):
+        OmegaConf.register_new_resolver("model_name", name_of)
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     cs.store(name="train_schema", node=TrainRunConfig)

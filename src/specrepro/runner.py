@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specrepro import suspension
+from specrepro.config import check_names
 from specrepro.data import completion_for_scoring, load_records, reference_response, render_prompt
 from specrepro.decoding import build_decoder, validate_method_config
 from specrepro.decoding.ar import ARDecoder
@@ -40,6 +41,7 @@ _loaded_models: dict[str, LoadedModel] = {}  # a sweep in one process loads each
 
 def validate(cfg: DictConfig) -> None:
     """Refuse values that cannot work, before any model is loaded."""
+    check_names(cfg)
     validate_method_config(cfg.method)
     if cfg.decoding.max_new_tokens <= 0:
         raise SpecReproError(f"decoding.max_new_tokens must be positive, got {cfg.decoding.max_new_tokens}")

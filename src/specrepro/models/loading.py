@@ -314,7 +314,7 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype, artifacts_dir: str
         tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
     elif cfg.source == "hf":
         if not cfg.id:
-            raise SpecReproError(f"model '{cfg.name}' has source=hf but no model.id")
+            raise SpecReproError(f"model '{cfg.name}' has source=hf but no model.id: set it to a hub id or local directory")
         common = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
         model = _from_pretrained(AutoModelForCausalLM, cfg.id, dtype=dtype, **common, **where)
         tokenizer = load_tokenizer(cfg.tokenizer or cfg.id, cfg)

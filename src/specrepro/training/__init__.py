@@ -9,7 +9,7 @@ from accelerate import PartialState
 from omegaconf import DictConfig, OmegaConf
 
 from specrepro import registry
-from specrepro.config import weights_identity
+from specrepro.config import check_names, weights_identity
 from specrepro.models import ModelLoader
 from specrepro.models.loading import unreadable_weights
 from specrepro.provenance import now, provenance
@@ -50,6 +50,7 @@ def train(cfg) -> Path:
     In one process, or in each process of an `accelerate launch` / torchrun: every process prepares the data
     (each its share, see training/shards.py) and trains; the main process alone logs to W&B and publishes."""
     state = PartialState()  # first: under a multi-GPU launch it selects this process's GPU
+    check_names(cfg)
     final = artifact_path(cfg)
     with exclusive(lock_file(final), f"training {final.name}"):  # a second job training it waits, then re-uses it
         return _train(cfg, state, final)
