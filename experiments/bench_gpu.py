@@ -19,7 +19,7 @@ prompt (`prompts` says how many), so a run cut off by a lent machine's limit kee
 writes them as a results page. `--device cpu` asks the same of a CPU (inductor compiles C++ there).
 Run: python experiments/bench_gpu.py [--limit 5] [--max-new-tokens 256] [--json out.json] [--markdown out.md]
      [--methods "sar_draft_tree;eesd method.draft_vocab=4096" --artifacts-dir results/artifacts]
-     [--model llama2_7b_chat | --model "smollm2_135m model.source=hf model.id=/path/to/checkpoint"]
+     [--model llama2_7b_chat | --model "hf model.id=/path/to/checkpoint"]
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def main() -> None:
                         help="where --methods find their artifacts (`specrepro train`'s; the pipelines' are in "
                              "results/reproduce/artifacts)")
     parser.add_argument("--model", default="smollm2_135m", help='a model preset with overrides (conf/model/): '
-                        '"llama2_7b_chat", "smollm2_135m model.source=hf model.id=/path/to/checkpoint"')
+                        '"llama2_7b_chat", "hf model.id=/path/to/checkpoint"')
     args = parser.parse_args()
     began = time.perf_counter()
     hardware = HardwareConfig(device=args.device, dtype=args.dtype, threads=args.threads, linear_kernel="torch",
