@@ -91,6 +91,26 @@ def test_compare_names_the_faster_run_also_from_committed_copies_and_refuses_oth
     assert out.strip() in text and "- Machine: " in text and "- Code: " in text
     assert f"- Regenerate: `specrepro compare {pld.name} {ar.name} --results-dir {committed.parent} --out {page}`" in text
 
+    # runs named together pool their turns (a method over several datasets): copies of both runs on other records
+    pooled = tmp_path / "pooled" / "runs"
+    for path in (pld, ar):
+        shutil.copytree(committed / path.name, pooled / path.name)
+        lines = (committed / path.name / "turns.jsonl").read_text().splitlines()
+        moved = [json.dumps({**json.loads(line), "id": f"other-{json.loads(line)['id']}"}) for line in lines]
+        shutil.copytree(committed / path.name, pooled / f"{path.name}-other")
+        (pooled / f"{path.name}-other" / "turns.jsonl").write_text("\n".join(moved) + "\n")
+    both = f"{pld.name},{pld.name}-other"
+    compare_main([both, f"{ar.name},{ar.name}-other", "--results-dir", str(pooled.parent)])
+    twice = relative_speedup(*([{"speedup": paired_ratio(turns[p][i]), "tokens": turns[p][i]["token_ids"]}
+                                for i in sorted(turns[p]) * 2] for p in (pld, ar)))
+    out = capsys.readouterr().out
+    assert f"[{pld.name}, {pld.name}-other] over [{ar.name}, {ar.name}-other], 6 turns on the same prompts" in out
+    assert f"{twice['ratio']:.2f}x (95% interval {twice['low']:.2f}x-{twice['high']:.2f}x)" in out
+    for args, message in (((f"{pld.name},{pld.name}", ar.name), "both decoded record"),
+                          ((both, ar.name), "did not decode the same prompts (record other-")):
+        with pytest.raises(SpecReproError, match=re.escape(message)):
+            compare_main([*args, "--results-dir", str(pooled.parent)])
+
     refusals = (((pld.name, runs["pld", 2].name), "did not decode the same prompts"),
                 ((pld.name, unpaired.name), "was not timed against ar (run it with timing.paired=true)"),
                 ((pld.name, "no-such-run"), "no-such-run: no such run directory"),

@@ -6,6 +6,8 @@ has an interval of its own (`metrics.speed.relative_speedup`). Each run must hav
 (`timing.paired=true`, as every leaderboard run does) and decoded the same prompts as the other; a run is named by
 its directory or by its name under `<results dir>/runs/`. A run's committed copy (a table's inputs under
 `results/<paper>/runs/`) holds its timed turns in `turns.jsonl`, so committed runs compare without their generations.
+Runs named together, comma-separated, pool their turns: one method over several datasets (each turn counts once,
+so a dataset weighs by its number of turns) against another over the same datasets.
 """
 
 from __future__ import annotations
@@ -32,19 +34,42 @@ def find_run(name: str, results_dir: str) -> RunRecord:
     raise SpecReproError(f"{name}: no such run directory, nor a run of that name in {Path(results_dir) / 'runs'}")
 
 
-def compare(run: RunRecord, other: RunRecord) -> dict:
-    """`relative_speedup` of `run` over `other` on the turns both decoded, which must be the same turns."""
-    turns, other_turns = ({(t["id"], t["prompt"], t["sample"], t["turn"]): t for t in record.timed_turns()}
-                          for record in (run, other))
+def find_runs(names: str, results_dir: str) -> list[RunRecord]:
+    """The complete runs named in `names`, comma-separated."""
+    return [find_run(name, results_dir) for name in names.split(",")]
+
+
+def label(records: list[RunRecord]) -> str:
+    names = [record.dir.name for record in records]
+    return names[0] if len(names) == 1 else f"[{', '.join(names)}]"
+
+
+def pooled_turns(records: list[RunRecord]) -> dict[tuple, dict]:
+    """The timed turns of `records` by key (record id, prompt, sample, turn); a turn that two of them decoded would
+    count twice, so it is refused."""
+    turns, decoded_by = {}, {}
+    for record in records:
+        for turn in record.timed_turns():
+            key = (turn["id"], turn["prompt"], turn["sample"], turn["turn"])
+            if key in turns:
+                raise SpecReproError(f"{decoded_by[key]} and {record.dir.name} both decoded record {turn['id']}: "
+                                     "runs named together must decode different prompts")
+            turns[key], decoded_by[key] = turn, record.dir.name
+    return turns
+
+
+def compare(runs: list[RunRecord], others: list[RunRecord]) -> dict:
+    """`relative_speedup` of `runs` over `others` on the turns both decoded, which must be the same turns."""
+    turns, other_turns = pooled_turns(runs), pooled_turns(others)
     if turns.keys() != other_turns.keys():
         only = sorted({key[0] for key in turns.keys() ^ other_turns.keys()})
-        raise SpecReproError(f"{run.dir.name} and {other.dir.name} did not decode the same prompts "
+        raise SpecReproError(f"{label(runs)} and {label(others)} did not decode the same prompts "
                              f"(record {only[0]} differs{f', and {len(only) - 1} more' if len(only) > 1 else ''})")
     keys = sorted(turns)
     return relative_speedup([turns[k] for k in keys], [other_turns[k] for k in keys])
 
 
-def report(run: RunRecord, other: RunRecord, result: dict) -> str:
+def report(runs: list[RunRecord], others: list[RunRecord], result: dict) -> str:
     """What the comparison shows, in a few lines."""
     def line(record: RunRecord) -> str:
         metrics = record.metrics()
@@ -57,8 +82,8 @@ def report(run: RunRecord, other: RunRecord, result: dict) -> str:
     verdict = ("the first is faster" if low > 1 else "the second is faster" if high < 1 else "not resolved")
     interval = f"95% interval {low:.2f}x-{high:.2f}x" if math.isfinite(low) else "no interval from one turn"
     return "\n".join([
-        f"{run.dir.name} over {other.dir.name}, {result['turns']} turns on the same prompts:",
-        line(run), line(other),
+        f"{label(runs)} over {label(others)}, {result['turns']} turns on the same prompts:",
+        *map(line, runs + others),
         f"  {ratio:.2f}x ({interval}): {verdict}; "
         f"the same tokens on {result['same_tokens']:.0%} of the turns",
         "  (the geometric mean over turns of the ratio of the two paired speedups; each turn over the ar timed "
@@ -67,23 +92,24 @@ def report(run: RunRecord, other: RunRecord, result: dict) -> str:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="specrepro compare", description=__doc__.splitlines()[0])
-    parser.add_argument("run", help="the run whose speedup is measured (a run directory or a run name)")
-    parser.add_argument("other", help="the run it is measured against, on the same prompts")
+    parser.add_argument("run", help="the run whose speedup is measured (a run directory or a run name; several, "
+                                    "comma-separated, pool their turns: a method over several datasets)")
+    parser.add_argument("other", help="the run (or runs) it is measured against, on the same prompts")
     parser.add_argument("--results-dir", default="results", help="where run names are looked up (default: results)")
     parser.add_argument("--out", type=Path, help="also write the comparison to this markdown file, with the runs' "
                                                  "provenance and the command that regenerates it")
     opts = parser.parse_args(argv)
-    run, other = find_run(opts.run, opts.results_dir), find_run(opts.other, opts.results_dir)
-    text = report(run, other, compare(run, other))
+    runs, others = find_runs(opts.run, opts.results_dir), find_runs(opts.other, opts.results_dir)
+    text = report(runs, others, compare(runs, others))
     print(text)
     if opts.out:
         command = f"specrepro compare {opts.run} {opts.other} --results-dir {opts.results_dir} --out {opts.out}"
-        write_page(opts.out, run, other, text, command)
+        write_page(opts.out, runs, others, text, command)
 
 
-def write_page(path: Path, run: RunRecord, other: RunRecord, text: str, command: str) -> None:
+def write_page(path: Path, runs: list[RunRecord], others: list[RunRecord], text: str, command: str) -> None:
     """The comparison as a committed page: the report, then where its numbers come from (as a table's footer)."""
-    infos = [RunInfo(record.dir.name, record.metrics(), {}, 0.0, record.dir) for record in (run, other)]
-    lines = [f"# {run.dir.name} over {other.dir.name}", "", "```text", text, "```", "", "Provenance:", "",
+    infos = [RunInfo(record.dir.name, record.metrics(), {}, 0.0, record.dir) for record in runs + others]
+    lines = [f"# {label(runs)} over {label(others)}", "", "```text", text, "```", "", "Provenance:", "",
              *provenance_footer(infos, command)]
     atomic_write(path, "\n".join(lines) + "\n")
