@@ -40,6 +40,7 @@ def find_runs(names: str, results_dir: str) -> list[RunRecord]:
 
 
 def label(records: list[RunRecord]) -> str:
+    """One run's name, or a group's names in brackets."""
     names = [record.dir.name for record in records]
     return names[0] if len(names) == 1 else f"[{', '.join(names)}]"
 
