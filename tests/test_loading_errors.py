@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from specrepro.config import RandomArchConfig
 from specrepro.errors import SpecReproError
@@ -204,6 +205,26 @@ def test_an_uncached_hub_model_fails_fast_when_the_hub_is_unreachable(tmp_path, 
     line = one_error_line(proc)
     assert message in line
     assert elapsed < 45, f"took {elapsed:.0f} s"  # ~15 s here, most of it imports; the hub's retries took 75 s
+
+
+@pytest.mark.parametrize("holds", ["nothing", "a config only", "a model without a tokenizer"])
+def test_a_local_directory_without_a_checkpoint_is_refused_in_one_line(tmp_path, holds):
+    """A directory is taken as a checkpoint, never looked up on the hub; what it lacks is said in one line."""
+    from specrepro.config import ModelConfig
+
+    directory = tmp_path / "checkpoint"
+    if holds == "nothing":
+        directory.mkdir()
+    else:
+        write_model(directory)
+        if holds == "a config only":
+            (directory / "model.safetensors").unlink()
+    what = "tokenizer" if holds == "a model without a tokenizer" else "model"
+    cfg = ModelConfig(name="local", source="hf", id=str(directory))
+    with pytest.raises(SpecReproError, match=f"^{what} directory '{directory}' holds no {what} transformers can"):
+        loading.load_model(cfg, torch.device("cpu"), torch.float32)
+    with pytest.raises(SpecReproError, match="model.source=hf needs model.id"):
+        loading.load_model(ModelConfig(name="local", source="hf", id=None), torch.device("cpu"), torch.float32)
 
 
 def test_a_cached_hub_model_loads_without_asking_an_unreachable_hub(tmp_path, monkeypatch):

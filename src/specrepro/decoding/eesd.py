@@ -226,9 +226,9 @@ def find_head(ref: str, artifacts_dir, model_name: str, settings: dict) -> Path:
         return path
     raise SpecReproError(
         f"no eesd head artifact '{ref}' for model {model_name} with {settings} under {artifacts_dir}: train one with "
-        f"`specrepro train method=eesd model={model_name} method.num_layers={settings['num_layers']} "
+        f"`specrepro train method=eesd method.num_layers={settings['num_layers']} "
         f"method.exit_layer={settings['exit_layer']} method.shared_head={settings['shared_head']} "
-        f"method.draft_vocab={settings['draft_vocab']}`, or use method.head=none"
+        f"method.draft_vocab={settings['draft_vocab']}` and this run's model options, or use method.head=none"
     )
 
 

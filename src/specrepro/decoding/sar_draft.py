@@ -238,9 +238,9 @@ def find_head(ref: str, artifacts_dir, model_name: str, variant: str, shared_lm_
         return path
     raise SpecReproError(f"no sar_draft head artifact '{ref}' of variant {variant} (shared_lm_head={shared_lm_head}, "
                          f"draft_vocab={vocab}) for model {model_name} under {artifacts_dir}: "
-                         f"train one with `specrepro train method=sar_draft model={model_name} method.variant={variant} "
-                         f"method.shared_lm_head={shared_lm_head} method.draft_vocab={vocab}`, "
-                         "or use method.head=none")
+                         f"train one with `specrepro train method=sar_draft method.variant={variant} "
+                         f"method.shared_lm_head={shared_lm_head} method.draft_vocab={vocab}` and this run's model "
+                         "options, or use method.head=none")
 
 
 @dataclass

@@ -35,7 +35,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from specrepro.config import weights_identity
-from specrepro.errors import SpecReproError
+from specrepro.errors import SpecReproError, one_line
 from specrepro.models.attention import IMPLEMENTATIONS, set_attention
 from specrepro.decoding.steps import compile_steps
 from specrepro.models.kernels import check_kernel, set_linear_kernel
@@ -188,11 +188,18 @@ def hub_reachable() -> bool:
 
 
 def _from_pretrained(loader, ident: str, **kwargs):
-    """from_pretrained that tries the local cache first; an id that is neither cached nor reachable (hub offline
-    or unreachable) or fails to download becomes one clear line."""
+    """from_pretrained that tries the local cache first; a local directory that holds no checkpoint, or an id that
+    is neither cached nor reachable (hub offline or unreachable) or fails to download, becomes one clear line."""
     what = "tokenizer" if loader is AutoTokenizer else "model"
     # transformers 5 does not pass local_files_only on to its adapter lookup, which would then ask the hub
     local = {} if loader is AutoTokenizer else {"adapter_kwargs": {"local_files_only": True}}
+    if Path(ident).is_dir():  # transformers, too, takes an existing directory before a hub id of the same name
+        try:
+            return loader.from_pretrained(ident, local_files_only=True, **local, **kwargs)
+        except (OSError, ValueError) as exc:
+            raise SpecReproError(f"{what} directory '{ident}' holds no {what} transformers can load "
+                                 f"({one_line(exc)[:200]}): point model.id (or model.tokenizer) at a directory "
+                                 "save_pretrained wrote") from None
     try:
         return loader.from_pretrained(ident, local_files_only=True, **local, **kwargs)
     except OSError:
@@ -314,7 +321,8 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype, artifacts_dir: str
         tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
     elif cfg.source == "hf":
         if not cfg.id:
-            raise SpecReproError(f"model '{cfg.name}' has source=hf but no model.id: set it to a hub id or local directory")
+            raise SpecReproError("model.source=hf needs model.id: set it to a hub id or local directory "
+                                 "(model=hf model.id=...)")
         common = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
         model = _from_pretrained(AutoModelForCausalLM, cfg.id, dtype=dtype, **common, **where)
         tokenizer = load_tokenizer(cfg.tokenizer or cfg.id, cfg)
