@@ -1,8 +1,10 @@
 """Integration on the embedded SmolLM2-135M-Instruct: every lossless method reproduces `ar` token for token.
 
 10 GSM8K and 5 HumanEval prompts at 128 new tokens (the speculative-core issue's protocol). The sps draft
-here is the target's first two layers + its head: untrained, but it is accepted often enough to exercise
-multi-token acceptance and cache rollback on real text.
+here is the target's first two layers + its head: untrained, yet a few percent of its drafts are accepted, which
+exercises multi-token acceptance and cache rollback on real text. So few that a step of the two methods drafting
+with it (sps, transformers' assisted generation) costs about two AR steps: they decode a third of the protocol's
+prompts (3 GSM8K, 2 HumanEval), every other method all of them.
 """
 
 from __future__ import annotations
@@ -87,8 +89,9 @@ def test_greedy_methods_reproduce_ar(embedded, prompt_ids, ar_reference, method,
         "hf_prompt_lookup": lambda: HFAssistedDecoder(model, tok, HFAssistedConfig(mode="prompt_lookup")),
         "hf_assistant": lambda: HFAssistedDecoder(model, tok, HFAssistedConfig(mode="assistant"), assistant=draft),
     }[method]()
+    prompts = prompt_ids if draft is None else prompt_ids[:3] + prompt_ids[10:12]
     accepted_drafts = 0
-    for ids in prompt_ids[half::2]:
+    for ids in prompts[half::2]:
         gen = decoder.generate(ids, Sampling(), MAX_NEW_TOKENS)
         assert gen.token_ids == ar_reference(tuple(ids))
         accepted_drafts += sum(a - 1 for a in gen.accepted)
