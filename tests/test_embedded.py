@@ -27,7 +27,7 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.space import SpaceDecoder
 from specrepro.decoding.sps import SPSDecoder
 from specrepro.tracking import atomic_write
-from specrepro.training.shards import exclusive, lock_file
+from specrepro.locks import file_lock, lock_file
 
 pytestmark = pytest.mark.embedded
 MAX_NEW_TOKENS = 128
@@ -70,7 +70,7 @@ def ar_reference(embedded, tmp_path_factory):
 
     def shared_reference(ids: tuple[int, ...]) -> list[int]:
         path = shared / f"{hashlib.sha256(repr(ids).encode()).hexdigest()[:16]}.json"
-        with exclusive(lock_file(path), f"the AR reference {path.name}"):
+        with file_lock(lock_file(path), f"the AR reference {path.name}"):
             if not path.is_file():
                 atomic_write(path, json.dumps(decode(ids)))
             return json.loads(path.read_text())

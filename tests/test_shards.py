@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from specrepro.training.loop import clear_checkpoints
-from specrepro.training.shards import exclusive, lock_file, map_batches
+from specrepro.locks import lock_file
+from specrepro.training.shards import exclusive, map_batches
 
 
 class Killed(Exception):

@@ -617,3 +617,15 @@ def test_a_results_dir_that_fills_nothing_does_not_wipe_a_committed_table(tmp_pa
         md = write_table("two", tmp_path / "pld_only", tables_dir=tables_dir, out_dir=out).read_text()
     assert "| ar | – | – |" in md and "| pld | 2.00 | [1] |" in md
     assert "now empty: ar (--keep-rows keeps them)" in caplog.text
+
+
+def test_the_commands_that_read_records_start_without_torch():
+    """`table`, `compare`, `summary` and `reproduce` (between its stages) import neither torch nor transformers,
+    which take seconds to import: a table or a comparison is answered in about two seconds."""
+    import subprocess
+    import sys
+
+    code = ("import sys, specrepro.cli, specrepro.tables, specrepro.compare, specrepro.reproduce; "
+            "print(sorted({'torch', 'transformers', 'accelerate'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -13,8 +13,10 @@ import subprocess
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 RECORD_VERSION = 2  # bump when a record's meaning changes: it enters every run's identity
 
@@ -72,7 +74,9 @@ def device_description(device: torch.device | str | None = None) -> dict:
     """The CPU (model, cores, the widest vector instructions torch uses on it: one EPYC model name covers CPUs with
     and without AVX-512, whose kernels differ; whether it runs a bfloat16 linear natively, which AVX-512 alone does
     not say and every bf16 figure on a CPU depends on) and, when the run is on one, the GPU (name, count)."""
-    from specrepro.models.kernels import onednn_available  # here: specrepro.models loads transformers, which tables skip
+    import torch  # here, as below: the commands that only read records (tables, compare) start without torch
+
+    from specrepro.models.kernels import onednn_available
 
     info = {"cpu": cpu_name(), "cpu_cores": os.cpu_count(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cpu_native_bf16": onednn_available(torch.bfloat16)}
@@ -92,6 +96,8 @@ def machine_label(info: dict) -> str:
 
 def provenance(hardware=None, device: torch.device | str | None = None) -> dict:
     """What produced a record: code and library versions, the machine, threads and kernel options, the time."""
+    import torch
+
     hardware = dict(hardware or {})
     return {
         "record_version": RECORD_VERSION,

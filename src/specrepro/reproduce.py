@@ -48,12 +48,12 @@ from pathlib import Path
 import yaml
 
 from specrepro.errors import SpecReproError, one_line
+from specrepro.locks import file_lock, lock_file
 from specrepro.plots import table_rows
 from specrepro.provenance import checkout_version, device_description, machine_label, now
 from specrepro.reuse import REUSE_LOG
 from specrepro.tables import MISSING_CELL, TABLES_DIR, TableSpec, cell_runs, local_runs, runs_origin
 from specrepro.tracking import atomic_write
-from specrepro.training.shards import exclusive, lock_file
 
 PIPELINES_DIR = Path(files("specrepro.pipelines"))  # experiments/reproduce/ in a source checkout
 STAGE_KINDS = ("train", "run", "table")
@@ -142,7 +142,7 @@ def parse_stages(spec: str, count: int) -> set[int]:
 def record_minutes(path: Path, stage: str, measurement: dict) -> bool:
     """Put one stage's measurement in `stages.json`, re-read under its lock (lanes running other stages write it
     too), unless it reused something and the stage has a measurement already; whether it was put."""
-    with exclusive(lock_file(path), path.name):
+    with file_lock(lock_file(path), path.name):
         measured = read_measured(path)
         if measurement.get("reused") and stage in measured:
             return False

@@ -17,7 +17,8 @@ from specrepro.reuse import note_reused
 from specrepro.tracking import config_hash, wandb_init
 from specrepro.training.artifacts import is_complete, publish, staging_dir
 from specrepro.training.loop import clear_checkpoints, validate_loop
-from specrepro.training.shards import exclusive, lock_file
+from specrepro.locks import lock_file
+from specrepro.training.shards import exclusive
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,9 @@ was on instead of starting over; a batch is saved atomically, and a folder is on
 
 from __future__ import annotations
 
-import fcntl
-import logging
 import os
 import shutil
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -26,10 +24,9 @@ from accelerate.utils import gather_object
 from tqdm import tqdm
 
 from specrepro import suspension
-from specrepro.errors import SpecReproError
+from specrepro.locks import file_lock, lock_file
 from specrepro.reuse import note_reused
 
-log = logging.getLogger(__name__)
 Item, Result = TypeVar("Item"), TypeVar("Result")
 BATCHES_SUFFIX = ".batches"  # a folder of saved batches
 
@@ -76,33 +73,11 @@ def write_once(write: Callable[[], None]) -> None:
 
 @contextmanager
 def exclusive(lock_path: Path, what: str):
-    """Hold `lock_path` while making `what` (an artifact, a cache): a second job that needs the same one waits
-    here, then finds it made (jobs of a parallel sweep, a `specrepro train` beside a `reproduce`). Under a launch
-    the main process holds the lock and the others wait for it."""
+    """`file_lock` for every process of a launch: the main process holds the lock, the others wait for it."""
     state = PartialState()
-    handle = None
-    if state.is_main_process:
-        try:
-            lock_path.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(lock_path, "a")
-        except OSError as exc:
-            raise SpecReproError(f"cannot write to {lock_path.parent}: {exc.strerror or exc}") from None
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("waiting for another job to finish %s", what)
-            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, or when that job's process dies
-    state.wait_for_everyone()
-    try:
+    with file_lock(lock_path, what) if state.is_main_process else nullcontext():
+        state.wait_for_everyone()
         yield
-    finally:
-        if handle is not None:
-            handle.close()
-
-
-def lock_file(cache_dir: Path) -> Path:
-    """The lock of the cache (or artifact) `cache_dir` (`exclusive`)."""
-    return cache_dir.with_name(f".{cache_dir.name}.lock")
 
 
 @contextmanager
