@@ -110,9 +110,10 @@ class CompiledSteps(EagerSteps):
     compiled = True
 
     def __init__(self, model: torch.nn.Module, backend: str = "inductor", mode: str | None = None,
-                 widths=DEFAULT_WIDTHS):
+                 widths=DEFAULT_WIDTHS, cache_multiple: int = 512):
         super().__init__(model)
         self.widths = tuple(sorted(widths))
+        self.cache_multiple = cache_multiple  # cache lengths are rounded up to a multiple of this
         self.caches: dict[str, StaticCache] = {}  # the target's, and any a drafter keeps for layers of its own
         self.cache_len = 0
         self.options = dict(backend=backend, fullgraph=True, dynamic=False, **({"mode": mode} if mode else {}))
@@ -137,7 +138,7 @@ class CompiledSteps(EagerSteps):
         if self.cache_len < needed:
             if self.caches:
                 log.warning("the static cache grows past %d positions: its graphs are compiled again", self.cache_len)
-            self.cache_len, self.caches = 512 * -(-needed // 512), {}
+            self.cache_len, self.caches = self.cache_multiple * -(-needed // self.cache_multiple), {}
         if name in self.caches:
             crop_cache(self.caches[name], 0)  # a write-position reset: stale rows stay masked until overwritten
         else:  # its layers are allocated when first written: a drafter's one-layer cache holds one
