@@ -6,8 +6,8 @@
 #   2. tests/test_cuda.py: every decoder's greedy output equals ar's on the GPU, compiled steps included;
 #   3. the bench again in fp32.
 # Usage: bash experiments/gpu_check.sh OUT_DIR [bench_gpu.py options, e.g. --model llama2_7b_chat]
-# Writes OUT_DIR/bench_gpu_<card>_<dtype>.json and .md, and OUT_DIR/gpu_check.log (nvidia-smi, then each step's
-# output): five files, within the eight a lent machine's call returns. Seconds: BUDGET_S (540) for all steps,
+# Writes results/gpu/bench_gpu_<card>_<dtype>.json and .md, copied to OUT_DIR, and OUT_DIR/gpu_check.log (nvidia-smi,
+# then each step's output): five files, within the eight a lent machine's call returns. Seconds: BUDGET_S (540) for all steps,
 # LONG_S (330) a bench, TESTS_S (200) the tests, MIN_S (60): a step with less left is skipped and said so.
 # STEPS names the steps to run (default: bench_bf16 tests_cuda bench_fp32); PYTHON picks the interpreter.
 # On a checkout copied without .git, SPECREPRO_COMMIT names its commit (experiments/gpu_carry.sh writes it down).
@@ -45,9 +45,17 @@ step() {  # step NAME LIMIT COMMAND...: run one check (when STEPS names it) unde
   [ "$rc" -eq 0 ] || { echo "gpu_check: $name exited with $rc (124: past its limit)" | tee -a "$log" >&2; failed=1; }
 }
 
-step bench_bf16 "${LONG_S:-330}" "$python" experiments/bench_gpu.py --json "$out/bench_gpu_${card}_bf16.json" \
-  --markdown "$out/bench_gpu_${card}_bf16.md" "$@"
+bench() {  # bench NAME SUFFIX [bench_gpu.py options]: its pages go to results/gpu/, where they are committed and which
+  # their regenerating command names (not a lent machine's OUT_DIR), then to OUT_DIR; earlier pages there go first
+  local name=$1 page="results/gpu/bench_gpu_${card}_$2"
+  shift 2
+  [[ $steps == *" $name "* ]] || return 0
+  mkdir -p results/gpu && rm -f "$page.json" "$page.md"
+  step "$name" "${LONG_S:-330}" "$python" experiments/bench_gpu.py --json "$page.json" --markdown "$page.md" "$@"
+  [ "$(realpath "$out")" = "$(realpath results/gpu)" ] || cp "$page".* "$out"/ 2>/dev/null || true
+}
+
+bench bench_bf16 bf16 "$@"
 step tests_cuda "${TESTS_S:-200}" "$python" -m pytest -x -q -p no:cacheprovider tests/test_cuda.py
-step bench_fp32 "${LONG_S:-330}" "$python" experiments/bench_gpu.py --dtype float32 \
-  --json "$out/bench_gpu_${card}_fp32.json" --markdown "$out/bench_gpu_${card}_fp32.md" "$@"
+bench bench_fp32 fp32 --dtype float32 "$@"
 exit $failed

@@ -67,15 +67,21 @@ def test_two_method_arms_of_one_name_are_refused_in_one_line(tmp_path):
     assert not (tmp_path / "bench.json").exists()
 
 
-def test_the_committed_cpu_page_is_the_one_its_committed_figures_give(monkeypatch):
-    """results/cpu/compiled.md is the bench's rendering of the JSON it wrote beside it, never typed."""
+COMMITTED_PAGES = [BENCH.parents[1] / "results" / "cpu" / "compiled.json",
+                   *sorted((BENCH.parents[1] / "results" / "gpu").glob("bench_gpu_h200_*.json"))]
+
+
+@pytest.mark.parametrize("figures_file", COMMITTED_PAGES, ids=lambda path: path.stem)
+def test_the_committed_pages_are_the_ones_their_committed_figures_give(monkeypatch, figures_file):
+    """Each committed bench page (results/cpu, results/gpu) is the bench's rendering of the JSON beside it, never
+    typed, from a whole run on a clean commit, whose regenerating command names no path outside the repo."""
     monkeypatch.syspath_prepend(str(BENCH.parent))
     from bench_gpu import markdown
 
-    results = BENCH.parents[1] / "results" / "cpu"
-    figures = json.loads((results / "compiled.json").read_text())
-    assert (results / "compiled.md").read_text() == markdown(figures)
+    figures = json.loads(figures_file.read_text())
+    assert figures_file.with_suffix(".md").read_text() == markdown(figures)
     assert figures["prompts"] == figures["prompts_asked"] and not figures["provenance"]["code"].get("dirty")
+    assert all(not word.startswith("/") for word in figures["provenance"]["command"].split())
 
 
 def test_gpu_check_refuses_a_machine_without_cuda_in_one_line(tmp_path):
@@ -161,3 +167,33 @@ def test_gpu_setup_installs_only_a_whole_undamaged_carry(tmp_path):
     assert installs[1].endswith("-e .")
     head = checkout / "results" / "artifacts" / "sar_head-x" / "head.safetensors"
     assert head.read_bytes() == bytes(range(256)) * 40
+
+
+def test_gpu_check_pages_name_the_path_they_are_committed_at_and_never_return_a_stale_one(tmp_path):
+    """gpu_check.sh writes the bench's pages to results/gpu/ (the path their regenerating command names, not a lent
+    machine's OUT_DIR) and copies them to OUT_DIR; a bench that fails returns no page, not one left from before."""
+    checkout, out = tmp_path / "checkout", tmp_path / "out"
+    (checkout / "results" / "gpu").mkdir(parents=True)
+    (checkout / "experiments").symlink_to(BENCH.parent)
+    fake_python = tmp_path / "python"  # a CUDA card named "fake" for gpu_check's probe; the bench runs on the CPU
+    fake_python.write_text(f'#!/bin/sh\n[ "$1" = -c ] && echo fake && exit 0\nexec {sys.executable} "$@"\n')
+    fake_python.chmod(0o755)
+    stale = checkout / "results" / "gpu" / "bench_gpu_fake_bf16.json"
+
+    def gpu_check(*options):
+        stale.write_text("{}")
+        return subprocess.run(["bash", "experiments/gpu_check.sh", str(out), "--device", "cpu", "--backend", "eager",
+                               "--limit", "1", "--max-new-tokens", "4", *options], cwd=checkout, capture_output=True,
+                              text=True, env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake_python),
+                                              "STEPS": "bench_bf16", "MIN_S": "1"})
+
+    failed = gpu_check("--model", "nosuch")
+    assert failed.returncode == 1 and not stale.exists() and not list(out.glob("bench_gpu_*"))
+    proc = gpu_check("--dtype", "float32", "--model", "tiny_random model.random.num_layers=2")
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads((out / "bench_gpu_fake_bf16.json").read_text())
+    assert figures["prompts"] == 1 and figures == json.loads(stale.read_text())
+    assert figures["provenance"]["command"].startswith(
+        "python experiments/bench_gpu.py --json results/gpu/bench_gpu_fake_bf16.json "
+        "--markdown results/gpu/bench_gpu_fake_bf16.md")
+    assert (out / "bench_gpu_fake_bf16.md").read_text() == (stale.with_suffix(".md")).read_text()
