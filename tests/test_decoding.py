@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 
 from specrepro import decoding
 from specrepro.decoding.ar import ARDecoder
@@ -142,6 +142,19 @@ def test_crop_cache_restores_the_shorter_cache(target):
     for a, b in zip(full.layers, short.layers):
         torch.testing.assert_close(a.keys, b.keys)
         torch.testing.assert_close(a.values, b.values)
+
+
+def test_crop_cache_moves_each_static_layer_back_to_at_most_the_length(target):
+    """On a StaticCache, crop_cache clamps every written layer's write position to the length (in place, on the
+    cache's device), leaving shorter layers (a layer-skipping draft wrote fewer) and unwritten ones as they are."""
+    cache = StaticCache(config=target.config, max_cache_len=64)
+    with torch.no_grad():
+        target(torch.tensor([prompts()[0][:12]]), cache=cache)
+    cache.layers[0].crop(-6)  # this layer holds 6 rows, the others 12
+    positions = [layer.cumulative_length for layer in cache.layers]
+    crop_cache(cache, 9)
+    assert [int(layer.get_seq_length()) for layer in cache.layers] == [6] + [9] * (len(cache.layers) - 1)
+    assert all(layer.cumulative_length is kept for layer, kept in zip(cache.layers, positions))  # CUDA graphs read these
 
 
 def test_greedy_verify_accepts_the_matching_prefix():
