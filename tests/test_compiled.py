@@ -262,6 +262,45 @@ def test_a_compiled_run_reports_speedups_over_compiled_and_eager_ar(tmp_path):
     assert f"{pld['speedup_paired']:.2f}x ±{pld['speedup_paired_ci95']:.2f}x" in out.stdout  # the printed table
 
 
+def test_a_generation_past_the_static_cache_is_compiled_for_before_it_is_timed():
+    """A later turn's prompt holds earlier answers and can outgrow the caches sized up front: `holds` says so, and
+    `compile_steps_for` that length (the runner calls it untimed) leaves nothing to compile while it decodes."""
+    from torch._dynamo.utils import counters
+
+    from specrepro.runner import compile_steps_for, holds
+
+    model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
+    setattr(model, STEPS_ATTRIBUTE, CompiledSteps(model, backend="aot_eager", widths=[1, 2], cache_multiple=16))
+    decoder = ARDecoder(model)
+    assert not holds(20, [decoder])  # nothing compiled yet
+    compile_steps_for(20, [decoder])
+    prompt = list(range(1, 60))
+    assert holds(20, [decoder]) and not holds(len(prompt) + 8, [decoder])
+    compile_steps_for(len(prompt) + 8, [decoder])
+    compiled = counters["stats"]["unique_graphs"]
+    ours = decoder.generate(prompt, GREEDY, 8).token_ids
+    assert counters["stats"]["unique_graphs"] == compiled
+    assert ours == ARDecoder(model, steps=EagerSteps(model)).generate(prompt, GREEDY, 8).token_ids
+
+
+def test_a_compiled_two_turn_run_compiles_for_a_second_turn_that_outgrows_its_caches_untimed(tmp_path):
+    """The tiny random model's first answer re-tokenizes longer than it was decoded, so the second turn outgrows the
+    caches sized up front: the reference `ar` run compiles for it before timing it and adds that to compile_time;
+    pld, on the caches it grew, compiles nothing more and stays lossless."""
+    compiled = ["hardware.compile=true", "hardware.compile_backend=aot_eager", "hardware.linear_kernel=torch",
+                "hardware.compile_widths=[1,16]"]
+    specrepro("run", *FAST, *compiled, "method=pld", "dataset=mt_bench", "dataset.limit=1", "decoding.max_new_tokens=80",
+              "logger=none", cwd=tmp_path)
+    runs = {key.split(":")[0]: path for key, path in run_dirs(tmp_path).items()}
+    metrics = {name: json.loads((path / "metrics.json").read_text()) for name, path in runs.items()}
+    turns = {name: json.loads((path / "generations.jsonl").read_text())["samples"][0] for name, path in runs.items()}
+    assert [len(turn["token_ids"]) for turn in turns["ar"]] == [80, 80]
+    assert turns["ar"][1]["prompt_tokens"] + 80 + 16 > 256  # the budget and a padded step's widest row past 4 x 64
+    assert 0 < turns["ar"][1]["compile_time"] < metrics["ar"]["compile_time"]
+    assert not any("compile_time" in turn for turn in (*turns["ar"][:1], *turns["pld"]))
+    assert metrics["pld"]["lossless"] == 1.0
+
+
 def test_compile_refuses_kernels_it_cannot_capture(tmp_path):
     proc = specrepro("run", *FAST, "hardware.compile=true", "method=ar", "dataset.limit=1", "logger=none",
                      cwd=tmp_path, check=False)

@@ -140,6 +140,9 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
             prompt = render_prompt(record, target.tokenizer, cfg.dataset, history)
             ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             check_fits_context(ids, cfg, target, record.id)
+            decoders, length = [decoder, *baselines.values()], len(ids) + cfg.decoding.max_new_tokens
+            # a later turn's prompt holds answers that can outgrow the static caches: compile for it here, untimed
+            compiled_s = compile_steps_for(length, decoders) if turn and not holds(length, decoders) else 0.0
             seed = sample_seed(cfg, index, s)
             method_first = method_timed_first(cfg.timing.order, index, s, turn)
             gen, timed_beside = decode_turn(decoder, baselines, ids, sampling, cfg.decoding.max_new_tokens, seed,
@@ -151,6 +154,8 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
                                      f"{record.id} ({problem}); the run is not recorded as complete")
             gen["prompt_tokens"] = len(ids)
             gen["seed"] = seed
+            if compiled_s:
+                gen["compile_time"] = compiled_s
             if timed_beside:
                 gen["method_timed_first"] = method_first
             for key, ar_gen in timed_beside.items():  # `ar_*`: the paired reference, `eager_ar_*`: its eager run
@@ -288,11 +293,14 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
     loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
     target = load_target(cfg, loader)
     decoder = build_decoder(cfg.method, target, loader)  # before the reference run: a bad method fails fast
-    longest_prompt = 0
+    longest_prompt = 0  # of any turn: a later turn's holds the earlier answers, each up to the budget
     for rec in records:  # every first-turn prompt, before anything is decoded
         ids = target.tokenizer(render_prompt(rec, target.tokenizer, cfg.dataset, []), add_special_tokens=False)
         check_fits_context(ids["input_ids"], cfg, target, rec.id)
-        longest_prompt = max(longest_prompt, len(ids["input_ids"]))
+        answers = len(rec.turns) - 1
+        last = target.tokenizer(render_prompt(rec, target.tokenizer, cfg.dataset, [""] * answers),
+                                add_special_tokens=False) if answers else ids
+        longest_prompt = max(longest_prompt, len(last["input_ids"]) + answers * cfg.decoding.max_new_tokens)
 
     ref_key = reference_key(cfg, fingerprint)
     reference = None
@@ -352,7 +360,9 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
         reference_key=ref_key,
         reference_run=reference.dir.name if reference else None,
         lossless_method=decoder.lossless,
-        compile_time=compile_time,  # seconds compiling the target's steps (hardware.compile), untimed
+        # seconds compiling the target's steps (hardware.compile), untimed: up front and for later turns outgrowing them
+        compile_time=compile_time + sum(gen.get("compile_time", 0.0) for row in rows for turns in row["samples"]
+                                        for gen in turns),
         artifacts=identities,  # the trained components and local checkpoints it loaded: names, content digests
         training_minutes=training_minutes(artifacts.values(), decoder),
         provenance=provenance(cfg.hardware, loader.device) | {"started_at": started_at, "finished_at": now()},
@@ -372,9 +382,15 @@ def training_minutes(artifacts, decoder) -> float | None:
     return None if None in spent else sum(spent)
 
 
+def holds(length: int, decoders) -> bool:
+    """Whether every step a decoder takes, the target's and a draft model's, runs `length` positions compiled."""
+    return decoders[0].steps.holds(length) and all(
+        steps.holds(length) for d in decoders for steps, _, _ in d.draft_model_steps)
+
+
 def compile_steps_for(length: int, decoders) -> float:
-    """With `hardware.compile`: size the static caches for `length` positions (the longest first-turn prompt plus
-    the budget) and compile every step width the decoders can take, the target's and a draft model's, and their
+    """With `hardware.compile`: size the static caches for `length` positions (the longest prompt any turn can
+    have, its earlier answers at the budget, plus the budget) and compile every step width the decoders can take, the target's and a draft model's, and their
     drafters' own steps (a draft head's), outside the timed region; returns the seconds it took."""
     steps = decoders[0].steps
     if not steps.compiled:
