@@ -59,15 +59,16 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--top", type=int, default=12)
-    parser.add_argument("--cache-multiples", default="512", help="our arms' static cache lengths round up to these "
+    parser.add_argument("--cache-multiples", default="64,512", help="our arms' static cache lengths round up to these "
                         "multiples (one arm each, ar_compiled_c<N>)")
+    parser.add_argument("--model", default="smollm2_135m", help='a model preset with overrides, as bench_gpu.py takes')
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
     hardware = HardwareConfig(device=args.device, dtype=args.dtype, linear_kernel="torch", compile=True,
                               compile_backend=args.backend, compile_widths=[1, 16])
     loader = ModelLoader.for_hardware(hardware, "results/artifacts")
-    model_cfg = composed("model", "smollm2_135m")
+    model_cfg = composed("model", args.model)
     target = loader.load_model(model_cfg)
     stock = load_model(model_cfg, loader.device, loader.dtype).model
     ids = max(gsm8k_prompts(target.tokenizer, 5, few_shot=1), key=len)

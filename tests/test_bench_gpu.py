@@ -197,3 +197,19 @@ def test_gpu_check_pages_name_the_path_they_are_committed_at_and_never_return_a_
         "python experiments/bench_gpu.py --json results/gpu/bench_gpu_fake_bf16.json "
         "--markdown results/gpu/bench_gpu_fake_bf16.md")
     assert (out / "bench_gpu_fake_bf16.md").read_text() == (stale.with_suffix(".md")).read_text()
+
+
+def test_profile_steps_runs_on_a_cpu(tmp_path):
+    """experiments/profile_steps.py, as a lent GPU would run it, on a tiny random LLaMA: one arm per cache multiple
+    and transformers' compiled `generate`, each with its tokens, times and cache length."""
+    script = BENCH.parent / "profile_steps.py"
+    out = tmp_path / "profile.json"
+    proc = subprocess.run([sys.executable, str(script), "--device", "cpu", "--backend", "eager", "--tokens", "4",
+                           "--model", "tiny_random model.random.num_layers=2", "--json", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(out.read_text())
+    assert figures["ar_compiled_c512_cache_len"] % 512 == 0 and figures["ar_compiled_c64_cache_len"] % 64 == 0
+    assert figures["ar_compiled_c64_cache_len"] < figures["ar_compiled_c512_cache_len"]
+    for arm in ("ar_compiled_c64", "ar_compiled_c512", "generate_compiled"):
+        assert figures[arm]["tokens"] == 4 and figures[arm]["unprofiled_ms_per_token"] > 0
