@@ -46,13 +46,17 @@ step() {  # step NAME LIMIT COMMAND...: run one check (when STEPS names it) unde
 }
 
 bench() {  # bench NAME SUFFIX [bench_gpu.py options]: its pages go to results/gpu/, where they are committed and which
-  # their regenerating command names (not a lent machine's OUT_DIR), then to OUT_DIR; earlier pages there go first
+  # their regenerating command names (not a lent machine's OUT_DIR), then to OUT_DIR if this step wrote them
   local name=$1 page="results/gpu/bench_gpu_${card}_$2"
   shift 2
   [[ $steps == *" $name "* ]] || return 0
-  mkdir -p results/gpu && rm -f "$page.json" "$page.md"
+  mkdir -p results/gpu && touch "$out/.started"
   step "$name" "${LONG_S:-330}" "$python" experiments/bench_gpu.py --json "$page.json" --markdown "$page.md" "$@"
-  [ "$(realpath "$out")" = "$(realpath results/gpu)" ] || cp "$page".* "$out"/ 2>/dev/null || true
+  local file
+  for file in "$page.json" "$page.md"; do
+    [ "$file" -nt "$out/.started" ] && [ "$(realpath "$out")" != "$(realpath results/gpu)" ] && cp "$file" "$out"/
+  done
+  rm -f "$out/.started"
 }
 
 bench bench_bf16 bf16 "$@"

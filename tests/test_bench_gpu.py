@@ -110,7 +110,7 @@ def test_gpu_check_keeps_its_steps_within_one_budget_and_returns_one_log(tmp_pat
     fake_python.chmod(0o755)
     script = Path(__file__).parents[1] / "experiments" / "gpu_check.sh"
     start = time.monotonic()
-    proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True,
+    proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, cwd=tmp_path,
                           env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake_python), "BUDGET_S": "5", "LONG_S": "2",
                                "MIN_S": "2"})
     assert proc.returncode == 1 and time.monotonic() - start < 10
@@ -171,7 +171,8 @@ def test_gpu_setup_installs_only_a_whole_undamaged_carry(tmp_path):
 
 def test_gpu_check_pages_name_the_path_they_are_committed_at_and_never_return_a_stale_one(tmp_path):
     """gpu_check.sh writes the bench's pages to results/gpu/ (the path their regenerating command names, not a lent
-    machine's OUT_DIR) and copies them to OUT_DIR; a bench that fails returns no page, not one left from before."""
+    machine's OUT_DIR) and copies them to OUT_DIR; a bench that fails returns no page, not one left from before,
+    and leaves that one (a committed page, say) as it was."""
     checkout, out = tmp_path / "checkout", tmp_path / "out"
     (checkout / "results" / "gpu").mkdir(parents=True)
     (checkout / "experiments").symlink_to(BENCH.parent)
@@ -188,7 +189,7 @@ def test_gpu_check_pages_name_the_path_they_are_committed_at_and_never_return_a_
                                               "STEPS": "bench_bf16", "MIN_S": "1"})
 
     failed = gpu_check("--model", "nosuch")
-    assert failed.returncode == 1 and not stale.exists() and not list(out.glob("bench_gpu_*"))
+    assert failed.returncode == 1 and stale.read_text() == "{}" and not list(out.glob("bench_gpu_*"))
     proc = gpu_check("--dtype", "float32", "--model", "tiny_random model.random.num_layers=2")
     assert proc.returncode == 0, proc.stderr
     figures = json.loads((out / "bench_gpu_fake_bf16.json").read_text())
