@@ -1,10 +1,11 @@
 """Where a decoded token's time goes: our compiled `ar` against transformers' static-cache compiled `generate`.
 
-For each arm, one warmed-up greedy generation of `--tokens` new tokens on the longest of bench_gpu.py's five GSM8K
-prompts (our static cache sized as that bench sizes it) under torch.profiler: wall milliseconds per token, device
-(kernel) milliseconds per token, host-side operator counts per
-token outside any graph, and the arm's costliest kernels; and its wall milliseconds per token unprofiled. Wall well above kernel time says the arm waits on the host
-(launches, Python); kernel time near wall says the graph's own kernels bound it, and the table says which.
+For each arm (our compiled `ar` with its static cache rounded up to each of `--cache-multiples`, and transformers'
+`generate`), one warmed-up greedy generation of `--tokens` new tokens on the longest of bench_gpu.py's five GSM8K
+prompts (our cache sized as that bench sizes it): wall milliseconds per token unprofiled, and under torch.profiler
+wall and device (kernel) milliseconds per token, host-side aten operators per token and the costliest kernels.
+Wall well above kernel time says the arm waits on the host (launches, syncs, Python); kernel time near wall says
+the graph's own kernels bound it, and the table says which.
 Run: python experiments/profile_steps.py [--dtype float32] [--tokens 256] [--json out.json]
 (`--device cpu --backend aot_eager` checks the script on a CPU.)
 """

@@ -289,8 +289,8 @@ def test_a_compiled_two_turn_run_compiles_for_a_second_turn_that_outgrows_its_ca
     pld, on the caches it grew, compiles nothing more and stays lossless."""
     compiled = ["hardware.compile=true", "hardware.compile_backend=aot_eager", "hardware.linear_kernel=torch",
                 "hardware.compile_widths=[1,16]"]
-    specrepro("run", *FAST, *compiled, "method=pld", "dataset=mt_bench", "dataset.limit=1", "decoding.max_new_tokens=80",
-              "logger=none", cwd=tmp_path)
+    specrepro("run", *FAST, *compiled, "method=pld", "dataset=mt_bench", "dataset.limit=1",
+              "decoding.max_new_tokens=80", "logger=none", cwd=tmp_path)
     runs = {key.split(":")[0]: path for key, path in run_dirs(tmp_path).items()}
     metrics = {name: json.loads((path / "metrics.json").read_text()) for name, path in runs.items()}
     turns = {name: json.loads((path / "generations.jsonl").read_text())["samples"][0] for name, path in runs.items()}

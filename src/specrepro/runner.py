@@ -360,7 +360,8 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
         reference_key=ref_key,
         reference_run=reference.dir.name if reference else None,
         lossless_method=decoder.lossless,
-        # seconds compiling the target's steps (hardware.compile), untimed: up front and for later turns outgrowing them
+        # seconds compiling the target's steps (hardware.compile), untimed: up front and for later turns outgrowing
+        # them
         compile_time=compile_time + sum(gen.get("compile_time", 0.0) for row in rows for turns in row["samples"]
                                         for gen in turns),
         artifacts=identities,  # the trained components and local checkpoints it loaded: names, content digests
@@ -390,8 +391,9 @@ def holds(length: int, decoders) -> bool:
 
 def compile_steps_for(length: int, decoders) -> float:
     """With `hardware.compile`: size the static caches for `length` positions (the longest prompt any turn can
-    have, its earlier answers at the budget, plus the budget) and compile every step width the decoders can take, the target's and a draft model's, and their
-    drafters' own steps (a draft head's), outside the timed region; returns the seconds it took."""
+    have, its earlier answers at the budget, plus the budget) and compile every step width the decoders can take,
+    the target's and a draft model's, and their drafters' own steps (a draft head's), outside the timed region;
+    returns the seconds it took."""
     steps = decoders[0].steps
     if not steps.compiled:
         return 0.0
