@@ -173,18 +173,6 @@ def test_code_counts_as_its_syntax_so_comments_docstrings_and_wrapping_are_the_s
     assert forms["plain"] == forms["commented"] != forms["fixed"]
 
 
-def test_a_methods_code_is_the_runner_and_what_its_module_imports_not_the_other_methods():
-    from specrepro.identity import PACKAGE, code_fingerprint, imported_modules
-
-    modules = imported_modules({"specrepro.runner": (PACKAGE / "runner.py").read_text(),
-                                "specrepro.decoding.eesd": (PACKAGE / "decoding" / "eesd.py").read_text()})
-    assert {"specrepro.decoding.verify", "specrepro.decoding.steps", "specrepro.decoding.ar", "specrepro.data.prompts",
-            "specrepro.metrics.speed", "specrepro.training.artifacts"} <= set(modules)  # the last: inside a function
-    assert not {"specrepro.decoding.space", "specrepro.decoding.self_sd", "specrepro.tables"} & set(modules)
-    assert code_fingerprint("cllm") == code_fingerprint("jacobi")  # one module
-    assert len({code_fingerprint(method) for method in ("ar", "eesd", "space", "self_sd")}) == 4
-
-
 def test_a_decoder_whose_source_cannot_be_read_is_refused_in_one_line(monkeypatch):
     """A run is named by its code: a decoder class defined where no source is kept (exec'd text, a notebook cell on
     Python < 3.13) cannot be, and says so rather than naming runs by nothing."""

@@ -3,17 +3,26 @@
 A run's name ends in a hash of everything that changes what it computes: the resolved config (without
 where results go and how they are logged), the trained artifacts its references resolve to now and the models
 it loads from a local directory (each by name and content digest) or from the hub cache (by commit), the
-content of the records it decodes, the code it decodes with (`code_fingerprint`) and the record version. A
-record is resumed, skipped or used as a reference only under the same hash, so an edited dataset file, a newer
-artifact, one retrained under the same name with other weights, a checkpoint saved again at the same path, a
-newer download of a hub model, or a fix to the method's code is a new run.
-"""
+content of the records it decodes, the code that determines its tokens and timings (`code_fingerprint`) and the
+record version. A record is resumed, skipped or used as a reference only under the same hash, so an edited
+dataset file, a newer artifact, one retrained under the same name with other weights, a checkpoint saved again
+at the same path, a newer download of a hub model, or a fix to the method's code is a new run.
+
+The code is a declared set, not whatever the runner imports. What determines a run's tokens: the method's
+classes (its module, a method it extends), the Decoder contract, the draft-verify loop, verification, sampling,
+the forward steps, draft-length controllers, draft vocabularies, how models are loaded (weights, dtype,
+attention implementation, linear kernels) and how a prompt is rendered. What determines its timings besides:
+`ar` (timed beside every method), the suspension check and the runner's functions that warm up, compile, decode
+and time a turn (`DECODING_CODE`). What does not: input checks and their messages, scoring and summaries
+(computed from the recorded generations), the judge, tables, W&B logging, training loops (their artifacts count
+by content), and other methods. A decoder that relies on another module says so in `Decoder.code_modules`."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import hashlib
+import importlib.util
 import inspect
 import json
 import sys
@@ -160,24 +169,73 @@ def judge_weights(cfg: DictConfig) -> dict[str, dict[str, str]]:
 
 PACKAGE = Path(__file__).resolve().parent  # the `specrepro` package's directory
 
+# The code that determines a run's tokens and timings, whatever its method (`code_fingerprint`): the Decoder
+# contract and the shared draft-verify machinery, verification, sampling, the forward steps (eager and compiled),
+# draft-length controllers and draft vocabularies (with the corpus reader they rank), `ar` (the reference every
+# method is checked against and the baseline timed beside it), how a method is built from its config, how a model
+# is loaded (weights, dtype, device, attention implementation, linear kernels), how a prompt is rendered, and the
+# timing protocol: the runner's functions that decode and time a record, and the suspension check that retimes a
+# turn. A `module:function` entry counts that function alone.
+DECODING_CODE = (
+    "specrepro.decoding", "specrepro.decoding.base", "specrepro.decoding.draft_verify", "specrepro.decoding.verify",
+    "specrepro.decoding.sampling", "specrepro.decoding.steps", "specrepro.decoding.controllers",
+    "specrepro.decoding.draft_vocab", "specrepro.decoding.ar", "specrepro.data.files", "specrepro.data.prompts",
+    "specrepro.models", "specrepro.models.attention", "specrepro.models.kernels", "specrepro.models.loading",
+    "specrepro.suspension", "specrepro.runner:sample_seed", "specrepro.runner:method_timed_first",
+    "specrepro.runner:decode_turn", "specrepro.runner:decode_record", "specrepro.runner:holds",
+    "specrepro.runner:compile_steps_for", "specrepro.runner:warm_up",
+)
+
 
 def code_fingerprint(method: str) -> str:
-    """A hash of the code a run of `method` decodes and scores with: the runner and the method's module, every
-    module of this package either imports (at any depth; other methods' modules are not among them), and the
-    torch and transformers versions. Each module counts as its syntax tree without docstrings, so an edited
-    comment, docstring or line wrap is the same code, and a fixed bug in one method re-decodes that method's runs
-    (a changed runner or verification, every method's)."""
+    """A hash of the code that determines the tokens and timings of a run of `method`: `DECODING_CODE`, the modules
+    of the decoder's classes (its own, and a method's it extends, inside this package or not), the modules it
+    declares in `code_modules`, and the torch and transformers versions.
+
+    Nothing else counts, by design: input checks, the judge, scoring and summaries (computed from the recorded
+    generations), tables, W&B logging, training loops (their artifacts count by content: `loaded_weights`) and
+    other methods' modules. Each piece counts as its syntax tree without docstrings, and without the text of the
+    messages it raises or logs, so an edited comment, docstring, message or line wrap is the same code, and a fixed
+    bug in one method re-decodes that method's runs (a changed core, every method's)."""
     registry.load()
     decoder = registry.method(method).decoder
-    return _fingerprint_of_modules(decoder.__module__, decoder_source(method, decoder))
+    modules = [cls.__module__ for cls in decoder.__mro__ if cls.__module__ not in ("builtins", "abc")]
+    pieces = dict.fromkeys([*DECODING_CODE, *modules, *decoder.code_modules])
+    digest = hashlib.sha256()
+    for piece in sorted(pieces):
+        module, _, function = piece.partition(":")
+        source = decoder_source(method, decoder) if module == decoder.__module__ else module_source(module)
+        if source is None:
+            raise SpecReproError(f"method '{method}': the code of module '{module}' cannot be read, so its runs "
+                                 "cannot be named by their code")
+        digest.update(f"{piece}\0{_syntax_of(source, function)}\0".encode())
+    digest.update(f"torch {torch.__version__}, transformers {metadata.version('transformers')}".encode())
+    return digest.hexdigest()[:16]
+
+
+def module_source(module: str) -> str | None:
+    """The text of a module of this package (read from `PACKAGE`) or of another imported or importable one (a
+    plugin's); None where it has no file."""
+    if module.split(".")[0] == PACKAGE.name:
+        base = PACKAGE.parent.joinpath(*module.split("."))
+        file = next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
+        return file.read_text() if file else None
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if file is None:
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):  # `__main__` has no spec
+            spec = None
+        file = spec.origin if spec else None
+    return Path(file).read_text() if file and Path(file).is_file() else None
 
 
 def decoder_source(method: str, decoder: type) -> str:
     """The text of the decoder's module, or, for a class defined where no module file is (a notebook cell), of the
     class itself."""
-    file = getattr(sys.modules.get(decoder.__module__), "__file__", None)
-    if file and Path(file).is_file():
-        return Path(file).read_text()
+    source = module_source(decoder.__module__)
+    if source is not None:
+        return source
     try:
         return textwrap.dedent(inspect.getsource(decoder))
     except (OSError, TypeError):
@@ -185,68 +243,40 @@ def decoder_source(method: str, decoder: type) -> str:
                              "cannot be named by their code; define it in a module (SPECREPRO_PLUGINS)") from None
 
 
-@lru_cache(maxsize=None)
-def _fingerprint_of_modules(module: str, source: str) -> str:
-    digest = hashlib.sha256()
-    roots = {"specrepro.runner": (PACKAGE / "runner.py").read_text(), module: source}
-    for name, text in sorted(imported_modules(roots).items()):
-        digest.update(f"{name}\0{syntax(text)}\0".encode())
-    digest.update(f"torch {torch.__version__}, transformers {metadata.version('transformers')}".encode())
-    return digest.hexdigest()[:16]
-
-
-def imported_modules(roots: dict[str, str]) -> dict[str, str]:
-    """`roots` (module name -> source text) and every module of this package they import, directly or through
-    others, with the packages that hold them (their `__init__` runs too); imports inside functions count."""
-    found: dict[str, str] = {}
-    todo = [(name, text, False) for name, text in roots.items()]
-    while todo:
-        name, text, is_package = todo.pop()
-        if name in found or text is None:
-            continue
-        found[name] = text
-        parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]
-        for other in parents + _imports(text, name if is_package else name.rpartition(".")[0]):
-            file = None if other in found else _package_file(other)
-            if file is not None:
-                todo.append((other, file.read_text(), file.name == "__init__.py"))
-    return found
-
-
-def _package_file(module: str) -> Path | None:
-    """The file of a module of this package (`specrepro.a.b` -> a/b.py or a/b/__init__.py); None for any other
-    module, or for a name that is a function or class imported from a module."""
-    if module.split(".")[0] != PACKAGE.name:
-        return None
-    base = PACKAGE.parent.joinpath(*module.split("."))
-    return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
-
-
-def _imports(text: str, package: str) -> list[str]:
-    """The modules a module's source imports (`package`: the one relative imports start from), and for
-    `from m import x` also `m.x` (x may be a module)."""
-    names = []
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: `from . import x`, `from ..m import x`
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parent + ([base] if base else []))
-            names += [base] + [f"{base}.{alias.name}" for alias in node.names]
-    return names
+@lru_cache(maxsize=256)
+def _syntax_of(source: str, function: str = "") -> str:
+    """`syntax(source)`, or with `function` that of the module's top-level function or class of that name."""
+    if not function:
+        return syntax(source)
+    found = [node for node in ast.parse(source).body if getattr(node, "name", None) == function]
+    if not found:
+        raise SpecReproError(f"identity.DECODING_CODE names '{function}', which its module no longer defines")
+    return syntax(ast.unparse(found[0]))
 
 
 def syntax(text: str) -> str:
-    """A module's code as its syntax tree, without docstrings: what comments, docstrings and layout do not change."""
+    """A module's code as its syntax tree, without docstrings and without the text of the messages it raises or
+    logs: what comments, docstrings, wording and layout do not change."""
     tree = ast.parse(text)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
                 and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
                 and isinstance(node.body[0].value.value, str):
             node.body = node.body[1:] or [ast.Pass()]
+        call = node.exc if isinstance(node, ast.Raise) else node if _is_log_call(node) else None
+        if isinstance(call, ast.Call):
+            call.args = [ast.Constant("") if _is_text(arg) else arg for arg in call.args]
     return ast.dump(tree)
+
+
+def _is_log_call(node: ast.AST) -> bool:
+    """`log.info(...)`, `logging.warning(...)` and the like."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+        and isinstance(node.func.value, ast.Name) and node.func.value.id in ("log", "logging", "logger")
+
+
+def _is_text(node: ast.AST) -> bool:
+    return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str))
 
 
 def _setting(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None) -> dict:

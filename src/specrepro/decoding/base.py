@@ -100,6 +100,7 @@ class Decoder(ABC):
     step_variants: list = []  # (name, state context, reads hidden) of model states it drafts in, one token a step
     draft_model_steps: list = []  # (steps, widest step, reads hidden) of a draft model's own: warmed up beside the target's
     drafter_calls: list = []  # (drafter step, inputs) of each input shape its `steps.drafter_step`s take: warmed up too
+    code_modules: tuple = ()  # other modules whose code shapes its tokens or timings (identity.py)
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, steps: EagerSteps | None = None):
         self.model = model
