@@ -1,10 +1,11 @@
-# Two commands on a fresh machine: `make demo` (the main job on the embedded defaults) and `make test`.
+# Two commands on a fresh machine: `make demo` (the main job on the embedded defaults) and `make test`;
+# `make test-fast` for the edit loop.
 # Both create or reuse .venv and install everything the project needs.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.specrepro-installed
 
-.PHONY: setup demo test lock clean
+.PHONY: setup demo test test-fast lock clean
 
 # constraints.txt pins every other package at the versions the suite last passed with, so a new upstream
 # release cannot change the numbers unnoticed; `make lock` moves it forward (then `make test` is the gate).
@@ -23,9 +24,15 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/specrepro run -m +experiment=demo
 
-# one worker per core, up to 4 (pytest-xdist; each worker's torch on one thread: tests/conftest.py)
+# the full suite CI runs: one worker per core, up to 4 (pytest-xdist; each worker's torch on one thread:
+# tests/conftest.py)
 test: setup
 	$(VENV)/bin/pytest -q --numprocesses auto --maxprocesses 4
+
+# the edit loop: every test but the slow ones (the embedded model or a process of their own, marked by
+# tests/conftest.py)
+test-fast: setup
+	$(VENV)/bin/pytest -q --numprocesses auto --maxprocesses 4 -m "not slow"
 
 # resolve the newest versions pyproject.toml admits in a scratch venv and write them to constraints.txt
 lock:

@@ -49,3 +49,41 @@ def target():
 def draft():
     """A one-layer tiny LLaMA over the same vocabulary: their draft."""
     return tiny_llama(vocab_size=64, seed=2, num_layers=1)
+
+
+# What makes a test slow: the embedded model (a fixture, or the `embedded` marker where it loads the model itself)
+# or a process of its own (the CLI, a pipeline, a notebook kernel, a build), found through the helpers it calls.
+SLOW_FIXTURES = {"embedded"}
+SLOW_CALLS = {"subprocess", "Popen", "nbclient", "NotebookClient"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `slow` every test that loads the embedded model or starts a process (`make test-fast` leaves them
+    out), so that a new test is sorted by what it does, not by remembering a marker."""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        functions = [getattr(item, "function", None)] + [
+            defs[-1].func for name in getattr(item, "fixturenames", ())
+            for defs in [fixtures.name2fixturedefs.get(name) if fixtures else None] if defs]
+        if item.get_closest_marker("embedded") or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) \
+                or any(_starts_a_process(f, set()) for f in functions if f is not None):
+            item.add_marker(pytest.mark.slow)
+
+
+def _starts_a_process(function, seen: set) -> bool:
+    """Whether `function` or a function of the tests it calls (at any depth) names a way to start a process."""
+    code = getattr(function, "__code__", None)
+    if code is None or code in seen:
+        return False
+    seen.add(code)
+    names = set()
+    todo = [code]
+    while todo:
+        current = todo.pop()
+        names.update(current.co_names)
+        todo += [const for const in current.co_consts if hasattr(const, "co_names")]
+    if names & SLOW_CALLS:
+        return True
+    called = (getattr(function, "__globals__", {}).get(name) for name in names)
+    return any(_starts_a_process(f, seen) for f in called
+               if callable(f) and getattr(f, "__module__", "").startswith("tests"))
