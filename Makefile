@@ -1,11 +1,11 @@
 # Two commands on a fresh machine: `make demo` (the main job on the embedded defaults) and `make test`;
-# `make test-fast` for the edit loop.
+# `make test-fast` for the edit loop (CONTRIBUTING.md says how to work here).
 # Both create or reuse .venv and install everything the project needs.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.specrepro-installed
 
-.PHONY: setup demo test test-fast lock clean
+.PHONY: setup demo lint test test-fast lock clean
 
 # constraints.txt pins every other package at the versions the suite last passed with, so a new upstream
 # release cannot change the numbers unnoticed; `make lock` moves it forward (then `make test` is the gate).
@@ -24,14 +24,18 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/specrepro run -m +experiment=demo
 
-# the full suite CI runs: one worker per core, up to 4 (pytest-xdist; each worker's torch on one thread:
-# tests/conftest.py)
-test: setup
+# the lint rules pyproject.toml's [tool.ruff] selects (check only: the code is not reformatted)
+lint: setup
+	$(VENV)/bin/ruff check src tests experiments notebooks
+
+# the full suite CI runs, after the lint: one worker per core, up to 4 (pytest-xdist; each worker's torch on one
+# thread: tests/conftest.py)
+test: lint
 	$(VENV)/bin/pytest -q --numprocesses auto --maxprocesses 4
 
-# the edit loop: every test but the slow ones (the embedded model or a process of their own, marked by
-# tests/conftest.py)
-test-fast: setup
+# the edit loop: the lint, then every test but the slow ones (the embedded model or a process of their own,
+# marked by tests/conftest.py)
+test-fast: lint
 	$(VENV)/bin/pytest -q --numprocesses auto --maxprocesses 4 -m "not slow"
 
 # resolve the newest versions pyproject.toml admits in a scratch venv and write them to constraints.txt
