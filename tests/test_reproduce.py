@@ -346,3 +346,14 @@ def test_summary_and_dry_run_meet_bad_files_in_one_line(tmp_path):
         headline_cells(table, ["pld"], "Speedup")
     (tmp_path / "stages.json").write_text("{not json")
     assert read_measured(tmp_path / "stages.json") == {} and read_measured(tmp_path / "none.json") == {}
+
+
+def test_a_dry_runs_total_counts_every_stage_and_names_the_untimed():
+    from specrepro.reproduce import describe, total_time
+
+    stages = [{"train": ["method=sps"]}, {"run": ["method=ar"]}, {"run": ["method=pld"]}, {"table": "tiny_table"}]
+    measured = {describe(stages[0]): {"minutes": 30.0, "reused": []},
+                describe(stages[1]): {"minutes": 2.4, "reused": ["run x"]}}
+    assert total_time(stages, measured) == (
+        "total over all 4 stages: about 32 min for the 2 timed train and run stage(s) (1 timed while reusing what was "
+        "made already: longer from nothing cached); 1 not timed yet (not counted); 1 table stage(s), under a minute each")

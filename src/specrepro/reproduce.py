@@ -167,6 +167,22 @@ def expected_time(measurement: dict | None) -> str:
             f"{str(measurement.get('date'))[:10]}, commit {commit}")
 
 
+def total_time(stages: list[dict], measured: dict) -> str:
+    """One total over every stage of a pipeline: the minutes each train and run stage took where it was measured
+    (those measured while finding things already made took less than they would from nothing cached), and how many
+    stages are not timed yet or are tables (under a minute each)."""
+    timed = [measured.get(describe(stage)) for stage in stages if "table" not in stage]
+    minutes = [m["minutes"] for m in timed if is_measured(m)]
+    reused = sum(1 for m in timed if is_measured(m) and m.get("reused"))
+    untimed = len(timed) - len(minutes)
+    tables = len(stages) - len(timed)
+    parts = [f"about {sum(minutes):.0f} min for the {len(minutes)} timed train and run stage(s)"
+             + (f" ({reused} timed while reusing what was made already: longer from nothing cached)" if reused else ""),
+             f"{untimed} not timed yet" + (" (not counted)" if untimed else ""),
+             f"{tables} table stage(s), under a minute each"]
+    return f"total over all {len(stages)} stages: " + "; ".join(parts)
+
+
 def stage_device() -> str | None:
     """The GPU a stage's process uses when this machine has one (`hardware.device: auto`), for its machine label."""
     import torch
@@ -332,6 +348,8 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
         if "table" in stage:  # the headlines (of this pipeline and those beside it) follow the tables
             beside = Path(name).parent if name.endswith(".yaml") else pipelines_dir
             atomic_write(Path(results_dir) / SUMMARY_PAGE, summary_page(results_dir, pipelines_dir=beside))
+    if dry_run:
+        print(total_time([stage for i, stage in enumerate(stages, 1) if i in chosen], measured))
 
 
 def summary_main(args: list[str]) -> None:
