@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
+
 from specrepro import registry
+from specrepro.cli import check_method_schemas
+from specrepro.errors import SpecReproError
 from tests.test_runner import FAST, run_dirs, specrepro
 
 TOY_MODULE = '''
@@ -70,3 +74,13 @@ def test_a_plugin_module_that_does_not_import_is_one_line(tmp_path, monkeypatch)
     assert proc.returncode != 0
     assert "SPECREPRO_PLUGINS names module 'no_such_module_here'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_method_yaml_whose_schema_no_module_registers_names_the_plugins_variable(tmp_path):
+    """Hydra alone says it cannot load `method_schema_toy`; the CLI says which variable loads the module."""
+    (tmp_path / "method").mkdir()
+    (tmp_path / "method" / "toy.yaml").write_text("defaults:\n  - /method_schema_toy@_here_\n  - _self_\n")
+    registry.load()
+    check_method_schemas(["--config-dir", str(tmp_path), "method=pld"])  # a registered one: no complaint
+    with pytest.raises(SpecReproError, match="method 'toy' .* extends method_schema_toy.*SPECREPRO_PLUGINS=my_methods"):
+        check_method_schemas(["--config-dir", str(tmp_path), "-m", "method=pld,toy"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from importlib.resources import files
 from pathlib import Path
@@ -86,7 +87,8 @@ def hydra_app(config_name: str, task, args: list[str]) -> None:
 
     try:
         register_configs()
-    except SpecReproError as exc:  # a plugin module that does not import
+        check_method_schemas(args)
+    except SpecReproError as exc:  # a plugin module that does not import, or one not named
         fail(str(exc))
     sys.argv = [f"specrepro {config_name}", *args]
     hydra.main(config_path=f"pkg://{CONF_MODULE}", config_name=config_name, version_base="1.3")(task)()
@@ -94,6 +96,26 @@ def hydra_app(config_name: str, task, args: list[str]) -> None:
 
     if SweepTable.failed_jobs:
         sys.exit(1)
+
+
+def check_method_schemas(args: list[str]) -> None:
+    """Refuse a method the overrides select whose yaml extends a schema no loaded module registered, naming
+    SPECREPRO_PLUGINS (Hydra says only that it cannot load `method_schema_<name>`)."""
+    from specrepro import registry
+
+    dirs = [CONF_DIR] + [Path(value) for flag, value in zip(args, args[1:]) if flag in ("--config-dir", "-cd")]
+    dirs += [Path(arg.split("=", 1)[1]) for arg in args if arg.startswith("--config-dir=")]
+    names = [name.strip() for arg in args if arg.split("=", 1)[0].lstrip("+~") == "method" and "=" in arg
+             for name in arg.split("=", 1)[1].removeprefix("choice(").rstrip(")").split(",")]
+    for name, folder in ((name, folder) for name in names for folder in dirs):
+        yaml = folder / "method" / f"{name}.yaml"
+        wanted = re.findall(r"/method_schema_(\w+)@", yaml.read_text()) if yaml.is_file() else []
+        missing = [schema for schema in wanted if schema not in registry.METHODS]
+        if missing:
+            raise SpecReproError(
+                f"method '{name}' ({yaml}) extends method_schema_{missing[0]}, which no loaded module registers: "
+                f"name the module that defines it in {registry.PLUGINS_VARIABLE} (e.g. "
+                f"{registry.PLUGINS_VARIABLE}=my_methods, with my_methods.py on PYTHONPATH)")
 
 
 def main() -> None:
