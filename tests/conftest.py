@@ -51,27 +51,32 @@ def draft():
     return tiny_llama(vocab_size=64, seed=2, num_layers=1)
 
 
-# What makes a test slow: the embedded model (a fixture, or the `embedded` marker where it loads the model itself)
-# or a process of its own (the CLI, a pipeline, a notebook kernel, a build), found through the helpers it calls.
-SLOW_FIXTURES = {"embedded"}
-SLOW_CALLS = {"subprocess", "Popen", "nbclient", "NotebookClient"}
+# What makes a test slow: the embedded model (a fixture, or the `embedded` marker where it loads the model itself),
+# a process of its own (the CLI, a pipeline, a notebook kernel, a build), found through the helpers it calls, or
+# heavy work in process: a statistical test of sampling (test_lossless_sampling's `exact` distribution and its
+# `p_value` over thousands of generations) or torch.compile tracing graphs (test_compiled). A test slow for
+# another reason carries `@pytest.mark.slow` itself.
+SLOW_FIXTURES = {"embedded", "exact"}
+SLOW_CALLS = {"subprocess", "Popen", "nbclient", "NotebookClient", "p_value"}
+SLOW_MODULES = {"tests/test_compiled.py"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark `slow` every test that loads the embedded model or starts a process (`make test-fast` leaves them
-    out), so that a new test is sorted by what it does, not by remembering a marker."""
+    """Mark `slow` every test that loads the embedded model, starts a process or does the heavy work above
+    (`make test-fast` leaves them out), so that a new test is sorted by what it does, not by remembering a marker."""
     for item in items:
         fixtures = getattr(item, "_fixtureinfo", None)
         functions = [getattr(item, "function", None)] + [
             defs[-1].func for name in getattr(item, "fixturenames", ())
             for defs in [fixtures.name2fixturedefs.get(name) if fixtures else None] if defs]
         if item.get_closest_marker("embedded") or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) \
+                or item.nodeid.split("::")[0] in SLOW_MODULES \
                 or any(_starts_a_process(f, set()) for f in functions if f is not None):
             item.add_marker(pytest.mark.slow)
 
 
 def _starts_a_process(function, seen: set) -> bool:
-    """Whether `function` or a function of the tests it calls (at any depth) names a way to start a process."""
+    """Whether `function` or a function of the tests it calls (at any depth) names one of `SLOW_CALLS`."""
     code = getattr(function, "__code__", None)
     if code is None or code in seen:
         return False

@@ -210,6 +210,7 @@ def test_a_stage_records_the_commit_it_started_on(tmp_path, monkeypatch):
     assert entry["commit"] == "a" * 40 and entry["minutes"] == 12.5
 
 
+@pytest.mark.slow  # composes every stage's sweep
 @pytest.mark.parametrize("paper", sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")))
 def test_every_shipped_pipeline_is_well_formed(paper):
     from tests.test_config import compose_run
@@ -223,6 +224,7 @@ def test_every_shipped_pipeline_is_well_formed(paper):
             compose_run(*overrides, config="run" if "run" in stage else "train")  # composes
 
 
+@pytest.mark.slow  # composes every pipeline's train stages
 def test_a_component_two_pipelines_train_is_trained_alike():
     """Every pipeline's artifacts share one folder, and a run loads the newest artifact its method's settings
     match: so the shipped train stages that make a component for the same model and method settings must make the
@@ -293,6 +295,7 @@ def test_every_headline_names_a_row_and_column_of_its_table(paper):
         assert item["column"] in [column.label for column in spec.columns], item
 
 
+@pytest.mark.slow  # reads every committed table's inputs
 def test_the_committed_summary_is_the_one_the_committed_results_give(monkeypatch):
     """Every figure in results/SUMMARY.md is copied from a committed table by `specrepro summary`, never typed."""
     root = Path(__file__).resolve().parents[1]

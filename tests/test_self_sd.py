@@ -104,6 +104,7 @@ def test_speculative_sampling_runs_and_is_seeded(sharp_model):
     assert all(0 <= t < 64 for t in first.token_ids) and sum(first.drafted) > 0
 
 
+@pytest.mark.slow  # 3,000 generations
 def test_speculative_sampling_first_token_matches_target_distribution():
     """The token after the first verification follows the warped target distribution (chi-square-free check)."""
     model = tiny_llama(vocab_size=8, seed=4, num_layers=2, logit_scale=3.0)
