@@ -150,3 +150,21 @@ def test_a_run_of_a_wrong_decoder_records_its_divergences_as_bugs(tmp_path, monk
     divergences = [row["samples"][0][0]["divergence"] for row in rows]
     assert all(d["position"] == 2 and not d["near_tie"] and d["gap"] > 2 * d["rounding"] for d in divergences)
     assert "lossless_near_ties" in runner.results_table([metrics])
+
+
+def test_divergences_are_classified_on_compiled_steps_too():
+    """A compiled run recomputes the position on its own compiled steps (static cache, padded widths, rollback by
+    write position): the classes and `ar`'s logits there are the eager steps' (aot_eager traces the same ops)."""
+    from specrepro.decoding.steps import CompiledSteps
+    from specrepro.models.kernels import set_linear_kernel
+
+    model = set_linear_kernel(bf16_llama(seed=4, logit_scale=3.0), "torch")
+    compiled = CompiledSteps(model, backend="aot_eager", widths=[1, 4, 16])
+    compiled.warm_up(max_width=16, length=80)
+    prompt, widths = prompts()[0], rounding_widths(16)
+    reference = ARDecoder(model, steps=compiled).generate(prompt, GREEDY, 24).token_ids
+    for position in (0, 9):  # the prefill's token, and one after one-row steps
+        tokens = FlippingAR(model, position).generate(prompt, GREEDY, 24).token_ids
+        ours, eager = (classify(steps, prompt, tokens, reference, widths) for steps in (compiled, EagerSteps(model)))
+        assert ours["position"] == eager["position"] == position and ours["margin"] == pytest.approx(eager["margin"])
+        assert ours["near_tie"] == eager["near_tie"]
