@@ -16,9 +16,11 @@ recomputes it on the run's target (its steps and dtype, eager or compiled, on th
 - `gap`: `ar`'s token's logit minus the method's token's logit in `ar`'s computation (>= 0 when it reproduces
   `ar`'s choice), and `margin`, the top-2 logit margin there.
 
-The rule: a divergence is a near-tie when `gap <= 2 * rounding` (each of the two logits can move by `rounding`
-between the computations, so their order can flip; a gap of 0 is a tie either way), and a bug otherwise. A later
-turn whose prompt holds a diverged answer inherits its first divergence's class. Row-invariant kernels
+The rule: a divergence is a near-tie when `gap <= rounding` (no more than rounding was seen to move a logit there;
+a gap of 0 is a tie either way), and a bug otherwise. Each of the two logits can move by `rounding`, so a flip needs
+only `gap <= 2 * rounding`: the rule is the stricter half, as `rounding` is already the largest change over the
+whole vocabulary, while a bf16 near-tie's gap is a step or two of bf16's spacing at the logits' magnitude.
+A later turn whose prompt holds a diverged answer inherits its first divergence's class. Row-invariant kernels
 (`hardware.row_invariant`) measure a rounding of 0: under them only an exact tie is a near-tie.
 """
 
@@ -78,7 +80,7 @@ def classify(steps, prompt: list[int], tokens: list[int], ar_tokens: list[int], 
     top2 = logits.topk(2).values
     gap = float(logits[ar_token] - logits[token])
     return {"position": position, "token": token, "ar_token": ar_token, "gap": gap,
-            "margin": float(top2[0] - top2[1]), "rounding": rounding, "near_tie": gap <= 2 * rounding}
+            "margin": float(top2[0] - top2[1]), "rounding": rounding, "near_tie": gap <= rounding}
 
 
 def rounding_widths(max_step_width: int) -> list[int]:
