@@ -150,6 +150,7 @@ def test_a_run_of_a_wrong_decoder_records_its_divergences_as_bugs(tmp_path, monk
     divergences = [row["samples"][0][0]["divergence"] for row in rows]
     assert all(d["position"] == 2 and not d["near_tie"] and d["gap"] > d["rounding"] for d in divergences)
     assert "lossless_near_ties" in runner.results_table([metrics])
+    assert "lossless_near_ties" not in runner.results_table([{**metrics, "lossless": 1.0, "lossless_near_tie": 1.0}])
 
 
 def test_divergences_are_classified_on_compiled_steps_too():
