@@ -7,18 +7,24 @@ Arms, interleaved per prompt in one process (greedy, the same GSM8K prompts):
 - `generate_eager` / `generate_compiled`: transformers' `generate` on the model as a user loads it, plain and
   with `cache_implementation="static"` (transformers then compiles its forward itself);
 - `pld_eager` / `pld_compiled`: prompt lookup on eager and on compiled steps;
-- with `--methods`: trained drafters from `--artifacts-dir`, each a method preset with overrides
-  (`sar_draft_tree`, `"eesd method.draft_vocab=4096"`), labelled where one preset comes twice (`"k3=sar_draft
-  method.k=3"`): eager and, where the method supports it, compiled; the figures name the artifacts each loaded.
+- with `--methods`: other methods, trained drafters from `--artifacts-dir` among them, each a method preset with
+  overrides (`jacobi`, `sar_draft_tree`, `"eesd method.draft_vocab=4096"`), labelled where one preset comes twice
+  (`"k3=sar_draft method.k=3"`): eager and, where the method supports it, compiled; the figures name the artifacts
+  each loaded. `--trained-methods` names more, timed only where their artifacts are found (the figures list the
+  others and why: experiments/gpu_check.sh names every trained drafter there, so whatever was carried is timed).
 Prints each arm's throughput, the weight-reading bound (weight bytes over the card's copy bandwidth, measured
 here), compiled over eager `ar`, our compiled `ar` over transformers' compiled `generate`, each speculative
 arm's paired speedup over eager `ar` (a compiled arm also over compiled `ar`), MAT and drafting milliseconds per
 round (device-synced: what compiling a draft model or head saves shows between an eager and a compiled arm), and
-which outputs are token-identical. Compile times are reported apart. With --json the figures are written after every timed
-prompt (`prompts` says how many), so a run cut off by a lent machine's limit keeps what it measured; --markdown
-writes them as a results page. `--device cpu` asks the same of a CPU (inductor compiles C++ there).
+which outputs are token-identical. Where a compiled speculative arm's output differs from compiled `ar`'s, the first
+differing position is classified a near-tie or a bug (metrics/divergence.py: `ar`'s top-2 margin and the gap
+between the two tokens there against the rounding measured there between one-row and multi-row steps, on the
+compiled steps after the prompt is timed). Compile times are reported apart. With --json the figures are written
+after every timed prompt (`prompts` says how many), so a run cut off by a lent machine's limit keeps what it
+measured; --markdown writes them as a results page. `--device cpu` asks the same of a CPU (inductor compiles C++ there).
 Run: python experiments/bench_gpu.py [--limit 5] [--max-new-tokens 256] [--json out.json] [--markdown out.md]
      [--methods "sar_draft_tree;eesd method.draft_vocab=4096" --artifacts-dir results/artifacts]
+     [--trained-methods "self_sd_tree;eesd method.draft_vocab=4096"]
      [--model llama2_7b_chat | --model "hf model.id=/path/to/checkpoint"]
 """
 
@@ -47,6 +53,7 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import EagerSteps
 from specrepro.errors import SpecReproError
 from specrepro.identity import artifact_identities, model_weights
+from specrepro.metrics.divergence import classify, rounding_widths
 from specrepro.models import LoadedModel, ModelLoader, load_model
 from specrepro.provenance import machine_label, provenance
 from specrepro.runner import compile_steps_for
@@ -69,28 +76,38 @@ def copy_bandwidth(device: torch.device, gib: float = 1.0) -> float:
     return 2 * x.numel() / best
 
 
-def method_arms(presets: str, target, stock: LoadedModel, loader) -> tuple[dict, dict]:
+def method_arms(presets: str, target, stock: LoadedModel, loader, if_trained: bool = False,
+                taken=()) -> tuple[dict, dict, dict]:
     """`<label>_eager` (on the model as a user loads it, whose forwards are eager) and, where the method runs its
     target forwards through the shared steps, `<label>_compiled` (on the compiled target), for each `;`-separated
     method preset with overrides, optionally labelled (`k3=sar_draft method.k=3`; the label is the preset's name
     otherwise); and, per label, the spec and the trained artifacts (name, content digest) it loaded from the
-    loader's artifacts dir, so the figures say which weights they timed."""
+    loader's artifacts dir, so the figures say which weights they timed. With `if_trained`, a preset whose artifacts
+    are not there is left out (the third dict says why, per label), as is one whose label is `taken`."""
     registry.load()
-    arms, specs = {}, {}
+    arms, specs, missing = {}, {}, {}
     for spec in filter(None, (p.strip() for p in presets.split(";"))):
         first, *overrides = spec.split()
         label, _, preset = first.rpartition("=")  # "k3=sar_draft" -> ("k3", "=", "sar_draft")
         preset = " ".join([preset, *overrides])
         label, method = label or first, composed("method", preset)
-        if label in specs:
+        if label in taken:
+            continue
+        if label in specs or label in missing:
             raise SpecReproError(f"--methods names the arm '{label}' twice: label one (e.g. '{label}_2={preset}')")
         decoder = registry.method(method.name).decoder
+        try:
+            found = decoder.resolve_artifacts(method, target.name, loader.artifacts_dir)
+        except SpecReproError as exc:
+            if not if_trained:
+                raise
+            missing[label] = {"spec": spec, "why": str(exc).splitlines()[0]}
+            continue
         arms[f"{label}_eager"] = build_decoder(method, stock, loader)
         if decoder.compilable:
             arms[f"{label}_compiled"] = build_decoder(method, target, loader)
-        found = decoder.resolve_artifacts(method, target.name, loader.artifacts_dir)
         specs[label] = {"spec": spec, "artifacts": artifact_identities(found)}
-    return arms, specs
+    return arms, specs, missing
 
 
 def draft_ms_per_round(rows: list[dict]) -> float:
@@ -109,6 +126,7 @@ def markdown(figures: dict) -> str:
     """The figures as a results page: one row per arm, the bounds and ratios, then the provenance."""
     prov, rate, speculative = figures["provenance"], figures["tok_per_s"], figures["speculative"]
     drafting = any(row.get("draft_ms_per_round") for row in speculative.values())  # recorded since it was measured
+    near_ties = any("near_tie_to_ar_compiled" in row for row in speculative.values())  # since they are classified
     over_eager = {"ar_eager": 1.0, "ar_compiled": figures["ar_compiled_over_eager"],
                   **{arm: row["over_ar_eager"] for arm, row in speculative.items()}}
     lines = [
@@ -123,8 +141,9 @@ def markdown(figures: dict) -> str:
         " drafts differently shows here, as can fp32 rounding flipping a near-tied draft token).",
         "",
         "| arm | tok/s | over eager `ar` | over compiled `ar` | MAT |" + (" draft ms / round |" if drafting else "")
-        + " token-identical to eager `ar` | rounds as its eager arm's |",
-        "|---|---|---|---|---|---|---|" + ("---|" if drafting else ""),
+        + " token-identical to eager `ar` | rounds as its eager arm's |"
+        + (" identical or near-tie to compiled `ar` |" if near_ties else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if drafting else "") + ("---|" if near_ties else ""),
     ]
     for arm, tok_s in rate.items():
         row = speculative.get(arm, {})
@@ -134,8 +153,11 @@ def markdown(figures: dict) -> str:
         if drafting:
             cells.append(f"{row['draft_ms_per_round']:.2f}" if row.get("draft_ms_per_round") else "–")
         same_rounds = f"{row['rounds_as_eager']}/{figures['prompts']}" if "rounds_as_eager" in row else "–"
+        near_tie = f"{row['near_tie_to_ar_compiled']}/{figures['prompts']}" if "near_tie_to_ar_compiled" in row \
+            else "–"
         lines.append(f"| `{arm}` | {tok_s:.1f} | {' | '.join(cells)} | "
-                     f"{figures['identical_to_ar_eager'][arm]}/{figures['prompts']} | {same_rounds} |")
+                     f"{figures['identical_to_ar_eager'][arm]}/{figures['prompts']} | {same_rounds} |"
+                     + (f" {near_tie} |" if near_ties else ""))
     compile_s = ", ".join(f"{arm} {seconds:.1f}" for arm, seconds in figures["compile_or_first_call_s"].items())
     lines += [
         "",
@@ -150,6 +172,13 @@ def markdown(figures: dict) -> str:
            + "; a wider `--widths` bucket compiles them."] if figures.get("eager_wide_steps") else []),
         *[f"- `{label}`: `{arm['spec']}`, {weights(arm['artifacts']) or 'nothing trained'}"
           for label, arm in figures.get("methods", {}).items()],
+        *[f"- Not timed, its artifacts not found: `{label}` (`{arm['spec']}`): {arm['why']}"
+          for label, arm in figures.get("untrained_methods", {}).items()],
+        *[f"- `{arm}` left compiled `ar`'s output on prompt {d['prompt'] + 1} at token {d['position']}: "
+          + (f"{'a near-tie' if d['near_tie'] else 'a bug'} (logit gap {d['gap']:.4g} between `ar`'s token and its "
+             f"own, top-2 margin {d['margin']:.4g}, rounding measured there {d['rounding']:.4g})"
+             if d["gap"] is not None else "a bug (one output stopped where the other went on)")
+          for arm, row in speculative.items() for d in row.get("divergences_from_ar_compiled", [])],
         *([f"- Target: {weights(figures['model_weights'])}"] if figures.get("model_weights") else []),
         *([] if prov["machine"].get("gpu") else [
             "- Every arm runs torch's own linear kernels, which compiled steps need; the CPU tables' runs use oneDNN's"
@@ -176,6 +205,9 @@ def main() -> None:
     parser.add_argument("--methods", default="", help='trained drafters too: ";"-separated method presets with '
                         'overrides, each optionally labelled, e.g. "sar_draft_tree;eesd method.draft_vocab=4096;'
                         'k3=sar_draft method.k=3"')
+    parser.add_argument("--trained-methods", default="", help="more presets as --methods takes them, each timed only "
+                        "where its trained artifacts are found in --artifacts-dir (the figures list the others); "
+                        "a label --methods names too is timed as --methods says")
     parser.add_argument("--artifacts-dir", default="results/artifacts",
                         help="where --methods find their artifacts (`specrepro train`'s; the pipelines' are in "
                              "results/reproduce/artifacts)")
@@ -198,8 +230,13 @@ def main() -> None:
         "pld_eager": PLDDecoder(model, target.tokenizer, PLDConfig(), steps=eager),
         "pld_compiled": PLDDecoder(model, target.tokenizer, PLDConfig()),
     }
-    trained, method_specs = method_arms(args.methods, target, LoadedModel(stock, target.tokenizer, target.name), loader)
-    decoders |= trained
+    user_loaded = LoadedModel(stock, target.tokenizer, target.name)
+    trained, method_specs, _ = method_arms(args.methods, target, user_loaded, loader)
+    if_trained, if_trained_specs, untrained = method_arms(args.trained_methods, target, user_loaded, loader,
+                                                          if_trained=True, taken=method_specs)  # --methods' win
+    decoders |= trained | if_trained
+    method_specs |= if_trained_specs
+    ar_steps = decoders["ar_compiled"].steps  # what a compiled arm's divergence from compiled `ar` is recomputed on
     target_weights = model_weights(model_cfg, args.artifacts_dir)  # once: the figures are rewritten every prompt
     widest = max(hardware.compile_widths)  # a compiled arm's steps wider than this run eagerly: the page says which
     eager_wide_steps = {arm: d.max_step_width for arm, d in decoders.items()
@@ -215,6 +252,8 @@ def main() -> None:
     def progress(message: str) -> None:  # on stderr as it happens: a run cut off by a lent machine's limit shows where
         print(f"[{time.perf_counter() - began:6.0f} s] {message}", file=sys.stderr, flush=True)
 
+    for label, arm in untrained.items():
+        progress(f"not timing {label}: {arm['why']}")
     longest = max(prompts, key=len)
     progress("compiling our steps")
     # every width, hidden-state graph and layer slice a compiled arm can take, as `specrepro run` compiles them
@@ -247,7 +286,7 @@ def main() -> None:
         return {
             "provenance": provenance(asdict(hardware), loader.device) | {"command": shlex.join(["python", *sys.argv])},
             "date": time.strftime("%Y-%m-%d"), "model": model_cfg.name, "dtype": args.dtype,
-            "model_weights": target_weights, "methods": method_specs,
+            "model_weights": target_weights, "methods": method_specs, "untrained_methods": untrained,
             "prompts": len(results["ar_eager"]), "prompts_asked": len(prompts),
             "max_new_tokens": args.max_new_tokens, "widths": args.widths, "eager_wide_steps": eager_wide_steps,
             "tok_per_s": {arm: rate(arm) for arm in arms},
@@ -259,6 +298,13 @@ def main() -> None:
             "speculative": {arm: {"over_ar_eager": paired(arm, "ar_eager"),
                                   **({"over_ar_compiled": paired(arm, "ar_compiled"),
                                       "identical_to_ar_compiled": identical(arm, "ar_compiled"),
+                                      # prompts identical to compiled ar's or diverging at a near-tie, and where
+                                      "near_tie_to_ar_compiled": sum(r["divergence"] is None
+                                                                     or r["divergence"]["near_tie"]
+                                                                     for r in results[arm]),
+                                      "divergences_from_ar_compiled": [{"prompt": i, **r["divergence"]}
+                                                                       for i, r in enumerate(results[arm])
+                                                                       if r["divergence"]],
                                       "rounds_as_eager": identical(arm, arm.removesuffix("_compiled") + "_eager",
                                                                    "accepted")}
                                      if arm.endswith("_compiled") else {}),
@@ -275,6 +321,11 @@ def main() -> None:
             tokens, seconds, steps, accepted, draft_seconds = run(arm, ids, args.max_new_tokens)
             results[arm].append({"tokens": tokens, "seconds": seconds, "steps": steps, "accepted": accepted,
                                  "draft_seconds": draft_seconds})
+        for arm in (a for a in speculative if a.endswith("_compiled")):  # untimed: a near-tie or a bug where it
+            # left compiled `ar`'s output, recomputed on compiled `ar`'s steps
+            results[arm][-1]["divergence"] = classify(ar_steps, ids, results[arm][-1]["tokens"],
+                                                      results["ar_compiled"][-1]["tokens"],
+                                                      rounding_widths(decoders[arm].max_step_width))
         if args.json:  # after every prompt: a run cut off by a lent machine's limit keeps the prompts it timed
             atomic_write(Path(args.json), json.dumps(summary(), indent=1) + "\n")
 

@@ -9,7 +9,8 @@
 # Writes results/gpu/bench_gpu_<card>_<dtype>.json and .md, copied to OUT_DIR, and OUT_DIR/gpu_check.log (nvidia-smi,
 # then each step's output): five files, within the eight a lent machine's call returns. Seconds: BUDGET_S (540) for all steps,
 # LONG_S (330) a bench, TESTS_S (200) the tests, MIN_S (60): a step with less left is skipped and said so.
-# STEPS names the steps to run (default: bench_bf16 tests_cuda bench_fp32); PYTHON picks the interpreter.
+# STEPS names the steps to run (default: bench_bf16 tests_cuda bench_fp32); PYTHON picks the interpreter; METHODS and
+# TRAINED_METHODS the bench's methods beside ar and pld (below).
 # On a checkout copied without .git, SPECREPRO_COMMIT names its commit (experiments/gpu_carry.sh writes it down).
 set -uo pipefail
 out=${1:?usage: bash experiments/gpu_check.sh OUT_DIR [bench_gpu.py options]}
@@ -59,7 +60,11 @@ bench() {  # bench NAME SUFFIX [bench_gpu.py options]: its pages go to results/g
   rm -f "$out/.started"
 }
 
-bench bench_bf16 bf16 "$@"
+# the bench's methods beside ar and pld: METHODS always (jacobi needs nothing trained), TRAINED_METHODS where their
+# artifacts were carried (results/gpu/README.md's trained drafters); a --methods option given here overrides METHODS
+trained="sar_draft method.draft_vocab=4096 method.k=2;self_sd_tree;eesd method.draft_vocab=4096;eesd_tree_break_even"
+methods=(--methods "${METHODS-jacobi}" --trained-methods "${TRAINED_METHODS-$trained}")
+bench bench_bf16 bf16 "${methods[@]}" "$@"
 step tests_cuda "${TESTS_S:-200}" "$python" -m pytest -x -q -p no:cacheprovider tests/test_cuda.py
-bench bench_fp32 fp32 --dtype float32 "$@"
+bench bench_fp32 fp32 --dtype float32 "${methods[@]}" "$@"
 exit $failed

@@ -25,6 +25,7 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--backend", "eager", "--dtype", "float32",
                     "--model", "tiny_random model.random.num_layers=2", "--methods",
                     "jacobi;eesd1=eesd method.head=none method.num_layers=1", "--limit", "2",
+                    "--trained-methods", "jacobi method.block_size=4;self_sd_tree", "--artifacts-dir", str(tmp_path),
                     "--max-new-tokens", "8", "--json", str(out), "--markdown", str(tmp_path / "bench.md")],
                    check=True, capture_output=True, text=True)
     figures = json.loads(out.read_text())
@@ -41,6 +42,12 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     assert "--methods 'jacobi;eesd1=eesd method.head=none method.num_layers=1'" in figures["provenance"]["command"]
     assert figures["methods"] == {"jacobi": {"spec": "jacobi", "artifacts": {}},  # what each arm ran, which weights
                                   "eesd1": {"spec": "eesd1=eesd method.head=none method.num_layers=1", "artifacts": {}}}
+    # --trained-methods: a label --methods names is timed as --methods says; one without its artifacts is left out
+    assert list(figures["untrained_methods"]) == ["self_sd_tree"] and "self_sd_tree_eager" not in figures["tok_per_s"]
+    # fp32 on the CPU: every compiled arm's output is compiled ar's, nothing to classify
+    assert all(figures["speculative"][f"{arm}_compiled"]["near_tie_to_ar_compiled"] == 2
+               and figures["speculative"][f"{arm}_compiled"]["divergences_from_ar_compiled"] == []
+               for arm in ("pld", "jacobi", "eesd1"))
     monkeypatch.syspath_prepend(str(BENCH.parent))
     from bench_gpu import markdown
 
@@ -54,6 +61,15 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     drafting = {arm: row["draft_ms_per_round"] for arm, row in figures["speculative"].items()}
     assert drafting["eesd1_eager"] > 0 and drafting["eesd1_compiled"] > 0 and drafting["jacobi_eager"] == 0.0
     assert "| MAT | draft ms / round |" in page and f"| {drafting['eesd1_eager']:.2f} |" in page
+    assert "| identical or near-tie to compiled `ar` |" in page
+    assert "- Not timed, its artifacts not found: `self_sd_tree` (`self_sd_tree`): no trained artifact" in page
+    # a divergence, as a bf16 GPU run records them (metrics/divergence.py), is named with its margins
+    figures["speculative"]["pld_compiled"]["divergences_from_ar_compiled"] = [
+        {"prompt": 1, "position": 37, "token": 5, "ar_token": 9, "gap": 0.0156, "margin": 0.0156, "rounding": 0.0312,
+         "near_tie": True}]
+    assert ("- `pld_compiled` left compiled `ar`'s output on prompt 2 at token 37: a near-tie (logit gap 0.0156 "
+            "between `ar`'s token and its own, top-2 margin 0.0156, rounding measured there 0.0312)"
+            ) in markdown(figures)
 
 
 def test_two_method_arms_of_one_name_are_refused_in_one_line(tmp_path):

@@ -21,6 +21,7 @@ from specrepro.decoding import build_decoder, validate_method_config
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
+from specrepro.metrics.divergence import classify_row, near_tie_metrics
 from specrepro.metrics.judge import judge_run
 from specrepro.metrics.quality import reference_nll, score_sample
 from specrepro.metrics.speed import (impossible_generation, impossible_metrics, lossless, paired_speedup,
@@ -210,6 +211,7 @@ def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool)
         metrics.update(speedups(gens, ref_gens))
         if greedy:
             metrics["lossless"] = lossless(gens, ref_gens)
+            metrics.update(near_tie_metrics(gens, ref_gens))  # each divergence a near-tie or a bug
     return metrics
 
 
@@ -311,6 +313,7 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
             run(reference_config(cfg), group)  # the same loaded target (load_target keeps it)
             reference = find_reference(cfg, ref_key)
     reference_rows = reference_samples(reference, records) if reference else None
+    diverging_from = {row["id"]: row for row in reference_rows or []}  # greedy outputs that differ get classified
 
     baselines = {}  # `ar` timed beside each sample: as the run computes, and eager when that is compiled
     if cfg.timing.paired:
@@ -336,6 +339,8 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
     with suspension.watching():
         for index, rec in tqdm(todo, desc=name, unit="sample"):
             row = decode_record(rec, index, cfg, target, decoder, baselines, sampling)
+            if sampling.greedy and rec.id in diverging_from:
+                classify_row(row, diverging_from[rec.id], target, decoder.max_step_width)
             record.append(row)
             rows.append(row)
     rows.sort(key=lambda row: row["index"])
@@ -432,6 +437,7 @@ TABLE_COLUMNS = [
     ("draft_cost_p", "draft_cost_paired", "{:.2f}"),
     ("verify_cost_p", "verify_cost_paired", "{:.2f}"),
     ("lossless", "lossless", "{:.2f}"),
+    ("lossless_near_ties", "lossless_near_tie", "{:.2f}"),  # shown where some run's `lossless` < 1
     ("lossless_paired", "lossless_paired", "{:.2f}"),
     ("speedup_eager", "speedup_paired_eager", "{:.2f}x"),
     ("error", "error", "{}"),
@@ -441,7 +447,9 @@ QUALITY_KEYS = ["gsm8k_acc", "rouge_l", "rouge_2", "pass@1", "pass@10", "mt_benc
 
 def results_table(all_metrics: list[dict]) -> str:
     """A plain-text table of runs (only the columns some run has)."""
-    columns = [c for c in TABLE_COLUMNS if any(m.get(c[1]) is not None for m in all_metrics)]
+    columns = [c for c in TABLE_COLUMNS if any(m.get(c[1]) is not None for m in all_metrics)
+               and (c[1] != "lossless_near_tie" or any(isinstance(m.get("lossless"), float) and m["lossless"] < 1
+                                                        for m in all_metrics))]
     columns += [(k, k, "{:.3f}") for k in QUALITY_KEYS if any(k in m for m in all_metrics)]
 
     def cell(metrics, key, fmt):

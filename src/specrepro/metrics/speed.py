@@ -179,7 +179,7 @@ def impossible_generation(gen: dict) -> str | None:
 def impossible_metrics(metrics: dict) -> str | None:
     """Why a run's aggregate metrics cannot be true (None when they can)."""
     bounds = {"accept_rate": (0, 1), "draft_token_share": (0, 1), "hm": (0, 100), "lossless": (0, 1),
-              "lossless_paired": (0, 1), "lossless_eager": (0, 1)}
+              "lossless_paired": (0, 1), "lossless_eager": (0, 1), "lossless_near_tie": (0, 1)}
     for key, (low, high) in bounds.items():
         value = metrics.get(key)
         if value is not None and not math.isnan(value) and not low <= value <= high:

@@ -1,0 +1,131 @@
+"""Why a greedy method's output differs from `ar`'s: a numerical near-tie, or a bug.
+
+A verification scores several rows in one forward; in bf16 (and on a GPU in any dtype) its kernels round
+differently from the one-row steps `ar` takes, so where the target's two best tokens are within that rounding
+of each other a lossless method can pick the other one, and everything after differs. This module finds, for a
+generation whose token ids differ from the `ar` reference's on the same prompt, the first differing position and
+recomputes it on the run's target (its steps and dtype, eager or compiled, on the run's device):
+
+- `ar`'s logits there, as `ar` computed them: the prompt's prefill, then one-row steps over `ar`'s tokens;
+- the same position's logits as a method verifying w rows at a time computes them (`ar`'s tokens after the
+  prefill in w-row forwards, the position the last row of the last), for each w of `ROUNDING_WIDTHS` up to the
+  method's widest step: the earlier positions' keys and values then come from multi-row forwards too, as in a
+  speculative decode;
+- `rounding`: the largest change of any logit between `ar`'s computation and those: this position's measured
+  rounding in this dtype on this machine;
+- `gap`: `ar`'s token's logit minus the method's token's logit in `ar`'s computation (>= 0 when it reproduces
+  `ar`'s choice), and `margin`, the top-2 logit margin there.
+
+The rule: a divergence is a near-tie when `gap <= rounding` (no more than rounding was seen to move a logit there;
+a gap of 0 is a tie either way), and a bug otherwise. Each of the two logits can move by `rounding`, so a flip needs
+only `gap <= 2 * rounding`: the rule is the stricter half, as `rounding` is already the largest change over the
+whole vocabulary, while a bf16 near-tie's gap is a step or two of bf16's spacing at the logits' magnitude.
+A later turn whose prompt holds a diverged answer inherits its first divergence's class. Row-invariant kernels
+(`hardware.row_invariant`) measure a rounding of 0: under them only an exact tie is a near-tie.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specrepro.decoding.steps import target_steps
+
+ROUNDING_WIDTHS = (2, 4, 8, 16)  # verification widths the rounding is measured at (up to the method's widest)
+
+
+def first_difference(tokens: list[int], reference: list[int]) -> int | None:
+    """The first position where `tokens` and `reference` differ (the shorter's length if one is the other's
+    prefix); None when they are equal."""
+    if tokens == reference:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+
+
+@torch.inference_mode()
+def position_logits(steps, prompt: list[int], tokens: list[int], width: int) -> torch.Tensor:
+    """The fp32 logits for the token after `prompt + tokens`, computed as a method that verifies `width` rows at a
+    time would: the prompt's prefill, then `tokens` in `width`-row forwards (the first one shorter), the last row
+    of the last forward the position's. Width 1: `ar`'s own computation."""
+    device = next(steps.model.parameters()).device
+    ids = torch.tensor([prompt + tokens], device=device)
+    cache = steps.new_cache(ids.shape[1])
+    logits = steps(ids[:, : len(prompt)], cache, logits_to_keep=1).logits
+    start = len(prompt)
+    for end in range(len(prompt) + (len(tokens) % width or width), ids.shape[1] + 1, width):
+        logits = steps(ids[:, start:end], cache).logits
+        start = end
+    return logits[0, -1].float()
+
+
+def ar_logits_and_rounding(steps, prompt: list[int], ar_tokens: list[int], widths) -> tuple[torch.Tensor, float]:
+    """(the fp32 logits `ar` computed for the token after `prompt + ar_tokens`, the largest change of any of them
+    when the same position is computed in w-row verifications, w in `widths`: `position_logits`)."""
+    one_row = position_logits(steps, prompt, ar_tokens, 1)
+    changes = [float((position_logits(steps, prompt, ar_tokens, width) - one_row).abs().max())
+               for width in widths if width <= len(ar_tokens)]
+    return one_row, max(changes, default=0.0)
+
+
+def classify(steps, prompt: list[int], tokens: list[int], ar_tokens: list[int], widths) -> dict | None:
+    """The first divergence of a greedy generation's `tokens` from `ar_tokens` on `prompt` (None: identical):
+    its position, both tokens, `gap`, `margin`, `rounding` and `near_tie` (module doc)."""
+    position = first_difference(tokens, ar_tokens)
+    if position is None:
+        return None
+    if position >= min(len(tokens), len(ar_tokens)):  # one stopped where the other went on: not a rounding
+        return {"position": position, "token": None, "ar_token": None, "gap": None, "margin": None,
+                "rounding": None, "near_tie": False}
+    token, ar_token = tokens[position], ar_tokens[position]
+    logits, rounding = ar_logits_and_rounding(steps, prompt, ar_tokens[:position], widths)
+    top2 = logits.topk(2).values
+    gap = float(logits[ar_token] - logits[token])
+    return {"position": position, "token": token, "ar_token": ar_token, "gap": gap,
+            "margin": float(top2[0] - top2[1]), "rounding": rounding, "near_tie": gap <= rounding}
+
+
+def rounding_widths(max_step_width: int) -> list[int]:
+    """The verification widths a method's rounding is measured at: `ROUNDING_WIDTHS` up to its widest step."""
+    return sorted({min(width, max_step_width) for width in ROUNDING_WIDTHS} - {1})
+
+
+def classify_row(row: dict, reference_row: dict, target, max_step_width: int) -> None:
+    """Set `divergence` on each of a decoded record's greedy generations whose token ids differ from its `ar`
+    reference's (`reference_row`, the same record): the first differing turn of a sample is classified
+    (`classify`); a later one, whose prompt holds that turn's answer, says so (`after_turn`) and inherits its
+    class."""
+    steps, widths = target_steps(target.model), rounding_widths(max_step_width)
+    for sample, ref_sample in zip(row["samples"], reference_row["samples"]):
+        first = None  # the sample's first diverged turn and its divergence
+        for turn, (gen, ref) in enumerate(zip(sample, ref_sample)):
+            if gen["token_ids"] == ref["token_ids"]:
+                continue
+            if first is None:
+                prompt = target.tokenizer(reference_row["prompts"][turn], add_special_tokens=False)["input_ids"]
+                first = turn, classify(steps, prompt, gen["token_ids"], ref["token_ids"], widths)
+                gen["divergence"] = first[1]
+            else:
+                gen["divergence"] = {"after_turn": first[0], "near_tie": first[1]["near_tie"]}
+
+
+def near_tie_metrics(gens: list[dict], reference: list[dict]) -> dict[str, float]:
+    """`lossless_near_tie`: the fraction of generations identical to the reference's or diverging only at a
+    near-tie; `divergences` and `divergence_bugs`: how many first divergences there were and how many were
+    bugs; `near_tie_max_gap` and `near_tie_max_rounding`: the largest gap and rounding among the near-ties.
+    {} when some generation differs unclassified (a record made before classification)."""
+    if len(gens) != len(reference) or not gens:
+        return {}
+    divergences = []
+    for gen, ref in zip(gens, reference):
+        if gen["token_ids"] == ref["token_ids"]:
+            continue
+        if "divergence" not in gen:
+            return {}
+        divergences.append(gen["divergence"])
+    firsts = [d for d in divergences if "after_turn" not in d]
+    near_ties = [d for d in firsts if d["near_tie"]]
+    metrics = {"lossless_near_tie": 1 - sum(not d["near_tie"] for d in divergences) / len(gens),
+               "divergences": len(firsts), "divergence_bugs": len(firsts) - len(near_ties)}
+    if near_ties:
+        metrics.update(near_tie_max_gap=max(d["gap"] for d in near_ties),
+                       near_tie_max_rounding=max(d["rounding"] for d in near_ties))
+    return metrics

@@ -1,0 +1,171 @@
+"""Divergence classification (metrics/divergence.py): where a greedy method's output leaves `ar`'s, a near-tie
+within the measured rounding of a multi-row verification, or a bug."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.jacobi import JacobiDecoder
+from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.steps import EagerSteps
+from specrepro.metrics.divergence import (ar_logits_and_rounding, classify, classify_row, first_difference,
+                                          near_tie_metrics, rounding_widths)
+from specrepro.models import LoadedModel
+from tests.conftest import tiny_llama
+from tests.test_config import compose_run
+from tests.test_decoding import prompts
+from tests.test_runner import FAST
+
+GREEDY = Sampling()
+
+
+def bf16_llama(seed: int, logit_scale: float = 1.0):
+    return tiny_llama(vocab_size=96, seed=seed, num_layers=2, logit_scale=logit_scale).to(torch.bfloat16)
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 5, 3], [1, 2, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # one stopped where the other went on
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_a_bf16_verification_that_rounds_differently_is_a_near_tie(seed):
+    """In bf16 (oneDNN linears, no row invariance) Jacobi's 8-row verifications round differently from `ar`'s
+    one-row steps, and on these tiny models pick the other of two tied tokens on one prompt: a near-tie."""
+    model = bf16_llama(seed)
+    ar, jacobi = ARDecoder(model), JacobiDecoder(model, block_size=8)
+    found = []
+    for prompt in prompts():
+        reference, tokens = ar.generate(prompt, GREEDY, 40).token_ids, jacobi.generate(prompt, GREEDY, 40).token_ids
+        found.append(classify(EagerSteps(model), prompt, tokens, reference, rounding_widths(8)))
+    divergences = [d for d in found if d is not None]
+    assert divergences  # the premise: bf16 verification is not lossless here
+    for d in divergences:
+        assert d["near_tie"] and d["token"] != d["ar_token"]
+        assert 0 <= d["gap"] <= d["rounding"] or d["gap"] == 0
+
+
+class FlippingAR(ARDecoder):
+    """A wrong decoder: `ar`, but at `position` it commits the runner-up token instead of the argmax."""
+
+    def __init__(self, model, position: int, tokenizer=None):
+        super().__init__(model, tokenizer, steps=EagerSteps(model))
+        self.position = position
+
+    def _decode(self, prompt_ids, sampling, out, rng):
+        cache = self.steps.new_cache(0)
+        logits = self.steps(prompt_ids, cache, logits_to_keep=1).logits[0, -1]
+        while not out.done:
+            choice = logits.topk(2).indices[int(len(out.gen.token_ids) == self.position)]
+            out.commit([int(choice)], prefill=not out.gen.token_ids)
+            logits = self.steps(choice.view(1, 1), cache, logits_to_keep=1).logits[0, -1]
+
+
+def test_a_token_flipped_where_the_margin_is_large_is_a_bug():
+    model = bf16_llama(seed=4, logit_scale=3.0)
+    prompt, steps, widths = prompts()[0], EagerSteps(model), rounding_widths(8)
+    reference = ARDecoder(model).generate(prompt, GREEDY, 24).token_ids
+    margins = []  # ar's top-2 margin and the measured rounding at each position
+    for position in range(1, 24):
+        logits, rounding = ar_logits_and_rounding(steps, prompt, reference[:position], widths)
+        top2 = logits.topk(2).values
+        margins.append((float(top2[0] - top2[1]) - rounding, position))
+    clearance, position = max(margins)
+    assert clearance > 0.05  # a position where no rounding measured here explains a flip
+    tokens = FlippingAR(model, position).generate(prompt, GREEDY, 24).token_ids
+    divergence = classify(steps, prompt, tokens, reference, widths)
+    assert divergence["position"] == position and not divergence["near_tie"]
+    assert divergence["gap"] == pytest.approx(divergence["margin"]) and divergence["gap"] > divergence["rounding"]
+
+
+class Words:
+    """A tokenizer for prompts written as space-separated token ids."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [int(t) for t in text.split()]}
+
+
+def test_a_record_is_classified_turn_by_turn_and_summarized():
+    """A sample's first diverging turn is classified; a later turn, whose prompt holds that answer, inherits its
+    class; the run's lossless_near_tie counts identical and near-tie generations."""
+    model = bf16_llama(seed=1)
+    prompt = prompts()[0]
+    reference = ARDecoder(model).generate(prompt, GREEDY, 20).token_ids
+    flipped = FlippingAR(model, 3).generate(prompt, GREEDY, 20).token_ids
+
+    def gen(tokens):
+        return {"token_ids": tokens}
+
+    reference_row = {"id": "r", "prompts": [" ".join(map(str, prompt)), "unused"],
+                     "samples": [[gen(reference), gen([1, 2])], [gen(reference), gen([1, 2])]]}
+    row = {"id": "r", "samples": [[gen(flipped), gen([1, 3])], [gen(reference), gen([1, 2])]]}
+    classify_row(row, reference_row, LoadedModel(model, Words(), "tiny"), max_step_width=8)
+    first, later = row["samples"][0]
+    assert first["divergence"]["position"] == 3 and first["divergence"]["token"] == flipped[3]
+    assert later["divergence"] == {"after_turn": 0, "near_tie": first["divergence"]["near_tie"]}
+    assert all("divergence" not in g for g in row["samples"][1])  # identical turns are left alone
+    gens = [g for sample in row["samples"] for g in sample]
+    ref_gens = [g for sample in reference_row["samples"] for g in sample]
+    bug = not first["divergence"]["near_tie"]
+    metrics = near_tie_metrics(gens, ref_gens)
+    assert metrics["lossless_near_tie"] == (0.5 if bug else 1.0)
+    assert (metrics["divergences"], metrics["divergence_bugs"]) == (1, int(bug))
+    del first["divergence"]  # a record made before classification: nothing is claimed
+    assert near_tie_metrics(gens, ref_gens) == {}
+
+
+def test_near_tie_metrics_of_classified_divergences():
+    near = {"position": 2, "gap": 0.01, "rounding": 0.008, "near_tie": True}
+    bug = {"position": 5, "gap": 0.9, "rounding": 0.008, "near_tie": False}
+    gens = [{"token_ids": [1]}, {"token_ids": [2], "divergence": near}, {"token_ids": [3], "divergence": bug},
+            {"token_ids": [4], "divergence": {"after_turn": 0, "near_tie": True}}]
+    reference = [{"token_ids": [1]}, {"token_ids": [9]}, {"token_ids": [9]}, {"token_ids": [9]}]
+    assert near_tie_metrics(gens, reference) == {"lossless_near_tie": 0.75, "divergences": 2, "divergence_bugs": 1,
+                                                 "near_tie_max_gap": 0.01, "near_tie_max_rounding": 0.008}
+
+
+def test_a_run_of_a_wrong_decoder_records_its_divergences_as_bugs(tmp_path, monkeypatch):
+    """Through the runner: each generation's divergence from the `ar` reference lands in generations.jsonl, the
+    run's lossless_near_tie and bug count in metrics.json, and the results table shows the column."""
+    from specrepro import runner
+
+    def build(method, target, ctx):  # the `ar` reference as it is, the method wrong at its third token
+        if method.name == "ar":
+            return ARDecoder(target.model, target.tokenizer)
+        return FlippingAR(target.model, 2, target.tokenizer)
+
+    monkeypatch.setattr(runner, "build_decoder", build)
+    cfg = compose_run(*FAST, "method=pld", "dataset=gsm8k", "dataset.limit=2", "logger=none",
+                      f"results_dir={tmp_path}")
+    metrics = runner.run(cfg)
+    assert metrics["lossless"] == 0.0 and metrics["lossless_near_tie"] == 0.0
+    assert (metrics["divergences"], metrics["divergence_bugs"]) == (2, 2)
+    [run_dir] = [p for p in tmp_path.glob("runs/*pld*")]
+    rows = [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
+    divergences = [row["samples"][0][0]["divergence"] for row in rows]
+    assert all(d["position"] == 2 and not d["near_tie"] and d["gap"] > d["rounding"] for d in divergences)
+    assert "lossless_near_ties" in runner.results_table([metrics])
+    assert "lossless_near_ties" not in runner.results_table([{**metrics, "lossless": 1.0, "lossless_near_tie": 1.0}])
+
+
+def test_divergences_are_classified_on_compiled_steps_too():
+    """A compiled run recomputes the position on its own compiled steps (static cache, padded widths, rollback by
+    write position): the classes and `ar`'s logits there are the eager steps' (aot_eager traces the same ops)."""
+    from specrepro.decoding.steps import CompiledSteps
+    from specrepro.models.kernels import set_linear_kernel
+
+    model = set_linear_kernel(bf16_llama(seed=4, logit_scale=3.0), "torch")
+    compiled = CompiledSteps(model, backend="aot_eager", widths=[1, 4, 16])
+    compiled.warm_up(max_width=16, length=80)
+    prompt, widths = prompts()[0], rounding_widths(16)
+    reference = ARDecoder(model, steps=compiled).generate(prompt, GREEDY, 24).token_ids
+    for position in (0, 9):  # the prefill's token, and one after one-row steps
+        tokens = FlippingAR(model, position).generate(prompt, GREEDY, 24).token_ids
+        ours, eager = (classify(steps, prompt, tokens, reference, widths) for steps in (compiled, EagerSteps(model)))
+        assert ours["position"] == eager["position"] == position and ours["margin"] == pytest.approx(eager["margin"])
+        assert ours["near_tie"] == eager["near_tie"]
