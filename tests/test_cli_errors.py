@@ -1,0 +1,62 @@
+"""What the CLI prints when a user's command cannot go on: one line, never a traceback wall."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tests.test_runner import FAST, specrepro
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def test_an_unknown_sweep_value_is_one_line_before_any_job_runs(tmp_path):
+    proc = specrepro("run", "-m", *FAST, "dataset.limit=1", "logger=none", "method=pld,no_such", cwd=tmp_path,
+                     check=False)
+    assert proc.returncode == 2
+    (line,) = error_lines(proc.stderr)
+    assert line.startswith("specrepro: error: method/no_such is not a config; method is one of: ") and "pld" in line
+    assert not (tmp_path / "results" / "runs").exists()  # pld did not run either
+
+
+def test_a_value_of_the_wrong_type_is_one_line(tmp_path):
+    proc = specrepro("run", *FAST, "decoding.max_new_tokens=abc", cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    (line,) = error_lines(proc.stderr)
+    assert "decoding.max_new_tokens=abc" in line and "could not be converted to Integer" in line
+
+
+def test_help_into_a_closed_pipe_stops_quietly(tmp_path):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # as `| head` does once it has its lines
+    proc = subprocess.run([sys.executable, "-m", "specrepro.cli", "run", "--help"], cwd=tmp_path, stdout=write_end,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write_end)
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr[-2000:]
+
+
+def test_ctrl_c_during_a_run_says_how_to_resume_in_one_line(tmp_path):
+    args = ["run", *FAST, "decoding.max_new_tokens=32", "dataset.limit=200", "logger=none"]
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "specrepro.cli", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+    generations = tmp_path / "results" / "runs"
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if any(path.stat().st_size for path in generations.glob("*/generations.jsonl")):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-2000:]
+    last = error_lines(stderr)[-1]
+    assert last == ("specrepro: interrupted; finished work is kept: run `specrepro run " + " ".join(args[1:])
+                    + "` again to resume")
