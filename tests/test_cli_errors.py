@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import pytest
+
+from specrepro.errors import SpecReproError
+from tests.test_config import compose_run
 from tests.test_runner import FAST, specrepro
 
 
@@ -60,3 +67,22 @@ def test_ctrl_c_during_a_run_says_how_to_resume_in_one_line(tmp_path):
     last = error_lines(stderr)[-1]
     assert last == ("specrepro: interrupted; finished work is kept: run `specrepro run " + " ".join(args[1:])
                     + "` again to resume")
+
+
+@pytest.mark.parametrize("full_file", ["generations.jsonl", "metrics.json"])  # as the run starts, as it finishes
+def test_a_full_disk_under_results_dir_is_one_line_naming_the_run_directory(tmp_path, monkeypatch, full_file):
+    from specrepro import runner, tracking
+
+    write = tracking.atomic_write
+
+    def disk_full_at(path, text):
+        if path.name == full_file:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write(path, text)
+
+    monkeypatch.setattr(tracking, "atomic_write", disk_full_at)
+    cfg = compose_run(*FAST, "dataset.limit=1", "logger=none", f"results_dir={tmp_path}")
+    with pytest.raises(SpecReproError) as info:
+        runner.run(cfg)
+    run_dir = re.fullmatch(r"cannot write the run record to (\S+): No space left on device", str(info.value))[1]
+    assert Path(run_dir).parent == tmp_path / "runs"
