@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,22 @@ import pytest
 from specrepro.errors import SpecReproError
 from tests.test_config import compose_run
 from tests.test_runner import FAST, specrepro
+
+
+@contextmanager
+def read_only(path: Path):
+    """`path` and everything under it unwritable, for root too (chmod binds no root: chattr +i does)."""
+    if os.geteuid() == 0:
+        if subprocess.run(["chattr", "-R", "+i", str(path)], capture_output=True).returncode:
+            pytest.skip("running as root where chattr +i is not supported: no directory can be made read-only")
+        undo = ["chattr", "-R", "-i", str(path)]
+    else:
+        subprocess.run(["chmod", "-R", "a-w", str(path)], check=True)
+        undo = ["chmod", "-R", "u+w", str(path)]
+    try:
+        yield
+    finally:
+        subprocess.run(undo, check=True)
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -86,3 +103,30 @@ def test_a_full_disk_under_results_dir_is_one_line_naming_the_run_directory(tmp_
         runner.run(cfg)
     run_dir = re.fullmatch(r"cannot write the run record to (\S+): No space left on device", str(info.value))[1]
     assert Path(run_dir).parent == tmp_path / "runs"
+
+
+def test_a_read_only_working_directory_with_results_elsewhere_works(tmp_path):
+    workdir, results = tmp_path / "workdir", tmp_path / "elsewhere"
+    workdir.mkdir()
+    with read_only(workdir):
+        specrepro("run", *FAST, "dataset.limit=1", "logger=none", f"results_dir={results}", cwd=workdir)
+    assert list(results.glob("runs/*/metrics.json")) and list(results.glob("hydra/*/*/.hydra/config.yaml"))
+    assert list(workdir.iterdir()) == []
+
+
+def test_a_finished_run_in_read_only_results_is_reused_and_tabulated(tmp_path):
+    args = ["run", *FAST, "dataset.limit=1", "logger=none"]
+    specrepro(*args, cwd=tmp_path)
+    spec = tmp_path / "one.yaml"
+    spec.write_text("paper: one\ntitle: One\nsource: a test\nrow_header: [Method]\nrows:\n"
+                    "  - {label: [ar], select: {method: ar}}\ncolumns:\n  - {label: tok/s, key: tokens_per_s}\n")
+    with read_only(tmp_path / "results"):
+        again = specrepro(*args, cwd=tmp_path)
+        assert "tiny_random-ar-" in again.stdout and "Traceback" not in again.stderr
+        from specrepro.tables import main as table_main
+
+        unwritable = r"cannot write the table to \S+/results/one: .*; --out-dir DIR writes it elsewhere"
+        with pytest.raises(SpecReproError, match=unwritable):
+            table_main([str(spec), "--results-dir", str(tmp_path / "results")])
+        table_main([str(spec), "--results-dir", str(tmp_path / "results"), "--out-dir", str(tmp_path / "out")])
+    assert (tmp_path / "out" / "one.md").is_file()
