@@ -130,3 +130,22 @@ def test_a_finished_run_in_read_only_results_is_reused_and_tabulated(tmp_path):
             table_main([str(spec), "--results-dir", str(tmp_path / "results")])
         table_main([str(spec), "--results-dir", str(tmp_path / "results"), "--out-dir", str(tmp_path / "out")])
     assert (tmp_path / "out" / "one.md").is_file()
+
+
+@pytest.mark.parametrize("shape, message", [
+    ("training.draft.hidden_size=128", "hidden_size=128 is wider than the target's (64)"),
+    ("training.draft.num_kv_heads=3", "must split into num_heads=4 heads, and those into num_kv_heads=3 groups"),
+])
+def test_an_impossible_draft_shape_is_refused_before_any_data_is_generated(tmp_path, monkeypatch, shape, message):
+    from specrepro.training import distill_data, sps_draft, train
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("data was generated for a draft that cannot be built")
+
+    monkeypatch.setattr(sps_draft, "continuation_dataset", no_data)
+    monkeypatch.setattr(distill_data, "continuation_dataset", no_data)
+    cfg = compose_run("model=tiny_random", "method=sps", "logger=none", "hardware.threads=1",
+                      "training.draft.hidden_size=32", "training.draft.intermediate_size=64", shape,
+                      f"results_dir={tmp_path}", config="train")
+    with pytest.raises(SpecReproError, match=re.escape(message)):
+        train(cfg)
