@@ -152,24 +152,28 @@ def test_plain_data_crosses_and_other_objects_stay_in_the_program():
     assert result.status == "passed", result.detail
 
 
-def test_names_the_program_defines_shadow_builtins_as_in_one_interpreter():
-    # MBPP 126: the program's own `sum(a, b)`, called by the tests
+def test_a_builtin_comes_from_the_program_only_when_the_task_names_it():
+    # MBPP 126: the program's own `sum(a, b)`, called by the tests; its `abs` is not what the tests call
     result = run(
         """
         def sum(a, b):
             return a - b
+        def abs(number):
+            return 0
         """,
         """
         def via_a_function():
             return sum(1, 1)
         assert sum(10, 15) == -5 and via_a_function() == 0
-        assert abs(-1) == 1 and min([3, 4]) == 3  # the builtins the program does not define
+        assert abs(-1) == 1 and min([3, 4]) == 3  # the builtins the task does not name
         def sum(values):
             return "the tests' own"
         assert sum([1]) == "the tests' own"  # the names the tests define come first
         """,
+        task_builtins=frozenset({"sum", "max"}),  # max: named, but the program does not define it
     )
     assert result.status == "passed", result.detail
+    assert run("def abs(number):\n    return 0\n", "assert abs(-1) == 1\n").status == "passed"
 
 
 def test_handles_go_back_to_the_program_as_its_objects():

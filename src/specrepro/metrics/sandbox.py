@@ -3,7 +3,9 @@
 `run_program` starts this file twice as a script (`python -I -B sandbox.py`), each in a fresh temp dir
 and locked down the same way. The program process runs the program to its end, then answers the tests
 process, which runs the tests: a name the tests do not define is looked up in the program, then in
-builtins, as in one interpreter (the program's names at its end tell which builtins it shadows). Only
+builtins, as in one interpreter, except that a builtin is always the tests' own unless the task names it as
+the program's function (`task_builtins`: MBPP 126 asks for a `sum(a, b)`), so a program that redefines
+`abs` cannot change what the tests' `abs` computes. Only
 plain data crosses (None, bool, int, float, complex, str, bytes, and tuples, lists, sets, dicts of them);
 other objects stay in the program process, and the tests get a handle that forwards calls, public
 attribute reads and writes, and item reads and writes; a handle the tests pass back (also inside plain
@@ -33,7 +35,7 @@ The program starts only once the tests process is locked down.
 
 What remains: without `tests` the program is its own check, and it can claim on purpose to have reached
 its end; the names the tests take from the program are the program's (a prompt's helper, such as
-HumanEval's `poly`, included, and, as in one interpreter, a builtin it shadows: its own `sum` or `range`);
+HumanEval's `poly`, included, and a builtin the task names as its function);
 where neither landlock nor Yama (ptrace_scope >= 1) is there, a program can still write to the harness's
 memory through /proc/<pid>/mem.
 """
@@ -83,15 +85,19 @@ def run_program(
     timeout_s: float = 5.0,
     memory_mb: int = 1024,
     max_output_bytes: int = 1_000_000,
+    task_builtins: frozenset[str] = frozenset(),
 ) -> ExecResult:
     """Run `program` to its end, then `tests` against it, in the sandbox (limits apply to each process).
 
     It passes when the tests run to their end and exit 0 within the limits (with no tests: when the
     program reaches its end). Statuses: 'passed'; 'failed' (exception, non-zero exit, fatal signal, or
     the program stopped before its end); 'timeout' (wall-clock or CPU limit); 'error' (output of both
-    over `max_output_bytes`, or not runnable).
+    over `max_output_bytes`, or not runnable). `task_builtins`: builtin names the tests take from the program
+    when it defines them, because the task asks for a function of that name; every other builtin is the
+    tests' own.
     """
-    limits = {"timeout_s": timeout_s, "memory_mb": memory_mb, "layers": isolation_layers()}
+    limits = {"timeout_s": timeout_s, "memory_mb": memory_mb, "layers": isolation_layers(),
+              "task_builtins": sorted(task_builtins)}
     workdirs = [tempfile.mkdtemp(prefix=f"specrepro_sandbox_{role}_") for role in _ROLES]
     channel_ends = socket.socketpair()
     output_read, output_write = os.pipe()
@@ -550,17 +556,18 @@ def _program_error(name: str, message: str) -> Exception:
 
 
 class _ProgramNames(dict):
-    """The tests' globals: a name they do not define is looked up in the program, then in builtins, as in
-    one interpreter. `program_names` (the program's globals at its end) tells which builtins it shadows
-    without asking it for each builtin."""
+    """The tests' globals: a name they do not define is looked up in the program, then in builtins. A builtin
+    comes from the program only when the task names it as its function (`task_builtins`) and the program
+    defines it (`program_names`: its globals at its end); any other is the tests' own, whatever the program
+    defined."""
 
-    def __init__(self, channel: _Channel, program_names: list):
+    def __init__(self, channel: _Channel, program_names: list, task_builtins: list):
         super().__init__(__name__="__main__")
         self._channel = channel
-        self._program_names = frozenset(program_names)
+        self._program_builtins = frozenset(program_names) & frozenset(task_builtins)
 
     def __missing__(self, name: str):
-        if name in vars(builtins) and name not in self._program_names:
+        if name in vars(builtins) and name not in self._program_builtins:
             raise KeyError(name)  # the interpreter then takes the tests' own builtin
         return _request(self._channel, "get", name)
 
@@ -613,7 +620,7 @@ def _child_main() -> None:
         channel.send("locked")  # tests.py is read and this process is out of the program's reach
         reliability_guard()
         (program_names,) = channel.expect("ready", "the program did not run to its end")
-        exec(code, _ProgramNames(channel, program_names))
+        exec(code, _ProgramNames(channel, program_names, config["task_builtins"]))
 
 
 if __name__ == "__main__":
