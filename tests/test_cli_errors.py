@@ -149,3 +149,26 @@ def test_an_impossible_draft_shape_is_refused_before_any_data_is_generated(tmp_p
                       f"results_dir={tmp_path}", config="train")
     with pytest.raises(SpecReproError, match=re.escape(message)):
         train(cfg)
+
+
+def test_an_unreachable_wandb_server_is_given_init_timeout_and_no_login_lookup(monkeypatch, tmp_path):
+    """wandb.init's login step asked the server for the user's name (to print it) under its own 10 s HTTP timeout,
+    outside init_timeout: logger.init_timeout=3 went offline after ~14 s. quiet=True skips that lookup."""
+    import types
+
+    from specrepro import tracking
+
+    calls = []
+
+    def init(mode, settings=None, **kwargs):
+        calls.append((mode, settings))
+        if mode == "online":
+            raise RuntimeError("no answer")
+        return "an offline run"
+
+    fake = types.SimpleNamespace(init=init, Settings=lambda **settings: settings)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setattr(tracking, "_wandb_unreachable", False)
+    cfg = compose_run(*FAST, "logger=wandb", "logger.mode=online", "logger.init_timeout=3")
+    assert tracking.wandb_init(cfg, "a-run", tmp_path) == "an offline run"
+    assert calls == [("online", {"init_timeout": 3.0, "quiet": True}), ("offline", None)]

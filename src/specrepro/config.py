@@ -171,8 +171,11 @@ def hydra_root(results_dir: str) -> str:
     """Where Hydra puts its job dirs (conf/run.yaml): `<results_dir>/hydra`, or `specrepro-hydra` in the temp dir
     when the results dir cannot be written (archived records, only reused: that needs no write access)."""
     root = Path(results_dir) / "hydra"
-    nearest = next(path for path in [root, *root.parents] if path.exists())
-    return str(root) if os.access(nearest, os.W_OK) else str(Path(tempfile.gettempdir()) / "specrepro-hydra")
+    try:
+        root.mkdir(parents=True, exist_ok=True)  # Hydra makes it next anyway
+    except OSError:
+        pass
+    return str(root) if os.access(root, os.W_OK) else str(Path(tempfile.gettempdir()) / "specrepro-hydra")
 
 
 def register_configs() -> None:

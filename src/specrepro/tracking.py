@@ -231,7 +231,9 @@ def wandb_init(cfg, name: str, run_dir: Path, group: str | None = None, job_type
         mode = wandb_mode(cfg.logger)
         if mode == "online" and not _wandb_unreachable:
             try:
-                return wandb.init(mode=mode, settings=wandb.Settings(init_timeout=cfg.logger.init_timeout), **kwargs)
+                # quiet: wandb would look the user's name up to print it, under its own 10 s HTTP timeout
+                settings = wandb.Settings(init_timeout=cfg.logger.init_timeout, quiet=True)
+                return wandb.init(mode=mode, settings=settings, **kwargs)
             except Exception as exc:
                 _wandb_unreachable = True
                 log.warning("W&B did not answer (%s): logging offline under %s; `wandb sync` uploads it later",
