@@ -132,21 +132,25 @@ def test_a_finished_run_in_read_only_results_is_reused_and_tabulated(tmp_path):
     assert (tmp_path / "out" / "one.md").is_file()
 
 
-@pytest.mark.parametrize("shape, message", [
-    ("training.draft.hidden_size=128", "hidden_size=128 is wider than the target's (64)"),
-    ("training.draft.num_kv_heads=3", "must split into num_heads=4 heads, and those into num_kv_heads=3 groups"),
-])
-def test_an_impossible_draft_shape_is_refused_before_any_data_is_generated(tmp_path, monkeypatch, shape, message):
+SMALL_DRAFT = ["method=sps", "training.draft.hidden_size=32", "training.draft.intermediate_size=64"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ([*SMALL_DRAFT, "training.draft.hidden_size=128"], "hidden_size=128 is wider than the target's (64)"),
+    ([*SMALL_DRAFT, "training.draft.num_kv_heads=3"],
+     "must split into num_heads=4 heads, and those into num_kv_heads=3 groups"),
+    (["method=eesd", "method.num_layers=2"], "eesd num_layers must be in [1, 1] for this 2-layer target, got 2"),
+], ids=["sps-wider", "sps-heads", "eesd-deeper"])
+def test_an_impossible_shape_is_refused_before_any_data_is_generated(tmp_path, monkeypatch, overrides, message):
     from specrepro.training import distill_data, sps_draft, train
 
     def no_data(*args, **kwargs):
-        raise AssertionError("data was generated for a draft that cannot be built")
+        raise AssertionError("data was generated for a component that cannot be built")
 
     monkeypatch.setattr(sps_draft, "continuation_dataset", no_data)
     monkeypatch.setattr(distill_data, "continuation_dataset", no_data)
-    cfg = compose_run("model=tiny_random", "method=sps", "logger=none", "hardware.threads=1",
-                      "training.draft.hidden_size=32", "training.draft.intermediate_size=64", shape,
-                      f"results_dir={tmp_path}", config="train")
+    cfg = compose_run("model=tiny_random", "logger=none", "hardware.threads=1", *overrides, f"results_dir={tmp_path}",
+                      config="train")
     with pytest.raises(SpecReproError, match=re.escape(message)):
         train(cfg)
 
