@@ -132,8 +132,9 @@ def _reading(file: Path):
     try:
         yield
     except UnicodeDecodeError as error:
-        raise SpecReproError(f"{file}: not a UTF-8 text file (it holds byte "
-                             f"0x{error.object[error.start]:02x}); a dataset file is UTF-8 JSON or JSON lines") from None
+        byte = error.object[error.start]
+        raise SpecReproError(f"{file}: not a UTF-8 text file (it holds byte 0x{byte:02x}); a dataset file is UTF-8 "
+                             "JSON or JSON lines") from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as error:
         raise SpecReproError(f"{file}: not a UTF-8 text file: its gzip data is damaged ({error})") from None
 

