@@ -3,7 +3,8 @@
 
 `run` and `train` are Hydra apps over the configs in `conf/` (shipped as the package specrepro.conf); every
 override, `-m` multirun and `--config-dir DIR` (more config files, e.g. DIR/method/<preset>.yaml) works.
-User errors (bad data, unreachable model, bad values) print one line and exit with status 2.
+User errors (bad data, unreachable model, bad values, an override that does not compose) print one line and exit
+with status 2; Ctrl-C prints one line saying how to resume and exits with status 130.
 """
 
 from __future__ import annotations
