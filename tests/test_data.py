@@ -283,3 +283,15 @@ def test_spec_bench_multi_turn_is_mt_bench_and_an_unknown_category_lists_the_gro
         assert len(load_records(compose_dataset("spec_bench", f"category={category}"))) == 80
     with pytest.raises(SpecReproError, match="no records in category 'chat'.*math_reasoning.*multi_turn"):
         load_records(compose_dataset("spec_bench", "category=chat"))
+
+
+@pytest.mark.parametrize("name, content", [
+    ("binary.jsonl", b'{"question": "a", "answer": "#### 1"}\n\xff\xfe\x00\x81 binary\n'),
+    ("binary.json", b'[{"idx": 0, "instruction": "\xff\xfe"}]\n'),
+    ("binary.jsonl.gz", b"\xff\xfe not gzip at all"),
+], ids=["jsonl", "json", "gz"])
+def test_a_binary_dataset_file_is_one_line_naming_it(tmp_path, name, content):
+    binary = tmp_path / name
+    binary.write_bytes(content)
+    with pytest.raises(SpecReproError, match=re.escape(f"{binary}: not a UTF-8 text")):
+        load_records(config(path=str(binary), task="gsm8k" if ".jsonl" in name else "alpaca"))

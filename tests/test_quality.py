@@ -135,6 +135,21 @@ def test_mbpp_style_tests():
     assert score_sample("pass_at_k", None, [right, wrong], fields) == {"n_correct": 1, "n": 2, "pass@1": 0.5}
 
 
+def test_a_program_redefining_a_builtin_the_tests_call_does_not_pass(humaneval):
+    problem = humaneval[4]  # mean_absolute_deviation; its check compares with abs(... - expected) < 1e-6
+    assert problem["task_id"] == "HumanEval/4"
+    cheat = problem["prompt"] + "    return 123.0\n\n\ndef abs(x):\n    return 0\n"
+    assert score_sample("pass_at_k", None, [cheat], problem) == {"n_correct": 0, "n": 1, "pass@1": 0.0}
+
+
+def test_a_builtin_name_the_task_asks_for_is_the_programs():
+    fields = {"test_list": ["assert sum(10, 15) == 25", "assert abs(-2) == 2"]}  # MBPP 126 asks for a sum(a, b)
+    reference = "def sum(a, b):\n    return a + b\n"
+    right = "def sum(a, b):\n    return a + b\n\ndef abs(x):\n    return -1\n"
+    assert score_sample("pass_at_k", reference, [right], fields)["n_correct"] == 1  # its abs is not the tests'
+    assert score_sample("pass_at_k", None, [right], fields)["n_correct"] == 0  # a task naming no sum: builtin sum
+
+
 def test_score_sample_dispatch():
     assert score_sample("rouge", "the cat sat", ["the cat sat"], {}) == {"rouge_l": 1.0, "rouge_2": 1.0}
     assert score_sample("gsm8k_acc", "#### 12", ["so 12", "ignored"], {}) == {"gsm8k_acc": 1.0}

@@ -3,7 +3,8 @@
 
 `run` and `train` are Hydra apps over the configs in `conf/` (shipped as the package specrepro.conf); every
 override, `-m` multirun and `--config-dir DIR` (more config files, e.g. DIR/method/<preset>.yaml) works.
-User errors (bad data, unreachable model, bad values) print one line and exit with status 2.
+User errors (bad data, unreachable model, bad values, an override that does not compose) print one line and exit
+with status 2; Ctrl-C prints one line saying how to resume and exits with status 130.
 """
 
 from __future__ import annotations
@@ -11,16 +12,18 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import sys
 from importlib.resources import files
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException, MissingConfigException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from specrepro.errors import SpecReproError
+from specrepro.errors import SpecReproError, one_line
 
 CONF_MODULE = "specrepro.conf"
 CONF_DIR = Path(files(CONF_MODULE))  # conf/ in a source checkout, site-packages/specrepro/conf when installed
@@ -42,6 +45,21 @@ log = logging.getLogger("specrepro")
 def fail(message: str) -> None:
     print(f"specrepro: error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def quiet_closed_stdout() -> None:
+    """Stop quietly when stdout was closed early (a pipe into `head`)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit fails too
+    sys.exit(1)
+
+
+def hydra_error_line(exc: CompactHydraException) -> str:
+    """A Hydra config error on one line: an unknown option with the group's options, a bad value with its key."""
+    if isinstance(exc, MissingConfigException) and exc.options:
+        group = exc.missing_cfg_file.rsplit("/", 1)[0]
+        return f"{exc.missing_cfg_file} is not a config; {group} is one of: {', '.join(exc.options)}"
+    cause = f": {one_line(exc.__cause__)}" if exc.__cause__ is not None else ""
+    return one_line(exc) + cause
 
 
 def sweep_group() -> str | None:
@@ -91,7 +109,23 @@ def hydra_app(config_name: str, task, args: list[str]) -> None:
     except SpecReproError as exc:  # a plugin module that does not import, or one not named
         fail(str(exc))
     sys.argv = [f"specrepro {config_name}", *args]
-    hydra.main(config_path=f"pkg://{CONF_MODULE}", config_name=config_name, version_base="1.3")(task)()
+    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"  # the user asked for Hydra's own traceback
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a config error in many lines
+    try:
+        hydra.main(config_path=f"pkg://{CONF_MODULE}", config_name=config_name, version_base="1.3")(task)()
+    except CompactHydraException as exc:  # an override that does not compose (an unknown option, a bad value)
+        if full_error:
+            raise
+        fail(hydra_error_line(exc))  # in a sweep: checked for every point before any job starts
+    except KeyboardInterrupt:
+        command = " ".join(["specrepro", config_name, *map(shlex.quote, args)])
+        print(f"specrepro: interrupted; finished work is kept: run `{command}` again to resume", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:  # stdout closed early (`specrepro run --help | head`)
+        quiet_closed_stdout()
+    finally:
+        if not full_error:
+            os.environ.pop("HYDRA_FULL_ERROR")
     from specrepro.callbacks import SweepTable
 
     if SweepTable.failed_jobs:
@@ -139,9 +173,8 @@ def main() -> None:
              "compare": compare_main}[command](rest)
         except SpecReproError as exc:
             fail(str(exc))
-        except BrokenPipeError:  # stdout closed early (`specrepro reproduce all --dry-run | head`): stop quietly
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit fails too
-            sys.exit(1)
+        except BrokenPipeError:  # stdout closed early (`specrepro reproduce all --dry-run | head`)
+            quiet_closed_stdout()
     else:
         fail(f"unknown command '{command}'\n{USAGE}")
 

@@ -6,9 +6,11 @@ a key that the schema does not know fails at composition with Hydra's own messag
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -165,6 +167,17 @@ class TrainRunConfig:
     resume: bool = True  # skip a finished artifact; resume an interrupted training from its checkpoint
 
 
+def hydra_root(results_dir: str) -> str:
+    """Where Hydra puts its job dirs (conf/run.yaml): `<results_dir>/hydra`, or `specrepro-hydra` in the temp dir
+    when the results dir cannot be written (archived records, only reused: that needs no write access)."""
+    root = Path(results_dir) / "hydra"
+    try:
+        root.mkdir(parents=True, exist_ok=True)  # Hydra makes it next anyway
+    except OSError:
+        pass
+    return str(root) if os.access(root, os.W_OK) else str(Path(tempfile.gettempdir()) / "specrepro-hydra")
+
+
 def register_configs() -> None:
     """Put every schema in Hydra's ConfigStore (idempotent) as a root config named `<group>_schema` (methods:
     `method_schema_<name>`, training recipes: `training_schema_<component>`), which a group's yaml extends
@@ -175,6 +188,8 @@ def register_configs() -> None:
     registry.load()
     if not OmegaConf.has_resolver("model_name"):
         OmegaConf.register_new_resolver("model_name", name_of)
+    if not OmegaConf.has_resolver("hydra_root"):
+        OmegaConf.register_new_resolver("hydra_root", hydra_root)
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     cs.store(name="train_schema", node=TrainRunConfig)

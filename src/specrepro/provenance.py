@@ -15,6 +15,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specrepro.metrics.sandbox import isolation_layers
+
 if TYPE_CHECKING:
     import torch
 
@@ -109,4 +111,5 @@ def provenance(hardware=None, device: torch.device | str | None = None) -> dict:
         "dtype": hardware.get("dtype"),
         "kernels": {k: hardware[k] for k in ("linear_kernel", "linear_min_rows", "row_invariant") if k in hardware},
         "compile": {k: hardware[k] for k in ("compile", "compile_backend", "compile_mode") if k in hardware},
+        "sandbox": list(isolation_layers()),  # pass@k's kernel layers here; no "landlock": files not confined
     }

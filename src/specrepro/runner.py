@@ -249,13 +249,17 @@ def reference_config(cfg: DictConfig) -> DictConfig:
 
 @contextmanager
 def run_lock(run_dir: Path):
-    """An exclusive lock on `<run dir>/.lock`: a second job that needs the same run waits, then finds it done."""
+    """An exclusive lock on `<run dir>/.lock`: a second job that needs the same run waits, then finds it done.
+    None in a finished run's directory that cannot be written (archived records), which can only be reused."""
     lock_path = run_dir / ".lock"
     while True:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             handle = open(lock_path, "a")
         except OSError as exc:
+            if (run_dir / "metrics.json").is_file():  # read-only records: no job writes here, reusing needs no lock
+                yield
+                return
             raise SpecReproError(f"cannot write the run record to {run_dir}: {exc.strerror or exc}") from None
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, or when a killed job's process dies
         if lock_path.exists() and os.stat(lock_path).st_ino == os.fstat(handle.fileno()).st_ino:

@@ -692,10 +692,14 @@ def write_table(name: str, results_dir: str | Path | list = "results", source: s
         footer[-1:-1] = [f"- Kept rows: {', '.join(kept)} (no run of theirs where this table was regenerated; "
                          "cells and runs as in the previous table)",
                          f"- {KEPT_ORIGIN.removeprefix('# ')}{'; '.join(origin)}"]
-    atomic_write(md_path, render_markdown(spec, header, body, footnotes, footer))
-    atomic_write(csv_path, render_csv(header, body, footnotes, footer))
-    write_inputs(out_dir, [by_name[n] for n in footnotes if n in by_name])
-    write_plots(spec.plots, md_path.with_suffix(".csv"), spec.row_header, spec.title)
+    try:
+        atomic_write(md_path, render_markdown(spec, header, body, footnotes, footer))
+        atomic_write(csv_path, render_csv(header, body, footnotes, footer))
+        write_inputs(out_dir, [by_name[n] for n in footnotes if n in by_name])
+        write_plots(spec.plots, md_path.with_suffix(".csv"), spec.row_header, spec.title)
+    except OSError as exc:  # read-only (archived) records: the table can go elsewhere
+        raise SpecReproError(f"cannot write the table to {out_dir}: {exc.strerror or exc}; --out-dir DIR writes "
+                             "it elsewhere") from None
     return md_path
 
 

@@ -10,6 +10,7 @@ A run directory `results/runs/<run name>/` holds:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -66,6 +67,18 @@ def _json_safe(value):
     return value
 
 
+def _writing_record(method):
+    """A RunRecord method that writes: an OSError (a full disk, a read-only directory) becomes one line naming the
+    run's directory."""
+    @functools.wraps(method)
+    def writing(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as exc:
+            raise SpecReproError(f"cannot write the run record to {self.dir}: {exc.strerror or exc}") from None
+    return writing
+
+
 class RunRecord:
     def __init__(self, run_dir: str | Path):
         self.dir = Path(run_dir)
@@ -93,15 +106,13 @@ class RunRecord:
         """When this run first started (kept across resumes)."""
         return json.loads(self.provenance_path.read_text())["started_at"]
 
+    @_writing_record
     def start(self, cfg, resume: bool) -> list[dict]:
         """Prepare the directory; return the rows of finished samples to resume from (none if not resuming)."""
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            probe = self.dir / ".write-test"
-            probe.write_text("")
-            probe.unlink()
-        except OSError as exc:
-            raise SpecReproError(f"cannot write the run record to {self.dir}: {exc.strerror or exc}") from None
+        self.dir.mkdir(parents=True, exist_ok=True)
+        probe = self.dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
         rows = self.rows() if resume else []
         if not resume:
             self.generations_path.unlink(missing_ok=True)
@@ -147,12 +158,14 @@ class RunRecord:
                 break
         return rows
 
+    @_writing_record
     def append(self, row: dict) -> None:
         with open(self.generations_path, "a") as handle:
             handle.write(json.dumps(_json_safe(row)) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
 
+    @_writing_record
     def finish(self, metrics: dict) -> None:
         atomic_write(self.metrics_path, json.dumps(_json_safe({**metrics, "complete": True}), indent=2) + "\n")
 
@@ -218,7 +231,9 @@ def wandb_init(cfg, name: str, run_dir: Path, group: str | None = None, job_type
         mode = wandb_mode(cfg.logger)
         if mode == "online" and not _wandb_unreachable:
             try:
-                return wandb.init(mode=mode, settings=wandb.Settings(init_timeout=cfg.logger.init_timeout), **kwargs)
+                # quiet: wandb would look the user's name up to print it, under its own 10 s HTTP timeout
+                settings = wandb.Settings(init_timeout=cfg.logger.init_timeout, quiet=True)
+                return wandb.init(mode=mode, settings=settings, **kwargs)
             except Exception as exc:
                 _wandb_unreachable = True
                 log.warning("W&B did not answer (%s): logging offline under %s; `wandb sync` uploads it later",

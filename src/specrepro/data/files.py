@@ -10,6 +10,7 @@ import gzip
 import json
 import logging
 import os
+import zlib
 from pathlib import Path
 
 import datasets
@@ -51,7 +52,7 @@ def read_rows(path: str, hf_config: str | None = None, split: str = "test") -> l
 def read_json_document(file: Path):
     """One JSON document (a list or a dict); a syntax error names the file and line."""
     try:
-        with _open_text(file) as handle:
+        with _reading(file), _open_text(file) as handle:
             return json.load(handle)
     except json.JSONDecodeError as error:
         raise SpecReproError(f"{file}: malformed JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
@@ -70,7 +71,7 @@ def _read_json_lines(file: Path) -> list[dict]:
 def _parse_json_lines(file: Path) -> list[dict]:
     """Rows of a JSON-lines file read line by line; the first malformed line is named in the error."""
     rows = []
-    with _open_text(file) as handle:
+    with _reading(file), _open_text(file) as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -99,13 +100,13 @@ def _read_hub(hub_id: str, hf_config: str | None, split: str) -> list[dict]:
 
 @contextlib.contextmanager
 def _quiet_datasets():
-    """Silence `datasets` progress bars and info logs, and Hub retry warnings, for the duration."""
+    """Silence `datasets` progress bars and logs, and Hub retry warnings, for the duration."""
     bars_were_on = datasets.utils.is_progress_bar_enabled()
     datasets_level = datasets.utils.logging.get_verbosity()
     hub_logger = logging.getLogger("huggingface_hub")
     hub_level = hub_logger.level
     datasets.utils.disable_progress_bars()
-    datasets.utils.logging.set_verbosity_error()
+    datasets.utils.logging.set_verbosity(logging.CRITICAL)  # a file it refuses is named in our own one line
     hub_logger.setLevel(logging.ERROR)
     try:
         yield
@@ -123,6 +124,19 @@ def _cache_dir() -> Path:
 def _suffix(file: Path) -> str:
     """The data suffix, looking through ".gz"."""
     return Path(file.stem).suffix if file.suffix == ".gz" else file.suffix
+
+
+@contextlib.contextmanager
+def _reading(file: Path):
+    """A file that is not UTF-8 text (or a ".gz" that is not gzip) as one line naming it."""
+    try:
+        yield
+    except UnicodeDecodeError as error:
+        byte = error.object[error.start]
+        raise SpecReproError(f"{file}: not a UTF-8 text file (it holds byte 0x{byte:02x}); a dataset file is UTF-8 "
+                             "JSON or JSON lines") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+        raise SpecReproError(f"{file}: not a UTF-8 text file: its gzip data is damaged ({error})") from None
 
 
 def _open_text(file: Path):

@@ -124,14 +124,19 @@ class EarlyExitHead(torch.nn.Module):
     draft's cost.
     """
 
+    @staticmethod
+    def check_shape(target_config, num_layers: int, shared_head: bool, reduced_vocab: bool) -> None:
+        """Refuse a head this target cannot have (before any training data is made for it)."""
+        depth = target_config.num_hidden_layers
+        if not 1 <= num_layers < depth:
+            raise SpecReproError(f"eesd num_layers must be in [1, {depth - 1}] for this {depth}-layer target, got {num_layers}")
+        if shared_head and reduced_vocab:
+            raise SpecReproError("eesd draft_vocab needs a trained head of its own: set method.shared_head=false")
+
     def __init__(self, target: torch.nn.Module, num_layers: int, exit_layer: bool = True, shared_head: bool = False,
                  draft_vocab_ids: torch.Tensor | None = None):
         super().__init__()
-        depth = target.config.num_hidden_layers
-        if not 1 <= num_layers < depth:
-            raise SpecReproError(f"eesd num_layers must be in [1, {depth - 1}] for this {depth}-layer target, got {num_layers}")
-        if shared_head and draft_vocab_ids is not None:
-            raise SpecReproError("eesd draft_vocab needs a trained head of its own: set method.shared_head=false")
+        self.check_shape(target.config, num_layers, shared_head, draft_vocab_ids is not None)
         self.num_layers, self.shared_head = num_layers, shared_head
         self.layer = _copy_module(target.model.layers[-1]) if exit_layer else None  # initialised from layer L
         if self.layer is not None:

@@ -112,7 +112,7 @@ def score_sample(
         return rouge(completions[0], reference)
     if metric == "gsm8k_acc":
         return {"gsm8k_acc": float(gsm8k_correct(completions[0], reference))}
-    return _pass_at_k_scores(completions, fields, timeout_s)
+    return _pass_at_k_scores(completions, fields, reference, timeout_s)
 
 
 def task_tests(fields: dict) -> str:
@@ -124,10 +124,20 @@ def task_tests(fields: dict) -> str:
     raise ValueError(f"pass_at_k needs test + entry_point (HumanEval) or test_list (MBPP); got {sorted(fields)}")
 
 
-def _pass_at_k_scores(programs: list[str], fields: dict, timeout_s: float) -> dict[str, float]:
-    tests = task_tests(fields)
+def task_functions(fields: dict, reference) -> frozenset[str]:
+    """The functions a task asks the program for: HumanEval's entry point; those MBPP's reference code defines.
+    The tests take a builtin from the program only when it is one of them (MBPP 126 asks for a `sum(a, b)`), so
+    a program that redefines `abs` cannot pass HumanEval/4's tests with wrong answers."""
+    if "entry_point" in fields:
+        return frozenset({fields["entry_point"]})
+    return frozenset(re.findall(r"^def (\w+)", reference or "", re.MULTILINE))
+
+
+def _pass_at_k_scores(programs: list[str], fields: dict, reference, timeout_s: float) -> dict[str, float]:
+    tests, functions = task_tests(fields), task_functions(fields, reference)
     n = len(programs)
-    n_correct = sum(run_program(program, tests, timeout_s=timeout_s).passed for program in programs)
+    n_correct = sum(run_program(program, tests, timeout_s=timeout_s, task_builtins=functions).passed
+                    for program in programs)
     scores = {"n_correct": n_correct, "n": n, "pass@1": pass_at_k(n, n_correct, 1)}
     if n >= 10:
         scores["pass@10"] = pass_at_k(n, n_correct, 10)

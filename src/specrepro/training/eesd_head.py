@@ -163,6 +163,7 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     from specrepro.training.loop import train_loop
 
     spec, model = cfg.training, target.model
+    EarlyExitHead.check_shape(model.config, spec.num_layers, spec.shared_head, bool(spec.draft_vocab))  # before data
     for p in model.parameters():
         p.requires_grad_(False)
     cache = distill_cache_dir(cfg, "continuations", spec.prompts, spec.continuation_tokens, spec.max_prompt_tokens,

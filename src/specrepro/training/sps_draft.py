@@ -56,6 +56,10 @@ class SPSDraftTrainingConfig:
 def build_draft(target, arch: DraftArchConfig) -> LlamaForCausalLM:
     """A LLaMA of the given shape sharing the target's vocabulary and special tokens."""
     tc = target.config
+    if arch.hidden_size % arch.num_heads or arch.num_heads % arch.num_kv_heads:
+        raise SpecReproError(f"training.draft: hidden_size={arch.hidden_size} must split into "
+                             f"num_heads={arch.num_heads} heads, and those into "
+                             f"num_kv_heads={arch.num_kv_heads} groups")
     config = LlamaConfig(
         vocab_size=tc.vocab_size, hidden_size=arch.hidden_size, intermediate_size=arch.intermediate_size,
         num_hidden_layers=arch.num_layers, num_attention_heads=arch.num_heads, num_key_value_heads=arch.num_kv_heads,
@@ -123,6 +127,8 @@ def train_sps_draft(cfg, target, work_dir, log_metrics, device):
     from specrepro.training.loop import train_loop
 
     spec = cfg.training
+    torch.manual_seed(spec.loop.seed)
+    draft = build_draft(target.model, spec.draft).to(device)  # first: an impossible shape fails before any data
     caches = [distill_cache_dir(cfg, "continuations", spec.prompts, spec.continuation_tokens, spec.max_prompt_tokens)]
     on_policy = continuation_dataset(target, spec.prompts, spec.continuation_tokens, spec.generation_batch_size,
                                      spec.max_prompt_tokens, caches[0])
@@ -140,8 +146,6 @@ def train_sps_draft(cfg, target, work_dir, log_metrics, device):
         train_rows += [row for row in off_policy if row["continuation_ids"]]
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
 
-    torch.manual_seed(spec.loop.seed)
-    draft = build_draft(target.model, spec.draft).to(device)
     before = top1_agreement(draft, heldout, pad_id, device, spec.train_prompt_tokens)
     teacher = target.model if spec.loss == "kl" else None
     history = train_loop(draft, loss_fn_for(spec.loss, teacher), batches(train_rows, spec.loop, pad_id, device, spec.train_prompt_tokens),
