@@ -88,7 +88,7 @@ def method_arms(presets: str, target, stock: LoadedModel, loader) -> tuple[dict,
         arms[f"{label}_eager"] = build_decoder(method, stock, loader)
         if decoder.compilable:
             arms[f"{label}_compiled"] = build_decoder(method, target, loader)
-        found = decoder.resolve_artifacts(method, target.name, loader.artifacts_dir)
+        found = decoder.resolve_artifacts(method, target.identity, loader.artifacts_dir)
         specs[label] = {"spec": spec, "artifacts": artifact_identities(found)}
     return arms, specs
 
