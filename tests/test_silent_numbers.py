@@ -62,3 +62,30 @@ def test_a_run_on_another_model_does_not_load_a_draft_trained_for_tiny_random(tm
     assert "sps_draft-tiny_random-00000000 was trained for target 'tiny_random'" in line
     assert not (tmp_path / "results" / "runs").is_dir() or not run_dirs(tmp_path)
 
+
+# 2. a finished run whose generations.jsonl was damaged
+
+
+def test_a_finished_run_cut_mid_line_is_resumed_not_reused_and_compare_refuses_it(tmp_path):
+    args = [*FAST, "method=ar", "dataset.limit=3", "logger=none"]
+    specrepro("run", *args, cwd=tmp_path)
+    (run,) = run_dirs(tmp_path).values()
+    generations = run / "generations.jsonl"
+    whole = generations.read_text()
+    generations.write_text(whole[: len(whole) - len(whole.splitlines()[-1]) // 2 - 1])  # the last line cut mid-line
+    from specrepro.tables import local_runs
+    from specrepro.tracking import RunRecord
+
+    assert RunRecord(run).damage() == "its generations.jsonl was cut mid-line"
+    assert local_runs(tmp_path / "results") == []  # a table leaves it out, saying why
+    with pytest.raises(SpecReproError, match="cut mid-line"):
+        RunRecord(run).timed_turns()  # what `specrepro compare` reads
+    out = specrepro("run", *args, cwd=tmp_path)
+    assert "is complete but its generations.jsonl was cut mid-line: decoding the records it lost again" in out.stdout + out.stderr
+    assert RunRecord(run).damage() is None and len(RunRecord(run).rows()) == 3
+    lost = generations.read_text().splitlines()
+    generations.write_text("\n".join(lost[:1]) + "\n")  # whole lines lost: fewer records than metrics.json counts
+    assert RunRecord(run).damage() == "its generations.jsonl holds 1 records, not the 3 its metrics.json counts"
+    specrepro("run", *args, cwd=tmp_path)
+    assert RunRecord(run).damage() is None
+

@@ -286,9 +286,12 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
                 artifacts: dict[str, Path], identities: dict[str, dict]) -> dict:
     record = RunRecord(Path(cfg.results_dir) / "runs" / name)
     if cfg.resume and record.complete:
-        log.info("run %s is already complete; skipping (resume=false to redo it)", name)
-        note_reused(f"run {name}")
-        return record.metrics()
+        damage = record.damage()
+        if damage is None:
+            log.info("run %s is already complete; skipping (resume=false to redo it)", name)
+            note_reused(f"run {name}")
+            return record.metrics()
+        log.warning("run %s is complete but %s: decoding the records it lost again", name, damage)
 
     loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
     target = load_target(cfg, loader)

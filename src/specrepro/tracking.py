@@ -119,6 +119,9 @@ class RunRecord:
         sample, turn: a later turn's prompt holds the run's own earlier answer, which sampling runs need not share),
         its paired speedup over the `ar` timed beside it and a digest of its tokens. From the generations, else from
         `turns.jsonl`; SpecReproError for a run not timed against `ar` or a copy without either."""
+        if self.generations_path.is_file() and self.complete and (damage := self.damage()):
+            raise SpecReproError(f"{self.dir.name}: {damage}: `specrepro run` with its config decodes the lost "
+                                 "records again")
         if not self.generations_path.is_file():
             if not self.turns_path.is_file():
                 raise SpecReproError(f"{self.dir.name}: holds no per-turn timings (neither generations.jsonl nor "
@@ -134,6 +137,23 @@ class RunRecord:
                     turns.append({"id": row["id"], "prompt": config_hash(row["prompts"][0]), "sample": sample,
                                   "turn": turn, "speedup": paired_ratio(gen), "tokens": config_hash(gen["token_ids"])})
         return turns
+
+    def damage(self) -> str | None:
+        """How a complete run's generations.jsonl does not hold what its metrics.json counts (missing, cut mid-line,
+        lines lost or edited), or None: a reused or tabulated run must be whole."""
+        if not self.generations_path.is_file():
+            return "its generations.jsonl is missing"
+        text = self.generations_path.read_text(errors="replace")
+        if text and not text.endswith("\n"):
+            return "its generations.jsonl was cut mid-line"
+        rows = self.rows()
+        lines = len(text.splitlines())
+        if len(rows) < lines:
+            return f"line {len(rows) + 1} of its generations.jsonl is not a record"
+        expected = self.metrics().get("n_samples")
+        if expected is not None and len(rows) != expected:
+            return f"its generations.jsonl holds {len(rows)} records, not the {expected} its metrics.json counts"
+        return None
 
     def rows(self) -> list[dict]:
         """Finished samples; a torn or corrupt trailing line (from a kill mid-write) is ignored."""
