@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from specrepro import suspension
 from specrepro.config import check_names
-from specrepro.data import completion_for_scoring, load_records, reference_response, render_prompt
+from specrepro.data import completion_for_scoring, load_records, prompt_ids, reference_response, render_prompt
 from specrepro.decoding import build_decoder, validate_method_config
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
@@ -138,7 +138,7 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
         turns = []
         for turn in range(len(record.turns)):
             prompt = render_prompt(record, target.tokenizer, cfg.dataset, history)
-            ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            ids = prompt_ids(record, target.tokenizer, cfg.dataset, history)
             check_fits_context(ids, cfg, target, record.id)
             decoders, length = [decoder, *baselines.values()], len(ids) + cfg.decoding.max_new_tokens
             # a later turn's prompt holds answers that can outgrow the static caches: compile for it here, untimed
@@ -298,12 +298,11 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
     decoder = build_decoder(cfg.method, target, loader)  # before the reference run: a bad method fails fast
     longest_prompt = 0  # of any turn: a later turn's holds the earlier answers, each up to the budget
     for rec in records:  # every first-turn prompt, before anything is decoded
-        ids = target.tokenizer(render_prompt(rec, target.tokenizer, cfg.dataset, []), add_special_tokens=False)
-        check_fits_context(ids["input_ids"], cfg, target, rec.id)
+        ids = prompt_ids(rec, target.tokenizer, cfg.dataset, [])
+        check_fits_context(ids, cfg, target, rec.id)
         answers = len(rec.turns) - 1
-        last = target.tokenizer(render_prompt(rec, target.tokenizer, cfg.dataset, [""] * answers),
-                                add_special_tokens=False) if answers else ids
-        longest_prompt = max(longest_prompt, len(last["input_ids"]) + answers * cfg.decoding.max_new_tokens)
+        last = prompt_ids(rec, target.tokenizer, cfg.dataset, [""] * answers) if answers else ids
+        longest_prompt = max(longest_prompt, len(last) + answers * cfg.decoding.max_new_tokens)
 
     ref_key = reference_key(cfg, fingerprint)
     reference = None
@@ -414,7 +413,7 @@ def compile_steps_for(length: int, decoders) -> float:
 
 def warm_up(cfg, target, decoders, record, sampling) -> None:
     """Untimed generations on the first prompt, so one-off costs do not land on the first sample."""
-    ids = target.tokenizer(render_prompt(record, target.tokenizer, cfg.dataset, []), add_special_tokens=False)["input_ids"]
+    ids = prompt_ids(record, target.tokenizer, cfg.dataset, [])
     for _ in range(cfg.timing.warmup):
         for decoder in decoders:
             decoder.generate(ids, sampling, cfg.timing.warmup_tokens, seed=cfg.decoding.seed)

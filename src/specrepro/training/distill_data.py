@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from specrepro import suspension
 from specrepro.config import weights_identity
-from specrepro.data import load_records, reference_response, render_prompt
+from specrepro.data import load_records, prompt_ids, reference_response, render_prompt
 from specrepro.models import resolve_dtype
 from specrepro.models.kernels import warn_if_bf16_is_slow
 from specrepro.reuse import note_reused
@@ -152,7 +152,7 @@ def reference_rows(datasets: dict, tokenizer, max_prompt_tokens: int, response_t
         for record in load_records(dataset_cfg):
             response = reference_response(record)  # GSM8K: the worked solution, not just the final answer
             if response:
-                prompt = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
+                prompt = prompt_ids(record, tokenizer, dataset_cfg, [])
                 reply = tokenizer(response, add_special_tokens=False)["input_ids"]
                 reply = (reply + ([end_token] if end_token is not None else []))[:response_tokens]
                 rows.append({"source": name, "prompt_ids": prompt[-max_prompt_tokens:], "continuation_ids": reply})
@@ -203,7 +203,7 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
                 response = reference_response(record)
                 if not response:
                     continue
-                prompt = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
+                prompt = prompt_ids(record, tokenizer, dataset_cfg, [])
                 response_ids = tokenizer(response, add_special_tokens=False)["input_ids"][:max_response_tokens]
                 sources.append(name)
                 pairs.append((prompt[-max_prompt_tokens:], response_ids))
