@@ -159,3 +159,30 @@ def test_a_run_decodes_special_token_text_as_text_and_ar_and_the_method_see_the_
     pld = next(p for k, p in runs.items() if k.startswith("pld:"))
     assert json.loads((pld / "metrics.json").read_text())["lossless"] == 1.0
 
+
+# 4. a prompt field that is not text
+
+
+@pytest.mark.parametrize("question, shown", [(None, "null"), (["a", "b"], "a list (['a', 'b'])"), (7, "a int (7)")])
+def test_a_record_whose_prompt_is_not_text_is_refused_in_one_line_naming_it(tmp_path, question, shown):
+    from specrepro.data import load_records
+
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "#### 2"}) + "\n"
+                    + json.dumps({"question": question, "answer": "#### 4"}) + "\n")
+    with pytest.raises(SpecReproError, match=rf"bad.jsonl: record 1: field 'question' is {shown[:6]}.*not text"):
+        load_records(dataset("gsm8k", path=str(data), few_shot=0))
+    if question is None:  # the run says so in one line, before any model is loaded
+        line = one_error_line(specrepro("run", *FAST, "method=ar", "dataset=gsm8k", f"dataset.path={data}",
+                                        "logger=none", cwd=tmp_path, check=False))
+        assert "record 1: field 'question' is null, not text" in line
+
+
+def test_a_question_file_turn_that_is_not_text_is_refused(tmp_path):
+    from specrepro.data import load_records
+
+    data = tmp_path / "question.jsonl"
+    data.write_text(json.dumps({"question_id": 81, "category": "writing", "turns": ["Hello", None]}) + "\n")
+    with pytest.raises(SpecReproError, match="record 0: field 'turns' is null, not text"):
+        load_records(dataset("mt_bench", path=str(data), reference_path=None))
+
