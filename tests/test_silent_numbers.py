@@ -186,3 +186,17 @@ def test_a_question_file_turn_that_is_not_text_is_refused(tmp_path):
     with pytest.raises(SpecReproError, match="record 0: field 'turns' is null, not text"):
         load_records(dataset("mt_bench", path=str(data), reference_path=None))
 
+
+# 5. more threads than cores
+
+
+def test_more_threads_than_cores_are_refused_in_one_line_before_anything_runs(tmp_path):
+    from specrepro.config import available_cores
+
+    too_many = available_cores() + 1
+    for command in ("run", "train"):
+        extra = ["method=ar"] if command == "run" else ["method=sps"]
+        line = one_error_line(specrepro(command, "model=tiny_random", *extra, f"hardware.threads={too_many}",
+                                        "logger=none", cwd=tmp_path, check=False))
+        assert f"hardware.threads={too_many} is more than the {available_cores()} CPU cores" in line, command
+    assert not (tmp_path / "results" / "runs").exists() and not (tmp_path / "results" / "artifacts").exists()

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specrepro import suspension
-from specrepro.config import check_names
+from specrepro.config import check_names, check_threads
 from specrepro.data import completion_for_scoring, load_records, prompt_ids, reference_response, render_prompt
 from specrepro.decoding import build_decoder, validate_method_config
 from specrepro.decoding.ar import ARDecoder
@@ -57,8 +57,7 @@ def validate(cfg: DictConfig) -> None:
         raise SpecReproError(f"timing.order must be one of {', '.join(ORDERS)}, got {cfg.timing.order}")
     if cfg.timing.repeats < 1:
         raise SpecReproError(f"timing.repeats must be positive, got {cfg.timing.repeats}")
-    if cfg.hardware.threads is not None and cfg.hardware.threads < 1:
-        raise SpecReproError(f"hardware.threads must be positive (or null for torch's default), got {cfg.hardware.threads}")
+    check_threads(cfg.hardware.threads)
     if cfg.hardware.compile_backend not in BACKENDS:
         raise SpecReproError(f"hardware.compile_backend must be one of {', '.join(BACKENDS)}, got {cfg.hardware.compile_backend}")
     if cfg.hardware.compile and (cfg.hardware.linear_kernel != "torch" or cfg.hardware.row_invariant):

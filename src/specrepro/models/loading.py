@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from specrepro.config import weights_identity
+from specrepro.config import check_threads, weights_identity
 from specrepro.errors import SpecReproError, one_line
 from specrepro.models.attention import IMPLEMENTATIONS, set_attention
 from specrepro.decoding.steps import compile_steps
@@ -381,6 +381,7 @@ class ModelLoader:
     @classmethod
     def for_hardware(cls, hardware, artifacts_dir: str | Path) -> "ModelLoader":
         """A loader for a `hardware` config; its thread count is set for the process (torch has no other)."""
+        check_threads(hardware.threads)
         if hardware.threads:
             torch.set_num_threads(hardware.threads)
         check_kernel(hardware.linear_kernel, hardware.linear_min_rows)  # before any model loads

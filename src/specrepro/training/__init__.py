@@ -9,7 +9,7 @@ from accelerate import PartialState
 from omegaconf import DictConfig, OmegaConf
 
 from specrepro import registry
-from specrepro.config import check_names, weights_identity
+from specrepro.config import check_names, check_threads, weights_identity
 from specrepro.models import ModelLoader
 from specrepro.models.loading import unreadable_weights
 from specrepro.provenance import now, provenance
@@ -60,6 +60,7 @@ def train(cfg) -> Path:
     (each its share, see training/shards.py) and trains; the main process alone logs to W&B and publishes."""
     state = PartialState()  # first: under a multi-GPU launch it selects this process's GPU
     check_names(cfg)
+    check_threads(cfg.hardware.threads)
     final = artifact_path(cfg)
     with exclusive(lock_file(final), f"training {final.name}"):  # a second job training it waits, then re-uses it
         return _train(cfg, state, final)
