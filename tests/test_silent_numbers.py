@@ -200,3 +200,43 @@ def test_more_threads_than_cores_are_refused_in_one_line_before_anything_runs(tm
                                         "logger=none", cwd=tmp_path, check=False))
         assert f"hardware.threads={too_many} is more than the {available_cores()} CPU cores" in line, command
     assert not (tmp_path / "results" / "runs").exists() and not (tmp_path / "results" / "artifacts").exists()
+
+
+# 6. the notebook's figures are the tables' figures
+
+
+def test_the_notebook_run_as_the_readme_says_plots_the_leaderboards_paired_speedups(tmp_path, monkeypatch):
+    """README: `SPECREPRO_RESULTS=results`, the kernel in notebooks/, against the committed records: every
+    Spec-Bench speedup the notebook plots is the leaderboard's cell (jacobi's multi-turn 0.89x, not an unpaired
+    1.43x of another category)."""
+    import nbformat
+    import pandas as pd
+    from nbclient import NotebookClient
+
+    from specrepro.plots import read_here
+    from specrepro.tables import TableSpec
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("SPECREPRO_RESULTS", "results")
+    monkeypatch.setenv("SPECREPRO_PLOTS", str(tmp_path / "plots"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.delenv("SPECREPRO_LEADERBOARD", raising=False)
+    notebook = nbformat.read(root / "notebooks" / "analysis.ipynb", as_version=4)
+    NotebookClient(notebook, kernel_name="python3", timeout=300,
+                   resources={"metadata": {"path": str(root / "notebooks")}}).execute()
+    assert {"speedup.png", "spec_bench_speedup_by_category.png"} <= {p.name for p in (tmp_path / "plots").iterdir()}
+
+    plotted = pd.read_csv(tmp_path / "plots" / "speedup.csv", index_col="label")
+    spec = TableSpec.load("spec_bench")
+    labels, here = read_here(root / "results" / "specbench" / "spec_bench.csv", spec.row_header)
+    compared = 0
+    for column in (c for c in spec.columns if c.key == "speedup_paired" and "dataset.category" in c.select):
+        for cells, cell in zip(labels, here[column.label]):
+            label = "spec_bench: " + " / ".join(cells[:2])
+            setting = f"spec_bench/{column.select['dataset.category']}"
+            if cell is not None:
+                assert round(plotted.loc[label, setting], 2) == cell, (label, setting)
+                compared += 1
+    assert compared >= 6 * 14
+    assert round(plotted.loc["spec_bench: jacobi / paper", "spec_bench/multi_turn"], 2) == 0.89
+
