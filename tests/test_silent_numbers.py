@@ -240,3 +240,27 @@ def test_the_notebook_run_as_the_readme_says_plots_the_leaderboards_paired_speed
     assert compared >= 6 * 14
     assert round(plotted.loc["spec_bench: jacobi / paper", "spec_bench/multi_turn"], 2) == 0.89
 
+
+# 7. a resumed run's timings come from several processes
+
+
+def test_a_resumed_run_records_and_shows_that_its_timings_come_from_two_processes(tmp_path):
+    args = [*FAST, "method=ar", "dataset.limit=3", "logger=none"]
+    first = specrepro("run", *args, cwd=tmp_path)
+    (run,) = run_dirs(tmp_path).values()
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["resumed"] is None and [s["samples"] for s in metrics["sessions"]] == [3]
+    assert "resumed" not in first.stdout
+    (run / "metrics.json").unlink()  # as if killed after its second sample
+    lines = (run / "generations.jsonl").read_text().splitlines()
+    (run / "generations.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    again = specrepro("run", *args, cwd=tmp_path)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["resumed"] == "timings from 2 processes" and "timings from 2 processes" in again.stdout
+    first_process, second_process = metrics["sessions"]
+    assert [first_process["samples"], second_process["samples"]] == [2, 1]
+    assert first_process["started_at"] <= second_process["started_at"] and second_process["pid"] > 0
+    rows = [json.loads(line) for line in (run / "generations.jsonl").read_text().splitlines()]
+    assert [row["session"] for row in rows] == [0, 0, 1]  # which process decoded each sample
+    provenance = json.loads((run / "provenance.json").read_text())
+    assert len(provenance["sessions"]) == 2 and provenance["started_at"] == first_process["started_at"]

@@ -336,12 +336,13 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
         warm_up(cfg, target, [decoder, *baselines.values()], records[0], sampling)
     with suspension.watching():
         for index, rec in tqdm(todo, desc=name, unit="sample"):
-            row = decode_record(rec, index, cfg, target, decoder, baselines, sampling)
+            row = decode_record(rec, index, cfg, target, decoder, baselines, sampling) | {"session": record.session}
             record.append(row)
             rows.append(row)
     rows.sort(key=lambda row: row["index"])
 
     metrics = summarize(rows, reference_rows, sampling.greedy)
+    sessions = record.sessions(rows)
     problem = impossible_metrics(metrics)
     if problem:
         raise SpecReproError(f"method '{cfg.method.name}' produced impossible metrics ({problem}); "
@@ -368,6 +369,9 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
         artifacts=identities,  # the trained components and local checkpoints it loaded: names, content digests
         training_minutes=training_minutes(artifacts.values(), decoder),
         provenance=provenance(cfg.hardware, loader.device) | {"started_at": started_at, "finished_at": now()},
+        sessions=sessions,  # the processes that decoded its samples, each with how many
+        # a resumed run's timings come from several processes (other load, other warm-up): said, not hidden
+        resumed=f"timings from {len(sessions)} processes" if len(sessions) > 1 else None,
     )
     record.finish(metrics)
     log_to_wandb(cfg, record, name, group, metrics, rows)
@@ -435,6 +439,7 @@ TABLE_COLUMNS = [
     ("lossless", "lossless", "{:.2f}"),
     ("lossless_paired", "lossless_paired", "{:.2f}"),
     ("speedup_eager", "speedup_paired_eager", "{:.2f}x"),
+    ("resumed", "resumed", "{}"),
     ("error", "error", "{}"),
 ]
 QUALITY_KEYS = ["gsm8k_acc", "rouge_l", "rouge_2", "pass@1", "pass@10", "mt_bench_score"]

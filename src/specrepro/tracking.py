@@ -4,6 +4,8 @@ A run directory `results/runs/<run name>/` holds:
 - `config.yaml`: the resolved config;
 - `generations.jsonl`: one line per finished sample, appended and fsync'ed as each finishes, so an
   interrupted run resumes where it stopped (a torn last line is dropped on resume);
+- `provenance.json`: what started the run and when, and one entry per process that decoded samples of it
+  (`sessions`: a resumed run's timings come from several processes; each row names its own in `session`);
 - `metrics.json`: written atomically (temp file + rename) when the run is complete; its presence with
   `"complete": true` is what marks a run as finished.
 """
@@ -15,6 +17,7 @@ import json
 import logging
 import math
 import os
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +26,7 @@ from omegaconf import OmegaConf
 
 from specrepro.errors import SpecReproError, one_line
 from specrepro.metrics.speed import paired_ratio
-from specrepro.provenance import now, provenance
+from specrepro.provenance import machine_label, now, provenance
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,7 @@ class RunRecord:
         self.provenance_path = self.dir / "provenance.json"  # what started the run, and when
         # a table's committed copy of a run timed against `ar`: its timed turns (`timed_turns`) without generations
         self.turns_path = self.dir / "turns.jsonl"
+        self.session = 0  # this process's index among the run's sessions (set by `start`)
 
     @property
     def complete(self) -> bool:
@@ -109,10 +113,27 @@ class RunRecord:
         # rewrite without a torn last line, so appends start on a clean line
         atomic_write(self.generations_path, "".join(json.dumps(r) + "\n" for r in rows))
         atomic_write(self.dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        origin = provenance(cfg.hardware)
+        session = {"started_at": now(), "host": socket.gethostname(), "pid": os.getpid(),
+                   "machine": machine_label(origin["machine"])}
         if not rows or not self.provenance_path.is_file():
-            started = {"started_at": now(), **provenance(cfg.hardware)}
-            atomic_write(self.provenance_path, json.dumps(started, indent=2) + "\n")
+            started = {"started_at": session["started_at"], **origin, "sessions": []}
+        else:
+            started = json.loads(self.provenance_path.read_text())
+            started.setdefault("sessions", [{"started_at": started["started_at"]}])  # a record from before sessions
+        self.session = len(started["sessions"])  # this process's index: the rows it decodes carry it
+        started["sessions"].append(session)
+        atomic_write(self.provenance_path, json.dumps(started, indent=2) + "\n")
         return rows
+
+    def sessions(self, rows: list[dict]) -> list[dict]:
+        """The processes that decoded `rows` (from provenance.json), each with how many of them it decoded: more than
+        one when the run was resumed, its timings then from several processes."""
+        recorded = json.loads(self.provenance_path.read_text()).get("sessions", [])
+        counts: dict[int, int] = {}
+        for row in rows:  # a row from before sessions were kept: the first process's
+            counts[row.get("session", 0)] = counts.get(row.get("session", 0), 0) + 1
+        return [{**(recorded[i] if i < len(recorded) else {}), "samples": n} for i, n in sorted(counts.items())]
 
     def timed_turns(self) -> list[dict]:
         """Every decoded turn as `specrepro compare` needs it: its key (record id, a digest of the first prompt,
