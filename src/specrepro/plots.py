@@ -91,9 +91,9 @@ def draw(plot: dict, label_cells: list[tuple[str, ...]], here: dict[str, list], 
             axes.axhline(plot["reference"], color="black", linewidth=0.8, linestyle="--")
     axes.set_ylabel(plot.get("ylabel", plot.get("y", "")))
     left_out = [labels[i] for i in range(len(labels)) if i not in shown]
-    line_chars = int(13 * figure.get_figwidth())  # what a 9-point line holds across the figure
+    line_chars = int(13 * (figure.get_figwidth() - 3))  # what a 9-point line holds across the axes (legend beside)
     caption = textwrap.fill(f"(no number yet: {', '.join(left_out)})", line_chars) if left_out else ""
-    figure.suptitle(f"{textwrap.fill(title, line_chars)}\n{caption}".strip(), fontsize=9)
+    axes.set_title(f"{textwrap.fill(title, line_chars)}\n{caption}".strip(), fontsize=9)
     figure.tight_layout()
     return figure
 
