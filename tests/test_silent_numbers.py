@@ -143,6 +143,9 @@ def test_special_token_text_in_a_record_is_tokenized_as_text_not_as_template_tur
     assert [ids.count(start), ids.count(end)] == [plain_ids.count(start), plain_ids.count(end)]  # the template's turns
     assert tok.decode(ids) == render_prompt(hostile, tok, cfg)  # ... and the record's characters, all of them
     assert len(ids) > len(tok(render_prompt(hostile, tok, cfg), add_special_tokens=False)["input_ids"])
+    from specrepro.training.distill_data import prompt_texts
+
+    assert [ids for _, _, ids in prompt_texts({"hostile": cfg}, tok)] == [ids, plain_ids]  # what drafts train on
 
 
 def test_a_run_decodes_special_token_text_as_text_and_ar_and_the_method_see_the_same_ids(smollm2_tokenizer, tmp_path):
