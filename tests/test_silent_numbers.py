@@ -267,3 +267,16 @@ def test_a_resumed_run_records_and_shows_that_its_timings_come_from_two_processe
     assert [row["session"] for row in rows] == [0, 0, 1]  # which process decoded each sample
     provenance = json.loads((run / "provenance.json").read_text())
     assert len(provenance["sessions"]) == 2 and provenance["started_at"] == first_process["started_at"]
+
+
+def test_a_model_loaded_from_a_model_config_dataclass_knows_its_target_identity():
+    """load_model takes a ModelConfig too (tests, experiments): its identity is the same as its Hydra node's."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from specrepro.config import ModelConfig
+    from specrepro.models.loading import load_model
+
+    cfg = ModelConfig(name="tiny", source="random")
+    loaded = load_model(cfg, torch.device("cpu"), torch.float32)
+    assert loaded.identity == target_identity(OmegaConf.structured(cfg)) | {"vocab_size": 49152, "hidden_size": 64}

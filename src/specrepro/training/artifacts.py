@@ -19,8 +19,11 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Callable, Union
+
+from omegaconf import OmegaConf
 
 from specrepro.config import weights_identity
 from specrepro.errors import SpecReproError
@@ -36,8 +39,9 @@ TARGET_KEYS = ("name", "source", "id", "revision")  # of a model config: which m
 
 
 def target_identity(model_cfg) -> dict:
-    """What names a target model in a model config: its name, source, id and revision (and its shape when random)."""
-    model = weights_identity(model_cfg)
+    """What names a target model in a model config (a Hydra node, a mapping or a ModelConfig): its name, source, id
+    and revision (and its shape when random)."""
+    model = weights_identity(OmegaConf.structured(model_cfg) if is_dataclass(model_cfg) else model_cfg)
     identity = {key: model.get(key) for key in TARGET_KEYS}
     return identity | ({"random": model.get("random")} if model.get("source") == "random" else {})
 
