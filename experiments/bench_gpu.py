@@ -97,7 +97,7 @@ def method_arms(presets: str, target, stock: LoadedModel, loader, if_trained: bo
             raise SpecReproError(f"--methods names the arm '{label}' twice: label one (e.g. '{label}_2={preset}')")
         decoder = registry.method(method.name).decoder
         try:
-            found = decoder.resolve_artifacts(method, target.name, loader.artifacts_dir)
+            found = decoder.resolve_artifacts(method, target.identity, loader.artifacts_dir)
         except SpecReproError as exc:
             if not if_trained:
                 raise

@@ -127,6 +127,27 @@ class HardwareConfig:
     compile_widths: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])  # steps are padded up to one
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity: a container's or a `taskset`'s share, not the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
+def check_threads(threads: Optional[int]) -> None:
+    """`hardware.threads`: null, or from 1 to the available cores (more threads than cores only queue for them:
+    every timing slows, and so does every other job on the machine)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise SpecReproError(f"hardware.threads must be positive (or null for torch's default), got {threads}")
+    cores = available_cores()
+    if threads > cores:
+        raise SpecReproError(f"hardware.threads={threads} is more than the {cores} CPU cores this process may use "
+                             f"(its timings would measure waiting for cores): set at most {cores}, or null")
+
+
 @dataclass
 class TimingConfig:
     warmup: int = 1  # warm-up generations before timing (on the first prompt)

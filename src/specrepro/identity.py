@@ -41,7 +41,7 @@ from specrepro.errors import SpecReproError
 from specrepro.models.loading import resolve_artifact
 from specrepro.provenance import RECORD_VERSION
 from specrepro.tracking import config_hash
-from specrepro.training.artifacts import METADATA
+from specrepro.training.artifacts import METADATA, target_identity
 
 # where results go and how they are logged: not part of what a run computes
 NOT_IN_IDENTITY = ("logger", "results_dir", "artifacts_dir", "resume", "run_name", "reference")
@@ -124,8 +124,14 @@ def resolved_artifacts(cfg: DictConfig) -> dict[str, Path]:
     is a new run."""
     registry.load()
     method = registry.METHODS.get(cfg.method.name)
-    found = method.decoder.resolve_artifacts(cfg.method, cfg.model.name, cfg.artifacts_dir) if method else {}
+    found = method.decoder.resolve_artifacts(cfg.method, run_target(cfg), cfg.artifacts_dir) if method else {}
     return model_artifact(cfg) | found
+
+
+def run_target(cfg: DictConfig) -> dict:
+    """The identity of a config's target model, as the artifacts trained for it record it: its model config and,
+    when that does not say it all, its weights (`weights_key`)."""
+    return target_identity(cfg.model) | weights_key(cfg)
 
 
 def artifact_identities(directories: dict[str, Path]) -> dict[str, dict[str, str]]:

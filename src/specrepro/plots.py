@@ -7,9 +7,10 @@ the committed numbers (notebooks/analysis.ipynb draws the same ones from the sam
       - {name: speedup_by_category, kind: bars, columns: [Math speedup, RAG speedup], ylabel: "speedup (x)"}
       - {name: speedup_vs_training, kind: scatter, x: Training minutes, y: Mean speedup}
 
-`bars`: one group per column, one bar per row; `scatter`: one labelled point per row. A row is named by its
-label cells (`label_cells: N`: the first N only). Rows without a number are left out (and named in the figure's
-caption line).
+`bars`: one group per column, one bar per row; `scatter`: one point per row. Every row has a colour of its own
+(and a scatter point a marker of its own), named in a legend beside the axes: no two rows look alike and no label
+covers another. A row is named by its label cells (`label_cells: N`: the first N only). Rows without a number are
+left out (and named in the figure's caption line).
 """
 
 from __future__ import annotations
@@ -24,6 +25,16 @@ matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 KINDS = {"bars": ("columns",), "scatter": ("x", "y")}
+MARKERS = "osD^vP*Xph<>"
+
+
+def row_colours(n: int) -> list:
+    """`n` colours, no two alike: tab10's, tab20's up to 20, else evenly spaced hues."""
+    if n <= 10:
+        return [plt.get_cmap("tab10")(i) for i in range(n)]
+    if n <= 20:
+        return [plt.get_cmap("tab20")(i) for i in range(n)]
+    return [plt.get_cmap("hsv")(i / n) for i in range(n)]
 
 
 def table_rows(text: str) -> list[list[str]]:
@@ -58,28 +69,29 @@ def draw(plot: dict, label_cells: list[tuple[str, ...]], here: dict[str, list], 
     if plot["kind"] == "bars":
         columns = plot["columns"]
         shown = [i for i in range(len(labels)) if any(here[c][i] is not None for c in columns)]
-        figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(columns) + 0.15 * len(columns) * len(shown)), 4.5))
+        figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(columns) + 0.15 * len(columns) * len(shown)) + 3, 4.5))
         width = 0.8 / max(1, len(shown))
-        for slot, i in enumerate(shown):
+        for slot, (i, colour) in enumerate(zip(shown, row_colours(len(shown)))):
             values = [here[c][i] if here[c][i] is not None else 0.0 for c in columns]
-            axes.bar([k + slot * width - 0.4 + width / 2 for k in range(len(columns))], values, width, label=labels[i])
+            axes.bar([k + slot * width - 0.4 + width / 2 for k in range(len(columns))], values, width, label=labels[i],
+                     color=colour)
         axes.set_xticks(range(len(columns)), [c.removesuffix(" speedup") for c in columns])
         if plot.get("reference") is not None:
             axes.axhline(plot["reference"], color="black", linewidth=0.8, linestyle="--")
-        axes.legend(fontsize=7, ncol=2)
+        axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
         xs, ys = here[plot["x"]], here[plot["y"]]
         shown = [i for i in range(len(labels)) if xs[i] is not None and ys[i] is not None]
-        figure, axes = plt.subplots(figsize=(6.5, 4.5))
-        axes.scatter([xs[i] for i in shown], [ys[i] for i in shown])
-        for i in shown:
-            axes.annotate(labels[i], (xs[i], ys[i]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        figure, axes = plt.subplots(figsize=(10, 4.5))
+        for slot, (i, colour) in enumerate(zip(shown, row_colours(len(shown)))):
+            axes.scatter(xs[i], ys[i], color=colour, marker=MARKERS[slot % len(MARKERS)], s=40, label=labels[i])
+        axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         axes.set_xlabel(plot.get("xlabel", plot["x"]))
         if plot.get("reference") is not None:
             axes.axhline(plot["reference"], color="black", linewidth=0.8, linestyle="--")
     axes.set_ylabel(plot.get("ylabel", plot.get("y", "")))
     left_out = [labels[i] for i in range(len(labels)) if i not in shown]
-    line_chars = int(13 * figure.get_figwidth())  # what a 9-point line holds across the figure
+    line_chars = int(13 * (figure.get_figwidth() - 3))  # what a 9-point line holds across the axes (legend beside)
     caption = textwrap.fill(f"(no number yet: {', '.join(left_out)})", line_chars) if left_out else ""
     axes.set_title(f"{textwrap.fill(title, line_chars)}\n{caption}".strip(), fontsize=9)
     figure.tight_layout()

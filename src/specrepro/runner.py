@@ -15,8 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specrepro import suspension
-from specrepro.config import check_names
-from specrepro.data import completion_for_scoring, load_records, reference_response, render_prompt
+from specrepro.config import check_names, check_threads
+from specrepro.data import completion_for_scoring, load_records, prompt_ids, reference_response, render_prompt
 from specrepro.decoding import build_decoder, validate_method_config
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
@@ -58,8 +58,7 @@ def validate(cfg: DictConfig) -> None:
         raise SpecReproError(f"timing.order must be one of {', '.join(ORDERS)}, got {cfg.timing.order}")
     if cfg.timing.repeats < 1:
         raise SpecReproError(f"timing.repeats must be positive, got {cfg.timing.repeats}")
-    if cfg.hardware.threads is not None and cfg.hardware.threads < 1:
-        raise SpecReproError(f"hardware.threads must be positive (or null for torch's default), got {cfg.hardware.threads}")
+    check_threads(cfg.hardware.threads)
     if cfg.hardware.compile_backend not in BACKENDS:
         raise SpecReproError(f"hardware.compile_backend must be one of {', '.join(BACKENDS)}, got {cfg.hardware.compile_backend}")
     if cfg.hardware.compile and (cfg.hardware.linear_kernel != "torch" or cfg.hardware.row_invariant):
@@ -139,7 +138,7 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
         turns = []
         for turn in range(len(record.turns)):
             prompt = render_prompt(record, target.tokenizer, cfg.dataset, history)
-            ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            ids = prompt_ids(record, target.tokenizer, cfg.dataset, history)
             check_fits_context(ids, cfg, target, record.id)
             decoders, length = [decoder, *baselines.values()], len(ids) + cfg.decoding.max_new_tokens
             # a later turn's prompt holds answers that can outgrow the static caches: compile for it here, untimed
@@ -292,21 +291,23 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
                 artifacts: dict[str, Path], identities: dict[str, dict]) -> dict:
     record = RunRecord(Path(cfg.results_dir) / "runs" / name)
     if cfg.resume and record.complete:
-        log.info("run %s is already complete; skipping (resume=false to redo it)", name)
-        note_reused(f"run {name}")
-        return record.metrics()
+        damage = record.damage()
+        if damage is None:
+            log.info("run %s is already complete; skipping (resume=false to redo it)", name)
+            note_reused(f"run {name}")
+            return record.metrics()
+        log.warning("run %s is complete but %s: decoding the records it lost again", name, damage)
 
     loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
     target = load_target(cfg, loader)
     decoder = build_decoder(cfg.method, target, loader)  # before the reference run: a bad method fails fast
     longest_prompt = 0  # of any turn: a later turn's holds the earlier answers, each up to the budget
     for rec in records:  # every first-turn prompt, before anything is decoded
-        ids = target.tokenizer(render_prompt(rec, target.tokenizer, cfg.dataset, []), add_special_tokens=False)
-        check_fits_context(ids["input_ids"], cfg, target, rec.id)
+        ids = prompt_ids(rec, target.tokenizer, cfg.dataset, [])
+        check_fits_context(ids, cfg, target, rec.id)
         answers = len(rec.turns) - 1
-        last = target.tokenizer(render_prompt(rec, target.tokenizer, cfg.dataset, [""] * answers),
-                                add_special_tokens=False) if answers else ids
-        longest_prompt = max(longest_prompt, len(last["input_ids"]) + answers * cfg.decoding.max_new_tokens)
+        last = prompt_ids(rec, target.tokenizer, cfg.dataset, [""] * answers) if answers else ids
+        longest_prompt = max(longest_prompt, len(last) + answers * cfg.decoding.max_new_tokens)
 
     ref_key = reference_key(cfg, fingerprint)
     reference = None
@@ -342,7 +343,7 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
         warm_up(cfg, target, [decoder, *baselines.values()], records[0], sampling)
     with suspension.watching():
         for index, rec in tqdm(todo, desc=name, unit="sample"):
-            row = decode_record(rec, index, cfg, target, decoder, baselines, sampling)
+            row = decode_record(rec, index, cfg, target, decoder, baselines, sampling) | {"session": record.session}
             if sampling.greedy and rec.id in diverging_from:
                 classify_row(row, diverging_from[rec.id], target, decoder.max_step_width)
             record.append(row)
@@ -350,6 +351,7 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
     rows.sort(key=lambda row: row["index"])
 
     metrics = summarize(rows, reference_rows, sampling.greedy)
+    sessions = record.sessions(rows)
     problem = impossible_metrics(metrics)
     if problem:
         raise SpecReproError(f"method '{cfg.method.name}' produced impossible metrics ({problem}); "
@@ -376,6 +378,9 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
         artifacts=identities,  # the trained components and local checkpoints it loaded: names, content digests
         training_minutes=training_minutes(artifacts.values(), decoder),
         provenance=provenance(cfg.hardware, loader.device) | {"started_at": started_at, "finished_at": now()},
+        sessions=sessions,  # the processes that decoded its samples, each with how many
+        # a resumed run's timings come from several processes (other load, other warm-up): said, not hidden
+        resumed=f"timings from {len(sessions)} processes" if len(sessions) > 1 else None,
     )
     record.finish(metrics)
     log_to_wandb(cfg, record, name, group, metrics, rows)
@@ -420,7 +425,7 @@ def compile_steps_for(length: int, decoders) -> float:
 
 def warm_up(cfg, target, decoders, record, sampling) -> None:
     """Untimed generations on the first prompt, so one-off costs do not land on the first sample."""
-    ids = target.tokenizer(render_prompt(record, target.tokenizer, cfg.dataset, []), add_special_tokens=False)["input_ids"]
+    ids = prompt_ids(record, target.tokenizer, cfg.dataset, [])
     for _ in range(cfg.timing.warmup):
         for decoder in decoders:
             decoder.generate(ids, sampling, cfg.timing.warmup_tokens, seed=cfg.decoding.seed)
@@ -444,6 +449,7 @@ TABLE_COLUMNS = [
     ("lossless_near_ties", "lossless_near_tie", "{:.2f}"),  # shown where some run's `lossless` < 1
     ("lossless_paired", "lossless_paired", "{:.2f}"),
     ("speedup_eager", "speedup_paired_eager", "{:.2f}x"),
+    ("resumed", "resumed", "{}"),
     ("error", "error", "{}"),
 ]
 QUALITY_KEYS = ["gsm8k_acc", "rouge_l", "rouge_2", "pass@1", "pass@10", "mt_bench_score"]

@@ -277,6 +277,11 @@ def local_runs(*results_dirs: str | Path) -> list[RunInfo]:
         except ValueError as exc:
             log.warning("skipping a run record: %s", exc)
             continue
+        damage = RunRecord(run.dir).damage() if (run.dir / "generations.jsonl").is_file() else None
+        if damage:  # a committed copy holds no generations: its metrics.json is what the tables read
+            log.warning("skipping run %s: %s (`specrepro run` with its config decodes the lost records again)",
+                        run.dir.name, damage)
+            continue
         finished = (run.metrics.get("provenance") or {}).get("finished_at")
         order = dt.datetime.fromisoformat(finished).timestamp() if isinstance(finished, str) else run.mtime
         runs.append(RunInfo(run.dir.name, run.metrics, config, order, run.dir))

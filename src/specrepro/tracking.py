@@ -4,6 +4,8 @@ A run directory `results/runs/<run name>/` holds:
 - `config.yaml`: the resolved config;
 - `generations.jsonl`: one line per finished sample, appended and fsync'ed as each finishes, so an
   interrupted run resumes where it stopped (a torn last line is dropped on resume);
+- `provenance.json`: what started the run and when, and one entry per process that decoded samples of it
+  (`sessions`: a resumed run's timings come from several processes; each row names its own in `session`);
 - `metrics.json`: written atomically (temp file + rename) when the run is complete; its presence with
   `"complete": true` is what marks a run as finished.
 """
@@ -16,6 +18,7 @@ import json
 import logging
 import math
 import os
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +27,7 @@ from omegaconf import OmegaConf
 
 from specrepro.errors import SpecReproError, one_line
 from specrepro.metrics.speed import paired_ratio
-from specrepro.provenance import now, provenance
+from specrepro.provenance import machine_label, now, provenance
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,7 @@ class RunRecord:
         self.provenance_path = self.dir / "provenance.json"  # what started the run, and when
         # a table's committed copy of a run timed against `ar`: its timed turns (`timed_turns`) without generations
         self.turns_path = self.dir / "turns.jsonl"
+        self.session = 0  # this process's index among the run's sessions (set by `start`)
 
     @property
     def complete(self) -> bool:
@@ -120,16 +124,36 @@ class RunRecord:
         # rewrite without a torn last line, so appends start on a clean line
         atomic_write(self.generations_path, "".join(json.dumps(r) + "\n" for r in rows))
         atomic_write(self.dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        origin = provenance(cfg.hardware)
+        session = {"started_at": now(), "host": socket.gethostname(), "pid": os.getpid(),
+                   "machine": machine_label(origin["machine"])}
         if not rows or not self.provenance_path.is_file():
-            started = {"started_at": now(), **provenance(cfg.hardware)}
-            atomic_write(self.provenance_path, json.dumps(started, indent=2) + "\n")
+            started = {"started_at": session["started_at"], **origin, "sessions": []}
+        else:
+            started = json.loads(self.provenance_path.read_text())
+            started.setdefault("sessions", [{"started_at": started["started_at"]}])  # a record from before sessions
+        self.session = len(started["sessions"])  # this process's index: the rows it decodes carry it
+        started["sessions"].append(session)
+        atomic_write(self.provenance_path, json.dumps(started, indent=2) + "\n")
         return rows
+
+    def sessions(self, rows: list[dict]) -> list[dict]:
+        """The processes that decoded `rows` (from provenance.json), each with how many of them it decoded: more than
+        one when the run was resumed, its timings then from several processes."""
+        recorded = json.loads(self.provenance_path.read_text()).get("sessions", [])
+        counts: dict[int, int] = {}
+        for row in rows:  # a row from before sessions were kept: the first process's
+            counts[row.get("session", 0)] = counts.get(row.get("session", 0), 0) + 1
+        return [{**(recorded[i] if i < len(recorded) else {}), "samples": n} for i, n in sorted(counts.items())]
 
     def timed_turns(self) -> list[dict]:
         """Every decoded turn as `specrepro compare` needs it: its key (record id, a digest of the first prompt,
         sample, turn: a later turn's prompt holds the run's own earlier answer, which sampling runs need not share),
         its paired speedup over the `ar` timed beside it and a digest of its tokens. From the generations, else from
         `turns.jsonl`; SpecReproError for a run not timed against `ar` or a copy without either."""
+        if self.generations_path.is_file() and self.complete and (damage := self.damage()):
+            raise SpecReproError(f"{self.dir.name}: {damage}: `specrepro run` with its config decodes the lost "
+                                 "records again")
         if not self.generations_path.is_file():
             if not self.turns_path.is_file():
                 raise SpecReproError(f"{self.dir.name}: holds no per-turn timings (neither generations.jsonl nor "
@@ -145,6 +169,23 @@ class RunRecord:
                     turns.append({"id": row["id"], "prompt": config_hash(row["prompts"][0]), "sample": sample,
                                   "turn": turn, "speedup": paired_ratio(gen), "tokens": config_hash(gen["token_ids"])})
         return turns
+
+    def damage(self) -> str | None:
+        """How a complete run's generations.jsonl does not hold what its metrics.json counts (missing, cut mid-line,
+        lines lost or edited), or None: a reused or tabulated run must be whole."""
+        if not self.generations_path.is_file():
+            return "its generations.jsonl is missing"
+        text = self.generations_path.read_text(errors="replace")
+        if text and not text.endswith("\n"):
+            return "its generations.jsonl was cut mid-line"
+        rows = self.rows()
+        lines = len(text.splitlines())
+        if len(rows) < lines:
+            return f"line {len(rows) + 1} of its generations.jsonl is not a record"
+        expected = self.metrics().get("n_samples")
+        if expected is not None and len(rows) != expected:
+            return f"its generations.jsonl holds {len(rows)} records, not the {expected} its metrics.json counts"
+        return None
 
     def rows(self) -> list[dict]:
         """Finished samples; a torn or corrupt trailing line (from a kill mid-write) is ignored."""

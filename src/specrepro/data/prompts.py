@@ -143,11 +143,44 @@ def render_prompt(record, tokenizer, cfg, history: Sequence[str] = ()) -> str:
     chat: the tokenizer's chat template (a plain "User: ...\\nAssistant:" transcript if it has none).
     completion: the templated text itself; with history, the plain transcript (raw text has no turns).
     """
+    return _render(record, tokenizer, cfg, history, lambda text: text)
+
+
+LITERAL = "\ue000"  # a private-use character: brackets the index of a special token's string found in the data
+
+
+def prompt_ids(record, tokenizer, cfg, history: Sequence[str] = ()) -> list[int]:
+    """The token ids of `render_prompt`'s text, the data's text tokenized as text: a special token's string in a
+    record or an answer (`<|im_end|>`, `<|im_start|>system`) stays those characters, never a template's turn. Text
+    without one tokenizes exactly as the whole rendered prompt does."""
+    specials = sorted({token.content for token in getattr(tokenizer, "added_tokens_decoder", {}).values()
+                       if token.special}, key=len, reverse=True)
+    literals: list[str] = []
+
+    def bracket(match) -> str:
+        literals.append(match[0])
+        return f"{LITERAL}{len(literals) - 1}{LITERAL}"
+
+    pattern = re.compile("|".join(map(re.escape, specials))) if specials else None
+    text = _render(record, tokenizer, cfg, history, lambda content: pattern.sub(bracket, content) if pattern else content)
+    if not literals:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = []
+    for index, piece in enumerate(text.split(LITERAL)):  # template text, a literal's index, template text, ...
+        literal = index % 2 == 1
+        ids += tokenizer(literals[int(piece)] if literal else piece, add_special_tokens=False,
+                         split_special_tokens=literal)["input_ids"]
+    return ids
+
+
+def _render(record, tokenizer, cfg, history: Sequence[str], as_text: Callable[[str], str]) -> str:
+    """`render_prompt`'s text, each piece of the data's text (and each answer) passed through `as_text` first."""
     turn = len(history)
     if turn >= len(record.turns):
         raise SpecReproError(f"record {record.id} has {len(record.turns)} turn(s); {turn} previous answers were given")
     first_turn = _template(cfg.task, cfg.template)(record, record.fields.get("shots", []))
-    user_texts = [first_turn, *record.turns[1: turn + 1]]
+    user_texts = [as_text(text) for text in (first_turn, *record.turns[1: turn + 1])]
+    history = [as_text(answer) for answer in history]
     if cfg.prompt_style == "completion" and turn == 0:
         return user_texts[0]
     messages = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []

@@ -71,14 +71,27 @@ def gsm8k_final_answer(solution: str) -> str:
 
 # ---- one adapter per row layout: row, index in file -> Record (None = skip the row) ----
 
+class NotText(Exception):
+    """A row's prompt field holds no text (null, a list, a number): the record cannot be prompted."""
+
+
+def _text(row: dict, key: str, value=...) -> str:
+    """`row[key]` (or `value`, an item of it), which must be a string: a null or a list is not formatted as a prompt."""
+    value = row[key] if value is ... else value
+    if not isinstance(value, str):
+        shown = "null" if value is None else f"a {type(value).__name__} ({str(value)[:40]})"
+        raise NotText(f"field '{key}' is {shown}, not text")
+    return value
+
+
 def _gsm8k(row: dict, index: int) -> Record:
-    return Record(str(index), [row["question"]], gsm8k_final_answer(row["answer"]), {"answer": row["answer"]})
+    return Record(str(index), [_text(row, "question")], gsm8k_final_answer(_text(row, "answer")), {"answer": row["answer"]})
 
 
 def _humaneval(row: dict, index: int) -> Record:
     """HumanEval, or HumanEval-X, whose test ends by calling check(<entry point>) itself: that call is
     removed so every test only defines check(candidate), as in HumanEval."""
-    test, entry_point = row["test"], row.get("entry_point")
+    test, entry_point = _text(row, "test"), row.get("entry_point")
     if entry_point is None:
         call = re.search(r"\ncheck\((\w+)\)\s*$", test)
         if call is None:
@@ -86,15 +99,15 @@ def _humaneval(row: dict, index: int) -> Record:
         test, entry_point = test[: call.start()] + "\n", call[1]
     fields = {"prompt": row["prompt"], "test": test, "entry_point": entry_point,
               "canonical_solution": row["canonical_solution"]}
-    return Record(str(row["task_id"]), [row["prompt"]], row["canonical_solution"], fields)
+    return Record(str(row["task_id"]), [_text(row, "prompt")], row["canonical_solution"], fields)
 
 
 def _xsum(row: dict, index: int) -> Record:
-    return Record(str(row.get("id", index)), [row["document"]], row["summary"])
+    return Record(str(row.get("id", index)), [_text(row, "document")], row["summary"])
 
 
 def _cnn_dm(row: dict, index: int) -> Record:
-    return Record(str(row.get("id", row.get("question_id", index))), [row["article"]], row["highlights"])
+    return Record(str(row.get("id", row.get("question_id", index))), [_text(row, "article")], row["highlights"])
 
 
 def _question_file(row: dict, index: int) -> Record:
@@ -102,26 +115,29 @@ def _question_file(row: dict, index: int) -> Record:
     references = row.get("reference") or []
     first = references[0] if references and isinstance(references[0], str) and references[0] else None
     fields = {"category": row.get("category"), "references": references}
-    return Record(str(row["question_id"]), list(row["turns"]), first, fields)
+    if not isinstance(row["turns"], list) or not row["turns"]:
+        raise NotText(f"field 'turns' is {'null' if row['turns'] is None else repr(row['turns'])[:40]}, not a list of texts")
+    return Record(str(row["question_id"]), [_text(row, "turns", turn) for turn in row["turns"]], first, fields)
 
 
 def _mbpp(row: dict, index: int) -> Record:
     fields = {"test_list": row["test_list"], "test_setup_code": row.get("test_setup_code", ""),
               "challenge_test_list": row.get("challenge_test_list", [])}
-    return Record(str(row["task_id"]), [row["text"]], row["code"], fields)
+    return Record(str(row["task_id"]), [_text(row, "text")], row["code"], fields)
 
 
 def _pubmedqa(row: dict, index: int) -> Record:
     fields = {"contexts": row["CONTEXTS"], "final_decision": row["final_decision"], "year": row.get("YEAR")}
-    return Record(str(row["id"]), [row["QUESTION"]], row["LONG_ANSWER"], fields)
+    return Record(str(row["id"]), [_text(row, "QUESTION")], row["LONG_ANSWER"], fields)
 
 
 def _spider(row: dict, index: int) -> Record:
-    return Record(str(index), [row["question"]], row["query"], {"db_id": row["db_id"], "query": row["query"]})
+    return Record(str(index), [_text(row, "question")], row["query"], {"db_id": row["db_id"], "query": row["query"]})
 
 
 def _sql_context(row: dict, index: int) -> Record:
-    return Record(str(index), [row["question"]], row["answer"], {"context": row["context"], "db_id": row.get("db_id")})
+    return Record(str(index), [_text(row, "question")], row["answer"],
+                  {"context": _text(row, "context"), "db_id": row.get("db_id")})
 
 
 USER_ROLES = {"human", "user"}
@@ -132,7 +148,8 @@ def _conversation(row: dict, index: int) -> Optional[Record]:
     """ShareGPT ({from, value}) or CLLM ({role, content}) conversations; rows without a user turn are skipped."""
     messages = row["conversations"] if "conversations" in row else row["conversation"]
     speakers = [(m.get("from", m.get("role")), m.get("value", m.get("content"))) for m in messages]
-    user_turns = [text for who, text in speakers if who in USER_ROLES]
+    user_turns = [_text(row, "conversations" if "conversations" in row else "conversation", text)
+                  for who, text in speakers if who in USER_ROLES]
     replies = [text for who, text in speakers if who in ASSISTANT_ROLES]
     if not user_turns:
         return None
@@ -141,7 +158,7 @@ def _conversation(row: dict, index: int) -> Optional[Record]:
 
 
 def _alpaca(row: dict, index: int) -> Record:
-    return Record(str(row.get("idx", index)), [row["instruction"]], row.get("output"))
+    return Record(str(row.get("idx", index)), [_text(row, "instruction")], row.get("output"))
 
 
 ADAPTERS: dict[str, Callable[[dict, int], Optional[Record]]] = {
@@ -174,6 +191,8 @@ def _read_records(path: str, task: str, hf_config: Optional[str], split: str) ->
             record = adapt(row, index)
         except KeyError as missing:
             raise SpecReproError(f"{path}: record {index} has no field {missing} that task '{task}' needs") from None
+        except NotText as problem:
+            raise SpecReproError(f"{path}: record {index}: {problem}; task '{task}' needs it as text") from None
         if record is not None:
             records.append(record)
     return records

@@ -132,9 +132,10 @@ class Decoder(ABC):
                 "extra_memory_pct": 100.0 * extra / sum(p.numel() for p in self.model.parameters())}
 
     @classmethod
-    def resolve_artifacts(cls, cfg, model_name: str, artifacts_dir) -> dict[str, Path]:
-        """The trained artifacts (role -> directory) a method config resolves to now; a reference by prefix names
-        the newest match, so these (their names and contents), not the reference, are part of a run's identity."""
+    def resolve_artifacts(cls, cfg, target, artifacts_dir) -> dict[str, Path]:
+        """The trained artifacts (role -> directory) a method config resolves to now for `target` (the run's model:
+        its name or identity, training/artifacts.py), none trained for another; a reference by prefix names the
+        newest match, so these (their names and contents), not the reference, are part of a run's identity."""
         return {}
 
     @torch.inference_mode()

@@ -218,17 +218,19 @@ def first_layers_hidden(target, input_ids: torch.Tensor, num_layers: int, cache=
     return (steps or EagerSteps(target)).layers(target.model.layers[:num_layers], embeds, cache, tree)
 
 
-def find_head(ref: str, artifacts_dir, model_name: str, settings: dict) -> Path:
-    """The newest complete `<ref>` / `<ref>-<model>-*` artifact whose head has `settings` (N, exit layer, head)."""
+def find_head(ref: str, artifacts_dir, target, settings: dict) -> Path:
+    """The newest complete `<ref>` / `<ref>-<model>-*` artifact trained for `target` (a model's name or identity)
+    whose head has `settings` (N, exit layer, head)."""
     from specrepro.training.artifacts import find_matching_artifact
 
     def matches(path: Path) -> bool:
         meta = path / "eesd_head.json"
         return meta.is_file() and all(json.loads(meta.read_text()).get(k, 0) == v for k, v in settings.items())
 
-    path = find_matching_artifact(ref, artifacts_dir, model_name, matches)
+    path = find_matching_artifact(ref, artifacts_dir, target, matches)
     if path is not None:
         return path
+    model_name = target if isinstance(target, str) else target.get("name")
     raise SpecReproError(
         f"no eesd head artifact '{ref}' for model {model_name} with {settings} under {artifacts_dir}: train one with "
         f"`specrepro train method=eesd method.num_layers={settings['num_layers']} "
@@ -281,10 +283,10 @@ class EESDDecoder(DraftVerifyDecoder):
                 "draft_vocab": cfg.draft_vocab}
 
     @classmethod
-    def resolve_artifacts(cls, cfg: EESDConfig, model_name: str, artifacts_dir) -> dict[str, Path]:
+    def resolve_artifacts(cls, cfg: EESDConfig, target, artifacts_dir) -> dict[str, Path]:
         if cfg.head == "none":
             return {}
-        return {"head": find_head(cfg.head, artifacts_dir, model_name, cls.head_settings(cfg))}
+        return {"head": find_head(cfg.head, artifacts_dir, target, cls.head_settings(cfg))}
 
     @classmethod
     def from_config(cls, cfg: EESDConfig, target, ctx) -> "EESDDecoder":
@@ -296,7 +298,8 @@ class EESDDecoder(DraftVerifyDecoder):
             p = next(target.model.parameters())
             head = head.to(device=p.device, dtype=p.dtype)
         else:
-            head = EarlyExitHead.from_pretrained(find_head(cfg.head, ctx.artifacts_dir, target.name, settings), target.model)
+            path = find_head(cfg.head, ctx.artifacts_dir, target.identity, settings)
+            head = EarlyExitHead.from_pretrained(path, target.model)
         return cls(target.model, target.tokenizer, ctx.use_kernels(head) if ctx else head, cfg)
 
     def new_controller(self) -> DraftLengthController:

@@ -52,15 +52,18 @@ class HFAssistedDecoder(Decoder):
         return 0 if self.assistant is None else parameters_beside(self.assistant, self.model)
 
     @classmethod
-    def resolve_artifacts(cls, cfg: HFAssistedConfig, model_name: str, artifacts_dir) -> dict[str, Path]:
+    def resolve_artifacts(cls, cfg: HFAssistedConfig, target, artifacts_dir) -> dict[str, Path]:
         from specrepro.models.loading import resolve_artifact
 
         trained = cfg.mode == "assistant" and cfg.draft.source == "artifact"
-        return {"draft": resolve_artifact(cfg.draft.id, artifacts_dir)} if trained else {}
+        return {"draft": resolve_artifact(cfg.draft.id, artifacts_dir, target)} if trained else {}
 
     @classmethod
     def from_config(cls, cfg: HFAssistedConfig, target, ctx) -> "HFAssistedDecoder":
-        assistant = ctx.load_model(cfg.draft).model if cfg.mode == "assistant" else None
+        from specrepro.models.loading import trained_for_target
+
+        assistant = ctx.load_model(trained_for_target(cfg.draft, ctx.artifacts_dir, target.identity)).model \
+            if cfg.mode == "assistant" else None
         return cls(target.model, target.tokenizer, cfg, assistant)
 
     def generate_kwargs(self, sampling: Sampling, max_new_tokens: int) -> dict:

@@ -221,8 +221,9 @@ def head_for(target: nn.Module, variant: str, k: int, proj_size: int, transforme
     return head.attach_lm_head(target.lm_head)
 
 
-def find_head(ref: str, artifacts_dir, model_name: str, variant: str, shared_lm_head: bool, vocab: int = 0) -> Path:
-    """The newest complete `<ref>` / `<ref>-<model>-*` artifact holding a head of `variant` (and draft vocabulary)."""
+def find_head(ref: str, artifacts_dir, target, variant: str, shared_lm_head: bool, vocab: int = 0) -> Path:
+    """The newest complete `<ref>` / `<ref>-<model>-*` artifact trained for `target` (a model's name or identity)
+    holding a head of `variant` (and draft vocabulary)."""
     from specrepro.training.artifacts import find_matching_artifact
 
     def matches(path: Path) -> bool:
@@ -233,9 +234,10 @@ def find_head(ref: str, artifacts_dir, model_name: str, variant: str, shared_lm_
         return (settings.get("variant") == variant and settings.get("shared_lm_head", False) == shared_lm_head
                 and settings.get("draft_vocab", 0) == vocab and (named or not (path / "config.json").is_file()))
 
-    path = find_matching_artifact(ref, artifacts_dir, model_name, matches)
+    path = find_matching_artifact(ref, artifacts_dir, target, matches)
     if path is not None:
         return path
+    model_name = target if isinstance(target, str) else target.get("name")
     raise SpecReproError(f"no sar_draft head artifact '{ref}' of variant {variant} (shared_lm_head={shared_lm_head}, "
                          f"draft_vocab={vocab}) for model {model_name} under {artifacts_dir}: "
                          f"train one with `specrepro train method=sar_draft method.variant={variant} "
@@ -290,10 +292,10 @@ class SARDraftDecoder(DraftVerifyDecoder):
         return self.head.num_parameters()
 
     @classmethod
-    def resolve_artifacts(cls, cfg: SARDraftConfig, model_name: str, artifacts_dir) -> dict[str, Path]:
+    def resolve_artifacts(cls, cfg: SARDraftConfig, target, artifacts_dir) -> dict[str, Path]:
         if cfg.head == "none":
             return {}
-        return {"head": find_head(cfg.head, artifacts_dir, model_name, cfg.variant, cfg.shared_lm_head,
+        return {"head": find_head(cfg.head, artifacts_dir, target, cfg.variant, cfg.shared_lm_head,
                                   cfg.draft_vocab)}
 
     @classmethod
@@ -302,7 +304,8 @@ class SARDraftDecoder(DraftVerifyDecoder):
             head = head_for(target.model, cfg.variant, cfg.head_k, cfg.proj_size, cfg.transformer_layers,
                             cfg.shared_lm_head).eval()
         else:
-            path = find_head(cfg.head, ctx.artifacts_dir, target.name, cfg.variant, cfg.shared_lm_head, cfg.draft_vocab)
+            path = find_head(cfg.head, ctx.artifacts_dir, target.identity, cfg.variant, cfg.shared_lm_head,
+                             cfg.draft_vocab)
             head = DraftHead.from_pretrained(path).attach_lm_head(target.model.lm_head)
         p = next(target.model.parameters())
         head = head.to(device=p.device, dtype=p.dtype)

@@ -206,12 +206,12 @@ class SelfSDDecoder(DraftVerifyDecoder):
                  self.frequent is not None)]
 
     @classmethod
-    def resolve_artifacts(cls, cfg: SelfSDConfig, model_name: str, artifacts_dir) -> dict[str, Path]:
+    def resolve_artifacts(cls, cfg: SelfSDConfig, target, artifacts_dir) -> dict[str, Path]:
         from specrepro.models.loading import resolve_artifact
 
         if cfg.attn_skip or cfg.mlp_skip or cfg.skip_set is None:
             return {}
-        return {"skip_set": resolve_artifact(cfg.skip_set, artifacts_dir)}
+        return {"skip_set": resolve_artifact(cfg.skip_set, artifacts_dir, target)}
 
     @classmethod
     def from_config(cls, cfg: SelfSDConfig, target, ctx) -> "SelfSDDecoder":
@@ -222,7 +222,7 @@ class SelfSDDecoder(DraftVerifyDecoder):
                                      "method.attn_skip=[...] method.mlp_skip=[...]")
             from specrepro.models.loading import resolve_artifact
 
-            skip_set = SkipSet.from_pretrained(resolve_artifact(cfg.skip_set, ctx.artifacts_dir))
+            skip_set = SkipSet.from_pretrained(resolve_artifact(cfg.skip_set, ctx.artifacts_dir, target.identity))
             if skip_set.num_layers != len(decoder_layers(target.model)):
                 raise SpecReproError(f"skip set '{cfg.skip_set}' was searched for {skip_set.num_layers} blocks; "
                                      f"model '{target.name}' has {len(decoder_layers(target.model))}")

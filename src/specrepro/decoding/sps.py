@@ -88,14 +88,17 @@ class SPSDecoder(DraftVerifyDecoder):
         return [(self.draft_steps, 2, self.frequent is not None)]
 
     @classmethod
-    def resolve_artifacts(cls, cfg: SPSConfig, model_name: str, artifacts_dir) -> dict[str, Path]:
+    def resolve_artifacts(cls, cfg: SPSConfig, target, artifacts_dir) -> dict[str, Path]:
         from specrepro.models.loading import resolve_artifact
 
-        return {"draft": resolve_artifact(cfg.draft.id, artifacts_dir)} if cfg.draft.source == "artifact" else {}
+        trained = cfg.draft.source == "artifact"
+        return {"draft": resolve_artifact(cfg.draft.id, artifacts_dir, target)} if trained else {}
 
     @classmethod
     def from_config(cls, cfg: SPSConfig, target, ctx) -> "SPSDecoder":
-        draft = ctx.load_model(cfg.draft).model
+        from specrepro.models.loading import trained_for_target
+
+        draft = ctx.load_model(trained_for_target(cfg.draft, ctx.artifacts_dir, target.identity)).model
         frequent = draft_vocab.corpus_ranking(target.tokenizer, cfg.draft_vocab_corpus)[:cfg.draft_vocab] \
             if cfg.draft_vocab else None
         return cls(target.model, target.tokenizer, draft, cfg.k, cfg.controller, cfg.k_max, cfg.tree_width, frequent)

@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from specrepro.config import weights_identity
+from specrepro.config import check_threads, weights_identity
 from specrepro.errors import SpecReproError, one_line
 from specrepro.models.attention import IMPLEMENTATIONS, set_attention
 from specrepro.decoding.steps import compile_steps
@@ -55,6 +55,13 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object  # a transformers tokenizer, or None for a bare random model
     name: str
+    config: dict | None = None  # the identity of the model config it was loaded from (artifacts.target_identity)
+
+    @property
+    def identity(self) -> dict:
+        """What an artifact trained for this model has recorded as its target (training/artifacts.check_target)."""
+        shape = {key: getattr(self.model.config, key, None) for key in ("vocab_size", "hidden_size")}
+        return (self.config or {"name": self.name}) | {k: v for k, v in shape.items() if v is not None}
 
     @property
     def device(self) -> torch.device:
@@ -246,16 +253,28 @@ def random_llama(arch, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
     return model.to(dtype)
 
 
-def resolve_artifact(ref: str, artifacts_dir: str | Path) -> Path:
-    """An artifact name (a folder under the artifacts dir, or its prefix) or a path to a trained component."""
+def resolve_artifact(ref: str, artifacts_dir: str | Path, target=None) -> Path:
+    """An artifact name (a folder under the artifacts dir, or its prefix) or a path to a trained component; with a
+    `target` (a model's name or identity), one trained for that model."""
     from specrepro.training.artifacts import check_intact, find_artifact
 
-    path = find_artifact(ref, artifacts_dir)
+    path = find_artifact(ref, artifacts_dir, target)
     if path is None:
+        name = target if isinstance(target, str) or target is None else target.get("name")
+        for_model = f" for model {name}" if name else ""
         raise SpecReproError(
-            f"no trained artifact '{ref}' under {artifacts_dir} nor at that path: train it first with `specrepro train ...`"
+            f"no trained artifact '{ref}'{for_model} under {artifacts_dir} nor at that path: train it first with "
+            "`specrepro train ...`"
         )
     return check_intact(path)
+
+
+def trained_for_target(model_cfg, artifacts_dir: str | Path, target):
+    """A model config (a draft's) whose artifact reference is pinned to the artifact trained for `target`."""
+    if model_cfg.source != "artifact":
+        return model_cfg
+    trained = resolve_artifact(model_cfg.id, artifacts_dir, target)
+    return OmegaConf.merge(OmegaConf.structured(model_cfg), {"id": str(trained)})
 
 
 def merged_adapter(path: Path, dtype: torch.dtype, artifacts_dir: str | Path) -> torch.nn.Module:
@@ -331,7 +350,9 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype, artifacts_dir: str
     if not where:
         model.to(device)
     model.eval()
-    return LoadedModel(model=model, tokenizer=tokenizer, name=cfg.name)
+    from specrepro.training.artifacts import target_identity
+
+    return LoadedModel(model=model, tokenizer=tokenizer, name=cfg.name, config=target_identity(cfg))
 
 
 def use_hardware(model, hardware):
@@ -360,6 +381,7 @@ class ModelLoader:
     @classmethod
     def for_hardware(cls, hardware, artifacts_dir: str | Path) -> "ModelLoader":
         """A loader for a `hardware` config; its thread count is set for the process (torch has no other)."""
+        check_threads(hardware.threads)
         if hardware.threads:
             torch.set_num_threads(hardware.threads)
         check_kernel(hardware.linear_kernel, hardware.linear_min_rows)  # before any model loads

@@ -9,7 +9,7 @@ from accelerate import PartialState
 from omegaconf import DictConfig, OmegaConf
 
 from specrepro import registry
-from specrepro.config import check_names, weights_identity
+from specrepro.config import check_names, check_threads, weights_identity
 from specrepro.models import ModelLoader
 from specrepro.models.loading import unreadable_weights
 from specrepro.provenance import now, provenance
@@ -35,6 +35,14 @@ def artifact_path(cfg) -> Path:
     return Path(cfg.artifacts_dir) / f"{cfg.training.component}-{cfg.model.name}-{key}"
 
 
+def trained_target(cfg, target) -> dict:
+    """The target a component is trained for, as runs check it (training/artifacts.target_mismatch): its model
+    config, weights, vocabulary and hidden size."""
+    from specrepro.identity import run_target
+
+    return run_target(cfg) | target.identity
+
+
 def validate_loops(node: DictConfig, key: str = "training") -> None:
     """Check every training loop in the config (a component may have several, e.g. EESD's calibration)."""
     for name, value in node.items():
@@ -52,6 +60,7 @@ def train(cfg) -> Path:
     (each its share, see training/shards.py) and trains; the main process alone logs to W&B and publishes."""
     state = PartialState()  # first: under a multi-GPU launch it selects this process's GPU
     check_names(cfg)
+    check_threads(cfg.hardware.threads)
     final = artifact_path(cfg)
     with exclusive(lock_file(final), f"training {final.name}"):  # a second job training it waits, then re-uses it
         return _train(cfg, state, final)
@@ -94,7 +103,8 @@ def _train(cfg, state: PartialState, final: Path) -> Path:
     if target.tokenizer is not None:
         target.tokenizer.save_pretrained(staging)
     origin = provenance(cfg.hardware, device) | {"started_at": started_at, "finished_at": now()}
-    publish(staging, final, {"component": cfg.training.component, "metrics": metrics, "history": history,
+    publish(staging, final, {"component": cfg.training.component, "target": trained_target(cfg, target),
+                             "metrics": metrics, "history": history,
                              "config": OmegaConf.to_container(cfg, resolve=True), "provenance": origin})
     if run is not None:
         run.summary.update(metrics)

@@ -8,6 +8,10 @@ that never finished) is refused, as is an artifact whose weights do not read bac
 each artifact's content digest (`identity.content_digest`), not only its name: retraining under the same name
 (`resume=false`, or after deleting a damaged artifact) with other weights makes new runs, never a reuse of records
 the old weights made.
+
+Every artifact but a run's own model is trained for one target: `artifact.json` records it (`target`: the target's
+model config, weights, vocabulary and hidden size) and every lookup takes only artifacts trained for the run's
+target (`target_mismatch`), by name or by prefix: a draft trained for another model is never used.
 """
 
 from __future__ import annotations
@@ -15,15 +19,67 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from dataclasses import is_dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Union
 
+from omegaconf import OmegaConf
+
+from specrepro.config import weights_identity
 from specrepro.errors import SpecReproError
 from specrepro.models.loading import unreadable_weights
 from specrepro.tracking import atomic_write
 
 METADATA = "artifact.json"
 log = logging.getLogger(__name__)
+
+
+Target = Union[str, dict, None]  # a target model's name, its identity (`target_identity`), or None: any target
+TARGET_KEYS = ("name", "source", "id", "revision")  # of a model config: which model it is (not where it is cached)
+
+
+def target_identity(model_cfg) -> dict:
+    """What names a target model in a model config (a Hydra node, a mapping or a ModelConfig): its name, source, id
+    and revision (and its shape when random)."""
+    model = weights_identity(OmegaConf.structured(model_cfg) if is_dataclass(model_cfg) else model_cfg)
+    identity = {key: model.get(key) for key in TARGET_KEYS}
+    return identity | ({"random": model.get("random")} if model.get("source") == "random" else {})
+
+
+def trained_for(path: Path) -> dict:
+    """The target an artifact was trained for, as recorded (older artifacts: their training config's model);
+    {} when it records neither (made by hand)."""
+    meta = json.loads((path / METADATA).read_text())
+    if "target" in meta:
+        return meta["target"]
+    model = (meta.get("config") or {}).get("model")
+    return target_identity(model) if model else {}
+
+
+def target_mismatch(path: Path, target: Target) -> str | None:
+    """How the artifact at `path` was trained for another target than `target`, or None. Compared: every field both
+    record (model config, weights digests, vocabulary and hidden size). An artifact that is the run's model itself (a
+    joint-mode head beside its fine-tuned target) belongs to it."""
+    if not target:
+        return None
+    expected = {"name": target} if isinstance(target, str) else target
+    if expected.get("source") == "artifact" and Path(str(expected.get("id"))).name == path.name:
+        return None
+    recorded = trained_for(path)
+    differ = [key for key in expected if key in recorded and recorded[key] != expected[key]]
+    if not differ:
+        return None
+    return (f"artifact {path.name} was trained for target '{recorded.get('name')}' (its {', '.join(differ)} differ "
+            f"from this run's model '{expected.get('name')}')")
+
+
+def check_target(path: Path, target: Target) -> Path:
+    """`path`, if trained for `target`; else one line saying for which target it was trained."""
+    mismatch = target_mismatch(path, target)
+    if mismatch:
+        raise SpecReproError(f"{mismatch}: train one for this model with `specrepro train` and this run's model "
+                             "options, or name one trained for it")
+    return path
 
 
 def is_complete(path: Path) -> bool:
@@ -81,27 +137,31 @@ def refuse_incomplete(ref: str, artifacts_dir: str | Path) -> None:
                                  "source=hf")
 
 
-def find_artifact(ref: str, artifacts_dir: str | Path) -> Path | None:
-    """Resolve an artifact reference: exact name, newest complete `<ref>-*`, or a path; None if none exists."""
+def find_artifact(ref: str, artifacts_dir: str | Path, target: Target = None) -> Path | None:
+    """Resolve an artifact reference: exact name, newest complete `<ref>-*` trained for `target`, or a path; None if
+    none exists. One named exactly but trained for another target is an error."""
     if (named := named_artifact(ref, artifacts_dir)) is not None:
-        return named
+        return check_target(named, target)
     if not Path(ref).expanduser().is_absolute():  # Path.glob takes relative patterns only
-        matches = [p for p in Path(artifacts_dir).glob(f"{ref}-*") if is_complete(p)]
+        matches = [p for p in Path(artifacts_dir).glob(f"{ref}-*") if is_complete(p) and not target_mismatch(p, target)]
         if matches:
             return newest(f"{ref}-*", matches)
     refuse_incomplete(ref, artifacts_dir)
     return None
 
 
-def find_matching_artifact(ref: str, artifacts_dir: str | Path, model_name: str | None,
+def find_matching_artifact(ref: str, artifacts_dir: str | Path, target: Target,
                            matches: Callable[[Path], bool]) -> Path | None:
-    """`ref` itself (name or path) if it matches, else the newest complete `<ref>-<model>-*` that does
-    (`<ref>-*` when model_name is None: a ref that already names the model)."""
+    """`ref` itself (name or path) if it matches, else the newest complete `<ref>-<model>-*` that does, of those
+    trained for `target` (a model name or identity; `<ref>-*` and any target when None). One named exactly but
+    trained for another target is an error."""
+    model_name = target if isinstance(target, str) or target is None else target.get("name")
     pattern = f"{ref}-{model_name}-*" if model_name else f"{ref}-*"
     named = named_artifact(ref, artifacts_dir)
     if named is not None and matches(named):
-        return check_intact(named)
-    found = [p for p in Path(artifacts_dir).glob(pattern) if is_complete(p) and matches(p)] if "/" not in ref else []
+        return check_intact(check_target(named, target))
+    found = [p for p in Path(artifacts_dir).glob(pattern) if is_complete(p) and matches(p)
+             and not target_mismatch(p, target)] if "/" not in ref else []
     if found:
         return check_intact(newest(pattern, found))
     refuse_incomplete(ref, artifacts_dir)

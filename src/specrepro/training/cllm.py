@@ -36,7 +36,7 @@ from datasets import Dataset, load_from_disk
 from transformers import DynamicCache
 
 from specrepro import suspension
-from specrepro.data import load_records, reference_response, render_prompt
+from specrepro.data import load_records, prompt_ids, reference_response
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding.base import _eos_ids
 from specrepro.decoding.verify import crop_cache
@@ -154,7 +154,7 @@ def collect_trajectories(cfg, target, work_dir, log_metrics, device):
     prompts = []  # (source, prompt ids, reference ids)
     for source, dataset_cfg in spec.prompts.items():
         for record in load_records(dataset_cfg):
-            prompt = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
+            prompt = prompt_ids(record, tokenizer, dataset_cfg, [])
             answer = reference_response(record)
             prompts.append((source, prompt[-spec.max_prompt_tokens :],
                             tokenizer(answer, add_special_tokens=False)["input_ids"] if answer else []))

@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from specrepro import suspension
 from specrepro.config import weights_identity
-from specrepro.data import load_records, reference_response, render_prompt
+from specrepro.data import load_records, prompt_ids, reference_response, render_prompt
 from specrepro.models import resolve_dtype
 from specrepro.models.kernels import warn_if_bf16_is_slow
 from specrepro.reuse import note_reused
@@ -42,27 +42,29 @@ from specrepro.training.shards import making_cache, map_batches, write_once
 log = logging.getLogger(__name__)
 
 
-def prompt_texts(prompt_sets: dict, tokenizer) -> list[tuple[str, str]]:
-    """(source, rendered first-turn prompt) for every record of every configured prompt set."""
+def prompt_texts(prompt_sets: dict, tokenizer) -> list[tuple[str, str, list[int]]]:
+    """(source, rendered first-turn prompt, its ids: `prompt_ids`) for every record of every configured prompt set."""
     texts = []
     for name, dataset_cfg in prompt_sets.items():
         for record in load_records(dataset_cfg):
-            texts.append((name, render_prompt(record, tokenizer, dataset_cfg, [])))
+            texts.append((name, render_prompt(record, tokenizer, dataset_cfg, []),
+                          prompt_ids(record, tokenizer, dataset_cfg, [])))
     return texts
 
 
 @torch.inference_mode()
-def generate_continuations(model, tokenizer, texts: list[str], max_new_tokens: int, batch_size: int, max_prompt_tokens: int,
-                           saved_in: Path | None = None):
-    """Greedy continuations of `texts`: (prompt ids, continuation ids) per text, padding removed; and the seconds
-    of the batches loaded from `saved_in` (`shards.map_batches`)."""
+def generate_continuations(model, tokenizer, prompts: list[tuple[str, list[int]]], max_new_tokens: int, batch_size: int,
+                           max_prompt_tokens: int, saved_in: Path | None = None):
+    """Greedy continuations of `prompts` (text, ids): (prompt ids, continuation ids) per prompt, padding removed;
+    and the seconds of the batches loaded from `saved_in` (`shards.map_batches`)."""
+    texts = [text for text, _ in prompts]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stop_ids = {pad_id, tokenizer.eos_token_id}
     device = next(model.parameters()).device
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths batch with little padding
 
     def continue_batch(indices: list[int]) -> list[tuple[list[int], list[int]]]:
-        encoded = [tokenizer(texts[i], add_special_tokens=False)["input_ids"][-max_prompt_tokens:] for i in indices]
+        encoded = [prompts[i][1][-max_prompt_tokens:] for i in indices]
         width = max(len(ids) for ids in encoded)
         input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in encoded], device=device)
         attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
@@ -120,10 +122,10 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
         clock = suspension.clock()
         sources_and_texts = prompt_texts(prompt_sets, target.tokenizer)
         pairs, earlier_seconds = generate_continuations(teacher_copy(target.model, dtype), target.tokenizer,
-                                                        [t for _, t in sources_and_texts], max_new_tokens, batch_size,
-                                                        max_prompt_tokens, saved)
+                                                        [(t, ids) for _, t, ids in sources_and_texts], max_new_tokens,
+                                                        batch_size, max_prompt_tokens, saved)
         dataset = Dataset.from_dict({
-            "source": [s for s, _ in sources_and_texts],
+            "source": [s for s, _, _ in sources_and_texts],
             "prompt_ids": [p for p, _ in pairs],
             "continuation_ids": [c for _, c in pairs],
         })
@@ -152,7 +154,7 @@ def reference_rows(datasets: dict, tokenizer, max_prompt_tokens: int, response_t
         for record in load_records(dataset_cfg):
             response = reference_response(record)  # GSM8K: the worked solution, not just the final answer
             if response:
-                prompt = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
+                prompt = prompt_ids(record, tokenizer, dataset_cfg, [])
                 reply = tokenizer(response, add_special_tokens=False)["input_ids"]
                 reply = (reply + ([end_token] if end_token is not None else []))[:response_tokens]
                 rows.append({"source": name, "prompt_ids": prompt[-max_prompt_tokens:], "continuation_ids": reply})
@@ -203,7 +205,7 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
                 response = reference_response(record)
                 if not response:
                     continue
-                prompt = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
+                prompt = prompt_ids(record, tokenizer, dataset_cfg, [])
                 response_ids = tokenizer(response, add_special_tokens=False)["input_ids"][:max_response_tokens]
                 sources.append(name)
                 pairs.append((prompt[-max_prompt_tokens:], response_ids))

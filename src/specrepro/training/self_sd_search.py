@@ -71,12 +71,12 @@ class SelfSDSearchConfig:
 
 def dev_prompts(spec: SelfSDSearchConfig, tokenizer) -> list[list[int]]:
     """Token ids of the last `dev_records` records of every prompt set."""
-    from specrepro.data import load_records, render_prompt
+    from specrepro.data import load_records, prompt_ids
 
     prompts = []
     for dataset_cfg in spec.prompts.values():
         for record in load_records(dataset_cfg)[-spec.dev_records:]:
-            ids = tokenizer(render_prompt(record, tokenizer, dataset_cfg, []), add_special_tokens=False)["input_ids"]
+            ids = prompt_ids(record, tokenizer, dataset_cfg, [])
             prompts.append(ids[-spec.max_prompt_tokens:] if spec.max_prompt_tokens else ids)
     return prompts
 
