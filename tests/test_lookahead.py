@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
 
 from specrepro import decoding
 from specrepro.decoding.ar import ARDecoder

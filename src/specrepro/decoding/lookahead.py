@@ -2,26 +2,26 @@
 Lookahead Decoding"): Jacobi iterations over a 2-D window fill an n-gram pool, whose n-grams that start with the
 last committed token are verified in the same forward.
 
-Training-free. Each step is one target forward of two branches (Sec. 3):
+Training-free. Each step is one target forward of two branches:
 - the lookahead branch: a window of N - 1 levels of W tokens each, the last N - 1 Jacobi iterations' outputs
   (level 0 the oldest). The token at level l, column i sits at position t + 1 + i + l (t: the last committed
   token's) and sees the committed tokens, the level-0 tokens of columns 0..i and its own column's earlier levels
-  (Fig. 2b). Each last-level row's argmax is the next iteration's token of its column (Eq. 4-5): the column read
-  down the levels plus it is an n-gram, added to the pool keyed by its first token (Sec. 3.1); then the oldest
-  level is dropped and the new tokens become the newest. Level 0 starts as W tokens drawn from the prompt, and for
-  the first N - 2 steps the levels only fill up (no n-gram is complete yet);
+  (the paper's attention-mask figure). Each last-level row's argmax is the next Jacobi iteration's token of its
+  column: the column read down the levels plus it is an n-gram, added to the pool keyed by its first token; then
+  the oldest level is dropped and the new tokens become the newest. Level 0 starts as W tokens drawn from the
+  context, and for the first N - 2 steps the levels only fill up (no n-gram is complete yet);
 - the verification branch: up to G n-grams of the pool whose first token is the last committed token (the G
-  most recently added), each a chain of N - 1 drafts after it, merged into a trie (Sec. 3.2).
+  most recently added), each a chain of N - 1 drafts after it, merged into a trie.
 
 That mask is a token tree: level 0 is a chain below the last committed token, and each column's later levels a
-chain below its level-0 token, so a node's ancestors are exactly what Fig. 2b lets it see and its depth its
-position. Both branches therefore go through the shared `tree_attention` and `tree_verify` in one forward (with
-the verification branch's nodes first). Beyond the paper: `tree_verify` walks every node it is given, so a window
-path the target's argmax follows is accepted too (the paper verifies the n-grams only); verification is exact
-either way, so the output is the target's: greedy equals `ar`, and sampling keeps the target distribution by
-the shared tree rule (one speculative stage per child, every node a deterministic draft; the paper's Appendix
-sampling verification checks each candidate n-gram likewise against the residual). The pool lives for one
-generation.
+chain below its level-0 token, so a node's ancestors are exactly what the paper's mask lets it see and its depth
+its position. Both branches therefore go through the shared `tree_attention` and `tree_verify` in one forward
+(the verification branch's nodes first). Beyond the paper: `tree_verify` walks every node it is given, so a
+window path the target's argmax follows is accepted too (the paper verifies the n-grams only), and the window's
+nodes count as drafted in the step records (MAT is unaffected). Verification is exact either way, so the output
+is the target's: greedy equals `ar`, and sampling keeps the target distribution by the shared tree rule (one
+speculative stage per child, every node a deterministic draft; the paper's sampling verification likewise checks
+the candidates one after another against what the earlier ones left of p). The pool lives for one generation.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def candidate_trie(candidates: list[tuple[int, ...]], depth: int) -> tuple[list[
 def window_tree(levels: list[list[int]], first_node: int) -> tuple[list[int], list[int], list[int]]:
     """The lookahead branch as tree nodes numbered from `first_node`: (tokens, parents, the node of each column's
     newest level). Level 0 is a chain below the last committed token (-1); level l's column i hangs below level l -
-    1's column i, so it sees level 0's columns 0..i and its column's earlier levels (Fig. 2b)."""
+    1's column i, so it sees level 0's columns 0..i and its column's earlier levels (the paper's mask figure)."""
     tokens: list[int] = []
     parents: list[int] = []
     above: list[int] = []

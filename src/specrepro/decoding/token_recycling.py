@@ -2,9 +2,9 @@
 Large Language Models with Token Recycling"): draft a token tree from the target's own earlier candidates.
 
 Training-free. An adjacency matrix M (vocab x k) holds, for every token, the k most likely next tokens the target
-gave after it the last time it was an input row (Sec. 3.1: the "trash" candidates of earlier forwards). Every
-target forward updates it from all of its rows, accepted or not: M[x_i] <- top-k(logits_i) (Sec. 3.3). Drafting
-(Sec. 3.2) fills a static tree template breadth-first: the root is the last committed token, and a node that is
+gave after it the last time it was an input row (the "trash" candidates of earlier forwards). Every
+target forward updates it from all of its rows, accepted or not: M[x_i] <- top-k(logits_i). Drafting
+fills a static tree template breadth-first: the root is the last committed token, and a node that is
 its parent's r-th child takes M[parent's token][r]. The tree is verified in one forward with the shared
 tree attention and `tree_verify` (greedy: the longest path the target's argmax follows; sampling: one speculative
 stage per child, every node a deterministic draft), so the output is the target's whatever M holds.
@@ -12,7 +12,7 @@ stage per child, every node a deterministic draft), so the output is the target'
 The template is given level by level: level d lists, for each node of level d - 1 in breadth-first order (level
 0: the root alone), how many children it has; its children are ranks 0, 1, ... of its token's row of M. A row not
 yet filled (-1) drafts nothing below it. The paper's template (80 nodes, depth 6, k = 8) is conf/method/
-token_recycling.yaml's. M persists across generations in the paper ("hot start", Sec. 3.3); `persist=false`
+token_recycling.yaml's. M persists across generations in the paper ("hot start"); `persist=false`
 starts each generation from an empty M. Either way M only chooses drafts, never what is committed.
 
 Beyond the paper: the prefill updates M from its last row only (the prefill keeps one row of logits; the paper's
@@ -92,8 +92,9 @@ def tree_template(levels: list[list[int]], candidates: int) -> TreeTemplate:
     return TreeTemplate(parents, ranks, depths)
 
 
-def draft_tree(matrix: torch.Tensor, last_token: int, template: TreeTemplate, max_depth: int) -> tuple[list[int], list[int]]:
-    """Fill `template` from the adjacency `matrix` (vocab, k) below `last_token` (Sec. 3.2): (draft tokens,
+def draft_tree(matrix: torch.Tensor, last_token: int, template: TreeTemplate,
+               max_depth: int) -> tuple[list[int], list[int]]:
+    """Fill `template` from the adjacency `matrix` (vocab, k) below `last_token` (draft tokens,
     parents as `tree_attention` reads them). Nodes deeper than `max_depth`, on a row not yet filled (-1), or below
     such a node are left out."""
     drafts: list[int] = []
@@ -119,7 +120,7 @@ def draft_tree(matrix: torch.Tensor, last_token: int, template: TreeTemplate, ma
 
 
 def recycle(matrix: torch.Tensor, input_ids: torch.Tensor, logits: torch.Tensor) -> None:
-    """M[x_i] <- top-k(logits_i) for every row i of a forward (Sec. 3.3); `logits` (rows, vocab) are the forward's
+    """M[x_i] <- top-k(logits_i) for every row i of a forward ; `logits` (rows, vocab) are the forward's
     last rows, `input_ids` (n,) its inputs. A token that is the input of several rows keeps the last one's."""
     rows = logits.shape[0]
     matrix[input_ids[-rows:]] = logits.topk(matrix.shape[1], dim=-1).indices.to(matrix.dtype)
