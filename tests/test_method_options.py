@@ -78,6 +78,10 @@ BAD = [  # (method, overrides, the option the message names)
     ("sar_draft", ["method.draft_vocab=64", "method.head=none"], "draft_vocab"),
     ("sar_draft", ["method.tree_width=0"], "tree_width"),
     ("space", ["method.k=0"], "k"),
+    ("token_recycling", ["method.candidates=0"], "candidates"),
+    ("lookahead", ["method.window=0"], "window"),
+    ("lookahead", ["method.ngram=1"], "ngram"),
+    ("lookahead", ["method.guesses=0"], "guesses"),
 ]
 
 

@@ -127,6 +127,19 @@ def test_a_null_in_a_selector_list_matches_records_without_the_key():
     assert [r.name for r in (older, block, sliding) if _matches(r, select)] == ["older", "block"]
 
 
+def test_a_selector_can_name_the_machine_a_record_was_timed_on():
+    """`provenance.machine.cpu` reads the record's provenance, so two machines' runs of one method are two rows."""
+    def timed_on(name: str, cpu: str | None) -> RunInfo:
+        provenance = {"machine": {"cpu": cpu}} if cpu else {}
+        return RunInfo(name, {"method": "pld", "provenance": provenance}, {"method": {"name": "pld"}}, 0.0)
+
+    runs = [timed_on("epyc", "AMD EPYC"), timed_on("xeon", "Intel(R) Xeon(R) Processor"), timed_on("old", None)]
+    select = yaml.safe_load("{method: pld, provenance.machine.cpu: [AMD EPYC, null]}")
+    assert [r.name for r in runs if _matches(r, select)] == ["epyc", "old"]
+    select = yaml.safe_load("{provenance.machine.cpu: Intel(R) Xeon(R) Processor}")
+    assert [r.name for r in runs if _matches(r, select)] == ["xeon"]
+
+
 def test_a_newer_compiled_run_fills_only_the_cells_that_ask_for_compiled_steps():
     """A compiled run's speedup is over compiled `ar`: it never takes an eager cell's place (runs made before the
     option existed count as eager), and fills a column that selects `hardware.compile: true`."""

@@ -350,9 +350,11 @@ def wandb_runs(project: str, entity: str | None, group: str | None) -> list[RunI
 
 
 def _lookup(run: RunInfo, key: str):
+    """A metric, a config value (`method.k`), or a value the record's provenance holds (`provenance.machine.cpu`:
+    the machine that timed it)."""
     if key in run.metrics:
         return run.metrics[key]
-    node = run.config
+    node = run.metrics if key.startswith("provenance.") else run.config
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
             return None

@@ -1,0 +1,106 @@
+"""Token Recycling: the tree template, the adjacency update, drafting from it, and losslessness on tiny LLaMAs."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from specrepro import decoding
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.token_recycling import (
+    PAPER_TREE, TokenRecyclingConfig, TokenRecyclingDecoder, draft_tree, recycle, tree_template,
+)
+from specrepro.errors import SpecReproError
+from tests.test_decoding import prompts
+from tests.test_lossless_sampling import exact, models, p_value  # noqa: F401  (module fixtures)
+
+GREEDY = Sampling()
+SMALL_TREE = [[3], [2, 1, 1], [1, 0, 1, 0]]
+
+
+def test_the_paper_tree_has_80_nodes_of_depth_at_most_6():
+    template = tree_template(PAPER_TREE, 8)
+    assert len(template.parents) == 80 and max(template.depths) == 6
+    assert template.parents[:8] == [-1] * 8 and template.ranks[:8] == list(range(8))
+
+
+def test_a_template_lists_parents_ranks_and_depths_breadth_first():
+    template = tree_template(SMALL_TREE, 3)
+    assert template.parents == [-1, -1, -1, 0, 0, 1, 2, 3, 5]
+    assert template.ranks == [0, 1, 2, 0, 1, 0, 0, 0, 0]
+    assert template.depths == [1, 1, 1, 2, 2, 2, 2, 3, 3]
+
+
+@pytest.mark.parametrize("tree", [[[2], [1]], [[4]], [[1], [1], [1, 0]], []])
+def test_a_malformed_tree_is_refused_in_one_line(tree):
+    with pytest.raises(SpecReproError, match="method.tree"):
+        TokenRecyclingConfig(candidates=3, tree=tree)
+
+
+def test_recycling_writes_each_rows_top_k_under_its_input_token():
+    matrix = torch.full((6, 2), -1)
+    logits = torch.tensor([[0.0, 5, 4, 0, 0, 0], [9.0, 0, 0, 0, 0, 8], [0.0, 0, 0, 3, 2, 0]])
+    recycle(matrix, torch.tensor([1, 4, 0, 2]), logits)  # the last 3 inputs have rows (the first is a prompt's)
+    assert matrix.tolist() == [[0, 5], [-1, -1], [3, 4], [-1, -1], [1, 2], [-1, -1]]
+
+
+def test_drafting_follows_the_matrix_and_skips_unfilled_rows_and_their_subtrees():
+    matrix = torch.full((10, 3), -1)
+    matrix[1] = torch.tensor([2, 3, 4])
+    matrix[2] = torch.tensor([5, 6, -1])
+    matrix[3] = torch.tensor([7, 8, 9])  # token 4's row is empty: node 2 has no child
+    drafts, parents = draft_tree(matrix, 1, tree_template(SMALL_TREE, 3), max_depth=3)
+    # nodes: 2, 3, 4 | 5, 6 (under 2), 7 (under 3) | token 5's row is empty: no grandchild
+    assert drafts == [2, 3, 4, 5, 6, 7] and parents == [-1, -1, -1, 0, 0, 1]
+    drafts, parents = draft_tree(matrix, 1, tree_template(SMALL_TREE, 3), max_depth=1)
+    assert drafts == [2, 3, 4] and parents == [-1, -1, -1]
+    assert draft_tree(matrix, 0, tree_template(SMALL_TREE, 3), max_depth=3) == ([], [])
+
+
+@pytest.mark.parametrize("persist", [True, False])
+@pytest.mark.parametrize("tree", [PAPER_TREE, SMALL_TREE])
+def test_greedy_equals_ar(target, tree, persist):
+    decoder = TokenRecyclingDecoder(target, None, TokenRecyclingConfig(tree=tree, persist=persist))
+    ar = ARDecoder(target)
+    for eos_ids in (decoder.eos_ids, set()):  # stopping at the tiny model's EOS, and the whole budget
+        decoder.eos_ids = ar.eos_ids = eos_ids
+        for budget, prompt in itertools.product((1, 7, 40), prompts()):
+            reference = ar.generate(prompt, GREEDY, budget)
+            gen = decoder.generate(prompt, GREEDY, budget)
+            assert gen.token_ids == reference.token_ids
+            assert sum(gen.accepted) + 1 == len(gen.token_ids)
+            assert gen.steps == len(gen.accepted) == len(gen.drafted)
+
+
+def test_recycled_candidates_cut_the_steps_on_a_repetitive_prompt(target):
+    prompt = prompts()[-1]
+    decoder = TokenRecyclingDecoder(target, None, TokenRecyclingConfig(persist=False))
+    ar = ARDecoder(target).generate(prompt, GREEDY, 40)
+    gen = decoder.generate(prompt, GREEDY, 40)
+    assert gen.token_ids == ar.token_ids and gen.steps < ar.steps / 2
+
+
+def test_a_persistent_matrix_carries_over_and_a_fresh_one_does_not(target):
+    prompt = prompts()[0]
+    persistent = TokenRecyclingDecoder(target, None, TokenRecyclingConfig(persist=True))
+    fresh = TokenRecyclingDecoder(target, None, TokenRecyclingConfig(persist=False))
+    persistent.eos_ids = fresh.eos_ids = set()  # the whole budget, not a stop at the tiny model's EOS
+    first = persistent.generate(prompt, GREEDY, 30)
+    assert persistent.generate(prompt, GREEDY, 30).steps < first.steps  # the second run drafts from the first's
+    assert fresh.generate(prompt, GREEDY, 30).steps == fresh.generate(prompt, GREEDY, 30).steps == first.steps
+
+
+def test_the_config_builds_the_decoder_with_the_papers_tree(target):
+    cfg = decoding.validate_method_config({"name": "token_recycling"})
+    assert cfg.tree == PAPER_TREE and cfg.candidates == 8 and cfg.persist
+    assert TokenRecyclingDecoder(target, None, cfg).max_step_width == 81
+
+
+def test_sampling_preserves_the_target_distribution(models, exact):  # noqa: F811
+    # every node a deterministic draft (one-hot q); siblings verified one speculative stage each; the matrix
+    # carries over from sample to sample, as by default
+    cfg = TokenRecyclingConfig(candidates=3, tree=[[3], [2, 1, 0], [1, 0, 0]])
+    assert p_value(TokenRecyclingDecoder(models[0], None, cfg), exact) > 1e-3
