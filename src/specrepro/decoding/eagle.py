@@ -1,0 +1,313 @@
+"""EAGLE drafting (Li et al., 2024) with EAGLE-2's dynamic draft tree (Li et al., 2024b).
+
+EAGLE ("Speculative Sampling Requires Rethinking Feature Uncertainty") drafts at the feature level: the feature f_i
+is the target's second-to-top-layer output, i.e. the last hidden state before the LM head (post-norm, as
+transformers returns it). The draft (section 4.1, Fig. 6) reads the features advanced by one token,
+    f^_{i+1} = Decoder_layer(FC(concat(f_i, e(t_{i+1}))))   (FC: 2H -> H; ONE LLaMA decoder layer, which in the
+                                                             authors' code has no input norm),
+    p^_{i+2} = Softmax(LM_Head(f^_{i+1}))                    (the target's frozen LM head; no extra norm: the
+                                                             features are already post-norm),
+and runs autoregressively on its own predicted features. Its KV cache holds one row per committed position, made
+from the target's true features (each verification supplies them); the rows drafted during a round live only in
+that round (`propose`), so rolling back to the accepted path is keeping the committed rows.
+
+EAGLE-2 ("Faster Inference of Language Models with Dynamic Draft Trees", section 4): the draft's confidence
+approximates the acceptance rate, so a node's value is the product of the draft probabilities along its path
+(Eq. 1: V_i = prod_{j in Path(root, i)} p_j). Expansion: from the root, at each of `depth` levels expand the top-k
+nodes of the newest level by value, each into its top-k children (one draft forward for the k nodes, tree mask);
+reranking: keep the `total_tokens` drafted nodes of highest value (an ancestor's value is never below its child's,
+so the kept nodes form a tree), verified in one target forward with a tree mask. The nodes are deterministic top-k
+choices, so speculative sampling runs `tree_verify` with one-hot q and stays lossless.
+
+`draft_vocab` = V > 0 (beyond the paper, as EAGLE-3/FR-Spec; decoding/draft_vocab.py): the LM head's rows of the V
+most frequent training tokens score the drafts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from specrepro.decoding import draft_vocab
+from specrepro.decoding.controllers import FixedLength
+from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
+from specrepro.decoding.sampling import Sampling
+from specrepro.errors import SpecReproError
+from specrepro.registry import MethodConfig, register_method
+
+DRAFT_FILES = ("eagle_draft.json", "eagle_draft.safetensors")
+
+
+@dataclass
+class EagleConfig(MethodConfig):
+    name: str = "eagle"
+    depth: int = 6  # EAGLE-2: expansion levels (the most tokens a round can accept before the bonus token)
+    top_k: int = 10  # EAGLE-2: nodes expanded per level, and children per expanded node
+    total_tokens: int = 60  # EAGLE-2: drafted nodes kept after reranking, verified in one forward
+    draft_vocab: int = 0  # V > 0: the draft scores only V frequent tokens (chosen at training; beyond the paper)
+    head: str = "eagle_head"  # trained draft artifact (newest matching); "none": an untrained random draft
+
+    def __post_init__(self):
+        self.require(self.depth >= 1, "depth", ">= 1")
+        self.require(self.top_k >= 1, "top_k", ">= 1")
+        self.require(self.total_tokens >= 1, "total_tokens", ">= 1")
+        self.require(self.draft_vocab >= 0, "draft_vocab", ">= 0 (0: the whole vocabulary)")
+        self.require(not self.draft_vocab or self.head != "none", "draft_vocab", "0 with head=none (it is chosen when "
+                     "the draft is trained)")
+
+
+class EagleDraft(nn.Module):
+    """FC + one LLaMA decoder layer over (feature, next-token embedding) pairs; the target's LM head (or its
+    draft-vocabulary rows) is attached, frozen and not saved."""
+
+    def __init__(self, config, draft_vocab_size: int = 0):
+        super().__init__()
+        H = config.hidden_size
+        self.settings = {"hidden_size": H, "vocab_size": config.vocab_size, "draft_vocab": draft_vocab_size,
+                         "config": config.to_dict()}
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or H // self.heads
+        self.fc = nn.Linear(2 * H, H)  # FC(concat(f_i, e(t_{i+1}))): 2H -> H
+        self.q_proj = nn.Linear(H, self.heads * self.head_dim, bias=config.attention_bias)
+        self.k_proj = nn.Linear(H, self.kv_heads * self.head_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(H, self.kv_heads * self.head_dim, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, H, bias=config.attention_bias)
+        self.post_attention_layernorm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+        self.rotary = LlamaRotaryEmbedding(config)
+        self.register_buffer("vocab_ids", torch.arange(draft_vocab_size) if draft_vocab_size else None)
+        self.lm_head: list[nn.Module] = []  # the target's (frozen, shared): `attach_lm_head`
+
+    def attach_lm_head(self, lm_head: nn.Module) -> "EagleDraft":
+        """Score with the target's LM head, or its draft-vocabulary rows."""
+        if self.vocab_ids is None:
+            self.lm_head = [lm_head]
+            return self
+        rows = nn.Linear(lm_head.in_features, len(self.vocab_ids), bias=False, device=lm_head.weight.device,
+                         dtype=lm_head.weight.dtype).requires_grad_(False)
+        with torch.no_grad():
+            rows.weight.copy_(lm_head.weight[self.vocab_ids.to(lm_head.weight.device)])
+        self.lm_head = [rows]
+        return self
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """p^'s logits (over the draft vocabulary when reduced) of predicted features."""
+        if not self.lm_head:
+            raise SpecReproError("the EAGLE draft scores with the target's LM head: call attach_lm_head first")
+        return self.lm_head[0](features.to(self.lm_head[0].weight.dtype))
+
+    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, positions: torch.Tensor,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None, allow: torch.Tensor | None = None):
+        """Predicted features (B, n, H) of n pairs (f_i, e(t_{i+1})) (B, n, H) each at position `positions` (B, n),
+        after `past` keys and values ((B, kv_heads, m, d) each, or None); `allow` (n, m + n) bool says which keys each
+        pair sees (None: causal). Returns (predicted features, (keys, values) of these n pairs)."""
+        x = self.fc(torch.cat([features, token_embeds], -1).to(self.fc.weight.dtype))
+        B, n, _ = x.shape
+        q = self.q_proj(x).view(B, n, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = self.rotary(x, positions)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        repeat = self.heads // self.kv_heads
+        attended = F.scaled_dot_product_attention(q, keys.repeat_interleave(repeat, 1), values.repeat_interleave(repeat, 1),
+                                                  attn_mask=allow, is_causal=allow is None and past is None)
+        h = x + self.o_proj(attended.transpose(1, 2).reshape(B, n, -1))  # the layer without an input norm
+        return h + self.mlp(self.post_attention_layernorm(h)), (k, v)
+
+    def num_parameters(self) -> int:
+        """Trained parameters, plus the frozen copy of the target's rows a reduced vocabulary keeps."""
+        copied = self.lm_head[0].weight.numel() if self.lm_head and self.vocab_ids is not None else 0
+        return sum(p.numel() for p in self.parameters()) + copied
+
+    def save_pretrained(self, path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(path / DRAFT_FILES[1]))
+        (path / DRAFT_FILES[0]).write_text(json.dumps({**self.settings, "parameters": self.num_parameters()}))
+
+    @classmethod
+    def from_pretrained(cls, path, target_config) -> "EagleDraft":
+        """The saved draft; refuses one trained for a target of another shape."""
+        path = Path(path)
+        settings = json.loads((path / DRAFT_FILES[0]).read_text())
+        for key in ("hidden_size", "vocab_size"):
+            if settings[key] != getattr(target_config, key):
+                raise SpecReproError(f"the EAGLE draft {path.name} was trained for a target with {key} "
+                                     f"{settings[key]}, this target has {getattr(target_config, key)}")
+        draft = cls(type(target_config).from_dict(settings["config"]), settings["draft_vocab"])
+        draft.load_state_dict(load_file(str(path / DRAFT_FILES[1])))
+        return draft.eval()
+
+
+def find_draft(ref: str, artifacts_dir, target, vocab: int) -> Path:
+    """The newest complete `<ref>` / `<ref>-<model>-*` artifact trained for `target` (a model's name or identity)
+    holding an EAGLE draft of draft vocabulary `vocab`."""
+    from specrepro.training.artifacts import find_matching_artifact
+
+    def matches(path: Path) -> bool:
+        meta = path / DRAFT_FILES[0]
+        return meta.is_file() and json.loads(meta.read_text()).get("draft_vocab", 0) == vocab
+
+    path = find_matching_artifact(ref, artifacts_dir, target, matches)
+    if path is None:
+        model_name = target if isinstance(target, str) else target.get("name")
+        raise SpecReproError(f"no EAGLE draft artifact '{ref}' (draft_vocab={vocab}) for model {model_name} under "
+                             f"{artifacts_dir}: train one with `specrepro train method=eagle training=eagle_<N>"
+                             f" method.draft_vocab={vocab}` and this run's model options, or use method.head=none")
+    return path
+
+
+@dataclass
+class DraftCache:
+    """One generation's draft state: keys and values of the committed pairs (f_i, t_{i+1}) and the draft's
+    predicted feature after the last of them (f^ of the newest committed token's position)."""
+
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    feature: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+
+@dataclass
+class TreeNode:
+    token: int
+    value: float  # Eq. 1: the product of the draft probabilities along the path from the root
+    parent: int  # index of the parent node, -1: the root (the newest committed token)
+    depth: int
+
+
+@register_method(EagleConfig)
+class EagleDecoder(DraftVerifyDecoder):
+    name = "eagle"
+    reads_hidden_states = True
+    lossless = True
+
+    def __init__(self, model, tokenizer, draft: EagleDraft, cfg: EagleConfig, steps=None):
+        super().__init__(model, tokenizer, steps)
+        self.draft, self.cfg = draft, cfg
+
+    @classmethod
+    def resolve_artifacts(cls, cfg: EagleConfig, target, artifacts_dir) -> dict[str, Path]:
+        return {} if cfg.head == "none" else {"head": find_draft(cfg.head, artifacts_dir, target, cfg.draft_vocab)}
+
+    @classmethod
+    def from_config(cls, cfg: EagleConfig, target, ctx) -> "EagleDecoder":
+        if cfg.head == "none":
+            draft = EagleDraft(target.model.config).eval()
+        else:
+            path = find_draft(cfg.head, ctx.artifacts_dir, target.identity, cfg.draft_vocab)
+            draft = EagleDraft.from_pretrained(path, target.model.config)
+        p = next(target.model.parameters())
+        draft = draft.to(device=p.device, dtype=p.dtype).attach_lm_head(target.model.lm_head)
+        return cls(target.model, target.tokenizer, ctx.use_kernels(draft) if ctx else draft, cfg)
+
+    @property
+    def extra_parameters(self) -> int:
+        return self.draft.num_parameters()
+
+    @property
+    def max_step_width(self) -> int:
+        return 1 + self.cfg.total_tokens
+
+    def new_controller(self) -> FixedLength:
+        return FixedLength(self.cfg.depth)
+
+    def start(self, prompt_ids, cache, length) -> DraftCache:
+        return DraftCache()
+
+    def target_forward(self, state, input_ids, cache, logits_to_keep: int = 0, tree=None) -> TargetOutput:
+        """The target's forward, keeping its last-layer (post-norm) hidden states: the features f."""
+        logits, hidden = self.steps.with_hidden(input_ids, cache, logits_to_keep, tree)
+        return TargetOutput(logits, hidden={"features": hidden})
+
+    def after_verify(self, state: DraftCache, tokens, output, rows) -> None:
+        # The kept rows hold the true features f_i of the positions whose next tokens t_{i+1} are now committed
+        # (the last len(rows) committed tokens): their pairs join the draft's cache, and the last pair's output is
+        # f^ of the newest token's position, where the next round's drafting starts.
+        features = output.hidden["features"][:, rows]
+        next_tokens = tokens[:, -len(rows):]
+        positions = torch.arange(state.length, state.length + len(rows), device=tokens.device)[None]
+        past = None if state.keys is None else (state.keys, state.values)
+        allow = None if past is None else torch.ones(len(rows), state.length, dtype=torch.bool, device=tokens.device)
+        if allow is not None:
+            allow = torch.cat([allow, torch.ones(len(rows), len(rows), dtype=torch.bool, device=tokens.device).tril()], 1)
+        predicted, (k, v) = self.draft(features, self.embed(next_tokens), positions, past, allow)
+        state.keys = k if past is None else torch.cat([state.keys, k], 2)
+        state.values = v if past is None else torch.cat([state.values, v], 2)
+        state.feature = predicted[:, -1]
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(tokens)
+
+    def scores(self, features: torch.Tensor) -> torch.Tensor:
+        """log p^ (rows, draft vocabulary) of predicted features (rows, H)."""
+        return self.draft.logits(features).float().log_softmax(-1)
+
+    def propose(self, state: DraftCache, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
+        nodes = dynamic_tree(self, state, min(k, self.cfg.depth), self.cfg.top_k)
+        kept = rerank(nodes, self.cfg.total_tokens)
+        index = {node: i for i, node in enumerate(kept)}
+        drafts = torch.tensor([nodes[i].token for i in kept], device=tokens.device)
+        parents = [index[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in kept]
+        return Proposal(drafts, None, parents)  # deterministic top-k drafts: one-hot q (tree_verify)
+
+
+def top_children(decoder: EagleDecoder, features: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probabilities, token ids), (rows, top_k) each, of the draft's top-k next tokens after each predicted
+    feature row."""
+    logp, index = decoder.scores(features).topk(min(top_k, decoder.draft.lm_head[0].out_features), -1)
+    return logp, draft_vocab.token_ids(decoder.draft.vocab_ids, index)
+
+
+def dynamic_tree(decoder: EagleDecoder, state: DraftCache, depth: int, top_k: int) -> list[TreeNode]:
+    """EAGLE-2's expansion phase: every drafted node, parents before children. Level 1 is the root's top-k; each
+    further level expands the previous level's top-k nodes by value, all in one draft forward under a tree mask."""
+    logp, ids = top_children(decoder, state.feature, top_k)
+    nodes = [TreeNode(int(t), float(v), -1, 1) for v, t in zip(logp[0].exp().tolist(), ids[0].tolist())]
+    level = list(range(len(nodes)))
+    expanded: list[int] = []  # nodes run through the draft so far: the rows of `keys` / `values` after the cache
+    keys, values, features_of = state.keys, state.values, {-1: state.feature[0]}
+    for _ in range(depth - 1):
+        chosen = sorted(level, key=lambda i: -nodes[i].value)[:top_k]  # the top-k of the newest level by value
+        parents = [nodes[i].parent for i in chosen]
+        features = torch.stack([features_of[p] for p in parents])[None]
+        positions = torch.tensor([state.length + nodes[i].depth - 1 for i in chosen], device=features.device)[None]
+        allow = torch.zeros(len(chosen), keys.shape[2] + len(chosen), dtype=torch.bool, device=features.device)
+        allow[:, : state.length] = True
+        row_of = {node: state.length + r for r, node in enumerate(expanded)}
+        for r, node in enumerate(chosen):  # a node sees the committed pairs, its expanded ancestors and itself
+            ancestor = nodes[node].parent
+            while ancestor >= 0:
+                allow[r, row_of[ancestor]] = True
+                ancestor = nodes[ancestor].parent
+            allow[r, keys.shape[2] + r] = True
+        tokens = torch.tensor([[nodes[i].token for i in chosen]], device=features.device)
+        predicted, (k, v) = decoder.draft(features, decoder.embed(tokens), positions, (keys, values), allow)
+        keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
+        expanded += chosen
+        logp, ids = top_children(decoder, predicted[0], top_k)
+        level = []
+        for r, node in enumerate(chosen):
+            features_of[node] = predicted[0, r]
+            for p, t in zip(logp[r].exp().tolist(), ids[r].tolist()):
+                level.append(len(nodes))
+                nodes.append(TreeNode(int(t), nodes[node].value * p, node, nodes[node].depth + 1))  # Eq. 1
+    return nodes
+
+
+def rerank(nodes: list[TreeNode], total_tokens: int) -> list[int]:
+    """EAGLE-2's reranking: the indices of the `total_tokens` nodes of highest value, in creation order (parents
+    first). A child's value is at most its parent's and ties keep creation order, so the kept nodes form a tree."""
+    best = sorted(range(len(nodes)), key=lambda i: (-nodes[i].value, i))[:total_tokens]
+    return sorted(best)

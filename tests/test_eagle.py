@@ -1,0 +1,196 @@
+"""EAGLE drafting with EAGLE-2's dynamic tree: lossless greedy decoding (chain and tree), the tree's construction,
+the draft's KV cache after each round, its training data and a training killed and resumed."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from specrepro.decoding import draft_verify
+from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.eagle import EagleConfig, EagleDecoder, EagleDraft, TreeNode, dynamic_tree, rerank
+from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.verify import tree_attention
+from specrepro.errors import SpecReproError
+from tests.conftest import tiny_llama
+
+GREEDY = Sampling()
+
+
+def eagle(target, depth=4, top_k=3, total_tokens=8, vocab_ids=None):
+    torch.manual_seed(0)
+    draft = EagleDraft(target.config, 0 if vocab_ids is None else len(vocab_ids))
+    if vocab_ids is not None:
+        draft.vocab_ids.copy_(vocab_ids)
+    draft = draft.eval().attach_lm_head(target.lm_head)
+    cfg = EagleConfig(depth=depth, top_k=top_k, total_tokens=total_tokens, head="none")
+    return EagleDecoder(target, None, draft, cfg)
+
+
+@pytest.fixture(scope="module")
+def sharp():
+    return tiny_llama(vocab_size=64, num_layers=2, logit_scale=3.0)
+
+
+@pytest.mark.parametrize("depth,top_k,total", [(3, 1, 3), (1, 4, 4), (4, 3, 8), (6, 10, 60)])
+def test_greedy_eagle_equals_ar_for_chains_and_dynamic_trees(sharp, depth, top_k, total):
+    prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
+    reference = ARDecoder(sharp).generate(prompt, GREEDY, 40).token_ids
+    gen = eagle(sharp, depth, top_k, total).generate(prompt, GREEDY, 40)
+    assert gen.token_ids == reference
+    assert max(gen.drafted) == min(total, top_k + (depth - 1) * top_k * top_k)
+
+
+def test_greedy_eagle_with_a_reduced_draft_vocabulary_equals_ar(sharp):
+    prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(2))
+    reference = ARDecoder(sharp).generate(prompt, GREEDY, 30).token_ids
+    decoder = eagle(sharp, 3, 2, 5, vocab_ids=torch.arange(0, 64, 2))
+    gen = decoder.generate(prompt, GREEDY, 30)
+    assert gen.token_ids == reference
+    assert gen.extra["extra_parameters"] == decoder.draft.num_parameters() > sum(p.numel() for p in decoder.draft.parameters())
+
+
+def test_the_dynamic_tree_expands_the_top_k_by_cumulative_confidence(sharp):
+    decoder, depth, top_k = eagle(sharp, 4, 3, 8), 4, 3
+    state = decoder.start(None, None, 0)
+    prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
+    output = decoder.target_forward(state, prompt, decoder.steps.new_cache(20))
+    decoder.after_verify(state, torch.cat([prompt, prompt[:, :1]], 1), output, list(range(9)))
+    nodes = dynamic_tree(decoder, state, depth, top_k)
+    root = decoder.scores(state.feature)[0].exp()
+    first = [n for n in nodes if n.depth == 1]
+    assert [n.token for n in first] == root.topk(top_k).indices.tolist()
+    assert [n.value for n in first] == pytest.approx(root.topk(top_k).values.tolist())
+    assert len(nodes) == top_k + (depth - 1) * top_k * top_k
+    for d in range(2, depth + 1):  # the parents of level d are the top-k of level d - 1 by value
+        previous = [i for i, n in enumerate(nodes) if n.depth == d - 1]
+        best = sorted(previous, key=lambda i: -nodes[i].value)[:top_k]
+        assert {n.parent for n in nodes if n.depth == d} == set(best)
+    for node in nodes:  # Eq. 1: a value is the product along its path, so never above its parent's
+        assert node.parent == -1 or (node.parent < nodes.index(node) and node.value <= nodes[node.parent].value)
+    kept = rerank(nodes, 8)
+    values = sorted((n.value for n in nodes), reverse=True)
+    assert sorted((nodes[i].value for i in kept), reverse=True) == values[:8]
+    assert all(nodes[i].parent == -1 or nodes[i].parent in kept for i in kept)
+
+
+def test_rerank_keeps_the_best_nodes_as_a_tree_and_the_proposal_masks_it(sharp):
+    nodes = [TreeNode(5, 0.6, -1, 1), TreeNode(6, 0.3, -1, 1), TreeNode(7, 0.6, 0, 2), TreeNode(8, 0.1, 0, 2),
+             TreeNode(9, 0.25, 1, 2), TreeNode(4, 0.5, 2, 3)]
+    assert rerank(nodes, 4) == [0, 1, 2, 5]  # a tie keeps the parent (created first) before its child
+    assert rerank(nodes, 2) == [0, 2]
+    decoder = eagle(sharp, 3, 2, 4)
+    prompt = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(4))
+    state = decoder.start(None, None, 0)
+    output = decoder.target_forward(state, prompt, decoder.steps.new_cache(20))
+    decoder.after_verify(state, torch.cat([prompt, prompt[:, :1]], 1), output, list(range(6)))
+    proposal = decoder.propose(state, prompt, 3, GREEDY, None, decoder.new_controller())
+    assert len(proposal.drafts) == 4 and proposal.q is None
+    assert all(-1 <= p < i for i, p in enumerate(proposal.parents))
+    allow, positions = tree_attention(proposal.parents, 6)
+    for i, parent in enumerate(proposal.parents):  # a node sees its parent's keys and sits one position deeper
+        assert allow[i + 1, 6 + parent + 1] and positions[i + 1] == positions[parent + 1] + 1
+
+
+def test_the_draft_cache_holds_exactly_the_committed_pairs_after_every_round(sharp, monkeypatch):
+    decoder = eagle(sharp, 2, 64, 70)  # every token at depth 1: a node off the first branch is accepted every round
+    seen = []
+    after = EagleDecoder.after_verify
+    monkeypatch.setattr(EagleDecoder, "after_verify", lambda self, state, tokens, output, rows: (
+        after(self, state, tokens, output, rows), seen.append((tokens.clone(), state.keys.clone(), state.feature))))
+    paths = []
+    keep = draft_verify.keep_tree_path
+    monkeypatch.setattr(draft_verify, "keep_tree_path",
+                        lambda cache, committed, path: paths.append(path) or keep(cache, committed, path))
+    prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(5))
+    decoder.generate(prompt, GREEDY, 40)
+    assert any(path and path != list(range(len(path))) for path in paths)  # a side branch was accepted
+    for tokens, keys, feature in seen:  # rebuilt from scratch: the target's features of every committed pair
+        with torch.no_grad():
+            features = sharp.model(input_ids=tokens[:, :-1]).last_hidden_state
+            positions = torch.arange(tokens.shape[1] - 1)[None]
+            predicted, (k, _) = decoder.draft(features, decoder.embed(tokens[:, 1:]), positions)
+        assert keys.shape[2] == tokens.shape[1] - 1
+        torch.testing.assert_close(keys, k, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(feature, predicted[:, -1], atol=1e-4, rtol=1e-4)
+
+
+def test_a_draft_for_another_target_is_refused(tmp_path, sharp):
+    draft = EagleDraft(sharp.config)
+    draft.save_pretrained(tmp_path)
+    other = tiny_llama(vocab_size=80)
+    with pytest.raises(SpecReproError, match="vocab_size 64, this target has 80"):
+        EagleDraft.from_pretrained(tmp_path, other.config)
+    assert EagleDraft.from_pretrained(tmp_path, sharp.config).state_dict().keys() == draft.state_dict().keys()
+
+
+def test_conversation_tokens_mask_the_assistant_turns():
+    from transformers import AutoTokenizer
+
+    from specrepro.models.loading import embedded_checkpoint
+    from specrepro.training.eagle_data import conversation_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_checkpoint())
+    messages = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! How can I help?"},
+                {"role": "user", "content": "Add 2 and 2."}, {"role": "assistant", "content": "4"}]
+    ids, mask = conversation_tokens(messages, tokenizer, 512)
+    assert ids == tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
+    assert "Hello! How can I help?" in tokenizer.decode([t for t, m in zip(ids, mask) if m])
+    assert "Add 2" not in tokenizer.decode([t for t, m in zip(ids, mask) if m])
+    short, short_mask = conversation_tokens(messages, tokenizer, 12)
+    assert short == ids[:12] and short_mask == mask[:12]
+
+
+def test_a_truncated_package_json_keeps_its_complete_records(tmp_path):
+    from specrepro.data.files import complete_list_items
+
+    whole = [{"id": str(i), "conversations": [{"from": "human", "value": "x" * i}]} for i in range(5)]
+    text = json.dumps(whole, indent=2)
+    (tmp_path / "cut.json").write_text(text[: text.index('"id": "4"') + 3])
+    assert complete_list_items(tmp_path / "cut.json") == whole[:4]
+    with gzip.open(tmp_path / "whole.json.gz", "wt") as handle:
+        handle.write(text)
+    assert complete_list_items(tmp_path / "whole.json.gz") == whole
+
+
+def test_eagle_training_killed_part_way_resumes_to_the_same_draft(tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    from specrepro.cli import CONF_DIR
+    from specrepro.config import register_configs
+    from specrepro.models import ModelLoader
+    from specrepro.training import eagle_head
+
+    register_configs()
+    overrides = ["method=eagle", "training=eagle", "model=tiny_random", "logger=none", "hardware.threads=1",
+                 f"artifacts_dir={tmp_path}", "training.conversations.path=sharegpt/sharegpt_v3_first1000.json.gz",
+                 "training.conversations.ids_path=null", "training.conversations.limit=10", "training.max_tokens=48",
+                 "training.heldout_sequences=2", "training.loop.steps=4", "training.loop.checkpoint_every=2",
+                 "training.loop.log_every=1", "training.loop.batch_size=2"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    target = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir).load_model(cfg.model)
+    straight, metrics, history = eagle_head.train_eagle_head(cfg, target, tmp_path / "straight", lambda *a: None,
+                                                             torch.device("cpu"))
+    assert len(history) == 4 and metrics["train_sequences"] >= 4 and len(metrics["heldout_top1_by_depth_after"]) == 4
+    assert metrics["compute_minutes"] * 60 >= history[-1]["seconds"] > 0
+    pack, calls = eagle_head.pack, []
+
+    def killed_at_step_2(rows, features):
+        calls.append(1)
+        if len(calls) == 4:  # the held-out agreement before training, steps 0 and 1 (checkpointed), then 2
+            raise KeyboardInterrupt
+        return pack(rows, features)
+
+    monkeypatch.setattr(eagle_head, "pack", killed_at_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        eagle_head.train_eagle_head(cfg, target, tmp_path / "resumed", lambda *a: None, torch.device("cpu"))
+    monkeypatch.setattr(eagle_head, "pack", pack)
+    resumed, _, resumed_history = eagle_head.train_eagle_head(cfg, target, tmp_path / "resumed", lambda *a: None,
+                                                              torch.device("cpu"))
+    assert [h["loss"] for h in resumed_history] == pytest.approx([h["loss"] for h in history])
+    for a, b in zip(straight.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b)
