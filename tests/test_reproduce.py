@@ -124,7 +124,7 @@ def test_dry_run_lists_the_stages_and_runs_nothing(tmp_path):
     out = specrepro("reproduce", str(pipeline), "--dry-run", cwd=tmp_path)
     assert "0 of the 2 train and run stages measured" in out.stdout and "[1/3] train method=sps" in out.stdout
     assert "(not timed yet)" in out.stdout and not (tmp_path / "results").exists()
-    assert "(not timed yet; 2 run(s), not startable yet: no trained artifact 'sps_draft')" in out.stdout  # stage 1's
+    assert "(not timed yet; 2 run(s), not startable yet: no trained artifact 'sps_draft' for model" in out.stdout  # stage 1's
 
 
 def test_a_dry_run_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):

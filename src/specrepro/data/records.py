@@ -145,11 +145,12 @@ ASSISTANT_ROLES = {"gpt", "assistant", "chatgpt", "bard"}
 
 
 def _conversation(row: dict, index: int) -> Optional[Record]:
-    """ShareGPT ({from, value}) or CLLM ({role, content}) conversations; rows without a user turn are skipped."""
+    """ShareGPT ({from, value}) or CLLM ({role, content}) conversations. A blank user turn is no prompt: it is left
+    out of the turns (the whole conversation stays in `messages`), and rows without a user turn are skipped."""
     messages = row["conversations"] if "conversations" in row else row["conversation"]
     speakers = [(m.get("from", m.get("role")), m.get("value", m.get("content"))) for m in messages]
-    user_turns = [_text(row, "conversations" if "conversations" in row else "conversation", text)
-                  for who, text in speakers if who in USER_ROLES]
+    user_turns = [turn for who, text in speakers if who in USER_ROLES
+                  if (turn := _text(row, "conversations" if "conversations" in row else "conversation", text)).strip()]
     replies = [text for who, text in speakers if who in ASSISTANT_ROLES]
     if not user_turns:
         return None
