@@ -194,3 +194,19 @@ def test_eagle_training_killed_part_way_resumes_to_the_same_draft(tmp_path, monk
     assert [h["loss"] for h in resumed_history] == pytest.approx([h["loss"] for h in history])
     for a, b in zip(straight.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b)
+
+
+def test_the_learning_curve_pins_each_budget_to_the_head_its_preset_trains():
+    """The scaling pipeline and table name each budget's head in full (several heads share the prefix eagle_head):
+    those names must be what the pipeline's own train stages make, or a budget's runs would load another head."""
+    from specrepro.reproduce import load_pipeline
+    from specrepro.tables import TableSpec
+    from specrepro.training import artifact_path
+    from tests.test_config import compose_run
+
+    _, stages = load_pipeline("eagle_scaling")
+    trained = [artifact_path(compose_run(*stage["train"], config="train")).name for stage in stages if "train" in stage]
+    decoded = [arg.removeprefix("method.head=") for stage in stages if "run" in stage for arg in stage["run"]
+               if arg.startswith("method.head=")]
+    tabled = [row.select["method.head"] for row in TableSpec.load("eagle_scaling").rows]
+    assert len(trained) == 5 and decoded == trained and tabled == trained

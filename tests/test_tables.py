@@ -294,7 +294,7 @@ MALFORMED = {
     "plot of no column": (('fmt: "{:.2f}"}\n', 'fmt: "{:.2f}"}\nplots: [{name: m, kind: bars, columns: [MTA]}]\n'),
                           "plots[0].columns: no column labelled 'MTA'"),
     "plot of no kind": (('fmt: "{:.2f}"}\n', 'fmt: "{:.2f}"}\nplots: [{name: m, kind: pie, columns: [MAT]}]\n'),
-                        "plots[0].kind: expected one of bars, scatter, got 'pie'"),
+                        "plots[0].kind: expected one of bars, scatter, trend, got 'pie'"),
 }
 
 
@@ -642,3 +642,36 @@ def test_the_commands_that_read_records_start_without_torch():
             "print(sorted({'torch', 'transformers', 'accelerate'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_trend_plot_fits_log_x_and_extrapolates_with_the_lines_interval(tmp_path):
+    """`kind: trend` reads a run's trained-component metrics (`trained.<component>.<key>`, a list item by
+    position), fits y = a + b log10(x) and writes the figure and a page with the slope and the extrapolated values."""
+    from specrepro.plots import log_linear_fit
+
+    exact = log_linear_fit([10, 100, 1000], [1.0, 1.5, 2.0])
+    assert exact["slope"] == pytest.approx(0.5) and exact["predict"](10_000) == pytest.approx((2.5, 0.0), abs=1e-9)
+    noisy = log_linear_fit([10, 100, 1000, 10_000], [1.0, 1.6, 1.9, 2.6])
+    value, margin = noisy["predict"](100_000)
+    assert margin > noisy["predict"](300)[1] > 0  # the line is pinned best inside the measured range
+    assert log_linear_fit([10, 100], [1.0, 2.0]) is None
+
+    runs = [RunInfo(f"eagle-{n}", {"mat": m, "trained": {"eagle_head": {"train_sequences": n,
+                                                                        "heldout_top1_by_depth_after": [t, t / 2]}}},
+                    {"method": {"name": "eagle", "head": f"h{n}"}}, 0.0)
+            for n, m, t in ((100, 1.3, 0.2), (1000, 1.5, 0.3), (10_000, 1.7, 0.4))]
+    columns = [Column("Conversations", "trained.eagle_head.train_sequences", fmt="{:.0f}"),
+               Column("Top-1 depth 1", "trained.eagle_head.heldout_top1_by_depth_after.1"),
+               Column("MAT", "mat")]
+    spec = TableSpec("t", "p", "title", "", ["Budget"], [Row([str(r.config["method"]["head"])],
+                                                           {"method.head": r.config["method"]["head"]}) for r in runs],
+                     columns, plots=[{"name": "curve", "kind": "trend", "x": "Conversations",
+                                      "y": ["Top-1 depth 1", "MAT"], "extrapolate": {"paper": 100_000}}])
+    header, body, footnotes = build_table(spec, runs)
+    assert [row[1:4] for row in body] == [["100", "0.10", "1.30"], ["1000", "0.15", "1.50"], ["10000", "0.20", "1.70"]]
+    path = tmp_path / "t.csv"
+    path.write_text(render_csv(header, body, footnotes, ["- Machine: test"]))
+    written = write_plots(spec.plots, path, ["Budget"], spec.title)
+    assert [p.name for p in written] == ["t_curve.md", "t_curve.png"]
+    page = written[0].read_text()
+    assert "| MAT | 3 | +0.2 (+0.2 to +0.2) | 1.9 (1.9 to 1.9) |" in page and "- Machine: test" in page

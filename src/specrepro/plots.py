@@ -6,8 +6,12 @@ the committed numbers (notebooks/analysis.ipynb draws the same ones from the sam
     plots:
       - {name: speedup_by_category, kind: bars, columns: [Math speedup, RAG speedup], ylabel: "speedup (x)"}
       - {name: speedup_vs_training, kind: scatter, x: Training minutes, y: Mean speedup}
+      - {name: learning_curve, kind: trend, x: Training tokens, y: [Mean MAT, Mean speedup],
+         extrapolate: {"EAGLE's budget": 34000000}}
 
-`bars`: one group per column, one bar per row; `scatter`: one point per row. Every row has a colour of its own
+`bars`: one group per column, one bar per row; `scatter`: one point per row; `trend`: one panel per `y` column
+against `x` on a log axis, with the least-squares line y = a + b log10(x), the 95% confidence band of that line, and
+its value at each `extrapolate` x (95% interval), also written as `<table>_<plot>.md` with the table's provenance. Every row has a colour of its own
 (and a scatter point a marker of its own), named in a legend beside the axes: no two rows look alike and no label
 covers another. A row is named by its label cells (`label_cells: N`: the first N only). Rows without a number are
 left out (and named in the figure's caption line).
@@ -16,15 +20,18 @@ left out (and named in the figure's caption line).
 from __future__ import annotations
 
 import csv
+import math
 import textwrap
 from pathlib import Path
 
 import matplotlib
+import numpy as np
+from scipy import stats
 
 matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
-KINDS = {"bars": ("columns",), "scatter": ("x", "y")}
+KINDS = {"bars": ("columns",), "scatter": ("x", "y"), "trend": ("x", "y")}
 MARKERS = "osD^vP*Xph<>"
 
 
@@ -98,12 +105,80 @@ def draw(plot: dict, label_cells: list[tuple[str, ...]], here: dict[str, list], 
     return figure
 
 
+def log_linear_fit(xs: list[float], ys: list[float]) -> dict | None:
+    """The least-squares line y = a + b log10(x) through the points, with what a 95% interval of its value at a new x
+    needs (`predict`); None with fewer than three points (no spread left to estimate)."""
+    if len(xs) < 3:
+        return None
+    u, y = np.log10(np.asarray(xs, dtype=float)), np.asarray(ys, dtype=float)
+    slope, intercept = np.polyfit(u, y, 1)
+    residual = y - (intercept + slope * u)
+    spread = math.sqrt(float(residual @ residual) / (len(u) - 2))
+    sxx, t = float(((u - u.mean()) ** 2).sum()), float(stats.t.ppf(0.975, len(u) - 2))
+
+    def predict(x: float) -> tuple[float, float]:
+        """The line's value at `x` and the half-width of its 95% confidence interval."""
+        at = math.log10(x)
+        return intercept + slope * at, t * spread * math.sqrt(1 / len(u) + (at - u.mean()) ** 2 / sxx)
+
+    return {"slope": float(slope), "intercept": float(intercept), "spread": spread, "n": len(u),
+            "slope_ci95": t * spread / math.sqrt(sxx), "predict": predict}
+
+
+def draw_trend(plot: dict, here: dict[str, list], title: str) -> tuple[plt.Figure, list[str]]:
+    """A trend plot (one panel per `y` column) and the lines of its fit's page."""
+    columns = plot["y"] if isinstance(plot["y"], list) else [plot["y"]]
+    extrapolate = plot.get("extrapolate", {})
+    figure, panels = plt.subplots(1, len(columns), figsize=(4.2 * len(columns) + 1, 4.2), squeeze=False)
+    lines = ["| Quantity | points | slope per 10x (95% CI) | " + " | ".join(f"at {k} (95% CI)" for k in extrapolate)
+             + " |", "|---|---|---|" + "---|" * len(extrapolate)]
+    for axes, column in zip(panels[0], columns):
+        points = [(x, y) for x, y in zip(here[plot["x"]], here[column]) if x is not None and y is not None]
+        axes.scatter([x for x, _ in points], [y for _, y in points], color="black", s=30, zorder=3, label="measured")
+        axes.set_xscale("log")
+        axes.set_xlabel(plot.get("xlabel", plot["x"]))
+        axes.set_title(column, fontsize=9)
+        fit = log_linear_fit([x for x, _ in points], [y for _, y in points])
+        if fit is None:
+            lines.append(f"| {column} | {len(points)} | fewer than 3 points: no fit |" + " – |" * len(extrapolate))
+            continue
+        reach = [x for x, _ in points] + list(extrapolate.values())
+        grid = np.logspace(math.log10(min(reach)), math.log10(max(reach)), 100)
+        centre, half = zip(*(fit["predict"](x) for x in grid))
+        axes.plot(grid, centre, color="tab:blue", label="a + b log10(x)")
+        axes.fill_between(grid, np.subtract(centre, half), np.add(centre, half), color="tab:blue", alpha=0.2,
+                          label="95% CI of the line")
+        cells = []
+        for slot, (name, x) in enumerate(extrapolate.items()):
+            value, margin = fit["predict"](x)
+            axes.errorbar([x], [value], yerr=[margin], fmt="D", color=row_colours(len(extrapolate))[slot],
+                          capsize=3, label=f"extrapolated: {name}")
+            cells.append(f"{value:.3g} ({value - margin:.3g} to {value + margin:.3g})")
+        lines.append(f"| {column} | {fit['n']} | {fit['slope']:+.3g} ({fit['slope'] - fit['slope_ci95']:+.3g} to "
+                     f"{fit['slope'] + fit['slope_ci95']:+.3g}) | " + " | ".join(cells) + " |")
+        if plot.get("reference") is not None:
+            axes.axhline(plot["reference"], color="black", linewidth=0.8, linestyle="--")
+    panels[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    figure.suptitle(textwrap.fill(title, 150), fontsize=9)
+    figure.tight_layout()
+    return figure, lines
+
+
 def write_plots(plots: list[dict], csv_path: Path, row_header: list[str], title: str) -> list[Path]:
-    """Every plot of a table, as PNG files beside its CSV; returns their paths."""
+    """Every plot of a table, as PNG files beside its CSV (and a trend's fit as a page); returns their paths."""
     labels, here = read_here(csv_path, row_header)
     written = []
     for plot in plots:
-        figure = draw(plot, labels, here, title)
+        if plot["kind"] == "trend":
+            figure, lines = draw_trend(plot, here, title)
+            page = csv_path.with_name(f"{csv_path.stem}_{plot['name']}.md")
+            footer = [f"- {line[2:]}" for line in csv_path.read_text().splitlines() if line.startswith("# ")]
+            note = [plot["note"].strip(), ""] if plot.get("note") else []
+            page.write_text("\n".join([f"# {title}: fitted trend", "", *note, *lines, "", "Provenance (the table's):", "",
+                                       *footer, ""]))
+            written.append(page)
+        else:
+            figure = draw(plot, labels, here, title)
         path = csv_path.with_name(f"{csv_path.stem}_{plot['name']}.png")
         figure.savefig(path, dpi=120)
         plt.close(figure)

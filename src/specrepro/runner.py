@@ -377,6 +377,7 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
                                         for gen in turns),
         artifacts=identities,  # the trained components and local checkpoints it loaded: names, content digests
         training_minutes=training_minutes(artifacts.values(), decoder),
+        trained=cost.artifact_metrics(artifacts.values()),  # what its trained components measured when made
         provenance=provenance(cfg.hardware, loader.device) | {"started_at": started_at, "finished_at": now()},
         sessions=sessions,  # the processes that decoded its samples, each with how many
         # a resumed run's timings come from several processes (other load, other warm-up): said, not hidden

@@ -231,7 +231,7 @@ def _row(raw, where: str, columns: list[Column], width: int) -> Row:
 def _plot(raw, where: str, columns: list[Column]) -> dict:
     """A plot: a name, a kind (bars: `columns`; scatter: `x` and `y`), each naming a column by its label."""
     raw = _mapping(raw, where, required=("name", "kind"),
-                   optional=("columns", "x", "y", "xlabel", "ylabel", "reference", "label_cells"))
+                   optional=("columns", "x", "y", "xlabel", "ylabel", "reference", "label_cells", "extrapolate", "note"))
     kind = _text(raw["kind"], f"{where}.kind")
     if kind not in KINDS:
         raise _Invalid(f"{where}.kind: expected one of {', '.join(KINDS)}, got '{kind}'")
@@ -244,6 +244,14 @@ def _plot(raw, where: str, columns: list[Column]) -> dict:
                 raise _Invalid(f"{where}.{key}: no column labelled '{label}'")
     if not isinstance(raw.get("reference", 0), (int, float)) or isinstance(raw.get("reference"), bool):
         raise _Invalid(f"{where}.reference: expected a number, got {_kind(raw['reference'])}")
+    if kind == "scatter" and (isinstance(raw["x"], list) or isinstance(raw["y"], list)):
+        raise _Invalid(f"{where}: a scatter plot's x and y are one column each")
+    if kind == "trend" and isinstance(raw["x"], list):
+        raise _Invalid(f"{where}.x: a trend's x is one column")
+    extrapolate = raw.get("extrapolate", {})
+    if not isinstance(extrapolate, dict) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in extrapolate.values()):
+        raise _Invalid(f"{where}.extrapolate: expected a mapping of names to positive x values, got {extrapolate!r}")
     cells = raw.get("label_cells", 1)
     if not isinstance(cells, int) or isinstance(cells, bool) or cells < 1:
         raise _Invalid(f"{where}.label_cells: expected a positive integer, got {cells!r}")
@@ -350,15 +358,28 @@ def wandb_runs(project: str, entity: str | None, group: str | None) -> list[RunI
 
 
 def _lookup(run: RunInfo, key: str):
-    """A metric, a config value (`method.k`), or a value the record's provenance holds (`provenance.machine.cpu`:
-    the machine that timed it)."""
-    if key in run.metrics:
-        return run.metrics[key]
-    node = run.metrics if key.startswith("provenance.") else run.config
+    """A metric (`_metric`), a config value (`method.k`) or a value the record's provenance holds
+    (`provenance.machine.cpu`: the machine that timed it)."""
+    if (value := _metric(run.metrics, key)) is not None:
+        return value
+    return _walk(run.metrics if key.startswith("provenance.") else run.config, key)
+
+
+def _metric(metrics: dict, key: str):
+    """A metric a run recorded, or one its trained components measured (`trained.eagle_head.train_tokens`; a list's
+    items by position: `trained.eagle_head.heldout_top1_by_depth_after.0`)."""
+    return _walk(metrics, key) if key.startswith("trained.") else metrics.get(key)
+
+
+def _walk(node, key: str):
+    """The value at dotted `key` in nested dicts (and lists, by position); None where there is none."""
     for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
             return None
-        node = node[part]
     return node
 
 
@@ -435,7 +456,7 @@ def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[l
             behind = cell_runs(spec, row, column, runs)
             values = []
             for run in behind:
-                value = run.metrics.get(column.key) if run else None  # a metric; a config flag of that name is not one
+                value = _metric(run.metrics, column.key) if run else None  # a metric; a config flag of that name is not one
                 if run is not None and value is not None and run.name not in used:
                     used.append(run.name)
                 values.append(value)

@@ -39,6 +39,18 @@ def artifact_minutes(artifact: Path) -> float | None:
     return json.loads(path.read_text()).get("metrics", {}).get("compute_minutes") if path.is_file() else None
 
 
+def artifact_metrics(artifacts) -> dict[str, dict]:
+    """What each published artifact's training measured (its `metrics`: held-out agreement, sequences, tokens,
+    minutes), by component (`eagle_head`): a run records them, so a table can set a run beside its draft's budget."""
+    found = {}
+    for artifact in artifacts:
+        path = Path(artifact) / METADATA
+        if path.is_file():
+            recorded = json.loads(path.read_text())
+            found[recorded.get("component", Path(artifact).name)] = recorded.get("metrics", {})
+    return found
+
+
 def minutes(*seconds: float | None) -> float | None:
     """The parts' sum in minutes; None when any part is unknown."""
     return None if any(s is None for s in seconds) else sum(seconds) / 60
