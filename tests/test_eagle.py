@@ -209,7 +209,7 @@ def test_the_learning_curve_pins_each_budget_to_the_head_its_preset_trains():
     decoded = [arg.removeprefix("method.head=") for stage in stages if "run" in stage for arg in stage["run"]
                if arg.startswith("method.head=")]
     tabled = [row.select["method.head"] for row in TableSpec.load("eagle_scaling").rows]
-    assert len(trained) == 5 and decoded == trained and tabled == trained
+    assert len(trained) == 6 and decoded == trained and tabled == trained
     _, leaderboard = load_pipeline("spec_bench")  # the leaderboard decodes the largest budget's head
     largest = [arg.removeprefix("method.head=") for stage in leaderboard if "run" in stage for arg in stage["run"]
                if arg.startswith("method.head=eagle")]
