@@ -214,3 +214,15 @@ def test_the_learning_curve_pins_each_budget_to_the_head_its_preset_trains():
     largest = [arg.removeprefix("method.head=") for stage in leaderboard if "run" in stage for arg in stage["run"]
                if arg.startswith("method.head=eagle")]
     assert largest == [trained[-1]] * 2
+
+
+def test_a_draft_vocabulary_larger_than_the_tokens_seen_is_filled_up_by_id():
+    """A small training set may hold fewer distinct tokens than the draft vocabulary (EAGLE's 60-conversation
+    budget held 3,995 of 4,096): the seen ones come first, most frequent first, then the unseen ids in order."""
+    from specrepro.training.distill_data import frequent_tokens
+
+    rows = [{"prompt_ids": [7], "continuation_ids": [5, 5, 3]}]
+    assert frequent_tokens(rows, 6, vocab_size=10).tolist() == [5, 3, 7, 0, 1, 2]
+    assert frequent_tokens(rows, 2, vocab_size=10).tolist() == [5, 3]
+    with pytest.raises(SpecReproError, match="does not fit the target's 10"):
+        frequent_tokens(rows, 11, vocab_size=10)

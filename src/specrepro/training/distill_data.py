@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from specrepro import suspension
 from specrepro.config import weights_identity
 from specrepro.data import load_records, prompt_ids, reference_response, render_prompt
+from specrepro.errors import SpecReproError
 from specrepro.models import resolve_dtype
 from specrepro.models.kernels import warn_if_bf16_is_slow
 from specrepro.reuse import note_reused
@@ -223,13 +224,18 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
         return load_from_disk(str(cache_dir))
 
 
-def frequent_tokens(rows: list[dict], size: int) -> torch.Tensor:
+def frequent_tokens(rows: list[dict], size: int, vocab_size: int) -> torch.Tensor:
     """A draft vocabulary (`decoding/draft_vocab.py`): the `size` token ids most frequent among the tokens the
     rows teach (`label_ids` where a row has them, else its continuation), most frequent first; prompt-token
-    counts rank the rest, then the id."""
+    counts rank the rest, then the id; ids the rows never hold (a small training set) fill it up by id."""
+    if not 0 < size <= vocab_size:
+        raise SpecReproError(f"a draft vocabulary of {size} tokens does not fit the target's {vocab_size}")
     outputs = Counter(t for row in rows for t in (row.get("label_ids") or row["continuation_ids"]))
     inputs = Counter(t for row in rows for t in row["prompt_ids"])
-    return torch.tensor(sorted(outputs | inputs, key=lambda t: (-outputs[t], -inputs[t], t))[:size], dtype=torch.long)
+    ranked = sorted(outputs | inputs, key=lambda t: (-outputs[t], -inputs[t], t))[:size]
+    seen = set(ranked)
+    unseen = (t for t in range(vocab_size) if t not in seen)
+    return torch.tensor(ranked + [next(unseen) for _ in range(size - len(ranked))], dtype=torch.long)
 
 
 def hidden_cache_dir(cfg, rows: list[dict], prompt_tokens: int, autocast: bool) -> Path:

@@ -113,7 +113,7 @@ def train_eagle_head(cfg, target, work_dir, log_metrics, device):
     held_features, train_features = features[: spec.heldout_sequences], features[spec.heldout_sequences :]
     torch.manual_seed(spec.loop.seed)
     vocab_ids = frequent_tokens([{"prompt_ids": [], "continuation_ids": r["ids"]} for r in train_rows],
-                                spec.draft_vocab) if spec.draft_vocab else None
+                                spec.draft_vocab, model.config.vocab_size) if spec.draft_vocab else None
     draft = EagleDraft(model.config, spec.draft_vocab)
     if vocab_ids is not None:
         draft.vocab_ids.copy_(vocab_ids)

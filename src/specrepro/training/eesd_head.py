@@ -185,7 +185,7 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     train_rows = generated + plain + labeled
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
 
-    vocab_ids = frequent_tokens(train_rows, spec.draft_vocab) if spec.draft_vocab else None
+    vocab_ids = frequent_tokens(train_rows, spec.draft_vocab, model.config.vocab_size) if spec.draft_vocab else None
     head = EarlyExitHead(model, spec.num_layers, spec.exit_layer, spec.shared_head, vocab_ids).to(device)
     before = top1_agreement(head, model, heldout, pad_id, device, spec.train_prompt_tokens)
 

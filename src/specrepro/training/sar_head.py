@@ -173,7 +173,7 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
                     for h in continuation_hidden(model, heldout[i : i + 4], spec.train_prompt_tokens)]
 
     torch.manual_seed(spec.loop.seed)
-    vocab_ids = frequent_tokens(train_rows, spec.draft_vocab) if spec.draft_vocab else None
+    vocab_ids = frequent_tokens(train_rows, spec.draft_vocab, model.config.vocab_size) if spec.draft_vocab else None
     head = head_for(model, spec.variant, spec.head_k, spec.proj_size, spec.transformer_layers,
                     spec.shared_lm_head, vocab_ids).to(device)
     before = heldout_accuracy(head, model, heldout, heldout_hidden(), spec)
