@@ -93,12 +93,12 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     assert "already trained" in again.stdout + again.stderr and "already complete" in again.stdout + again.stderr
     assert sorted(p.name for p in shared.iterdir()) == artifacts
     assert (tmp_path / "results" / "tiny" / "tiny_table.md").read_text() == table
-    progress = specrepro("reproduce", str(pipeline), "--dry-run", *args[2:], cwd=tmp_path).stdout
+    progress = specrepro("reproduce", str(pipeline), "--dry-run", "--check-done", *args[2:], cwd=tmp_path).stdout
     assert re.search(r"\[2/3\] run .*; 2 of 2 run\(s\) done\)", progress), progress
 
     other = tmp_path / "pipelines" / "other.yaml"  # another paper's pipeline training the same component
     other.write_text(json.dumps({"paper": "other", "stages": [{"train": TRAIN}, {"table": "unused"}]}))
-    planned = specrepro("reproduce", str(other), "--dry-run", *args[2:], cwd=tmp_path).stdout
+    planned = specrepro("reproduce", str(other), "--dry-run", "--check-done", *args[2:], cwd=tmp_path).stdout
     assert f"made already: {next(a for a in artifacts if not a.startswith('.'))}" in planned
     specrepro("reproduce", str(other), "--stages", "1", *args[2:], cwd=tmp_path)
     assert written() == records and sorted(p.name for p in shared.iterdir()) == artifacts
@@ -114,17 +114,29 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
 
     for run in list(runs.iterdir()):  # the same settings' records under other names: what other code decoded
         run.rename(run.with_name(run.name + "-old"))
-    progress = specrepro("reproduce", str(pipeline), "--dry-run", *args[2:], cwd=tmp_path).stdout
+    progress = specrepro("reproduce", str(pipeline), "--dry-run", "--check-done", *args[2:], cwd=tmp_path).stdout
     assert re.search(r"\[2/3\] run .*; 0 of 2 run\(s\) done \(2 more decoded by other code: decoded anew\)",
                      progress), progress
 
 
-def test_dry_run_lists_the_stages_and_runs_nothing(tmp_path):
+def test_dry_run_lists_the_stages_and_runs_nothing_without_importing_torch(tmp_path):
     pipeline = _pipeline(tmp_path)
-    out = specrepro("reproduce", str(pipeline), "--dry-run", cwd=tmp_path)
-    assert "0 of the 2 train and run stages measured" in out.stdout and "[1/3] train method=sps" in out.stdout
-    assert "(not timed yet)" in out.stdout and not (tmp_path / "results").exists()
+    (tmp_path / "results" / "tiny").mkdir(parents=True)
+    (tmp_path / "results" / "tiny" / "stages.json").write_text(json.dumps({"train " + " ".join(TRAIN): {
+        "minutes": 12.0, "reused": [], "machine": "m", "commit": "c", "date": "2026-01-01"}}))
+    dry_run = ("import sys; from specrepro.cli import main; sys.argv[1:] = ['reproduce', %r, '--dry-run']; main(); "
+               "print('torch imported:', 'torch' in sys.modules)" % str(pipeline))
+    out = subprocess.run([sys.executable, "-c", dry_run], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "torch imported: False" in out.stdout and "[1/3] train method=sps" in out.stdout
+    assert ("total over all 3 stages: about 12 min for the 1 timed train and run stage(s); 1 not timed yet (not "
+            "counted); 1 table stage(s), under a minute each") in out.stdout
+    assert "[2/3] run -m method=ar,sps" in out.stdout and "(not timed yet)" in out.stdout
+    assert sorted(p.name for p in (tmp_path / "results").rglob("*")) == ["stages.json", "tiny"]  # nothing written
+    out = specrepro("reproduce", str(pipeline), "--dry-run", "--check-done", cwd=tmp_path)
     assert "(not timed yet; 2 run(s), not startable yet: no trained artifact 'sps_draft' for model" in out.stdout  # stage 1's
+    proc = specrepro("reproduce", str(pipeline), "--check-done", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "--check-done goes with --dry-run" in proc.stderr
 
 
 def test_a_dry_run_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
@@ -360,3 +372,4 @@ def test_a_dry_runs_total_counts_every_stage_and_names_the_untimed():
     assert total_time(stages, measured) == (
         "total over all 4 stages: about 32 min for the 2 timed train and run stage(s) (1 timed while reusing what was "
         "made already: longer from nothing cached); 1 not timed yet (not counted); 1 table stage(s), under a minute each")
+    assert total_time(stages[2:], measured, len(stages)).startswith("total over the 2 chosen of 4 stages: about 0 min")

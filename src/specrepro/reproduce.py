@@ -13,14 +13,15 @@ Every run stage records its runs in `<results dir>/reproduce/<paper>/` (one mach
 go to `<results dir>/<paper>/`. Trained components go to `<results dir>/reproduce/artifacts/`, shared by every
 pipeline: an artifact's name carries the hash of its model and training config, so a component two pipelines train
 alike (the sps draft of eesd and spec_bench, the SAR heads of sar and eesd) is trained once, and a later pipeline's
-stage reuses it (and the data caches it made), "reused" in stages.json (`--dry-run` names each train stage's
-artifact that is made already, and says how many of each run stage's runs are done under their current names, or
-which artifact they wait for); what a pipeline trained into its own `<paper>/artifacts/` before is moved there on
+stage reuses it (and the data caches it made), "reused" in stages.json (`--dry-run --check-done` names each train
+stage's artifact that is made already, and says how many of each run stage's runs are done under their current
+names, or which artifact they wait for); what a pipeline trained into its own `<paper>/artifacts/` before is moved there on
 its next call. Each stage is resumable on its own (a finished artifact or run is reused, an interrupted one
 resumes), so a killed pipeline picks up where it stopped when called again. What each stage took is measured,
 not configured: every call records it in
 `<results dir>/<paper>/stages.json` beside the tables (minutes, machine, commit, date, command), and `--dry-run`
-shows it as the stage's expected time. A stage that found something already made (`reuse.py`) is kept there only
+(which reads only the pipeline and stages.json: seconds, no torch) shows it as the stage's expected time and sums it
+in one total over every stage. A stage that found something already made (`reuse.py`) is kept there only
 where no measurement of that stage exists yet. `--stages 2-3,9` runs only those stages: two lanes of one machine
 (or two machines sharing the results dir) each take stages that do not need the other's, with the pipeline's
 exact overrides. A table stage with `committed_inputs: true` also reads the inputs committed beside the table
@@ -167,10 +168,10 @@ def expected_time(measurement: dict | None) -> str:
             f"{str(measurement.get('date'))[:10]}, commit {commit}")
 
 
-def total_time(stages: list[dict], measured: dict) -> str:
-    """One total over every stage of a pipeline: the minutes each train and run stage took where it was measured
-    (those measured while finding things already made took less than they would from nothing cached), and how many
-    stages are not timed yet or are tables (under a minute each)."""
+def total_time(stages: list[dict], measured: dict, pipeline_stages: int | None = None) -> str:
+    """One total over every stage of a pipeline (or the `stages` chosen of its `pipeline_stages`): the minutes each
+    train and run stage took where it was measured (those measured while finding things already made took less than
+    they would from nothing cached), and how many stages are not timed yet or are tables (under a minute each)."""
     timed = [measured.get(describe(stage)) for stage in stages if "table" not in stage]
     minutes = [m["minutes"] for m in timed if is_measured(m)]
     reused = sum(1 for m in timed if is_measured(m) and m.get("reused"))
@@ -180,7 +181,9 @@ def total_time(stages: list[dict], measured: dict) -> str:
              + (f" ({reused} timed while reusing what was made already: longer from nothing cached)" if reused else ""),
              f"{untimed} not timed yet" + (" (not counted)" if untimed else ""),
              f"{tables} table stage(s), under a minute each"]
-    return f"total over all {len(stages)} stages: " + "; ".join(parts)
+    chosen = f"the {len(stages)} chosen of {pipeline_stages}" if (pipeline_stages or len(stages)) != len(stages) \
+        else f"all {len(stages)}"
+    return f"total over {chosen} stages: " + "; ".join(parts)
 
 
 def stage_device() -> str | None:
@@ -304,8 +307,10 @@ def run_stage(command: list[str], work_dir: Path) -> tuple[int, float, list[str]
 
 
 def reproduce(name: str, results_dir: str = "results", overrides: list[str] = (), dry_run: bool = False,
-              pipelines_dir: Path = PIPELINES_DIR, only: str | None = None) -> None:
-    """Run (or, with dry_run, list) every stage of one paper's pipeline, or the stage numbers `only` names."""
+              pipelines_dir: Path = PIPELINES_DIR, only: str | None = None, check_done: bool = False) -> None:
+    """Run (or, with dry_run, list) every stage of one paper's pipeline, or the stage numbers `only` names. A dry
+    run reads only the pipeline and its stages.json (no torch: seconds); `check_done` adds what each train and run
+    stage has made already, which composes and names every run (its code: the method modules, torch)."""
     paper, stages = load_pipeline(name, pipelines_dir)
     chosen = parse_stages(only, len(stages)) if only else set(range(1, len(stages) + 1))
     work_dir, out_dir = Path(results_dir) / "reproduce" / paper, Path(results_dir) / paper
@@ -313,20 +318,18 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
     paper_command = " ".join(["specrepro reproduce", name, *overrides])
     measured_path = out_dir / "stages.json"
     measured = read_measured(measured_path)
-    timed = [measured.get(describe(stage)) for stage in stages if "table" not in stage]
-    from_scratch = [m["minutes"] for m in timed if is_measured(m) and not m.get("reused")]
-    print(f"{paper}: {len(stages)} stages; {len(from_scratch)} of the {len(timed)} train and run stages measured from "
-          f"nothing cached, about {sum(from_scratch):.0f} min together ({measured_path}); runs in {work_dir}, "
-          f"artifacts in {shared}, tables in {out_dir}")
+    print(f"{paper}: {len(stages)} stages; runs in {work_dir}, artifacts in {shared}, tables in {out_dir}")
+    print(f"{total_time([stage for i, stage in enumerate(stages, 1) if i in chosen], measured, len(stages))} "
+          f"({measured_path})")
     if not dry_run:
         adopt_earlier_artifacts(work_dir / "artifacts", shared)
     for i, stage in enumerate(stages, 1):
         if i not in chosen:
             continue
         expected = "under a minute" if "table" in stage else expected_time(measured.get(describe(stage)))
-        if dry_run and "train" in stage and (made := made_already(stage, work_dir, list(overrides))):
+        if check_done and "train" in stage and (made := made_already(stage, work_dir, list(overrides))):
             expected += f"; made already: {made}"
-        if dry_run and "run" in stage:
+        if check_done and "run" in stage:
             expected += f"; {runs_done(stage, work_dir, list(overrides))}"
         print(f"[{i}/{len(stages)}] {describe(stage)} ({expected})", flush=True)
         if dry_run:
@@ -348,8 +351,6 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
         if "table" in stage:  # the headlines (of this pipeline and those beside it) follow the tables
             beside = Path(name).parent if name.endswith(".yaml") else pipelines_dir
             atomic_write(Path(results_dir) / SUMMARY_PAGE, summary_page(results_dir, pipelines_dir=beside))
-    if dry_run:
-        print(total_time([stage for i, stage in enumerate(stages, 1) if i in chosen], measured))
 
 
 def summary_main(args: list[str]) -> None:
@@ -375,13 +376,18 @@ def main(args: list[str]) -> None:
                                                                  "tables under <dir>/<paper>")
     parser.add_argument("--dry-run", action="store_true",
                         help="list the stages, their expected time and what is done already; run nothing")
+    parser.add_argument("--check-done", action="store_true",
+                        help="with --dry-run: also say which artifacts are made and how many runs are done (composes "
+                             "and names every run: a minute or more)")
     parser.add_argument("--stages", default=None, help="only these stage numbers, e.g. 2-3,9 (see --dry-run)")
     opts = parser.parse_intermixed_args(args)  # options before or after the overrides
     if opts.stages and opts.paper == "all":
         raise SpecReproError("--stages picks stages of one pipeline, not of all")
+    if opts.check_done and not opts.dry_run:
+        raise SpecReproError("--check-done goes with --dry-run (a run finds what is done as it goes)")
     names = sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")) if opts.paper == "all" else [opts.paper]
     for name in names:
-        reproduce(name, opts.results_dir, opts.overrides, opts.dry_run, only=opts.stages)
+        reproduce(name, opts.results_dir, opts.overrides, opts.dry_run, only=opts.stages, check_done=opts.check_done)
 
 
 SUMMARY_PAGE = "SUMMARY.md"
