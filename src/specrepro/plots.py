@@ -63,11 +63,11 @@ def number(cell: str) -> float | None:
         return None
 
 
-def draw(plot: dict, label_cells: list[tuple[str, ...]], here: dict[str, list], title: str) -> plt.Figure:
-    """One plot (a spec entry) of the table's numbers."""
-    labels = [" / ".join(cell for cell in cells[: plot.get("label_cells")] if cell) for cells in label_cells]
-    if plot["kind"] == "bars":
-        columns = plot["columns"]
+def draw(plot, label_cells: list[tuple[str, ...]], here: dict[str, list], title: str) -> plt.Figure:
+    """One plot (a spec's `tables.Plot`) of the table's numbers."""
+    labels = [" / ".join(cell for cell in cells[: plot.label_cells] if cell) for cells in label_cells]
+    if plot.kind == "bars":
+        columns = plot.columns
         shown = [i for i in range(len(labels)) if any(here[c][i] is not None for c in columns)]
         figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(columns) + 0.15 * len(columns) * len(shown)) + 3, 4.5))
         width = 0.8 / max(1, len(shown))
@@ -76,20 +76,20 @@ def draw(plot: dict, label_cells: list[tuple[str, ...]], here: dict[str, list], 
             axes.bar([k + slot * width - 0.4 + width / 2 for k in range(len(columns))], values, width, label=labels[i],
                      color=colour)
         axes.set_xticks(range(len(columns)), [c.removesuffix(" speedup") for c in columns])
-        if plot.get("reference") is not None:
-            axes.axhline(plot["reference"], color="black", linewidth=0.8, linestyle="--")
+        if plot.reference is not None:
+            axes.axhline(plot.reference, color="black", linewidth=0.8, linestyle="--")
         axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
-        xs, ys = here[plot["x"]], here[plot["y"]]
+        xs, ys = here[plot.x], here[plot.y]
         shown = [i for i in range(len(labels)) if xs[i] is not None and ys[i] is not None]
         figure, axes = plt.subplots(figsize=(10, 4.5))
         for slot, (i, colour) in enumerate(zip(shown, row_colours(len(shown)))):
             axes.scatter(xs[i], ys[i], color=colour, marker=MARKERS[slot % len(MARKERS)], s=40, label=labels[i])
         axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        axes.set_xlabel(plot.get("xlabel", plot["x"]))
-        if plot.get("reference") is not None:
-            axes.axhline(plot["reference"], color="black", linewidth=0.8, linestyle="--")
-    axes.set_ylabel(plot.get("ylabel", plot.get("y", "")))
+        axes.set_xlabel(plot.x if plot.xlabel is None else plot.xlabel)
+        if plot.reference is not None:
+            axes.axhline(plot.reference, color="black", linewidth=0.8, linestyle="--")
+    axes.set_ylabel(plot.ylabel if plot.ylabel is not None else plot.y or "")
     left_out = [labels[i] for i in range(len(labels)) if i not in shown]
     line_chars = int(13 * (figure.get_figwidth() - 3))  # what a 9-point line holds across the axes (legend beside)
     caption = textwrap.fill(f"(no number yet: {', '.join(left_out)})", line_chars) if left_out else ""
@@ -98,13 +98,13 @@ def draw(plot: dict, label_cells: list[tuple[str, ...]], here: dict[str, list], 
     return figure
 
 
-def write_plots(plots: list[dict], csv_path: Path, row_header: list[str], title: str) -> list[Path]:
+def write_plots(plots: list, csv_path: Path, row_header: list[str], title: str) -> list[Path]:
     """Every plot of a table, as PNG files beside its CSV; returns their paths."""
     labels, here = read_here(csv_path, row_header)
     written = []
     for plot in plots:
         figure = draw(plot, labels, here, title)
-        path = csv_path.with_name(f"{csv_path.stem}_{plot['name']}.png")
+        path = csv_path.with_name(f"{csv_path.stem}_{plot.name}.png")
         figure.savefig(path, dpi=120)
         plt.close(figure)
         written.append(path)
