@@ -39,7 +39,8 @@ def _pipeline(tmp_path: Path) -> Path:
         {"train": TRAIN},
         {"run": ["-m", "method=ar,sps", "dataset.limit=2", *[o for o in FAST if not o.startswith(("model=", "hardware."))]]},
         {"table": str(tmp_path / "tiny_table.yaml")},
-    ], "headline": [{"table": "tiny_table", "row": ["SPS"], "column": "lossless", "claim": "lossless"}]}
+    ], "headline": [{"table": "tiny_table", "row": ["SPS"], "column": "lossless", "claim": "lossless",
+                     "status": "reproduced"}]}
     (tmp_path / "pipelines").mkdir()
     path = tmp_path / "pipelines" / "tiny.yaml"
     path.write_text(json.dumps(pipeline))  # JSON is YAML
@@ -107,7 +108,7 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
 
     page = (tmp_path / "results" / SUMMARY_PAGE).read_text()  # refreshed by the table stage
     assert page == summary_page(str(tmp_path / "results"), pipelines_dir=tmp_path / "pipelines")
-    (row,) = [line for line in page.splitlines() if line.startswith("| tiny | lossless |")]
+    (row,) = [line for line in page.splitlines() if line.startswith("| tiny | lossless | reproduced |")]
     assert row.endswith("| [tiny_table](tiny/tiny_table.md) |") and "| – | 1.00 | " in row
     assert f"; {first['commit'][:10]}" in row and "unknown" not in row  # the table's machine; commit; date
     assert "- Regenerate: `specrepro summary`" in page
@@ -267,6 +268,12 @@ def test_a_component_two_pipelines_train_is_trained_alike():
     ("paper: x\nstages: [{table: [a]}]\n", "takes a table name"), ("paper: [\n", "not valid YAML"),
     ("paper: x\nstages: [{run: [a=1], committed_inputs: true}]\n", "but a table's committed_inputs"),
     ("paper: x\nstages: [{table: t, committed_inputs: yes please}]\n", "committed_inputs takes true or false"),
+    ("paper: x\nstages: [{table: t}]\nheadline: [{table: t, row: [a], column: c, claim: x, status: maybe}]\n",
+     "bad.yaml: headline\\[0\\].status: expected one of reproduced, not reproduced, not testable here, got 'maybe'"),
+    ("paper: x\nstages: [{table: t}]\nheadline: [{table: t, row: [a], column: c, claim: x}]\n",
+     "headline\\[0\\]: missing required key 'status'"),
+    ("paper: x\nstages: [{table: t}]\nheadline: [{table: t, row: [a], column: c, claim: x, status: reproduced, "
+     "versus: {rwo: [b]}}]\n", "headline\\[0\\].versus: unknown key 'rwo' \\(did you mean 'row'\\?\\)"),
 ])
 def test_a_malformed_pipeline_is_one_line(tmp_path, text, message):
     (tmp_path / "bad.yaml").write_text(text)
@@ -305,6 +312,10 @@ def test_every_headline_names_a_row_and_column_of_its_table(paper):
         spec = TableSpec.load(item["table"])
         assert item["row"] in [list(row.label) for row in spec.rows], item
         assert item["column"] in [column.label for column in spec.columns], item
+        if "versus" in item:  # the cell the claim compares with
+            versus = TableSpec.load(item["versus"].get("table", item["table"]))
+            assert item["versus"]["row"] in [list(row.label) for row in versus.rows], item
+            assert item["versus"].get("column", item["column"]) in [column.label for column in versus.columns], item
 
 
 @pytest.mark.slow  # reads every committed table's inputs
@@ -329,8 +340,9 @@ def test_every_link_on_the_committed_pages_names_a_file_of_the_repository():
 
 def test_a_headline_says_where_its_own_cell_was_measured(tmp_path):
     """A table merging runs of two machines: a headline's "measured on" is the machine, commit and date of the run
-    behind its cell, not the whole table's; a table without committed inputs falls back to its footer."""
-    from specrepro.reproduce import headline_origin
+    behind its cell, not the whole table's, and a claim comparing cells of two machines names both; a table without
+    committed inputs falls back to its footer."""
+    from specrepro.reproduce import cell_origin
     from specrepro.tables import write_table
     from tests.test_tables import _amend, _two_runs
 
@@ -341,11 +353,20 @@ def test_a_headline_says_where_its_own_cell_was_measured(tmp_path):
         _amend(records, name, provenance={"machine": {"cpu": cpu, "cpu_cores": 2}, "code": {"commit": commit},
                                           "finished_at": f"{day}T00:00:00+00:00"})
     table = write_table("two", records, tables_dir=tables, out_dir=out).with_suffix(".csv")
-    item = {"table": "two", "row": ["pld"], "column": "MAT"}
-    assert headline_origin(table, item, tables) == "Intel Xeon, 2 cores; bbbbbbbbbb; 2026-01-02"
+    assert cell_origin(table, ["pld"], "MAT", tables) == (["Intel Xeon, 2 cores"],
+                                                          "Intel Xeon, 2 cores; bbbbbbbbbb; 2026-01-02")
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    headline = "{table: two, row: [pld], column: MAT, claim: pld beats ar, status: reproduced"
+    (pipelines / "keep.yaml").write_text(f"paper: keep\nstages: [{{table: two}}]\nheadline:\n  - {headline}}}\n"
+                                         f"  - {headline}, versus: {{row: [ar]}}}}\n")
+    plain, versus = [line for line in summary_page(str(tmp_path), pipelines_dir=pipelines).splitlines()
+                     if line.startswith("| keep | pld beats ar | reproduced | – | 1.50 | Intel Xeon, 2 cores; ")]
+    assert "across machines" not in plain
+    assert "; across machines: *pld* on Intel Xeon, 2 cores, *ar* on AMD EPYC, 2 cores |" in versus
     shutil.rmtree(out / "runs")
-    assert headline_origin(table, item, tables) == ("AMD EPYC, 2 cores; Intel Xeon, 2 cores; aaaaaaaaaa, bbbbbbbbbb; "
-                                                    "2026-01-01 to 2026-01-02")
+    assert cell_origin(table, ["pld"], "MAT", tables)[1] == ("AMD EPYC, 2 cores; Intel Xeon, 2 cores; aaaaaaaaaa, "
+                                                             "bbbbbbbbbb; 2026-01-01 to 2026-01-02")
 
 
 def test_summary_and_dry_run_meet_bad_files_in_one_line(tmp_path):

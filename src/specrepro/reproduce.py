@@ -42,9 +42,11 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
+from typing import Annotated
 
 import yaml
 
@@ -55,6 +57,7 @@ from specrepro.provenance import checkout_version, device_description, machine_l
 from specrepro.reuse import REUSE_LOG
 from specrepro.tables import MISSING_CELL, TABLES_DIR, TableSpec, cell_runs, local_runs, runs_origin
 from specrepro.tracking import atomic_write
+from specrepro.yaml_schema import Invalid, Label, Labels, build, items, one_of
 
 PIPELINES_DIR = Path(files("specrepro.pipelines"))  # experiments/reproduce/ in a source checkout
 STAGE_KINDS = ("train", "run", "table")
@@ -88,7 +91,43 @@ def load_pipeline(name: str, pipelines_dir: Path = PIPELINES_DIR) -> tuple[str, 
             raise SpecReproError(f"{path}: stage {i + 1}: {kinds[0]} takes {'a table name' if kinds[0] == 'table' else 'a list of overrides'}")
         if not isinstance(stage.get("committed_inputs", False), bool):
             raise SpecReproError(f"{path}: stage {i + 1}: committed_inputs takes true or false")
+    read_headlines(path, spec)
     return spec["paper"], spec["stages"]
+
+
+STATUSES = ("reproduced", "not reproduced", "not testable here")
+
+
+@dataclass
+class Versus:
+    """The cell a headline's claim compares its own with: `row` of the headline's table (or of `table`), in its
+    column (or `column`)."""
+
+    row: Labels
+    table: str | None = None
+    column: Label | None = None
+
+
+@dataclass
+class Headline:
+    """A row of results/SUMMARY.md: a cell of a committed table, the claim it bears on, and a person's judgment of
+    that claim here (`status`, as the paper's claims page, results/<paper>/README.md, argues it): not measured."""
+
+    table: str
+    row: Labels
+    column: Label
+    claim: str
+    status: Annotated[str, one_of(*STATUSES)]
+    versus: Versus | None = None  # the cell the claim compares with: the page names the machine of each
+
+
+def read_headlines(path: Path, spec: dict) -> list[Headline]:
+    """A pipeline's `headline` entries, checked against `Headline`: one line naming the entry and what is wrong."""
+    try:
+        return [build(Headline, item, f"headline[{i}]")
+                for i, item in enumerate(items(spec["headline"], "headline") if "headline" in spec else [])]
+    except Invalid as exc:
+        raise SpecReproError(f"{path}: {exc}") from None
 
 
 def describe(stage: dict) -> str:
@@ -412,35 +451,49 @@ def origin_text(machines: str, commits: list[str], first: str, last: str) -> str
     return f"{machines}; {code}; {first if last in ('', first) else f'{first} to {last}'}"
 
 
-def table_origin(table_csv: Path) -> str:
-    """Machine, code commit and dates of a committed table, from its CSV's provenance footer."""
+def footer_origin(table_csv: Path) -> tuple[list[str], str]:
+    """(machines, "machine; commit; dates") of a committed table, from its CSV's provenance footer."""
     footer = dict(line[2:].split(": ", 1) for line in table_csv.read_text().splitlines()
                   if line.startswith(("# Machine: ", "# Code: ", "# Dates: ")))
     first, _, last = footer.get("Dates", "unknown").partition(" to ")
-    return origin_text(footer.get("Machine", "unknown"), footer.get("Code", "unknown").split(" (", 1)[0].split(", "),
-                       first, last)
+    machine = footer.get("Machine", "unknown")
+    return machine.split("; "), origin_text(machine, footer.get("Code", "unknown").split(" (", 1)[0].split(", "),
+                                            first, last)
 
 
-def headline_origin(table_csv: Path, item: dict, tables_dir: Path = TABLES_DIR) -> str:
-    """Where one headline cell was measured: the machine, commit and dates of the run behind it, as the table's
-    spec selects it among the runs its row names in the committed inputs beside the table (`runs/`); those of all
-    the row's runs where the cell's own cannot be told; the table's footer where no inputs are committed."""
+def cell_origin(table_csv: Path, row: list[str], column: str, tables_dir: Path = TABLES_DIR) -> tuple[list[str], str]:
+    """(machines, "machine; commit; dates") of one cell of a committed table: the run behind it, as the table's
+    spec selects it among the runs its row names in the committed inputs beside the table (`runs/`); all the row's
+    runs where the cell's own cannot be told; the table's footer where no inputs are committed."""
     header, *body = table_rows(table_csv.read_text())
-    names = next(set(cells[-1].split(";")) for cells in body if cells[: len(item["row"])] == item["row"])
+    names = next(set(cells[-1].split(";")) for cells in body if cells[: len(row)] == row)
     runs = [run for run in local_runs(table_csv.parent) if run.name in names] if (table_csv.parent / "runs").is_dir() \
         else []
     if not runs:
-        return table_origin(table_csv)
+        return footer_origin(table_csv)
     try:
-        spec = TableSpec.load(item["table"], tables_dir)
-        row = next(row for row in spec.rows if list(row.label) == item["row"])
-        column = next(column for column in spec.columns if column.label == item["column"])
-        behind = cell_runs(spec, row, column, runs)
+        spec = TableSpec.load(table_csv.stem, tables_dir)
+        spec_row = next(spec_row for spec_row in spec.rows if list(spec_row.label) == row)
+        spec_column = next(spec_column for spec_column in spec.columns if spec_column.label == column)
+        behind = cell_runs(spec, spec_row, spec_column, runs)
     except (SpecReproError, StopIteration):
         behind = [None]
     machines, commits, dates = runs_origin(runs if None in behind else behind)
-    return origin_text("; ".join(machines) or "unknown", commits or ["unknown"],
-                       dates[0][:10] if dates else "unknown", dates[-1][:10] if dates else "")
+    return machines or ["unknown"], origin_text("; ".join(machines) or "unknown", commits or ["unknown"],
+                                                dates[0][:10] if dates else "unknown", dates[-1][:10] if dates else "")
+
+
+def versus_machines(item: Headline, table_csv: Path, machines: list[str]) -> str:
+    """For a headline whose claim compares its cell with one measured on another machine: the machine of each
+    side (a speedup is a ratio timed on one machine, but one CPU's ratio need not be another's); else ""."""
+    other_csv = table_csv.with_name(f"{item.versus.table or item.table}.csv")
+    if not other_csv.is_file():
+        return ""
+    other, _ = cell_origin(other_csv, item.versus.row, item.versus.column or item.column)
+    if set(other) == set(machines):
+        return ""
+    return (f"; across machines: *{' / '.join(item.row)}* on {' and '.join(machines)}, "
+            f"*{' / '.join(item.versus.row)}* on {' and '.join(other)}")
 
 
 def summary_page(results_dir: str = "results", page_dir: Path | None = None,
@@ -450,18 +503,21 @@ def summary_page(results_dir: str = "results", page_dir: Path | None = None,
     page_dir = Path(page_dir or results_dir)
     lines = ["# What the harness found", "",
              "Headline cells copied from the committed tables: the paper's figure, ours, and where ours was measured "
-             "(machine; commit; dates of the run behind the cell, from its record). A paper's claims page "
-             "(`<paper>/README.md`) says which claims were reproduced and why.", "",
-             "| paper | claim | paper | here | measured on | table |", "|---|---|---|---|---|---|"]
+             "(machine; commit; dates of the run behind the cell, from its record), with the claim's status here "
+             "(reproduced, not reproduced, not testable here: a judgment written beside the claim in "
+             "`experiments/reproduce/<paper>.yaml`, argued on the paper's claims page, `<paper>/README.md`). A claim "
+             "that compares its cell with one measured on another machine names the machine of each.", "",
+             "| paper | claim | status | paper | here | measured on | table |", "|---|---|---|---|---|---|---|"]
     for path in sorted(pipelines_dir.glob("*.yaml")):
         spec = yaml.safe_load(path.read_text())
-        for item in spec.get("headline", []):
-            table = Path(results_dir) / spec["paper"] / f"{item['table']}.csv"
+        for item in read_headlines(path, spec):
+            table = Path(results_dir) / spec["paper"] / f"{item.table}.csv"
             if table.is_file():
-                paper, here = headline_cells(table, item["row"], item["column"])
-                origin = headline_origin(table, item)
-                link = f"[{item['table']}]({Path(os.path.relpath(table.with_suffix('.md'), page_dir)).as_posix()})"
+                paper, here = headline_cells(table, item.row, item.column)
+                machines, origin = cell_origin(table, item.row, item.column)
+                origin += versus_machines(item, table, machines) if item.versus else ""
+                link = f"[{item.table}]({Path(os.path.relpath(table.with_suffix('.md'), page_dir)).as_posix()})"
             else:
                 paper, here, origin, link = "", "not regenerated yet", "", f"`specrepro reproduce {path.stem}`"
-            lines.append(f"| {spec['paper']} | {item['claim']} | {paper} | {here} | {origin} | {link} |")
+            lines.append(f"| {spec['paper']} | {item.claim} | {item.status} | {paper} | {here} | {origin} | {link} |")
     return "\n".join(lines + ["", "- Regenerate: `specrepro summary` (after `specrepro reproduce <paper>`)", ""])
