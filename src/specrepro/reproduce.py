@@ -15,8 +15,8 @@ pipeline: an artifact's name carries the hash of its model and training config, 
 alike (the sps draft of eesd and spec_bench, the SAR heads of sar and eesd) is trained once, and a later pipeline's
 stage reuses it (and the data caches it made), "reused" in stages.json (`--dry-run --check-done` names each train
 stage's artifact that is made already, and says how many of each run stage's runs are done under their current
-names, or which artifact they wait for); what a pipeline trained into its own `<paper>/artifacts/` before is moved there on
-its next call. Each stage is resumable on its own (a finished artifact or run is reused, an interrupted one
+names, or which artifact they wait for); what a pipeline trained into its own `<paper>/artifacts/` before is moved
+there on its next call. Each stage is resumable on its own (a finished artifact or run is reused, an interrupted one
 resumes), so a killed pipeline picks up where it stopped when called again. What each stage took is measured,
 not configured: every call records it in
 `<results dir>/<paper>/stages.json` beside the tables (minutes, machine, commit, date, command), and `--dry-run`

@@ -18,6 +18,8 @@ A table spec is a small YAML file, `experiments/tables/<NAME>.yaml` (see the one
 
 paper, title, rows (each with a label) and columns (each with a label and a key) are required; a key not shown
 here, a value of the wrong type or a paper number for no column makes the spec invalid (one line naming the place).
+The schema is the dataclasses TableSpec, Row, Column and Plot below: their fields' types say what a spec may hold
+(yaml_schema.py reads a spec into them), their `check` methods what one field says about another.
 A selector maps keys to wanted values (a list = any of them; null = a record without the key); a key is a
 metrics.json key (method, model, dataset, decoding, ...) or a dotted path in the run's config.yaml
 (method.num_pred_tokens, dataset.limit, ...). A value written "${NAME}" or "${NAME:-default}" comes from the
@@ -95,7 +97,8 @@ class Column:
     select: Selector = field(default_factory=dict)
     fmt: str = "{:.2f}"
     scale: float = 1.0  # multiplies our value, e.g. 100 for a fraction the paper prints in percent
-    mean_over: Selector = field(default_factory=dict)  # {key: [values]}: the mean of the cells with each value (all needed)
+    # {key: [values]}: the mean of the cells with each value (all needed)
+    mean_over: Selector = field(default_factory=dict)
 
     def check(self, where: str) -> None:
         try:
