@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from specrepro.errors import SpecReproError
-from specrepro.reproduce import PIPELINES_DIR, SUMMARY_PAGE, load_pipeline, parse_stages, summary_page
+from specrepro.reproduce import PIPELINES_DIR, load_pipeline, parse_stages
+from specrepro.summary import SUMMARY_PAGE, summary_page
 from tests.test_runner import FAST, specrepro
 from tests.test_training import TINY_TRAINING
 
@@ -342,7 +343,7 @@ def test_a_headline_says_where_its_own_cell_was_measured(tmp_path):
     """A table merging runs of two machines: a headline's "measured on" is the machine, commit and date of the run
     behind its cell, not the whole table's, and a claim comparing cells of two machines names both; a table without
     committed inputs falls back to its footer."""
-    from specrepro.reproduce import cell_origin
+    from specrepro.summary import cell_origin
     from specrepro.tables import write_table
     from tests.test_tables import _amend, _two_runs
 
@@ -371,7 +372,9 @@ def test_a_headline_says_where_its_own_cell_was_measured(tmp_path):
 
 def test_summary_and_dry_run_meet_bad_files_in_one_line(tmp_path):
     """A missing results dir, a headline column no table has and a corrupt stages.json: one line each, no traceback."""
-    from specrepro.reproduce import headline_cells, read_measured, summary_main
+    from specrepro.reproduce import read_measured
+    from specrepro.summary import headline_cells
+    from specrepro.summary import main as summary_main
 
     with pytest.raises(SpecReproError, match="missing: no such results directory"):
         summary_main(["--results-dir", str(tmp_path / "missing")])

@@ -38,7 +38,7 @@ USAGE = """usage: specrepro {run,train} [hydra overrides...] | specrepro {table,
   specrepro summary                                    (results/SUMMARY.md, copied from the tables)
   specrepro compare RUN OTHER_RUN                      (is one run faster than another on the same prompts?)"""
 SUBCOMMANDS = {"table": "specrepro.tables:main", "reproduce": "specrepro.reproduce:main",
-               "summary": "specrepro.reproduce:summary_main", "compare": "specrepro.compare:main"}
+               "summary": "specrepro.summary:main", "compare": "specrepro.compare:main"}
 POINTER_FILE = "specrepro_run.txt"  # in each Hydra job dir: the run record it wrote
 FAILURE_FILE = "specrepro_failed.txt"  # in each Hydra job dir whose job failed: the one-line reason
 
