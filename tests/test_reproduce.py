@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from specrepro.errors import SpecReproError
-from specrepro.reproduce import PIPELINES_DIR, SUMMARY_PAGE, load_pipeline, parse_stages, summary_page
+from specrepro.reproduce import PIPELINES_DIR, load_pipeline, parse_stages
+from specrepro.summary import SUMMARY_PAGE, summary_page
 from tests.test_runner import FAST, specrepro
 from tests.test_training import TINY_TRAINING
 
@@ -39,7 +40,8 @@ def _pipeline(tmp_path: Path) -> Path:
         {"train": TRAIN},
         {"run": ["-m", "method=ar,sps", "dataset.limit=2", *[o for o in FAST if not o.startswith(("model=", "hardware."))]]},
         {"table": str(tmp_path / "tiny_table.yaml")},
-    ], "headline": [{"table": "tiny_table", "row": ["SPS"], "column": "lossless", "claim": "lossless"}]}
+    ], "headline": [{"table": "tiny_table", "row": ["SPS"], "column": "lossless", "claim": "lossless",
+                     "status": "reproduced"}]}
     (tmp_path / "pipelines").mkdir()
     path = tmp_path / "pipelines" / "tiny.yaml"
     path.write_text(json.dumps(pipeline))  # JSON is YAML
@@ -93,12 +95,12 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     assert "already trained" in again.stdout + again.stderr and "already complete" in again.stdout + again.stderr
     assert sorted(p.name for p in shared.iterdir()) == artifacts
     assert (tmp_path / "results" / "tiny" / "tiny_table.md").read_text() == table
-    progress = specrepro("reproduce", str(pipeline), "--dry-run", *args[2:], cwd=tmp_path).stdout
+    progress = specrepro("reproduce", str(pipeline), "--dry-run", "--check-done", *args[2:], cwd=tmp_path).stdout
     assert re.search(r"\[2/3\] run .*; 2 of 2 run\(s\) done\)", progress), progress
 
     other = tmp_path / "pipelines" / "other.yaml"  # another paper's pipeline training the same component
     other.write_text(json.dumps({"paper": "other", "stages": [{"train": TRAIN}, {"table": "unused"}]}))
-    planned = specrepro("reproduce", str(other), "--dry-run", *args[2:], cwd=tmp_path).stdout
+    planned = specrepro("reproduce", str(other), "--dry-run", "--check-done", *args[2:], cwd=tmp_path).stdout
     assert f"made already: {next(a for a in artifacts if not a.startswith('.'))}" in planned
     specrepro("reproduce", str(other), "--stages", "1", *args[2:], cwd=tmp_path)
     assert written() == records and sorted(p.name for p in shared.iterdir()) == artifacts
@@ -107,24 +109,36 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
 
     page = (tmp_path / "results" / SUMMARY_PAGE).read_text()  # refreshed by the table stage
     assert page == summary_page(str(tmp_path / "results"), pipelines_dir=tmp_path / "pipelines")
-    (row,) = [line for line in page.splitlines() if line.startswith("| tiny | lossless |")]
+    (row,) = [line for line in page.splitlines() if line.startswith("| tiny | lossless | reproduced |")]
     assert row.endswith("| [tiny_table](tiny/tiny_table.md) |") and "| – | 1.00 | " in row
     assert f"; {first['commit'][:10]}" in row and "unknown" not in row  # the table's machine; commit; date
     assert "- Regenerate: `specrepro summary`" in page
 
     for run in list(runs.iterdir()):  # the same settings' records under other names: what other code decoded
         run.rename(run.with_name(run.name + "-old"))
-    progress = specrepro("reproduce", str(pipeline), "--dry-run", *args[2:], cwd=tmp_path).stdout
+    progress = specrepro("reproduce", str(pipeline), "--dry-run", "--check-done", *args[2:], cwd=tmp_path).stdout
     assert re.search(r"\[2/3\] run .*; 0 of 2 run\(s\) done \(2 more decoded by other code: decoded anew\)",
                      progress), progress
 
 
-def test_dry_run_lists_the_stages_and_runs_nothing(tmp_path):
+def test_dry_run_lists_the_stages_and_runs_nothing_without_importing_torch(tmp_path):
     pipeline = _pipeline(tmp_path)
-    out = specrepro("reproduce", str(pipeline), "--dry-run", cwd=tmp_path)
-    assert "0 of the 2 train and run stages measured" in out.stdout and "[1/3] train method=sps" in out.stdout
-    assert "(not timed yet)" in out.stdout and not (tmp_path / "results").exists()
+    (tmp_path / "results" / "tiny").mkdir(parents=True)
+    (tmp_path / "results" / "tiny" / "stages.json").write_text(json.dumps({"train " + " ".join(TRAIN): {
+        "minutes": 12.0, "reused": [], "machine": "m", "commit": "c", "date": "2026-01-01"}}))
+    dry_run = ("import sys; from specrepro.cli import main; sys.argv[1:] = ['reproduce', %r, '--dry-run']; main(); "
+               "print('torch imported:', 'torch' in sys.modules)" % str(pipeline))
+    out = subprocess.run([sys.executable, "-c", dry_run], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "torch imported: False" in out.stdout and "[1/3] train method=sps" in out.stdout
+    assert ("total over all 3 stages: about 12 min for the 1 timed train and run stage(s); 1 not timed yet (not "
+            "counted); 1 table stage(s), under a minute each") in out.stdout
+    assert "[2/3] run -m method=ar,sps" in out.stdout and "(not timed yet)" in out.stdout
+    assert sorted(p.name for p in (tmp_path / "results").rglob("*")) == ["stages.json", "tiny"]  # nothing written
+    out = specrepro("reproduce", str(pipeline), "--dry-run", "--check-done", cwd=tmp_path)
     assert "(not timed yet; 2 run(s), not startable yet: no trained artifact 'sps_draft' for model" in out.stdout  # stage 1's
+    proc = specrepro("reproduce", str(pipeline), "--check-done", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "--check-done goes with --dry-run" in proc.stderr
 
 
 def test_a_dry_run_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
@@ -255,6 +269,12 @@ def test_a_component_two_pipelines_train_is_trained_alike():
     ("paper: x\nstages: [{table: [a]}]\n", "takes a table name"), ("paper: [\n", "not valid YAML"),
     ("paper: x\nstages: [{run: [a=1], committed_inputs: true}]\n", "but a table's committed_inputs"),
     ("paper: x\nstages: [{table: t, committed_inputs: yes please}]\n", "committed_inputs takes true or false"),
+    ("paper: x\nstages: [{table: t}]\nheadline: [{table: t, row: [a], column: c, claim: x, status: maybe}]\n",
+     "bad.yaml: headline\\[0\\].status: expected one of reproduced, not reproduced, not testable here, got 'maybe'"),
+    ("paper: x\nstages: [{table: t}]\nheadline: [{table: t, row: [a], column: c, claim: x}]\n",
+     "headline\\[0\\]: missing required key 'status'"),
+    ("paper: x\nstages: [{table: t}]\nheadline: [{table: t, row: [a], column: c, claim: x, status: reproduced, "
+     "versus: {rwo: [b]}}]\n", "headline\\[0\\].versus: unknown key 'rwo' \\(did you mean 'row'\\?\\)"),
 ])
 def test_a_malformed_pipeline_is_one_line(tmp_path, text, message):
     (tmp_path / "bad.yaml").write_text(text)
@@ -293,6 +313,10 @@ def test_every_headline_names_a_row_and_column_of_its_table(paper):
         spec = TableSpec.load(item["table"])
         assert item["row"] in [list(row.label) for row in spec.rows], item
         assert item["column"] in [column.label for column in spec.columns], item
+        if "versus" in item:  # the cell the claim compares with
+            versus = TableSpec.load(item["versus"].get("table", item["table"]))
+            assert item["versus"]["row"] in [list(row.label) for row in versus.rows], item
+            assert item["versus"].get("column", item["column"]) in [column.label for column in versus.columns], item
 
 
 @pytest.mark.slow  # reads every committed table's inputs
@@ -317,8 +341,9 @@ def test_every_link_on_the_committed_pages_names_a_file_of_the_repository():
 
 def test_a_headline_says_where_its_own_cell_was_measured(tmp_path):
     """A table merging runs of two machines: a headline's "measured on" is the machine, commit and date of the run
-    behind its cell, not the whole table's; a table without committed inputs falls back to its footer."""
-    from specrepro.reproduce import headline_origin
+    behind its cell, not the whole table's, and a claim comparing cells of two machines names both; a table without
+    committed inputs falls back to its footer."""
+    from specrepro.summary import cell_origin
     from specrepro.tables import write_table
     from tests.test_tables import _amend, _two_runs
 
@@ -329,16 +354,27 @@ def test_a_headline_says_where_its_own_cell_was_measured(tmp_path):
         _amend(records, name, provenance={"machine": {"cpu": cpu, "cpu_cores": 2}, "code": {"commit": commit},
                                           "finished_at": f"{day}T00:00:00+00:00"})
     table = write_table("two", records, tables_dir=tables, out_dir=out).with_suffix(".csv")
-    item = {"table": "two", "row": ["pld"], "column": "MAT"}
-    assert headline_origin(table, item, tables) == "Intel Xeon, 2 cores; bbbbbbbbbb; 2026-01-02"
+    assert cell_origin(table, ["pld"], "MAT", tables) == (["Intel Xeon, 2 cores"],
+                                                          "Intel Xeon, 2 cores; bbbbbbbbbb; 2026-01-02")
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    headline = "{table: two, row: [pld], column: MAT, claim: pld beats ar, status: reproduced"
+    (pipelines / "keep.yaml").write_text(f"paper: keep\nstages: [{{table: two}}]\nheadline:\n  - {headline}}}\n"
+                                         f"  - {headline}, versus: {{row: [ar]}}}}\n")
+    plain, versus = [line for line in summary_page(str(tmp_path), pipelines_dir=pipelines).splitlines()
+                     if line.startswith("| keep | pld beats ar | reproduced | – | 1.50 | Intel Xeon, 2 cores; ")]
+    assert "across machines" not in plain
+    assert "; across machines: *pld* on Intel Xeon, 2 cores, *ar* on AMD EPYC, 2 cores |" in versus
     shutil.rmtree(out / "runs")
-    assert headline_origin(table, item, tables) == ("AMD EPYC, 2 cores; Intel Xeon, 2 cores; aaaaaaaaaa, bbbbbbbbbb; "
-                                                    "2026-01-01 to 2026-01-02")
+    assert cell_origin(table, ["pld"], "MAT", tables)[1] == ("AMD EPYC, 2 cores; Intel Xeon, 2 cores; aaaaaaaaaa, "
+                                                             "bbbbbbbbbb; 2026-01-01 to 2026-01-02")
 
 
 def test_summary_and_dry_run_meet_bad_files_in_one_line(tmp_path):
     """A missing results dir, a headline column no table has and a corrupt stages.json: one line each, no traceback."""
-    from specrepro.reproduce import headline_cells, read_measured, summary_main
+    from specrepro.reproduce import read_measured
+    from specrepro.summary import headline_cells
+    from specrepro.summary import main as summary_main
 
     with pytest.raises(SpecReproError, match="missing: no such results directory"):
         summary_main(["--results-dir", str(tmp_path / "missing")])
@@ -360,3 +396,4 @@ def test_a_dry_runs_total_counts_every_stage_and_names_the_untimed():
     assert total_time(stages, measured) == (
         "total over all 4 stages: about 32 min for the 2 timed train and run stage(s) (1 timed while reusing what was "
         "made already: longer from nothing cached); 1 not timed yet (not counted); 1 table stage(s), under a minute each")
+    assert total_time(stages[2:], measured, len(stages)).startswith("total over the 2 chosen of 4 stages: about 0 min")

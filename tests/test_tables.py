@@ -19,7 +19,7 @@ from specrepro.errors import SpecReproError
 from specrepro.metrics.speed import mean_ci95
 from specrepro.reproduce import PIPELINES_DIR, load_pipeline
 from specrepro.plots import read_here, write_plots
-from specrepro.tables import (TABLES_DIR, Column, Row, RunInfo, TableSpec, _mark_ranges, _matches, build_table,
+from specrepro.tables import (TABLES_DIR, Column, Plot, Row, RunInfo, TableSpec, _mark_ranges, _matches, build_table,
                               local_runs, render_csv, write_table)
 from tests.test_runner import FAST, run_dirs, specrepro
 
@@ -235,8 +235,8 @@ def test_plots_show_the_tables_own_numbers(tmp_path):
                Column("Training minutes", "training_minutes", select={"dataset.category": "qa"}, fmt="{:.0f}")]
     spec = TableSpec("t", "p", "title", "", ["Method"], [Row(["pld"], {"method.name": "pld"}),
                                                         Row(["sps"], {"method.name": "sps"})],
-                     columns, plots=[{"name": "bars", "kind": "bars", "columns": ["QA speedup", "RAG speedup"]},
-                                     {"name": "cost", "kind": "scatter", "x": "Training minutes", "y": "QA speedup"}])
+                     columns, plots=[Plot("bars", "bars", columns=["QA speedup", "RAG speedup"]),
+                                     Plot("cost", "scatter", x="Training minutes", y="QA speedup")])
     header, body, footnotes = build_table(spec, runs)
     path = tmp_path / "t.csv"
     path.write_text(render_csv(header, body, footnotes, ["- Machine: test"]))
@@ -254,7 +254,7 @@ def test_a_plot_names_rows_by_the_label_cells_it_asks_for():
     cells = [("pld", "paper", "training-free"), ("sps_tree", "best here", "general mix")]
     here = {"QA speedup": [1.2, None]}
     for label_cells, legend in ((1, ["pld"]), (None, ["pld / paper / training-free"])):
-        plot = {"name": "b", "kind": "bars", "columns": ["QA speedup"], "label_cells": label_cells}
+        plot = Plot("b", "bars", columns=["QA speedup"], label_cells=label_cells)
         figure = draw(plot, cells, here, "title")
         assert [t.get_text() for t in figure.axes[0].get_legend().get_texts()] == legend
         assert figure.axes[0].get_title().endswith("(no number yet: " + ("sps_tree)" if label_cells else
@@ -665,8 +665,8 @@ def test_a_trend_plot_fits_log_x_and_extrapolates_with_the_lines_interval(tmp_pa
                Column("MAT", "mat")]
     spec = TableSpec("t", "p", "title", "", ["Budget"], [Row([str(r.config["method"]["head"])],
                                                            {"method.head": r.config["method"]["head"]}) for r in runs],
-                     columns, plots=[{"name": "curve", "kind": "trend", "x": "Conversations",
-                                      "y": ["Top-1 depth 1", "MAT"], "extrapolate": {"paper": 100_000}}])
+                     columns, plots=[Plot("curve", "trend", x="Conversations", columns=["Top-1 depth 1", "MAT"],
+                                          extrapolate={"paper": 100_000})])
     header, body, footnotes = build_table(spec, runs)
     assert [row[1:4] for row in body] == [["100", "0.10", "1.30"], ["1000", "0.15", "1.50"], ["10000", "0.20", "1.70"]]
     path = tmp_path / "t.csv"

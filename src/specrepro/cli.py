@@ -9,6 +9,7 @@ with status 2; Ctrl-C prints one line saying how to resume and exits with status
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -36,6 +37,8 @@ USAGE = """usage: specrepro {run,train} [hydra overrides...] | specrepro {table,
   specrepro reproduce cllm [--dry-run] [overrides...]   (train, run and tabulate one paper, or all)
   specrepro summary                                    (results/SUMMARY.md, copied from the tables)
   specrepro compare RUN OTHER_RUN                      (is one run faster than another on the same prompts?)"""
+SUBCOMMANDS = {"table": "specrepro.tables:main", "reproduce": "specrepro.reproduce:main",
+               "summary": "specrepro.summary:main", "compare": "specrepro.compare:main"}
 POINTER_FILE = "specrepro_run.txt"  # in each Hydra job dir: the run record it wrote
 FAILURE_FILE = "specrepro_failed.txt"  # in each Hydra job dir whose job failed: the one-line reason
 
@@ -162,15 +165,10 @@ def main() -> None:
         hydra_app("run", run_job, rest)
     elif command == "train":
         hydra_app("train", train_job, rest)
-    elif command in ("table", "reproduce", "summary", "compare"):
-        from specrepro.compare import main as compare_main
-        from specrepro.reproduce import main as reproduce_main
-        from specrepro.reproduce import summary_main
-        from specrepro.tables import main as table_main
-
+    elif command in SUBCOMMANDS:
+        module, function = SUBCOMMANDS[command].split(":")
         try:
-            {"table": table_main, "reproduce": reproduce_main, "summary": summary_main,
-             "compare": compare_main}[command](rest)
+            getattr(importlib.import_module(module), function)(rest)  # only its own imports: a dry run is seconds
         except SpecReproError as exc:
             fail(str(exc))
         except BrokenPipeError:  # stdout closed early (`specrepro reproduce all --dry-run | head`)

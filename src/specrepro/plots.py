@@ -6,10 +6,10 @@ the committed numbers (notebooks/analysis.ipynb draws the same ones from the sam
     plots:
       - {name: speedup_by_category, kind: bars, columns: [Math speedup, RAG speedup], ylabel: "speedup (x)"}
       - {name: speedup_vs_training, kind: scatter, x: Training minutes, y: Mean speedup}
-      - {name: learning_curve, kind: trend, x: Training tokens, y: [Mean MAT, Mean speedup],
+      - {name: learning_curve, kind: trend, x: Training tokens, columns: [Mean MAT, Mean speedup],
          extrapolate: {"EAGLE's budget": 34000000}}
 
-`bars`: one group per column, one bar per row; `scatter`: one point per row; `trend`: one panel per `y` column
+`bars`: one group per column, one bar per row; `scatter`: one point per row; `trend`: one panel per column of `columns`
 against `x` on a log axis, with the least-squares line y = a + b log10(x), the 95% confidence band of that line, and
 its value at each `extrapolate` x (95% interval), also written as `<table>_<plot>.md` with the table's provenance. Every row has a colour of its own
 (and a scatter point a marker of its own), named in a legend beside the axes: no two rows look alike and no label
@@ -31,7 +31,7 @@ from scipy import stats
 matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
-KINDS = {"bars": ("columns",), "scatter": ("x", "y"), "trend": ("x", "y")}
+KINDS = {"bars": ("columns",), "scatter": ("x", "y"), "trend": ("x", "columns")}
 MARKERS = "osD^vP*Xph<>"
 
 
@@ -70,11 +70,11 @@ def number(cell: str) -> float | None:
         return None
 
 
-def draw(plot: dict, label_cells: list[tuple[str, ...]], here: dict[str, list], title: str) -> plt.Figure:
-    """One plot (a spec entry) of the table's numbers."""
-    labels = [" / ".join(cell for cell in cells[: plot.get("label_cells")] if cell) for cells in label_cells]
-    if plot["kind"] == "bars":
-        columns = plot["columns"]
+def draw(plot, label_cells: list[tuple[str, ...]], here: dict[str, list], title: str) -> plt.Figure:
+    """One plot (a spec's `tables.Plot`) of the table's numbers."""
+    labels = [" / ".join(cell for cell in cells[: plot.label_cells] if cell) for cells in label_cells]
+    if plot.kind == "bars":
+        columns = plot.columns
         shown = [i for i in range(len(labels)) if any(here[c][i] is not None for c in columns)]
         figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(columns) + 0.15 * len(columns) * len(shown)) + 3, 4.5))
         width = 0.8 / max(1, len(shown))
@@ -83,20 +83,20 @@ def draw(plot: dict, label_cells: list[tuple[str, ...]], here: dict[str, list], 
             axes.bar([k + slot * width - 0.4 + width / 2 for k in range(len(columns))], values, width, label=labels[i],
                      color=colour)
         axes.set_xticks(range(len(columns)), [c.removesuffix(" speedup") for c in columns])
-        if plot.get("reference") is not None:
-            axes.axhline(plot["reference"], color="black", linewidth=0.8, linestyle="--")
+        if plot.reference is not None:
+            axes.axhline(plot.reference, color="black", linewidth=0.8, linestyle="--")
         axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
-        xs, ys = here[plot["x"]], here[plot["y"]]
+        xs, ys = here[plot.x], here[plot.y]
         shown = [i for i in range(len(labels)) if xs[i] is not None and ys[i] is not None]
         figure, axes = plt.subplots(figsize=(10, 4.5))
         for slot, (i, colour) in enumerate(zip(shown, row_colours(len(shown)))):
             axes.scatter(xs[i], ys[i], color=colour, marker=MARKERS[slot % len(MARKERS)], s=40, label=labels[i])
         axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        axes.set_xlabel(plot.get("xlabel", plot["x"]))
-        if plot.get("reference") is not None:
-            axes.axhline(plot["reference"], color="black", linewidth=0.8, linestyle="--")
-    axes.set_ylabel(plot.get("ylabel", plot.get("y", "")))
+        axes.set_xlabel(plot.x if plot.xlabel is None else plot.xlabel)
+        if plot.reference is not None:
+            axes.axhline(plot.reference, color="black", linewidth=0.8, linestyle="--")
+    axes.set_ylabel(plot.ylabel if plot.ylabel is not None else plot.y or "")
     left_out = [labels[i] for i in range(len(labels)) if i not in shown]
     line_chars = int(13 * (figure.get_figwidth() - 3))  # what a 9-point line holds across the axes (legend beside)
     caption = textwrap.fill(f"(no number yet: {', '.join(left_out)})", line_chars) if left_out else ""
@@ -125,18 +125,17 @@ def log_linear_fit(xs: list[float], ys: list[float]) -> dict | None:
             "slope_ci95": t * spread / math.sqrt(sxx), "predict": predict}
 
 
-def draw_trend(plot: dict, here: dict[str, list], title: str) -> tuple[plt.Figure, list[str]]:
-    """A trend plot (one panel per `y` column) and the lines of its fit's page."""
-    columns = plot["y"] if isinstance(plot["y"], list) else [plot["y"]]
-    extrapolate = plot.get("extrapolate", {})
+def draw_trend(plot, here: dict[str, list], title: str) -> tuple[plt.Figure, list[str]]:
+    """A trend plot (one panel per column of `columns`) and the lines of its fit's page."""
+    columns, extrapolate = plot.columns, plot.extrapolate or {}
     figure, panels = plt.subplots(1, len(columns), figsize=(4.2 * len(columns) + 1, 4.2), squeeze=False)
     lines = ["| Quantity | points | slope per 10x (95% CI) | " + " | ".join(f"at {k} (95% CI)" for k in extrapolate)
              + " |", "|---|---|---|" + "---|" * len(extrapolate)]
     for axes, column in zip(panels[0], columns):
-        points = [(x, y) for x, y in zip(here[plot["x"]], here[column]) if x is not None and y is not None]
+        points = [(x, y) for x, y in zip(here[plot.x], here[column]) if x is not None and y is not None]
         axes.scatter([x for x, _ in points], [y for _, y in points], color="black", s=30, zorder=3, label="measured")
         axes.set_xscale("log")
-        axes.set_xlabel(plot.get("xlabel", plot["x"]))
+        axes.set_xlabel(plot.x if plot.xlabel is None else plot.xlabel)
         axes.set_title(column, fontsize=9)
         fit = log_linear_fit([x for x, _ in points], [y for _, y in points])
         if fit is None:
@@ -156,30 +155,30 @@ def draw_trend(plot: dict, here: dict[str, list], title: str) -> tuple[plt.Figur
             cells.append(f"{value:.3g} ({value - margin:.3g} to {value + margin:.3g})")
         lines.append(f"| {column} | {fit['n']} | {fit['slope']:+.3g} ({fit['slope'] - fit['slope_ci95']:+.3g} to "
                      f"{fit['slope'] + fit['slope_ci95']:+.3g}) | " + " | ".join(cells) + " |")
-        if plot.get("reference") is not None:
-            axes.axhline(plot["reference"], color="black", linewidth=0.8, linestyle="--")
+        if plot.reference is not None:
+            axes.axhline(plot.reference, color="black", linewidth=0.8, linestyle="--")
     panels[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.suptitle(textwrap.fill(title, 150), fontsize=9)
     figure.tight_layout()
     return figure, lines
 
 
-def write_plots(plots: list[dict], csv_path: Path, row_header: list[str], title: str) -> list[Path]:
+def write_plots(plots: list, csv_path: Path, row_header: list[str], title: str) -> list[Path]:
     """Every plot of a table, as PNG files beside its CSV (and a trend's fit as a page); returns their paths."""
     labels, here = read_here(csv_path, row_header)
     written = []
     for plot in plots:
-        if plot["kind"] == "trend":
+        if plot.kind == "trend":
             figure, lines = draw_trend(plot, here, title)
-            page = csv_path.with_name(f"{csv_path.stem}_{plot['name']}.md")
+            page = csv_path.with_name(f"{csv_path.stem}_{plot.name}.md")
             footer = [f"- {line[2:]}" for line in csv_path.read_text().splitlines() if line.startswith("# ")]
-            note = [plot["note"].strip(), ""] if plot.get("note") else []
+            note = [plot.note.strip(), ""] if plot.note else []
             page.write_text("\n".join([f"# {title}: fitted trend", "", *note, *lines, "", "Provenance (the table's):", "",
                                        *footer, ""]))
             written.append(page)
         else:
             figure = draw(plot, labels, here, title)
-        path = csv_path.with_name(f"{csv_path.stem}_{plot['name']}.png")
+        path = csv_path.with_name(f"{csv_path.stem}_{plot.name}.png")
         figure.savefig(path, dpi=120)
         plt.close(figure)
         written.append(path)

@@ -13,14 +13,15 @@ Every run stage records its runs in `<results dir>/reproduce/<paper>/` (one mach
 go to `<results dir>/<paper>/`. Trained components go to `<results dir>/reproduce/artifacts/`, shared by every
 pipeline: an artifact's name carries the hash of its model and training config, so a component two pipelines train
 alike (the sps draft of eesd and spec_bench, the SAR heads of sar and eesd) is trained once, and a later pipeline's
-stage reuses it (and the data caches it made), "reused" in stages.json (`--dry-run` names each train stage's
-artifact that is made already, and says how many of each run stage's runs are done under their current names, or
-which artifact they wait for); what a pipeline trained into its own `<paper>/artifacts/` before is moved there on
-its next call. Each stage is resumable on its own (a finished artifact or run is reused, an interrupted one
+stage reuses it (and the data caches it made), "reused" in stages.json (`--dry-run --check-done` names each train
+stage's artifact that is made already, and says how many of each run stage's runs are done under their current
+names, or which artifact they wait for); what a pipeline trained into its own `<paper>/artifacts/` before is moved
+there on its next call. Each stage is resumable on its own (a finished artifact or run is reused, an interrupted one
 resumes), so a killed pipeline picks up where it stopped when called again. What each stage took is measured,
 not configured: every call records it in
 `<results dir>/<paper>/stages.json` beside the tables (minutes, machine, commit, date, command), and `--dry-run`
-shows it as the stage's expected time. A stage that found something already made (`reuse.py`) is kept there only
+(which reads only the pipeline and stages.json: seconds, no torch) shows it as the stage's expected time and sums it
+in one total over every stage. A stage that found something already made (`reuse.py`) is kept there only
 where no measurement of that stage exists yet. `--stages 2-3,9` runs only those stages: two lanes of one machine
 (or two machines sharing the results dir) each take stages that do not need the other's, with the pipeline's
 exact overrides. A table stage with `committed_inputs: true` also reads the inputs committed beside the table
@@ -41,19 +42,20 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
+from typing import Annotated
 
 import yaml
 
 from specrepro.errors import SpecReproError, one_line
 from specrepro.locks import file_lock, lock_file
-from specrepro.plots import table_rows
 from specrepro.provenance import checkout_version, device_description, machine_label, now
 from specrepro.reuse import REUSE_LOG
-from specrepro.tables import MISSING_CELL, TABLES_DIR, TableSpec, cell_runs, local_runs, runs_origin
 from specrepro.tracking import atomic_write
+from specrepro.yaml_schema import Invalid, Label, Labels, build, items, one_of
 
 PIPELINES_DIR = Path(files("specrepro.pipelines"))  # experiments/reproduce/ in a source checkout
 STAGE_KINDS = ("train", "run", "table")
@@ -87,7 +89,43 @@ def load_pipeline(name: str, pipelines_dir: Path = PIPELINES_DIR) -> tuple[str, 
             raise SpecReproError(f"{path}: stage {i + 1}: {kinds[0]} takes {'a table name' if kinds[0] == 'table' else 'a list of overrides'}")
         if not isinstance(stage.get("committed_inputs", False), bool):
             raise SpecReproError(f"{path}: stage {i + 1}: committed_inputs takes true or false")
+    read_headlines(path, spec)
     return spec["paper"], spec["stages"]
+
+
+STATUSES = ("reproduced", "not reproduced", "not testable here")
+
+
+@dataclass
+class Versus:
+    """The cell a headline's claim compares its own with: `row` of the headline's table (or of `table`), in its
+    column (or `column`)."""
+
+    row: Labels
+    table: str | None = None
+    column: Label | None = None
+
+
+@dataclass
+class Headline:
+    """A row of results/SUMMARY.md: a cell of a committed table, the claim it bears on, and a person's judgment of
+    that claim here (`status`, as the paper's claims page, results/<paper>/README.md, argues it): not measured."""
+
+    table: str
+    row: Labels
+    column: Label
+    claim: str
+    status: Annotated[str, one_of(*STATUSES)]
+    versus: Versus | None = None  # the cell the claim compares with: the page names the machine of each
+
+
+def read_headlines(path: Path, spec: dict) -> list[Headline]:
+    """A pipeline's `headline` entries, checked against `Headline`: one line naming the entry and what is wrong."""
+    try:
+        return [build(Headline, item, f"headline[{i}]")
+                for i, item in enumerate(items(spec["headline"], "headline") if "headline" in spec else [])]
+    except Invalid as exc:
+        raise SpecReproError(f"{path}: {exc}") from None
 
 
 def describe(stage: dict) -> str:
@@ -167,10 +205,10 @@ def expected_time(measurement: dict | None) -> str:
             f"{str(measurement.get('date'))[:10]}, commit {commit}")
 
 
-def total_time(stages: list[dict], measured: dict) -> str:
-    """One total over every stage of a pipeline: the minutes each train and run stage took where it was measured
-    (those measured while finding things already made took less than they would from nothing cached), and how many
-    stages are not timed yet or are tables (under a minute each)."""
+def total_time(stages: list[dict], measured: dict, pipeline_stages: int | None = None) -> str:
+    """One total over every stage of a pipeline (or the `stages` chosen of its `pipeline_stages`): the minutes each
+    train and run stage took where it was measured (those measured while finding things already made took less than
+    they would from nothing cached), and how many stages are not timed yet or are tables (under a minute each)."""
     timed = [measured.get(describe(stage)) for stage in stages if "table" not in stage]
     minutes = [m["minutes"] for m in timed if is_measured(m)]
     reused = sum(1 for m in timed if is_measured(m) and m.get("reused"))
@@ -180,7 +218,9 @@ def total_time(stages: list[dict], measured: dict) -> str:
              + (f" ({reused} timed while reusing what was made already: longer from nothing cached)" if reused else ""),
              f"{untimed} not timed yet" + (" (not counted)" if untimed else ""),
              f"{tables} table stage(s), under a minute each"]
-    return f"total over all {len(stages)} stages: " + "; ".join(parts)
+    chosen = f"the {len(stages)} chosen of {pipeline_stages}" if (pipeline_stages or len(stages)) != len(stages) \
+        else f"all {len(stages)}"
+    return f"total over {chosen} stages: " + "; ".join(parts)
 
 
 def stage_device() -> str | None:
@@ -304,8 +344,10 @@ def run_stage(command: list[str], work_dir: Path) -> tuple[int, float, list[str]
 
 
 def reproduce(name: str, results_dir: str = "results", overrides: list[str] = (), dry_run: bool = False,
-              pipelines_dir: Path = PIPELINES_DIR, only: str | None = None) -> None:
-    """Run (or, with dry_run, list) every stage of one paper's pipeline, or the stage numbers `only` names."""
+              pipelines_dir: Path = PIPELINES_DIR, only: str | None = None, check_done: bool = False) -> None:
+    """Run (or, with dry_run, list) every stage of one paper's pipeline, or the stage numbers `only` names. A dry
+    run reads only the pipeline and its stages.json (no torch: seconds); `check_done` adds what each train and run
+    stage has made already, which composes and names every run (its code: the method modules, torch)."""
     paper, stages = load_pipeline(name, pipelines_dir)
     chosen = parse_stages(only, len(stages)) if only else set(range(1, len(stages) + 1))
     work_dir, out_dir = Path(results_dir) / "reproduce" / paper, Path(results_dir) / paper
@@ -313,20 +355,18 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
     paper_command = " ".join(["specrepro reproduce", name, *overrides])
     measured_path = out_dir / "stages.json"
     measured = read_measured(measured_path)
-    timed = [measured.get(describe(stage)) for stage in stages if "table" not in stage]
-    from_scratch = [m["minutes"] for m in timed if is_measured(m) and not m.get("reused")]
-    print(f"{paper}: {len(stages)} stages; {len(from_scratch)} of the {len(timed)} train and run stages measured from "
-          f"nothing cached, about {sum(from_scratch):.0f} min together ({measured_path}); runs in {work_dir}, "
-          f"artifacts in {shared}, tables in {out_dir}")
+    print(f"{paper}: {len(stages)} stages; runs in {work_dir}, artifacts in {shared}, tables in {out_dir}")
+    print(f"{total_time([stage for i, stage in enumerate(stages, 1) if i in chosen], measured, len(stages))} "
+          f"({measured_path})")
     if not dry_run:
         adopt_earlier_artifacts(work_dir / "artifacts", shared)
     for i, stage in enumerate(stages, 1):
         if i not in chosen:
             continue
         expected = "under a minute" if "table" in stage else expected_time(measured.get(describe(stage)))
-        if dry_run and "train" in stage and (made := made_already(stage, work_dir, list(overrides))):
+        if check_done and "train" in stage and (made := made_already(stage, work_dir, list(overrides))):
             expected += f"; made already: {made}"
-        if dry_run and "run" in stage:
+        if check_done and "run" in stage:
             expected += f"; {runs_done(stage, work_dir, list(overrides))}"
         print(f"[{i}/{len(stages)}] {describe(stage)} ({expected})", flush=True)
         if dry_run:
@@ -346,23 +386,10 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
               f"{f' (the estimate in {measured_path} stays the earlier one)' if kept_earlier else ''}",
               flush=True)
         if "table" in stage:  # the headlines (of this pipeline and those beside it) follow the tables
+            from specrepro.summary import SUMMARY_PAGE, summary_page  # the table code: not imported by a dry run
+
             beside = Path(name).parent if name.endswith(".yaml") else pipelines_dir
             atomic_write(Path(results_dir) / SUMMARY_PAGE, summary_page(results_dir, pipelines_dir=beside))
-    if dry_run:
-        print(total_time([stage for i, stage in enumerate(stages, 1) if i in chosen], measured))
-
-
-def summary_main(args: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="specrepro summary",
-                                     description="Copy each pipeline's headline cells from the committed tables.")
-    parser.add_argument("--results-dir", default="results", help="where the tables are (<dir>/<paper>/<table>.csv)")
-    parser.add_argument("--out", default=None, help=f"the page to write (default <results dir>/{SUMMARY_PAGE})")
-    opts = parser.parse_args(args)
-    if not Path(opts.results_dir).is_dir():
-        raise SpecReproError(f"{opts.results_dir}: no such results directory")
-    out = Path(opts.out or Path(opts.results_dir) / SUMMARY_PAGE)
-    atomic_write(out, summary_page(opts.results_dir, out.parent))
-    print(f"wrote {out}")
 
 
 def main(args: list[str]) -> None:
@@ -375,87 +402,15 @@ def main(args: list[str]) -> None:
                                                                  "tables under <dir>/<paper>")
     parser.add_argument("--dry-run", action="store_true",
                         help="list the stages, their expected time and what is done already; run nothing")
+    parser.add_argument("--check-done", action="store_true",
+                        help="with --dry-run: also say which artifacts are made and how many runs are done (composes "
+                             "and names every run: a minute or more)")
     parser.add_argument("--stages", default=None, help="only these stage numbers, e.g. 2-3,9 (see --dry-run)")
     opts = parser.parse_intermixed_args(args)  # options before or after the overrides
     if opts.stages and opts.paper == "all":
         raise SpecReproError("--stages picks stages of one pipeline, not of all")
+    if opts.check_done and not opts.dry_run:
+        raise SpecReproError("--check-done goes with --dry-run (a run finds what is done as it goes)")
     names = sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")) if opts.paper == "all" else [opts.paper]
     for name in names:
-        reproduce(name, opts.results_dir, opts.overrides, opts.dry_run, only=opts.stages)
-
-
-SUMMARY_PAGE = "SUMMARY.md"
-
-
-def headline_cells(table_csv: Path, row: list[str], column: str) -> tuple[str, str]:
-    """The (paper, here) cells of one row and column of a committed table's CSV (paper: MISSING_CELL in a table
-    without paper columns)."""
-    header, *body = table_rows(table_csv.read_text())
-    if f"{column} (here)" not in header:
-        raise SpecReproError(f"{table_csv}: no column {column}")
-    for cells in body:
-        if cells[: len(row)] == row:
-            paper = f"{column} (paper)"
-            return (cells[header.index(paper)] if paper in header else MISSING_CELL), cells[header.index(f"{column} (here)")]
-    raise SpecReproError(f"{table_csv}: no row {' / '.join(row)}")
-
-
-def origin_text(machines: str, commits: list[str], first: str, last: str) -> str:
-    """"machine; commit; dates" as the summary page shows where a figure was measured."""
-    code = ", ".join(commits) if len(commits) <= 2 else f"{len(commits)} commits"
-    return f"{machines}; {code}; {first if last in ('', first) else f'{first} to {last}'}"
-
-
-def table_origin(table_csv: Path) -> str:
-    """Machine, code commit and dates of a committed table, from its CSV's provenance footer."""
-    footer = dict(line[2:].split(": ", 1) for line in table_csv.read_text().splitlines()
-                  if line.startswith(("# Machine: ", "# Code: ", "# Dates: ")))
-    first, _, last = footer.get("Dates", "unknown").partition(" to ")
-    return origin_text(footer.get("Machine", "unknown"), footer.get("Code", "unknown").split(" (", 1)[0].split(", "),
-                       first, last)
-
-
-def headline_origin(table_csv: Path, item: dict, tables_dir: Path = TABLES_DIR) -> str:
-    """Where one headline cell was measured: the machine, commit and dates of the run behind it, as the table's
-    spec selects it among the runs its row names in the committed inputs beside the table (`runs/`); those of all
-    the row's runs where the cell's own cannot be told; the table's footer where no inputs are committed."""
-    header, *body = table_rows(table_csv.read_text())
-    names = next(set(cells[-1].split(";")) for cells in body if cells[: len(item["row"])] == item["row"])
-    runs = [run for run in local_runs(table_csv.parent) if run.name in names] if (table_csv.parent / "runs").is_dir() \
-        else []
-    if not runs:
-        return table_origin(table_csv)
-    try:
-        spec = TableSpec.load(item["table"], tables_dir)
-        row = next(row for row in spec.rows if list(row.label) == item["row"])
-        column = next(column for column in spec.columns if column.label == item["column"])
-        behind = cell_runs(spec, row, column, runs)
-    except (SpecReproError, StopIteration):
-        behind = [None]
-    machines, commits, dates = runs_origin(runs if None in behind else behind)
-    return origin_text("; ".join(machines) or "unknown", commits or ["unknown"],
-                       dates[0][:10] if dates else "unknown", dates[-1][:10] if dates else "")
-
-
-def summary_page(results_dir: str = "results", page_dir: Path | None = None,
-                 pipelines_dir: Path = PIPELINES_DIR) -> str:
-    """The summary page: one row per pipeline headline, its cells copied from the committed tables under
-    `results_dir` with their origin, the table linked relative to `page_dir` (default `results_dir`)."""
-    page_dir = Path(page_dir or results_dir)
-    lines = ["# What the harness found", "",
-             "Headline cells copied from the committed tables: the paper's figure, ours, and where ours was measured "
-             "(machine; commit; dates of the run behind the cell, from its record). A paper's claims page "
-             "(`<paper>/README.md`) says which claims were reproduced and why.", "",
-             "| paper | claim | paper | here | measured on | table |", "|---|---|---|---|---|---|"]
-    for path in sorted(pipelines_dir.glob("*.yaml")):
-        spec = yaml.safe_load(path.read_text())
-        for item in spec.get("headline", []):
-            table = Path(results_dir) / spec["paper"] / f"{item['table']}.csv"
-            if table.is_file():
-                paper, here = headline_cells(table, item["row"], item["column"])
-                origin = headline_origin(table, item)
-                link = f"[{item['table']}]({Path(os.path.relpath(table.with_suffix('.md'), page_dir)).as_posix()})"
-            else:
-                paper, here, origin, link = "", "not regenerated yet", "", f"`specrepro reproduce {path.stem}`"
-            lines.append(f"| {spec['paper']} | {item['claim']} | {paper} | {here} | {origin} | {link} |")
-    return "\n".join(lines + ["", "- Regenerate: `specrepro summary` (after `specrepro reproduce <paper>`)", ""])
+        reproduce(name, opts.results_dir, opts.overrides, opts.dry_run, only=opts.stages, check_done=opts.check_done)

@@ -18,6 +18,8 @@ A table spec is a small YAML file, `experiments/tables/<NAME>.yaml` (see the one
 
 paper, title, rows (each with a label) and columns (each with a label and a key) are required; a key not shown
 here, a value of the wrong type or a paper number for no column makes the spec invalid (one line naming the place).
+The schema is the dataclasses TableSpec, Row, Column and Plot below: their fields' types say what a spec may hold
+(yaml_schema.py reads a spec into them), their `check` methods what one field says about another.
 A selector maps keys to wanted values (a list = any of them; null = a record without the key); a key is a
 metrics.json key (method, model, dataset, decoding, ...) or a dotted path in the run's config.yaml
 (method.num_pred_tokens, dataset.limit, ...). A value written "${NAME}" or "${NAME:-default}" comes from the
@@ -36,7 +38,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
-import difflib
 import io
 import json
 import logging
@@ -48,6 +49,7 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Annotated
 
 import yaml
 
@@ -56,6 +58,7 @@ from specrepro.metrics.speed import mean_ci95
 from specrepro.plots import KINDS, table_rows, write_plots
 from specrepro.provenance import machine_label
 from specrepro.tracking import RunRecord, atomic_write, complete_runs, wandb_mode
+from specrepro.yaml_schema import Invalid, Label, Labels, build, kind, mapping, one_of, optional
 
 log = logging.getLogger(__name__)
 
@@ -63,21 +66,98 @@ TABLES_DIR = Path(files("specrepro.table_specs"))  # experiments/tables/ in a so
 MISSING_CELL = "–"
 
 
+# ---- the spec's schema (yaml_schema.py: each field's type says what its YAML value may be) ----
+
+def _selector(value, where: str) -> dict:
+    """Keys to a wanted value or a list of them (strings, numbers, booleans, null)."""
+    for key, wanted in mapping(value, where).items():
+        for one in wanted if isinstance(wanted, list) else [wanted]:
+            if isinstance(one, (dict, list)):
+                raise Invalid(f"{where}: {key}: expected a value or a list of values, got {kind(one)}")
+    return value
+
+
+def _paper_numbers(value, where: str) -> dict:
+    """Column label -> the paper's number (or text, as printed)."""
+    numbers = {}
+    for key, number in mapping(value, where).items():
+        if isinstance(number, (dict, list)):
+            raise Invalid(f"{where}: {key}: expected a number or string, got {kind(number)}")
+        numbers[str(key)] = number
+    return numbers
+
+
+def _positive_numbers(value, where: str) -> dict:
+    """Names to positive numbers (a trend's `extrapolate`)."""
+    for key, number in mapping(value, where).items():
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or number <= 0:
+            raise Invalid(f"{where}: {key}: expected a positive number, got {kind(number)}")
+    return value
+
+
+Selector = Annotated[dict, _selector]
+
+
 @dataclass
 class Column:
-    label: str
+    label: Label
     key: str
-    select: dict = field(default_factory=dict)
+    select: Selector = field(default_factory=dict)
     fmt: str = "{:.2f}"
     scale: float = 1.0  # multiplies our value, e.g. 100 for a fraction the paper prints in percent
-    mean_over: dict = field(default_factory=dict)  # {key: [values]}: the mean of the cells with each value (all needed)
+    # {key: [values]}: the mean of the cells with each value (all needed)
+    mean_over: Selector = field(default_factory=dict)
+
+    def check(self, where: str) -> None:
+        try:
+            self.fmt.format(1.0)
+        except (ValueError, IndexError, KeyError) as exc:
+            raise Invalid(f"{where}.fmt: {self.fmt!r} cannot format a number ({one_line(exc)})") from None
+        if len(self.mean_over) > 1 or any(not isinstance(v, list) or not v for v in self.mean_over.values()):
+            raise Invalid(f"{where}.mean_over: expected one key and a non-empty list of its values")
 
 
 @dataclass
 class Row:
-    label: list[str]
-    select: dict = field(default_factory=dict)
-    paper: dict = field(default_factory=dict)  # column label -> the paper's number (or text, as printed)
+    label: Labels
+    select: Selector = field(default_factory=dict)
+    paper: Annotated[dict, _paper_numbers] = field(default_factory=dict)  # column label -> the paper's number
+
+    def check(self, where: str, spec: "TableSpec") -> None:
+        """Its label fills at most the row_header's columns; its paper numbers name columns."""
+        if len(self.label) > len(spec.row_header):
+            raise Invalid(f"{where}.label: {len(self.label)} labels, but row_header has {len(spec.row_header)}")
+        for key in self.paper:
+            if key not in {column.label for column in spec.columns}:
+                raise Invalid(f"{where}.paper: no column labelled '{key}'")
+
+
+@dataclass
+class Plot:
+    """A figure of the table's "here" cells (plots.py): bars of `columns`, a scatter of column `x` against `y`, or a
+    trend of `columns` against `x` (a fitted line, extrapolated to `extrapolate`), each named by its label."""
+
+    name: str
+    kind: Annotated[str, one_of(*KINDS)]
+    columns: Labels | None = None
+    x: Label | None = None
+    y: Label | None = None
+    xlabel: str | None = None  # default: x
+    ylabel: str | None = None  # default: y (bars: none)
+    reference: float | None = None  # a dashed line at this value
+    label_cells: int | None = None  # a row is named by its first N label cells (default: all)
+    extrapolate: Annotated[dict, _positive_numbers] | None = None  # a trend's line at these named x values
+    note: str | None = None  # a trend's page says this above its fit
+
+    def check(self, where: str, spec: "TableSpec") -> None:
+        for key in KINDS[self.kind]:
+            if getattr(self, key) is None:
+                raise Invalid(f"{where}: a {self.kind} plot needs '{key}'")
+            for name in _as_list(getattr(self, key)):
+                if name not in {column.label for column in spec.columns}:
+                    raise Invalid(f"{where}.{key}: no column labelled '{name}'")
+        if self.label_cells is not None and self.label_cells < 1:
+            raise Invalid(f"{where}.label_cells: expected a positive integer, got {self.label_cells!r}")
 
 
 @dataclass
@@ -85,13 +165,13 @@ class TableSpec:
     name: str
     paper: str
     title: str
-    source: str
-    row_header: list[str]
+    source: str = optional("")  # the paper and table the numbers come from
+    row_header: Labels = optional(["Row"])
     rows: list[Row]
     columns: list[Column]
-    select: dict = field(default_factory=dict)
+    select: Selector = field(default_factory=dict)
     note: str = ""
-    plots: list[dict] = field(default_factory=list)
+    plots: list[Plot] = field(default_factory=list)
 
     @property
     def has_paper_numbers(self) -> bool:
@@ -107,155 +187,20 @@ class TableSpec:
             raise SpecReproError(f"no table spec '{name}' ({path} does not exist; known: {known})")
         try:
             return cls.from_yaml(path.stem, yaml.safe_load(path.read_text()))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError, _Invalid) as exc:
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, Invalid) as exc:
             raise SpecReproError(f"invalid table spec {path}: {one_line(exc)}") from None
 
     @classmethod
     def from_yaml(cls, name: str, raw) -> "TableSpec":
-        """The spec from its parsed YAML, checked against the schema (module docstring); _Invalid says what is wrong."""
-        raw = _mapping(raw, "top level", required=("paper", "title", "rows", "columns"),
-                       optional=("source", "select", "row_header", "note", "plots"))
-        columns = [_column(c, f"columns[{i}]") for i, c in enumerate(_items(raw["columns"], "columns"))]
-        row_header = _labels(raw.get("row_header", ["Row"]), "row_header")
-        rows = [_row(r, f"rows[{i}]", columns, len(row_header)) for i, r in enumerate(_items(raw["rows"], "rows"))]
-        plots = [_plot(p, f"plots[{i}]", columns) for i, p in enumerate(_items(raw["plots"], "plots"))] \
-            if "plots" in raw else []
-        return cls(name=name, paper=_text(raw["paper"], "paper"), title=_text(raw["title"], "title"),
-                   source=_text(raw.get("source", ""), "source"), row_header=row_header, rows=rows, columns=columns,
-                   select=_selector(raw.get("select", {}), "select"), note=_text(raw.get("note", ""), "note"),
-                   plots=plots)
-
-
-# ---- the spec's schema ----
-
-class _Invalid(Exception):
-    """A spec that does not fit the schema; the message says where (`rows[2].select`) and what is wrong."""
-
-
-def _kind(value) -> str:
-    """What a value is, for a message: "a mapping", "a list", "null", or a scalar's type and value."""
-    if value is None:
-        return "null"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list" if value else "an empty list"
-    kinds = {str: "a string", bool: "a boolean", int: "a number", float: "a number"}
-    kind = kinds.get(type(value), type(value).__name__)
-    return f"{kind} {value!r:.40}"
-
-
-def _mapping(value, where: str, required: tuple = (), optional: tuple = ()) -> dict:
-    """`value` if it is a mapping; given `required`/`optional`, with every required key and no other."""
-    if not isinstance(value, dict):
-        raise _Invalid(f"{where}: expected a mapping, got {_kind(value)}")
-    allowed = (*required, *optional)
-    unknown = [key for key in value if key not in allowed] if allowed else []
-    if unknown:
-        close = difflib.get_close_matches(str(unknown[0]), allowed, n=1)
-        hint = f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(allowed)}"
-        raise _Invalid(f"{where}: unknown key '{unknown[0]}' ({hint})")
-    for key in required:
-        if key not in value:
-            raise _Invalid(f"{where}: missing required key '{key}'")
-    return value
-
-
-def _items(value, where: str) -> list:
-    if not isinstance(value, list) or not value:
-        raise _Invalid(f"{where}: expected a non-empty list, got {_kind(value)}")
-    return value
-
-
-def _text(value, where: str) -> str:
-    if not isinstance(value, str):
-        raise _Invalid(f"{where}: expected a string, got {_kind(value)}")
-    return value
-
-
-def _label(value, where: str) -> str:
-    """A label: a string, or a number (`[pld, 2]`)."""
-    if value is None or isinstance(value, (dict, list)):
-        raise _Invalid(f"{where}: expected a string or number, got {_kind(value)}")
-    return str(value)
-
-
-def _labels(value, where: str) -> list[str]:
-    """One label or a list of them."""
-    return [_label(label, where) for label in (value if isinstance(value, list) else [value])]
-
-
-def _selector(value, where: str) -> dict:
-    """Keys to a wanted value or a list of them (strings, numbers, booleans, null)."""
-    for key, wanted in _mapping(value, where).items():
-        for one in wanted if isinstance(wanted, list) else [wanted]:
-            if isinstance(one, (dict, list)):
-                raise _Invalid(f"{where}: {key}: expected a value or a list of values, got {_kind(one)}")
-    return value
-
-
-def _column(raw, where: str) -> Column:
-    raw = _mapping(raw, where, required=("label", "key"), optional=("select", "fmt", "scale", "mean_over"))
-    fmt = _text(raw.get("fmt", "{:.2f}"), f"{where}.fmt")
-    try:
-        fmt.format(1.0)
-    except (ValueError, IndexError, KeyError) as exc:
-        raise _Invalid(f"{where}.fmt: {fmt!r} cannot format a number ({one_line(exc)})") from None
-    scale = raw.get("scale", 1.0)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise _Invalid(f"{where}.scale: expected a number, got {_kind(scale)}")
-    mean_over = _selector(raw.get("mean_over", {}), f"{where}.mean_over")
-    if len(mean_over) > 1 or any(not isinstance(v, list) or not v for v in mean_over.values()):
-        raise _Invalid(f"{where}.mean_over: expected one key and a non-empty list of its values")
-    return Column(label=_label(raw["label"], f"{where}.label"), key=_text(raw["key"], f"{where}.key"),
-                  select=_selector(raw.get("select", {}), f"{where}.select"), fmt=fmt, scale=float(scale),
-                  mean_over=mean_over)
-
-
-def _row(raw, where: str, columns: list[Column], width: int) -> Row:
-    """A row; its label fills at most `width` (row_header) columns, its paper numbers name columns."""
-    raw = _mapping(raw, where, required=("label",), optional=("select", "paper"))
-    label = _labels(raw["label"], f"{where}.label")
-    if len(label) > width:
-        raise _Invalid(f"{where}.label: {len(label)} labels, but row_header has {width}")
-    paper = {}
-    for key, number in _mapping(raw.get("paper", {}), f"{where}.paper").items():
-        if str(key) not in {column.label for column in columns}:
-            raise _Invalid(f"{where}.paper: no column labelled '{key}'")
-        if isinstance(number, (dict, list)):
-            raise _Invalid(f"{where}.paper: {key}: expected a number or string, got {_kind(number)}")
-        paper[str(key)] = number
-    return Row(label=label, select=_selector(raw.get("select", {}), f"{where}.select"), paper=paper)
-
-
-def _plot(raw, where: str, columns: list[Column]) -> dict:
-    """A plot: a name, a kind (bars: `columns`; scatter: `x` and `y`), each naming a column by its label."""
-    raw = _mapping(raw, where, required=("name", "kind"),
-                   optional=("columns", "x", "y", "xlabel", "ylabel", "reference", "label_cells", "extrapolate", "note"))
-    kind = _text(raw["kind"], f"{where}.kind")
-    if kind not in KINDS:
-        raise _Invalid(f"{where}.kind: expected one of {', '.join(KINDS)}, got '{kind}'")
-    labels = {column.label for column in columns}
-    for key in KINDS[kind]:
-        if key not in raw:
-            raise _Invalid(f"{where}: a {kind} plot needs '{key}'")
-        for label in _labels(raw[key], f"{where}.{key}"):
-            if label not in labels:
-                raise _Invalid(f"{where}.{key}: no column labelled '{label}'")
-    if not isinstance(raw.get("reference", 0), (int, float)) or isinstance(raw.get("reference"), bool):
-        raise _Invalid(f"{where}.reference: expected a number, got {_kind(raw['reference'])}")
-    if kind == "scatter" and (isinstance(raw["x"], list) or isinstance(raw["y"], list)):
-        raise _Invalid(f"{where}: a scatter plot's x and y are one column each")
-    if kind == "trend" and isinstance(raw["x"], list):
-        raise _Invalid(f"{where}.x: a trend's x is one column")
-    extrapolate = raw.get("extrapolate", {})
-    if not isinstance(extrapolate, dict) or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in extrapolate.values()):
-        raise _Invalid(f"{where}.extrapolate: expected a mapping of names to positive x values, got {extrapolate!r}")
-    cells = raw.get("label_cells", 1)
-    if not isinstance(cells, int) or isinstance(cells, bool) or cells < 1:
-        raise _Invalid(f"{where}.label_cells: expected a positive integer, got {cells!r}")
-    return {**raw, "name": _text(raw["name"], f"{where}.name")}
+        """The spec from its parsed YAML, checked against the schema (module docstring); Invalid says what is wrong."""
+        spec = build(cls, raw, name=name)
+        for i, column in enumerate(spec.columns):
+            column.check(f"columns[{i}]")
+        for i, row in enumerate(spec.rows):
+            row.check(f"rows[{i}]", spec)
+        for i, plot in enumerate(spec.plots):
+            plot.check(f"plots[{i}]", spec)
+        return spec
 
 
 def _as_list(value) -> list:
@@ -332,7 +277,7 @@ def _read_config(path: Path) -> dict:
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise ValueError(f"{path}: {one_line(exc)}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{path}: expected a mapping, got {_kind(value)}")
+        raise ValueError(f"{path}: expected a mapping, got {kind(value)}")
     return value
 
 
@@ -751,5 +696,5 @@ def main(args: list[str]) -> None:
     path = write_table(opts.name, opts.results_dir or ["results"], opts.source, opts.project, opts.entity, opts.group,
                        out_dir=opts.out_dir, command=opts.command, keep_rows=opts.keep_rows)
     print(path.read_text())
-    plots = [path.with_name(f"{path.stem}_{plot['name']}.png") for plot in TableSpec.load(opts.name).plots]
+    plots = [path.with_name(f"{path.stem}_{plot.name}.png") for plot in TableSpec.load(opts.name).plots]
     print(f"wrote {path} and {path.with_suffix('.csv')}" + "".join(f", {plot}" for plot in plots))
