@@ -124,8 +124,9 @@ class Datastore:
         if vocab_size is not None and settings.get("vocab_size", 0) > vocab_size:
             raise SpecReproError(f"the datastore {Path(directory).name} was built for a vocabulary of "
                                  f"{settings['vocab_size']} tokens, this target has {vocab_size}")
-        return cls(np.load(Path(directory) / TOKENS_FILE, mmap_mode="r"),
-                   np.load(Path(directory) / SUFFIXES_FILE, mmap_mode="r"), settings)
+        # memory-mapped (processes share the pages), as plain arrays: a memmap's indexing costs ten times more
+        return cls(np.asarray(np.load(Path(directory) / TOKENS_FILE, mmap_mode="r")),
+                   np.asarray(np.load(Path(directory) / SUFFIXES_FILE, mmap_mode="r")), settings)
 
     def occurrences(self, pattern: list[int]) -> tuple[int, int]:
         """The range [lo, hi) of the suffix array whose suffixes start with `pattern`."""
@@ -152,10 +153,10 @@ class Datastore:
     def continuations(self, n: int, lo: int, hi: int, matches: int, length: int) -> np.ndarray:
         """(rows, length) the tokens after up to `matches` occurrences of an n-token suffix (suffix-array range lo..hi,
         evenly spaced when more), in suffix-array order; SEPARATOR from a document's end on."""
-        picked = np.asarray(self.suffixes[lo:hi]) if hi - lo <= matches else \
-            np.asarray(self.suffixes)[np.linspace(lo, hi - 1, matches).astype(np.int64)]
+        picked = self.suffixes[lo:hi] if hi - lo <= matches else \
+            self.suffixes[np.linspace(lo, hi - 1, matches).astype(np.int64)]
         index = np.minimum(picked.astype(np.int64)[:, None] + n + np.arange(length), len(self.tokens) - 1)
-        rows = np.asarray(self.tokens[index.ravel()]).reshape(index.shape)
+        rows = self.tokens[index]
         ended = np.logical_or.accumulate(rows == SEPARATOR, axis=1)  # the last token is a separator: never past it
         rows[ended] = SEPARATOR
         return rows
