@@ -16,7 +16,7 @@ from specrepro import decoding
 from specrepro.data import load_records
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding.ar import ARDecoder
-from specrepro.decoding.rest import SEPARATOR, Datastore, RestConfig, RestDecoder, frequent_trie
+from specrepro.decoding.rest import SEPARATOR, Datastore, RestConfig, RestDecoder, frequent_trie, merge_into_trie
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
 from specrepro.training.rest_datastore import RestDatastoreConfig, build_rest_datastore, corpus_documents
@@ -73,6 +73,14 @@ def test_the_trie_is_the_continuations_prefixes_whatever_the_budget():
             assert max(weight[p] for p in left_out) <= min(weight[p] for p in paths)
 
 
+def test_the_context_chain_comes_first_and_the_trie_fills_the_budget():
+    tokens, parents = [3, 4, 7, 5, 6], [-1, 0, 1, 0, -1]  # the trie of the test above
+    assert merge_into_trie([3, 5, 9], tokens, parents, 10) == ([3, 5, 9, 4, 7, 6], [-1, 0, 1, 0, 3, -1])
+    assert merge_into_trie([8], tokens, parents, 3) == ([8, 3, 4], [-1, -1, 1])  # 7 would be the 4th; 5, 6 too
+    assert merge_into_trie([], tokens, parents, 10) == (tokens, parents)
+    assert merge_into_trie([1, 2], [], [], 1) == ([1], [-1])
+
+
 def datastore_for(target, extra=()) -> Datastore:
     """A datastore of random documents plus the tiny target's own greedy continuations of some prompts."""
     ar = ARDecoder(target)
@@ -96,7 +104,7 @@ def test_greedy_equals_ar(target, cfg, stop_at_eos):
             gen = decoder.generate(prompt, GREEDY, budget)
             assert gen.token_ids == reference.token_ids
             assert sum(gen.accepted) + 1 == len(gen.token_ids)
-            assert max(gen.drafted, default=0) <= cfg.tree_nodes + (cfg.continuation if cfg.prompt_lookup else 0)
+            assert max(gen.drafted, default=0) <= cfg.tree_nodes
 
 
 def test_retrieved_continuations_cut_the_steps(target):

@@ -24,9 +24,10 @@ Beyond the paper, and labelled so in the presets:
 - where a suffix has more than `matches` occurrences, REST's retriever reads the first ones in suffix-array order;
   here `matches` occurrences evenly spaced over the range (the same cost; their counts stand for the whole range);
 - `prompt_lookup` (the `rest_pld` preset): first look the last n-gram up in the prompt and the output so far, as
-  `pld` does (decoding/pld.py's `lookup_ngram`), and draft its continuation; the datastore only when it has no match.
-  SAM-Decoding (Hu et al., 2024, "SAM Decoding: Speculative Decoding via Suffix Automaton") drafts from such a
-  local source and a corpus alike, each where it matches.
+  `pld` does (decoding/pld.py's `lookup_ngram`), and draft its continuation as the main chain; the datastore's trie
+  fills the rest of the `tree_nodes` (a node that repeats a chain node merges into it), so with no match in the
+  context the draft is REST's alone. SAM-Decoding (Hu et al., 2024, "SAM Decoding: Speculative Decoding via Suffix
+  Automaton") drafts from such a local source and a corpus alike.
 
 The suffix array is built by pydivsufsort (libdivsufsort's Python binding, MIT, manylinux wheels with no build
 step): a well-kept O(n log n) suffix sorter that takes an int32 token array as its alphabet directly, 8M tokens
@@ -62,7 +63,7 @@ class RestConfig(MethodConfig):
     matches: int = 5000  # occurrences whose continuations are read (REST's retriever: 5,000)
     continuation: int = 10  # m: tokens read after each occurrence, the tree's depth (REST's 10)
     tree_nodes: int = 64  # c: the trie's heaviest nodes drafted (section 3.3: 64)
-    prompt_lookup: bool = False  # beyond the paper: pld's lookup in prompt + output first, the datastore if none
+    prompt_lookup: bool = False  # beyond the paper: pld's chain from prompt + output first, the datastore's trie after
     max_ngram: int = 3  # prompt_lookup's n-grams, longest first (pld's defaults)
     min_ngram: int = 1
 
@@ -198,6 +199,34 @@ def frequent_trie(rows: np.ndarray, nodes: int) -> tuple[list[int], list[int]]:
     return tokens, parents
 
 
+def merge_into_trie(chain: list[int], tokens: list[int], parents: list[int], nodes: int) -> tuple[list[int], list[int]]:
+    """The `chain` (nodes 0, 1, ...) and then the tree (tokens, parents) as one trie of at most `nodes` nodes: a node
+    that repeats one already placed (same parent, same token) merges into it, and a node left out leaves out its
+    subtree."""
+    placed: dict[tuple[int, int], int] = {}
+    merged_tokens: list[int] = []
+    merged_parents: list[int] = []
+
+    def place(parent: int | None, token: int) -> int | None:
+        if parent is None:
+            return None
+        if (parent, token) not in placed:
+            if len(merged_tokens) == nodes:
+                return None
+            placed[(parent, token)] = len(merged_tokens)
+            merged_tokens.append(token)
+            merged_parents.append(parent)
+        return placed[(parent, token)]
+
+    node = -1
+    for token in chain:
+        node = place(node, token)
+    where: list[int | None] = []  # each tree node's place in the trie
+    for token, parent in zip(tokens, parents):
+        where.append(place(-1 if parent < 0 else where[parent], token))
+    return merged_tokens, merged_parents
+
+
 def find_datastore(ref: str, artifacts_dir, target) -> Path:
     """The newest complete `<ref>` / `<ref>-<model>-*` datastore artifact built for `target` (a model's name or
     identity)."""
@@ -236,19 +265,19 @@ class RestDecoder(DraftVerifyDecoder):
 
     @property
     def max_step_width(self) -> int:
-        return 1 + max(self.cfg.tree_nodes, self.cfg.continuation if self.cfg.prompt_lookup else 0)
+        return 1 + self.cfg.tree_nodes
 
     def propose(self, state, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
-        if self.cfg.prompt_lookup:  # beyond the paper: the prompt and the output so far first (pld, SAM-Decoding)
-            chain = lookup_ngram(tokens[0], self.cfg.max_ngram, self.cfg.min_ngram, k, latest=True)
-            if chain.numel():
-                return Proposal(chain)
+        drafts, parents = [], []
         context = tokens[0, -self.cfg.max_suffix :].tolist()
         n, lo, hi = self.datastore.longest_suffix(context, self.cfg.max_suffix, self.cfg.min_suffix)  # Sec. 3.1
-        if not n:
-            return Proposal(tokens.new_empty(0))
-        rows = self.datastore.continuations(n, lo, hi, self.cfg.matches, min(k, self.cfg.continuation))
-        drafts, parents = frequent_trie(rows, self.cfg.tree_nodes)  # Sec. 3.3
+        if n:
+            rows = self.datastore.continuations(n, lo, hi, self.cfg.matches, min(k, self.cfg.continuation))
+            drafts, parents = frequent_trie(rows, self.cfg.tree_nodes)  # Sec. 3.3
+        if self.cfg.prompt_lookup:  # beyond the paper: the prompt and the output so far first (pld, SAM-Decoding)
+            chain = lookup_ngram(tokens[0], self.cfg.max_ngram, self.cfg.min_ngram, min(k, self.cfg.continuation),
+                                 latest=True)
+            drafts, parents = merge_into_trie(chain.tolist(), drafts, parents, self.cfg.tree_nodes)
         if not drafts:
             return Proposal(tokens.new_empty(0))
         return Proposal(tokens.new_tensor(drafts), None, parents)  # deterministic drafts: q is one-hot on each
