@@ -3,8 +3,10 @@ leaderboard text, and losslessness on tiny LLaMAs."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -193,3 +195,16 @@ def test_a_corpus_quoting_a_leaderboard_question_is_refused(tmp_path, target):
     with pytest.raises(SpecReproError, match="is the leaderboard's own questions"):
         build_rest_datastore(OmegaConf.create({"training": own}),
                              SimpleNamespace(model=target, tokenizer=CharTokenizer()), tmp_path, None, "cpu")
+
+
+@pytest.mark.parametrize("cfg", [RestConfig(tree_nodes=15), RestConfig(tree_nodes=15, prompt_lookup=True)])
+def test_the_replay_of_recorded_outputs_takes_the_steps_decoding_takes(target, cfg, monkeypatch):
+    """experiments/replay_drafts.py: a model-free drafter replayed on `ar`'s output accepts what verification did."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "experiments"))
+    replay = importlib.import_module("replay_drafts").replay
+    decoder, ar = RestDecoder(target, None, datastore_for(target), cfg), ARDecoder(target)
+    decoder.eos_ids = ar.eos_ids = set()
+    for prompt in prompts()[:3]:
+        gen = decoder.generate(prompt, GREEDY, 30)
+        tokens, steps, rows = replay(decoder, prompt, ar.generate(prompt, GREEDY, 30).token_ids)
+        assert (tokens, steps, rows) == (29, gen.steps, gen.steps + sum(gen.drafted))
