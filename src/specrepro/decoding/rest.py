@@ -244,7 +244,7 @@ def find_datastore(ref: str, artifacts_dir, target) -> Path:
 class RestDecoder(DraftVerifyDecoder):
     name = "rest"
     compilable = True
-    code_modules = ("specrepro.decoding.pld:lookup_ngram",)
+    code_modules = ("specrepro.decoding.pld",)  # its lookup drafts rest_pld's chain
 
     def __init__(self, model, tokenizer, datastore: Datastore, cfg: RestConfig, steps=None):
         super().__init__(model, tokenizer, steps)
