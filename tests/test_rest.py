@@ -208,3 +208,18 @@ def test_the_replay_of_recorded_outputs_takes_the_steps_decoding_takes(target, c
         gen = decoder.generate(prompt, GREEDY, 30)
         tokens, steps, rows = replay(decoder, prompt, ar.generate(prompt, GREEDY, 30).token_ids)
         assert (tokens, steps, rows) == (29, gen.steps, gen.steps + sum(gen.drafted))
+
+
+def test_the_recipe_checks_the_corpus_against_every_leaderboard_question():
+    from hydra import compose, initialize_config_dir
+
+    from specrepro.cli import CONF_DIR
+    from specrepro.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        spec = compose("train", overrides=["method=rest"]).training
+    assert spec.component == "rest_datastore" and spec.roles == ["assistant"]
+    assert spec.conversations.name == "sharegpt_full" and set(spec.responses) == {"gsm8k", "mbpp", "xsum", "pubmedqa"}
+    assert spec.leaderboard.name == "spec_bench" and spec.leaderboard.category is None
+    assert spec.leaderboard.limit is None and len(load_records(spec.leaderboard)) == 480
