@@ -3,22 +3,22 @@ continuations that followed the context's longest suffix in a datastore of respo
 
 Training-free; the datastore is built once (`specrepro train method=rest`, training/rest_datastore.py) and loaded
 as an artifact. It is one token array, the documents (responses) one after the other, each followed by a separator
-(-1), with its suffix array (section 3.1: exact-match retrieval over a suffix array, as REST's DraftRetriever).
+(-1), with its suffix array (section 3.1, the datastore; exact-match retrieval over it as REST's DraftRetriever).
 
-Drafting (section 3.2-3.3), every step:
-- retrieval: the longest suffix of the context, at most `max_suffix` tokens (n_max, the paper's 16) and at least
-  `min_suffix` (2, where REST's spans end), that occurs in the datastore; its occurrences are one range of the suffix
-  array, found by binary search (an occurring suffix's own suffixes occur too, so the longest is also a binary
-  search over lengths, where REST tries 16, 15, ... in turn: the same suffix);
+Drafting, every step:
+- retrieval (section 3.2): the longest suffix of the context, at most `max_suffix` tokens (n_max, REST's 16) and
+  at least `min_suffix` (2, where REST's spans end), that occurs in the datastore; its occurrences are one range of
+  the suffix array, found by binary search (an occurring suffix's own suffixes occur too, so the longest is also a
+  binary search over lengths, where REST tries 16, 15, ... in turn: the same suffix);
 - the continuations: the `continuation` tokens (m, REST's 10) after up to `matches` occurrences (REST's 5,000; a
   continuation stops at its document's end);
-- the draft: the continuations merged into a trie whose node weight is how many continuations pass through it; the
-  `tree_nodes` heaviest nodes (c, the paper's 64) are the draft tree (a node weighs at least its children, so the
-  heaviest nodes, ties broken shallow first, always form a trie).
-The tree is verified in one forward by the shared `tree_attention` and `tree_verify` (greedy: the longest path the
-target's argmax follows; sampling: one speculative stage per child, every node a deterministic draft), so the output
-is the target's whatever the datastore holds. Its nodes are placed depth first, the heaviest child first, so nodes
-0, 1, ... are the most frequent continuation (the main chain the step records count).
+- the draft (section 3.3): the continuations merged into a trie whose node weight is how many continuations pass
+  through it; the `tree_nodes` heaviest nodes (c, REST's 64) are the draft tree (a node weighs at least its
+  children, so the heaviest nodes, ties broken shallow first, always form a trie).
+The tree is verified (section 3.4) in one forward by the shared `tree_attention` and `tree_verify` (greedy: the
+longest path the target's argmax follows; sampling: one speculative stage per child, every node a deterministic
+draft), so the output is the target's whatever the datastore holds. Its nodes are placed depth first, the heaviest
+child first, so nodes 0, 1, ... are the most frequent continuation (the main chain the step records count).
 
 Beyond the paper, and labelled so in the presets:
 - where a suffix has more than `matches` occurrences, REST's retriever reads the first ones in suffix-array order;
@@ -58,11 +58,11 @@ SETTINGS_FILE, TOKENS_FILE, SUFFIXES_FILE = "datastore.json", "tokens.npy", "suf
 class RestConfig(MethodConfig):
     name: str = "rest"
     datastore: str = "rest_datastore"  # the datastore artifact (the newest built for the run's model)
-    max_suffix: int = 16  # n_max: the longest context suffix looked up (section 3.1)
+    max_suffix: int = 16  # n_max: the longest context suffix looked up (section 3.2)
     min_suffix: int = 2  # the shortest (REST's spans end at 2)
     matches: int = 5000  # occurrences whose continuations are read (REST's retriever: 5,000)
     continuation: int = 10  # m: tokens read after each occurrence, the tree's depth (REST's 10)
-    tree_nodes: int = 64  # c: the trie's heaviest nodes drafted (section 3.3: 64)
+    tree_nodes: int = 64  # c: the trie's heaviest nodes drafted (section 3.3; REST's 64)
     prompt_lookup: bool = False  # beyond the paper: pld's chain from prompt + output first, the datastore's trie after
     max_ngram: int = 3  # prompt_lookup's n-grams, longest first (pld's defaults)
     min_ngram: int = 1
@@ -138,7 +138,7 @@ class Datastore:
         return lo, bisect.bisect_right(prefixes, pattern, lo=lo)
 
     def longest_suffix(self, context: list[int], max_suffix: int, min_suffix: int) -> tuple[int, int, int]:
-        """(n, lo, hi): the longest suffix of `context` of min_suffix..max_suffix tokens that occurs (Sec. 3.1), and
+        """(n, lo, hi): the longest suffix of `context` of min_suffix..max_suffix tokens that occurs (Sec. 3.2), and
         its occurrences; n = 0 when none does. Binary search over n: an occurring suffix's suffixes occur too."""
         found = (0, 0, 0)
         low, high = min_suffix, min(max_suffix, len(context))
@@ -270,7 +270,7 @@ class RestDecoder(DraftVerifyDecoder):
     def propose(self, state, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
         drafts, parents = [], []
         context = tokens[0, -self.cfg.max_suffix :].tolist()
-        n, lo, hi = self.datastore.longest_suffix(context, self.cfg.max_suffix, self.cfg.min_suffix)  # Sec. 3.1
+        n, lo, hi = self.datastore.longest_suffix(context, self.cfg.max_suffix, self.cfg.min_suffix)  # Sec. 3.2
         if n:
             rows = self.datastore.continuations(n, lo, hi, self.cfg.matches, min(k, self.cfg.continuation))
             drafts, parents = frequent_trie(rows, self.cfg.tree_nodes)  # Sec. 3.3
