@@ -86,7 +86,8 @@ def main() -> None:
                     totals = [a + b for a, b in zip(totals, replay(decoder, ids, turn[0]["token_ids"]))]
             tokens, steps, rows = totals
             mats.append(tokens / max(steps, 1))
-            print(f"{spec}: {run.name} ({category or 'all'}): MAT {mats[-1]:.2f}, rows a step {rows / max(steps, 1):.1f}")
+            print(f"{spec}: {run.name} ({category or 'all'}): MAT {mats[-1]:.2f}, "
+                  f"rows a step {rows / max(steps, 1):.1f}")
         print(f"{spec}: mean MAT over {len(runs)} runs {sum(mats) / len(mats):.2f}")
 
 

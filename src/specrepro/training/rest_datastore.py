@@ -70,8 +70,9 @@ def refuse_leaderboard_text(spec, documents: list[tuple[str, str]]) -> None:
     known = every_passage(load_records(spec.leaderboard))
     for origin, text in documents:
         if quotes(text, known):
-            raise SpecReproError(f"the REST datastore's corpus shares a passage with a {spec.leaderboard.name} question "
-                                 f"({origin}): leave that record out (its dataset's ids_path) and build it again")
+            raise SpecReproError(f"the REST datastore's corpus shares a passage with a {spec.leaderboard.name} "
+                                 f"question ({origin}): leave that record out (its dataset's ids_path) and build it "
+                                 "again")
 
 
 @register_component("rest_datastore", schema=RestDatastoreConfig)
