@@ -82,6 +82,10 @@ BAD = [  # (method, overrides, the option the message names)
     ("lookahead", ["method.window=0"], "window"),
     ("lookahead", ["method.ngram=1"], "ngram"),
     ("lookahead", ["method.guesses=0"], "guesses"),
+    ("rest", ["method.min_suffix=0"], "min_suffix"),
+    ("rest", ["method.max_suffix=1"], "max_suffix"),
+    ("rest", ["method.tree_nodes=0"], "tree_nodes"),
+    ("rest_pld", ["method.min_ngram=4"], "min_ngram"),
 ]
 
 
