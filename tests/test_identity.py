@@ -44,7 +44,7 @@ def test_messages_labels_and_other_modules_keep_the_name_and_the_decoding_core_c
     cfg = compose_run("model=tiny_random", "method=pld")
     name = run_name(cfg, "data")
     pld, ar = code_fingerprint("pld"), code_fingerprint("ar")
-    edit(package_copy / "runner.py", "must be positive, got", "must be at least 1, got")  # runner.validate
+    edit(package_copy / "config.py", "must be positive, got", "must be at least 1, got")  # an input check
     edit(package_copy / "runner.py", '("tok/s", "tokens_per_s"', '("tokens/s", "tokens_per_s"')  # a table label
     edit(package_copy / "runner.py", "while a turn was timed: timing it again", "mid-turn: again")  # a log line
     append(package_copy / "tables.py", "LABEL = 'Speedup'")

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specrepro import suspension
-from specrepro.config import check_names, check_threads
+from specrepro.config import check_run_config
 from specrepro.data import completion_for_scoring, load_records, prompt_ids, reference_response, render_prompt
 from specrepro.decoding import build_decoder, validate_method_config
 from specrepro.decoding.ar import ARDecoder
@@ -27,7 +27,7 @@ from specrepro.metrics.quality import reference_nll, score_sample
 from specrepro.metrics.speed import (impossible_generation, impossible_metrics, lossless, paired_speedup,
                                      speed_metrics, speedups)
 from specrepro.models import LoadedModel, ModelLoader
-from specrepro.decoding.steps import BACKENDS, EagerSteps
+from specrepro.decoding.steps import EagerSteps
 from specrepro.identity import (code_fingerprint, loaded_weights, records_fingerprint, reference_key, resolved_artifacts,
                                 run_name, setting_key)
 from specrepro.provenance import now, provenance
@@ -38,34 +38,6 @@ from specrepro.training import cost
 log = logging.getLogger(__name__)
 
 _loaded_models: dict[str, LoadedModel] = {}  # a sweep in one process loads each target once
-
-
-def validate(cfg: DictConfig) -> None:
-    """Refuse values that cannot work, before any model is loaded."""
-    check_names(cfg)
-    validate_method_config(cfg.method)
-    if cfg.decoding.max_new_tokens <= 0:
-        raise SpecReproError(f"decoding.max_new_tokens must be positive, got {cfg.decoding.max_new_tokens}")
-    if cfg.decoding.num_samples <= 0:
-        raise SpecReproError(f"decoding.num_samples must be positive, got {cfg.decoding.num_samples}")
-    if cfg.decoding.do_sample and cfg.decoding.temperature <= 0:
-        raise SpecReproError("decoding.do_sample=true needs decoding.temperature > 0 (use decoding=greedy instead)")
-    if not 0 < cfg.decoding.top_p <= 1:
-        raise SpecReproError(f"decoding.top_p must be in (0, 1], got {cfg.decoding.top_p}")
-    if cfg.decoding.top_k < 0:
-        raise SpecReproError(f"decoding.top_k must be 0 (off) or positive, got {cfg.decoding.top_k}")
-    if cfg.timing.order not in ORDERS:
-        raise SpecReproError(f"timing.order must be one of {', '.join(ORDERS)}, got {cfg.timing.order}")
-    if cfg.timing.repeats < 1:
-        raise SpecReproError(f"timing.repeats must be positive, got {cfg.timing.repeats}")
-    check_threads(cfg.hardware.threads)
-    if cfg.hardware.compile_backend not in BACKENDS:
-        raise SpecReproError(f"hardware.compile_backend must be one of {', '.join(BACKENDS)}, got {cfg.hardware.compile_backend}")
-    if cfg.hardware.compile and (cfg.hardware.linear_kernel != "torch" or cfg.hardware.row_invariant):
-        raise SpecReproError("hardware.compile=true compiles torch's own kernels: it needs hardware.linear_kernel=torch "
-                             "and hardware.row_invariant=false (hardware=cuda_bf16_compiled sets them)")
-    if not cfg.hardware.compile_widths or min(cfg.hardware.compile_widths) < 1:
-        raise SpecReproError(f"hardware.compile_widths must be positive widths, got {list(cfg.hardware.compile_widths)}")
 
 
 def check_fits_context(ids: list[int], cfg: DictConfig, target: LoadedModel, record_id: str) -> None:
@@ -94,9 +66,6 @@ def sample_seed(cfg: DictConfig, index: int, sample: int) -> int:
 
 
 METHOD = "method"  # the method's own arm among the baselines' (`ar`, `eager_ar`) in `decode_turn`
-
-
-ORDERS = ("ar_first", "alternate")  # timing.order: where the method is timed among the baselines, turn by turn
 
 
 def method_timed_first(order: str, index: int, sample: int, turn: int) -> bool:
@@ -277,7 +246,8 @@ def run(cfg: DictConfig, group: str | None = None) -> dict:
 
     Concurrent jobs (joblib/submitit sweeps, a re-launched sweep) that need the same run are serialised
     by its lock."""
-    validate(cfg)
+    check_run_config(cfg)  # refuse values that cannot work, before any model is loaded
+    validate_method_config(cfg.method)
     records = load_records(cfg.dataset)
     fingerprint = records_fingerprint(records)
     artifacts = resolved_artifacts(cfg)
