@@ -88,7 +88,7 @@ def test_a_newer_artifact_under_the_same_prefix_is_a_new_run_and_a_new_reference
     import os
 
     from specrepro.identity import reference_key, run_name
-    from specrepro.runner import reference_config
+    from specrepro.reference import reference_config
 
     def publish(name: str, mtime: float) -> None:
         (tmp_path / name).mkdir()

@@ -269,7 +269,7 @@ def runs_done(stage: dict, work_dir: Path, overrides: list[str]) -> str:
 
     from specrepro.data import load_records
     from specrepro.identity import records_fingerprint, run_name, setting_key
-    from specrepro.runner import decoded_by_other_code
+    from specrepro.reference import decoded_by_other_code
     from specrepro.tracking import RunRecord
 
     command = stage_command(stage, work_dir, work_dir, overrides, "")

@@ -31,8 +31,9 @@ from specrepro.decoding.steps import EagerSteps
 from specrepro.identity import (code_fingerprint, loaded_weights, records_fingerprint, reference_key, resolved_artifacts,
                                 run_name, setting_key)
 from specrepro.provenance import now, provenance
+from specrepro.reference import decoded_by_other_code, find_reference, reference_config, reference_samples
 from specrepro.reuse import note_reused
-from specrepro.tracking import RunRecord, complete_runs, log_to_wandb
+from specrepro.tracking import RunRecord, log_to_wandb
 from specrepro.training import cost
 
 log = logging.getLogger(__name__)
@@ -181,38 +182,6 @@ def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool)
             metrics["lossless"] = lossless(gens, ref_gens)
             metrics.update(near_tie_metrics(gens, ref_gens))  # each divergence a near-tie or a bug
     return metrics
-
-
-def reference_samples(reference: RunRecord, records: list) -> list[dict]:
-    """The `ar` reference's samples; one line, before anything is decoded, when it lacks some record this run
-    decodes (a complete record whose generations were cut or edited): no speedup or lossless left out unsaid."""
-    rows = reference.rows()
-    missing = sorted({record.id for record in records} - {row["id"] for row in rows})
-    if missing:
-        raise SpecReproError(f"the `ar` reference {reference.dir.name} is complete but has no samples for "
-                             f"{len(missing)} record(s) ({', '.join(map(str, missing[:3]))}): its generations.jsonl "
-                             f"was cut or edited; delete {reference.dir} to run it again")
-    return rows
-
-
-def decoded_by_other_code(results_dir, setting: str, name: str) -> list[str]:
-    """The names of the complete runs of this setting (`setting_key`) but not of this name: other code made them."""
-    return sorted(run.dir.name for run in complete_runs(results_dir)
-                  if run.metrics.get("setting_key") == setting and run.dir.name != name)
-
-
-def find_reference(cfg: DictConfig, ref_key: str) -> RunRecord | None:
-    """The newest complete `ar` run with the same reference key."""
-    candidates = [run for run in complete_runs(cfg.results_dir)
-                  if run.metrics.get("method") == "ar" and run.metrics.get("reference_key") == ref_key]
-    return RunRecord(max(candidates, key=lambda run: (run.mtime, run.dir)).dir) if candidates else None
-
-
-def reference_config(cfg: DictConfig) -> DictConfig:
-    content = OmegaConf.to_container(cfg, resolve=True)
-    content.update(method={"name": "ar"}, run_name=None, reference=False)
-    content["timing"]["paired"] = False
-    return OmegaConf.create(content)
 
 
 @contextmanager
