@@ -32,7 +32,6 @@ finished later takes its cell.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
@@ -40,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
@@ -48,7 +46,7 @@ from pathlib import Path
 import yaml
 
 from specrepro.errors import SpecReproError, one_line
-from specrepro.locks import file_lock, lock_file
+from specrepro.locks import all_free, file_lock, lock_file
 from specrepro.plots import table_rows
 from specrepro.provenance import checkout_version, device_description, machine_label, now
 from specrepro.reuse import REUSE_LOG
@@ -196,14 +194,10 @@ def adopt_earlier_artifacts(old: Path, shared: Path) -> int:
     a process holds one of the old folder's locks (a lane of an older checkout still training). How many moved."""
     if not old.is_dir():
         return 0
-    with ExitStack() as held:
-        for lock in [*old.glob(".*.lock"), *old.glob(".work/.*.lock")]:
-            handle = held.enter_context(open(lock, "a"))
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                print(f"{old} is in use by another process: its artifacts move to {shared} on a later call")
-                return 0
+    with all_free([*old.glob(".*.lock"), *old.glob(".work/.*.lock")]) as free:
+        if not free:
+            print(f"{old} is in use by another process: its artifacts move to {shared} on a later call")
+            return 0
         moved = 0
         for entry in sorted([*old.iterdir(), *old.glob(".work/*")]):
             target = shared / entry.relative_to(old)

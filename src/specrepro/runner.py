@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
-import os
-import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -28,6 +24,7 @@ from specrepro.metrics.speed import (impossible_generation, impossible_metrics, 
                                      speed_metrics, speedups)
 from specrepro.models import LoadedModel, ModelLoader
 from specrepro.decoding.steps import EagerSteps
+from specrepro.locks import run_lock
 from specrepro.identity import (code_fingerprint, loaded_weights, records_fingerprint, reference_key, resolved_artifacts,
                                 run_name, setting_key)
 from specrepro.provenance import now, provenance
@@ -182,32 +179,6 @@ def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool)
             metrics["lossless"] = lossless(gens, ref_gens)
             metrics.update(near_tie_metrics(gens, ref_gens))  # each divergence a near-tie or a bug
     return metrics
-
-
-@contextmanager
-def run_lock(run_dir: Path):
-    """An exclusive lock on `<run dir>/.lock`: a second job that needs the same run waits, then finds it done.
-    None in a finished run's directory that cannot be written (archived records), which can only be reused."""
-    lock_path = run_dir / ".lock"
-    while True:
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            handle = open(lock_path, "a")
-        except OSError as exc:
-            if (run_dir / "metrics.json").is_file():  # read-only records: no job writes here, reusing needs no lock
-                yield
-                return
-            raise SpecReproError(f"cannot write the run record to {run_dir}: {exc.strerror or exc}") from None
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, or when a killed job's process dies
-        if lock_path.exists() and os.stat(lock_path).st_ino == os.fstat(handle.fileno()).st_ino:
-            break
-        handle.close()  # the holder removed the directory of a failed run: lock the new one
-    with handle:
-        try:
-            yield
-        finally:
-            if [p.name for p in run_dir.iterdir()] == [".lock"]:  # failed before recording anything
-                shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def run(cfg: DictConfig, group: str | None = None) -> dict:
