@@ -16,7 +16,8 @@ import argparse
 
 from common import compose_config, run_script
 
-from specrepro.runner import results_table, run
+from specrepro.metrics.summary import results_table
+from specrepro.runner import run
 
 ARMS = {
     "sps": ["method=sps"],

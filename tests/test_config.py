@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from specrepro.cli import CONF_DIR
-from specrepro.config import check_names, register_configs
+from specrepro.config import COMPILE_BACKENDS, check_names, check_run_config, register_configs
 from specrepro.errors import SpecReproError
 
 register_configs()
@@ -88,7 +88,7 @@ def test_a_newer_artifact_under_the_same_prefix_is_a_new_run_and_a_new_reference
     import os
 
     from specrepro.identity import reference_key, run_name
-    from specrepro.runner import reference_config
+    from specrepro.reference import reference_config
 
     def publish(name: str, mtime: float) -> None:
         (tmp_path / name).mkdir()
@@ -219,3 +219,28 @@ def test_the_data_a_run_decodes_is_part_of_its_name_and_reference():
 
     cfg = compose_run("method=pld")
     assert run_name(cfg, "a") != run_name(cfg, "b") and reference_key(cfg, "a") != reference_key(cfg, "b")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("decoding.top_p=0", "decoding.top_p must be in (0, 1], got 0"),
+    ("decoding=sample", None),
+    ("decoding.num_samples=0", "decoding.num_samples must be positive, got 0"),
+    ("timing.order=random", "timing.order must be one of ar_first, alternate, got random"),
+    ("hardware.compile_backend=tvm", "hardware.compile_backend must be one of inductor, aot_eager, eager, cudagraphs"),
+    ("hardware.compile_widths=[0,4]", "hardware.compile_widths must be positive widths, got [0, 4]"),
+])
+def test_the_schemas_refuse_bad_values_in_one_line(override, message):
+    """A run's checks live in its schemas' `__post_init__`: a composed config is checked without a model."""
+    cfg = compose_run(override)
+    if message is None:
+        check_run_config(cfg)
+        return
+    with pytest.raises(SpecReproError) as refused:
+        check_run_config(cfg)
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+def test_the_schemas_compile_backends_are_the_compiled_steps_backends():
+    from specrepro.decoding.steps import BACKENDS
+
+    assert COMPILE_BACKENDS == BACKENDS

@@ -14,6 +14,7 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import EagerSteps
 from specrepro.metrics.divergence import (ar_logits_and_rounding, classify, classify_row, first_difference,
                                           near_tie_metrics, rounding_widths)
+from specrepro.metrics.summary import results_table
 from specrepro.models import LoadedModel
 from tests.conftest import tiny_llama
 from tests.test_config import compose_run
@@ -149,8 +150,8 @@ def test_a_run_of_a_wrong_decoder_records_its_divergences_as_bugs(tmp_path, monk
     rows = [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
     divergences = [row["samples"][0][0]["divergence"] for row in rows]
     assert all(d["position"] == 2 and not d["near_tie"] and d["gap"] > d["rounding"] for d in divergences)
-    assert "lossless_near_ties" in runner.results_table([metrics])
-    assert "lossless_near_ties" not in runner.results_table([{**metrics, "lossless": 1.0, "lossless_near_tie": 1.0}])
+    assert "lossless_near_ties" in results_table([metrics])
+    assert "lossless_near_ties" not in results_table([{**metrics, "lossless": 1.0, "lossless_near_tie": 1.0}])
 
 
 def test_divergences_are_classified_on_compiled_steps_too():

@@ -44,8 +44,8 @@ def test_messages_labels_and_other_modules_keep_the_name_and_the_decoding_core_c
     cfg = compose_run("model=tiny_random", "method=pld")
     name = run_name(cfg, "data")
     pld, ar = code_fingerprint("pld"), code_fingerprint("ar")
-    edit(package_copy / "runner.py", "must be positive, got", "must be at least 1, got")  # runner.validate
-    edit(package_copy / "runner.py", '("tok/s", "tokens_per_s"', '("tokens/s", "tokens_per_s"')  # a table label
+    edit(package_copy / "config.py", "must be positive, got", "must be at least 1, got")  # an input check
+    edit(package_copy / "metrics" / "summary.py", '("tok/s", "tokens_per_s"', '("tokens/s", "tokens_per_s"')  # a table label
     edit(package_copy / "runner.py", "while a turn was timed: timing it again", "mid-turn: again")  # a log line
     append(package_copy / "tables.py", "LABEL = 'Speedup'")
     append(package_copy / "decoding" / "sps.py", "ANOTHER_METHOD = 1")
@@ -61,7 +61,7 @@ def test_messages_labels_and_other_modules_keep_the_name_and_the_decoding_core_c
 
 def test_the_timing_protocol_counts_function_by_function(package_copy):
     ar = code_fingerprint("ar")
-    edit(package_copy / "runner.py", "def results_table(", "def results_table(unused=None, *, ")  # not hashed
+    edit(package_copy / "runner.py", "def training_minutes(", "def training_minutes(unused=None, *, ")  # not hashed
     assert code_fingerprint("ar") == ar
     edit(package_copy / "runner.py", "def decode_turn(", "def decode_turn(unused=None, *, ")
     assert code_fingerprint("ar") != ar

@@ -127,7 +127,7 @@ def test_a_method_refusing_the_model_fails_before_its_ar_reference_runs(tmp_path
 
 
 def test_per_generation_extras_become_run_metrics_and_step_lists_do_not():
-    from specrepro.runner import run_level_extras
+    from specrepro.metrics.summary import run_level_extras
 
     gens = [{"extra": {"extra_memory_pct": 7.0, "block_size": 16, "fast_forwarded": [1, 2], "flag": True}},
             {"extra": {"extra_memory_pct": 7.0, "block_size": 16, "fast_forwarded": [0]}},

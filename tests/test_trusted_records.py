@@ -220,7 +220,7 @@ def test_a_record_made_by_other_code_is_a_new_run_and_the_unchanged_reference_is
 
 
 def test_a_reference_that_decoded_other_prompts_is_refused():
-    from specrepro.runner import summarize
+    from specrepro.metrics.summary import summarize
 
     row = {"id": "0", "prompts": ["new question"], "scores": {},
            "samples": [[{**_gen([1], [0]), "token_ids": [5, 6]}]]}

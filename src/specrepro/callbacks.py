@@ -9,13 +9,14 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from specrepro.cli import FAILURE_FILE, POINTER_FILE
+
 
 class SweepTable(Callback):
     failed_jobs: list[str] = []  # of the last sweep in this process: the CLI exits non-zero when any failed
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from specrepro.cli import FAILURE_FILE, POINTER_FILE
-        from specrepro.runner import results_table
+        from specrepro.metrics.summary import results_table  # here: torch, which the CLI imports only for a run
 
         rows, failed = [], []
         job_dirs = sorted((p for p in Path(config.hydra.sweep.dir).iterdir() if p.is_dir() and p.name.isdigit()),

@@ -73,7 +73,8 @@ def sweep_group() -> str | None:
 def run_job(cfg: DictConfig) -> None:
     """One `specrepro run` job. In a sweep a failed job leaves its reason in its job dir and the sweep goes on
     (the sweep table lists it, and the command exits non-zero at the end)."""
-    from specrepro.runner import results_table, run
+    from specrepro.metrics.summary import results_table
+    from specrepro.runner import run
 
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     sweeping = HydraConfig.get().mode == RunMode.MULTIRUN

@@ -92,6 +92,18 @@ class DecodingConfig:
     num_samples: int = 1  # completions per prompt (pass@k needs n >= k)
     seed: int = 0  # sample i of prompt j uses seed + 1000 * j + i
 
+    def __post_init__(self) -> None:
+        if self.max_new_tokens <= 0:
+            raise SpecReproError(f"decoding.max_new_tokens must be positive, got {self.max_new_tokens}")
+        if self.num_samples <= 0:
+            raise SpecReproError(f"decoding.num_samples must be positive, got {self.num_samples}")
+        if self.do_sample and self.temperature <= 0:
+            raise SpecReproError("decoding.do_sample=true needs decoding.temperature > 0 (use decoding=greedy instead)")
+        if not 0 < self.top_p <= 1:
+            raise SpecReproError(f"decoding.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise SpecReproError(f"decoding.top_k must be 0 (off) or positive, got {self.top_k}")
+
 
 @dataclass
 class LoggerConfig:
@@ -102,6 +114,11 @@ class LoggerConfig:
     tags: List[str] = field(default_factory=list)
     mode: Optional[str] = None  # online | offline | disabled; default: $WANDB_MODE, else online if logged in
     init_timeout: float = 15.0  # seconds to reach the W&B server before the run is logged offline instead
+
+
+# torch.compile's backends that compiled steps take (decoding/steps.py's BACKENDS, kept here so that checking a
+# config needs no torch; tests/test_config.py keeps the two equal)
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager", "cudagraphs")
 
 
 @dataclass
@@ -126,6 +143,17 @@ class HardwareConfig:
     compile_mode: Optional[str] = None  # torch.compile's mode; null = reduce-overhead (CUDA graphs) on CUDA
     compile_widths: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])  # steps are padded up to one
 
+    def __post_init__(self) -> None:
+        check_threads(self.threads)
+        if self.compile_backend not in COMPILE_BACKENDS:
+            raise SpecReproError(f"hardware.compile_backend must be one of {', '.join(COMPILE_BACKENDS)}, "
+                                 f"got {self.compile_backend}")
+        if self.compile and (self.linear_kernel != "torch" or self.row_invariant):
+            raise SpecReproError("hardware.compile=true compiles torch's own kernels: it needs hardware.linear_kernel=torch "
+                                 "and hardware.row_invariant=false (hardware=cuda_bf16_compiled sets them)")
+        if not self.compile_widths or min(self.compile_widths) < 1:
+            raise SpecReproError(f"hardware.compile_widths must be positive widths, got {list(self.compile_widths)}")
+
 
 def available_cores() -> int:
     """The CPU cores this process may run on (its affinity: a container's or a `taskset`'s share, not the machine's)."""
@@ -148,6 +176,9 @@ def check_threads(threads: Optional[int]) -> None:
                              f"(its timings would measure waiting for cores): set at most {cores}, or null")
 
 
+ORDERS = ("ar_first", "alternate")  # timing.order: where the method is timed among the baselines, turn by turn
+
+
 @dataclass
 class TimingConfig:
     warmup: int = 1  # warm-up generations before timing (on the first prompt)
@@ -156,6 +187,12 @@ class TimingConfig:
     repeats: int = 1  # decode each sample this many times, every arm in turn, and keep each arm's fastest timing
     order: str = "ar_first"  # ar_first: `ar` timed right before the method on every turn; alternate: before it on
     # one turn, after it on the next, so an advantage of being timed second cancels (records order_effect_paired)
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise SpecReproError(f"timing.order must be one of {', '.join(ORDERS)}, got {self.order}")
+        if self.repeats < 1:
+            raise SpecReproError(f"timing.repeats must be positive, got {self.repeats}")
 
 
 @dataclass
@@ -186,6 +223,14 @@ class TrainRunConfig:
     results_dir: str = "results"
     artifacts_dir: str = "results/artifacts"
     resume: bool = True  # skip a finished artifact; resume an interrupted training from its checkpoint
+
+
+def check_run_config(cfg) -> None:
+    """Refuse values that cannot work, before any model is loaded: names that cannot label a directory, and what
+    the decoding, timing and hardware schemas refuse (their `__post_init__`), each in one line."""
+    check_names(cfg)
+    for key, schema in (("decoding", DecodingConfig), ("timing", TimingConfig), ("hardware", HardwareConfig)):
+        OmegaConf.to_object(OmegaConf.merge(schema, cfg[key]))
 
 
 def hydra_root(results_dir: str) -> str:

@@ -33,7 +33,6 @@ finished later takes its cell.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
@@ -41,7 +40,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
@@ -51,7 +49,7 @@ from typing import Annotated
 import yaml
 
 from specrepro.errors import SpecReproError, one_line
-from specrepro.locks import file_lock, lock_file
+from specrepro.locks import all_free, file_lock, lock_file
 from specrepro.provenance import checkout_version, device_description, machine_label, now
 from specrepro.reuse import REUSE_LOG
 from specrepro.tracking import atomic_write
@@ -236,14 +234,10 @@ def adopt_earlier_artifacts(old: Path, shared: Path) -> int:
     a process holds one of the old folder's locks (a lane of an older checkout still training). How many moved."""
     if not old.is_dir():
         return 0
-    with ExitStack() as held:
-        for lock in [*old.glob(".*.lock"), *old.glob(".work/.*.lock")]:
-            handle = held.enter_context(open(lock, "a"))
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                print(f"{old} is in use by another process: its artifacts move to {shared} on a later call")
-                return 0
+    with all_free([*old.glob(".*.lock"), *old.glob(".work/.*.lock")]) as free:
+        if not free:
+            print(f"{old} is in use by another process: its artifacts move to {shared} on a later call")
+            return 0
         moved = 0
         for entry in sorted([*old.iterdir(), *old.glob(".work/*")]):
             target = shared / entry.relative_to(old)
@@ -309,7 +303,7 @@ def runs_done(stage: dict, work_dir: Path, overrides: list[str]) -> str:
 
     from specrepro.data import load_records
     from specrepro.identity import records_fingerprint, run_name, setting_key
-    from specrepro.runner import decoded_by_other_code
+    from specrepro.reference import decoded_by_other_code
     from specrepro.tracking import RunRecord
 
     command = stage_command(stage, work_dir, work_dir, overrides, "")

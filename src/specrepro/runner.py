@@ -1,133 +1,191 @@
-"""The main job: decode a dataset with a method, score it, record it, compare it with its `ar` reference."""
+"""The main job, `specrepro run`: decode a dataset with a method, time it, score it, record it and compare it with
+its `ar` reference.
+
+`run` names the run and takes its lock; `_run_locked` loads the target and the method, finds (or first runs) the
+`ar` reference, decodes each record not yet recorded (`decode_record`: every sample's turns, each timed by
+`decode_turn` beside the paired baselines) and records the summary. The functions from `decode_record` down are
+the timing protocol, part of every run's name (`identity.DECODING_CODE`); the input checks live in the config
+schemas (`config.check_run_config`), the reference in `reference.py`, the summary and the printed table in
+`metrics/summary.py`, the model cache in `models/cache.py` and the lock in `locks.py`."""
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
-import math
-import os
-import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from specrepro import suspension
-from specrepro.config import check_names, check_threads
+from specrepro.config import check_run_config
 from specrepro.data import completion_for_scoring, load_records, prompt_ids, reference_response, render_prompt
 from specrepro.decoding import build_decoder, validate_method_config
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.steps import EagerSteps
 from specrepro.errors import SpecReproError
-from specrepro.metrics.divergence import classify_row, near_tie_metrics
-from specrepro.metrics.judge import judge_run
-from specrepro.metrics.quality import reference_nll, score_sample
-from specrepro.metrics.speed import (impossible_generation, impossible_metrics, lossless, paired_speedup,
-                                     speed_metrics, speedups)
-from specrepro.models import LoadedModel, ModelLoader
-from specrepro.decoding.steps import BACKENDS, EagerSteps
 from specrepro.identity import (code_fingerprint, loaded_weights, records_fingerprint, reference_key, resolved_artifacts,
                                 run_name, setting_key)
+from specrepro.locks import run_lock
+from specrepro.metrics.divergence import classify_row
+from specrepro.metrics.judge import judge_run
+from specrepro.metrics.quality import reference_nll, score_sample
+from specrepro.metrics.speed import impossible_generation, impossible_metrics
+from specrepro.metrics.summary import summarize
+from specrepro.models import LoadedModel, ModelLoader
+from specrepro.models.cache import load_target
 from specrepro.provenance import now, provenance
+from specrepro.reference import decoded_by_other_code, find_reference, reference_config, reference_samples
 from specrepro.reuse import note_reused
-from specrepro.tracking import RunRecord, complete_runs, log_to_wandb
+from specrepro.tracking import RunRecord, log_to_wandb
 from specrepro.training import cost
 
 log = logging.getLogger(__name__)
 
-_loaded_models: dict[str, LoadedModel] = {}  # a sweep in one process loads each target once
 
+def run(cfg: DictConfig, group: str | None = None) -> dict:
+    """Run one (model, method, dataset, decoding) job; return its metrics. Resumes and skips finished runs.
 
-def validate(cfg: DictConfig) -> None:
-    """Refuse values that cannot work, before any model is loaded."""
-    check_names(cfg)
+    Concurrent jobs (joblib/submitit sweeps, a re-launched sweep) that need the same run are serialised
+    by its lock."""
+    check_run_config(cfg)  # refuse values that cannot work, before any model is loaded
     validate_method_config(cfg.method)
-    if cfg.decoding.max_new_tokens <= 0:
-        raise SpecReproError(f"decoding.max_new_tokens must be positive, got {cfg.decoding.max_new_tokens}")
-    if cfg.decoding.num_samples <= 0:
-        raise SpecReproError(f"decoding.num_samples must be positive, got {cfg.decoding.num_samples}")
-    if cfg.decoding.do_sample and cfg.decoding.temperature <= 0:
-        raise SpecReproError("decoding.do_sample=true needs decoding.temperature > 0 (use decoding=greedy instead)")
-    if not 0 < cfg.decoding.top_p <= 1:
-        raise SpecReproError(f"decoding.top_p must be in (0, 1], got {cfg.decoding.top_p}")
-    if cfg.decoding.top_k < 0:
-        raise SpecReproError(f"decoding.top_k must be 0 (off) or positive, got {cfg.decoding.top_k}")
-    if cfg.timing.order not in ORDERS:
-        raise SpecReproError(f"timing.order must be one of {', '.join(ORDERS)}, got {cfg.timing.order}")
-    if cfg.timing.repeats < 1:
-        raise SpecReproError(f"timing.repeats must be positive, got {cfg.timing.repeats}")
-    check_threads(cfg.hardware.threads)
-    if cfg.hardware.compile_backend not in BACKENDS:
-        raise SpecReproError(f"hardware.compile_backend must be one of {', '.join(BACKENDS)}, got {cfg.hardware.compile_backend}")
-    if cfg.hardware.compile and (cfg.hardware.linear_kernel != "torch" or cfg.hardware.row_invariant):
-        raise SpecReproError("hardware.compile=true compiles torch's own kernels: it needs hardware.linear_kernel=torch "
-                             "and hardware.row_invariant=false (hardware=cuda_bf16_compiled sets them)")
-    if not cfg.hardware.compile_widths or min(cfg.hardware.compile_widths) < 1:
-        raise SpecReproError(f"hardware.compile_widths must be positive widths, got {list(cfg.hardware.compile_widths)}")
+    records = load_records(cfg.dataset)
+    fingerprint = records_fingerprint(records)
+    artifacts = resolved_artifacts(cfg)
+    identities = loaded_weights(cfg, artifacts)  # once: the name and the record agree
+    name = run_name(cfg, fingerprint, identities)
+    with run_lock(Path(cfg.results_dir) / "runs" / name):
+        return _run_locked(cfg, group, name, records, fingerprint, artifacts, identities)
 
 
-def check_fits_context(ids: list[int], cfg: DictConfig, target: LoadedModel, record_id: str) -> None:
-    """Refuse a prompt that leaves no room for the token budget in the model's context."""
-    context = getattr(target.model.config, "max_position_embeddings", None)
-    if context is not None and len(ids) + cfg.decoding.max_new_tokens > context:
-        raise SpecReproError(
-            f"record {record_id}: a {len(ids)}-token prompt plus decoding.max_new_tokens={cfg.decoding.max_new_tokens} "
-            f"exceeds model '{cfg.model.name}''s {context}-token context; shorten the prompt or the budget")
+def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fingerprint: str,
+                artifacts: dict[str, Path], identities: dict[str, dict]) -> dict:
+    """`run`, holding the run's lock."""
+    record = RunRecord(Path(cfg.results_dir) / "runs" / name)
+    if cfg.resume and record.complete:
+        damage = record.damage()
+        if damage is None:
+            log.info("run %s is already complete; skipping (resume=false to redo it)", name)
+            note_reused(f"run {name}")
+            return record.metrics()
+        log.warning("run %s is complete but %s: decoding the records it lost again", name, damage)
+
+    loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
+    target = load_target(cfg, loader)
+    decoder = build_decoder(cfg.method, target, loader)  # before the reference run: a bad method fails fast
+    longest = longest_prompt(records, cfg, target)  # every first turn fits, checked before anything is decoded
+
+    ref_key = reference_key(cfg, fingerprint)
+    reference = ar_reference(cfg, ref_key, name, group) if cfg.reference and cfg.method.name != "ar" else None
+    reference_rows = reference_samples(reference, records) if reference else None
+    diverging_from = {row["id"]: row for row in reference_rows or []}  # greedy outputs that differ get classified
+
+    baselines = paired_baselines(cfg, target, decoder)
+    sampling = Sampling.from_config(cfg.decoding)
+
+    rows = record.start(cfg, cfg.resume)
+    started_at = record.started_at()
+    done = {row["id"] for row in rows}
+    setting = setting_key(cfg, fingerprint, identities)
+    if rows:
+        note_reused(f"{len(rows)} samples of run {name}")
+    elif superseded := decoded_by_other_code(cfg.results_dir, setting, name):
+        log.info("run %s: %d record(s) of this setting were decoded by other code (%s); they are kept, not reused",
+                 name, len(superseded), ", ".join(superseded))
+    todo = [(i, r) for i, r in enumerate(records) if r.id not in done]
+    compile_time = 0.0
+    if todo:  # untimed: compile every step the run can take, then warm up on the first prompt
+        compile_time = compile_steps_for(longest + cfg.decoding.max_new_tokens, [decoder, *baselines.values()])
+        warm_up(cfg, target, [decoder, *baselines.values()], records[0], sampling)
+    with suspension.watching():
+        for index, rec in tqdm(todo, desc=name, unit="sample"):
+            row = decode_record(rec, index, cfg, target, decoder, baselines, sampling) | {"session": record.session}
+            if sampling.greedy and rec.id in diverging_from:
+                classify_row(row, diverging_from[rec.id], target, decoder.max_step_width)
+            record.append(row)
+            rows.append(row)
+    rows.sort(key=lambda row: row["index"])
+
+    metrics = summarize(rows, reference_rows, sampling.greedy)
+    sessions = record.sessions(rows)
+    problem = impossible_metrics(metrics)
+    if problem:
+        raise SpecReproError(f"method '{cfg.method.name}' produced impossible metrics ({problem}); "
+                             "the run is not recorded as complete")
+    if cfg.dataset.metric == "mt_bench":
+        metrics.update(judge_run(cfg, records, rows, loader, record.dir))
+    metrics.update(
+        run_name=name,
+        method=cfg.method.name,
+        model=cfg.model.name,
+        dataset=cfg.dataset.name,
+        decoding=cfg.decoding.name,
+        n_samples=len(rows),
+        data_fingerprint=fingerprint,
+        setting_key=setting,  # all it computes but the code: runs of one key and other names had other code
+        code_fingerprint=code_fingerprint(cfg.method.name),  # the code it decoded with (identity.code_fingerprint)
+        reference_key=ref_key,
+        reference_run=reference.dir.name if reference else None,
+        lossless_method=decoder.lossless,
+        # seconds compiling the target's steps (hardware.compile), untimed: up front and for later turns outgrowing
+        # them
+        compile_time=compile_time + sum(gen.get("compile_time", 0.0) for row in rows for turns in row["samples"]
+                                        for gen in turns),
+        artifacts=identities,  # the trained components and local checkpoints it loaded: names, content digests
+        training_minutes=training_minutes(artifacts.values(), decoder),
+        trained=cost.artifact_metrics(artifacts.values()),  # what its trained components measured when made
+        provenance=provenance(cfg.hardware, loader.device) | {"started_at": started_at, "finished_at": now()},
+        sessions=sessions,  # the processes that decoded its samples, each with how many
+        # a resumed run's timings come from several processes (other load, other warm-up): said, not hidden
+        resumed=f"timings from {len(sessions)} processes" if len(sessions) > 1 else None,
+    )
+    record.finish(metrics)
+    log_to_wandb(cfg, record, name, group, metrics, rows)
+    return metrics
 
 
-def load_target(cfg: DictConfig, loader: ModelLoader) -> LoadedModel:
-    key = json.dumps([OmegaConf.to_container(cfg.model, resolve=True), str(loader.device), str(loader.dtype),
-                      OmegaConf.to_container(cfg.hardware, resolve=True)])  # the kernels live on the model
-    if key not in _loaded_models:
-        _loaded_models.clear()  # keep one target in memory
-        _loaded_models[key] = loader.load_model(cfg.model)
-    target = _loaded_models[key]
-    if target.tokenizer is None:
-        raise SpecReproError(f"model '{cfg.model.name}' has no tokenizer; set model.tokenizer (e.g. embedded)")
-    return target
+def longest_prompt(records: list, cfg: DictConfig, target: LoadedModel) -> int:
+    """The longest prompt any turn can have (a later turn's holds the earlier answers, each up to the budget), for
+    the compiled steps' static caches; refuses a first-turn prompt that leaves no room for the budget."""
+    longest = 0
+    for rec in records:
+        ids = prompt_ids(rec, target.tokenizer, cfg.dataset, [])
+        check_fits_context(ids, cfg, target, rec.id)
+        answers = len(rec.turns) - 1
+        last = prompt_ids(rec, target.tokenizer, cfg.dataset, [""] * answers) if answers else ids
+        longest = max(longest, len(last) + answers * cfg.decoding.max_new_tokens)
+    return longest
 
 
-def sample_seed(cfg: DictConfig, index: int, sample: int) -> int:
-    return cfg.decoding.seed + 1000 * index + sample
+def ar_reference(cfg: DictConfig, ref_key: str, name: str, group: str | None) -> RunRecord | None:
+    """The run's `ar` reference: the newest complete one, or one run now (on the same loaded target)."""
+    reference = find_reference(cfg, ref_key)
+    if reference is None:
+        log.info("no `ar` reference run for %s yet: running it first", name)
+        run(reference_config(cfg), group)  # the same loaded target (load_target keeps it)
+        reference = find_reference(cfg, ref_key)
+    return reference
 
 
-METHOD = "method"  # the method's own arm among the baselines' (`ar`, `eager_ar`) in `decode_turn`
+def paired_baselines(cfg: DictConfig, target: LoadedModel, decoder) -> dict:
+    """`ar` timed beside each turn with `timing.paired`: as the run computes, and eager too when that is compiled."""
+    baselines = {}
+    if cfg.timing.paired:
+        baselines["ar"] = ARDecoder(target.model, target.tokenizer)
+        if decoder.steps.compiled:
+            baselines["eager_ar"] = ARDecoder(target.model, target.tokenizer, steps=EagerSteps(target.model))
+    return baselines
 
 
-ORDERS = ("ar_first", "alternate")  # timing.order: where the method is timed among the baselines, turn by turn
-
-
-def method_timed_first(order: str, index: int, sample: int, turn: int) -> bool:
-    """Whether the method is timed before its baselines on this turn: never with "ar_first"; with "alternate" on
-    every other turn, so an advantage of being timed second (caches warmed by the arm before) cancels in the mean."""
-    return order == "alternate" and (index + sample + turn) % 2 == 1
-
-
-def decode_turn(decoder, baselines: dict, ids: list[int], sampling, max_new_tokens: int, seed: int,
-                repeats: int = 1, method_first: bool = False):
-    """One turn decoded by the method, and by the baselines timed beside it: (its Generation, theirs by key).
-    The baselines are timed right before the method, or right after it with `method_first`.
-    With `repeats` R > 1 every arm decodes the turn R times, in turn, and keeps its fastest timing, the one least
-    disturbed by other work on the machine (timeit's rule); its R decodings must agree token for token. A turn
-    during which the process was suspended is decoded again, so that no timing includes the pause."""
-    arms = {METHOD: decoder, **baselines} if method_first else {**baselines, METHOD: decoder}
-    while True:
-        resumes_before = suspension.resumes()
-        fastest = {}
-        for _ in range(repeats):
-            for key, arm in arms.items():
-                gen = arm.generate(ids, sampling, max_new_tokens, seed)
-                best = fastest.setdefault(key, gen)
-                if gen.token_ids != best.token_ids:
-                    raise SpecReproError(f"the {key} arm decoded one turn differently in two of its timing.repeats "
-                                         "(nondeterministic kernels?): its timings would not be of one decoding")
-                if gen.wall_time < best.wall_time:
-                    fastest[key] = gen
-        if suspension.resumes() == resumes_before:
-            return fastest.pop(METHOD), fastest
-        log.warning("the process was suspended while a turn was timed: timing it again")
+def training_minutes(artifacts, decoder) -> float | None:
+    """What the trained artifacts this run uses cost to make here (training/cost.py): 0 for a method that needs
+    none, None when one does not say (trained before costs were recorded) or the extra weights come from elsewhere
+    (a hub draft)."""
+    if not artifacts:
+        return None if decoder.extra_parameters else 0.0
+    spent = [cost.artifact_minutes(path) for path in artifacts]
+    return None if None in spent else sum(spent)
 
 
 def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling) -> dict:
@@ -177,225 +235,51 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
     return {"id": record.id, "index": index, "prompts": prompts, "samples": samples, "scores": scores}
 
 
-def run_level_extras(gens: list[dict]) -> dict[str, float]:
-    """Means of the numbers a decoder reports once per generation in `extra` (sar_draft's extra_memory_pct,
-    jacobi's block_size, ...); per-step lists stay in generations.jsonl."""
-    numbers = [{k: v for k, v in g.get("extra", {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-               for g in gens]
-    in_every = set.intersection(*map(set, numbers)) if numbers else set()
-    return {k: sum(n[k] for n in numbers) / len(numbers) for k in sorted(in_every)}
+def check_fits_context(ids: list[int], cfg: DictConfig, target: LoadedModel, record_id: str) -> None:
+    """Refuse a prompt that leaves no room for the token budget in the model's context."""
+    context = getattr(target.model.config, "max_position_embeddings", None)
+    if context is not None and len(ids) + cfg.decoding.max_new_tokens > context:
+        raise SpecReproError(
+            f"record {record_id}: a {len(ids)}-token prompt plus decoding.max_new_tokens={cfg.decoding.max_new_tokens} "
+            f"exceeds model '{cfg.model.name}''s {context}-token context; shorten the prompt or the budget")
 
 
-def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool) -> dict:
-    gens = [g for row in rows for sample in row["samples"] for g in sample]
-    metrics = speed_metrics(gens) | run_level_extras(gens)
-    for key in sorted({k for row in rows for k in row["scores"]}):
-        values = [row["scores"][key] for row in rows if key in row["scores"]]
-        metrics[key] = sum(values) / len(values)
-    if any("ar_wall_time" in g for g in gens):
-        metrics.update(paired_speedup(gens))
-        if greedy:  # the paired ar outputs are a reference on the same weights too
-            metrics["lossless_paired"] = lossless(gens, [{"token_ids": g["ar_token_ids"]} for g in gens])
-    if any("eager_ar_wall_time" in g for g in gens):  # a compiled run: eager `ar` was timed beside it too
-        metrics.update(paired_speedup(gens, "eager_ar"))
-        if greedy:
-            metrics["lossless_eager"] = lossless(gens, [{"token_ids": g["eager_ar_token_ids"]} for g in gens])
-    if reference_rows is not None:
-        by_id = {row["id"]: row for row in reference_rows}
-        for row in rows:  # later turns follow each run's own (sampled) answers; the first prompt must match
-            if by_id[row["id"]]["prompts"][:1] != row["prompts"][:1]:
-                raise SpecReproError(f"the `ar` reference decoded a different prompt for record {row['id']}; "
-                                     "it is not comparable (delete it to re-run it)")
-        ref_gens = [g for row in rows for sample in by_id[row["id"]]["samples"] for g in sample]
-        metrics.update(speedups(gens, ref_gens))
-        if greedy:
-            metrics["lossless"] = lossless(gens, ref_gens)
-            metrics.update(near_tie_metrics(gens, ref_gens))  # each divergence a near-tie or a bug
-    return metrics
+def sample_seed(cfg: DictConfig, index: int, sample: int) -> int:
+    return cfg.decoding.seed + 1000 * index + sample
 
 
-def reference_samples(reference: RunRecord, records: list) -> list[dict]:
-    """The `ar` reference's samples; one line, before anything is decoded, when it lacks some record this run
-    decodes (a complete record whose generations were cut or edited): no speedup or lossless left out unsaid."""
-    rows = reference.rows()
-    missing = sorted({record.id for record in records} - {row["id"] for row in rows})
-    if missing:
-        raise SpecReproError(f"the `ar` reference {reference.dir.name} is complete but has no samples for "
-                             f"{len(missing)} record(s) ({', '.join(map(str, missing[:3]))}): its generations.jsonl "
-                             f"was cut or edited; delete {reference.dir} to run it again")
-    return rows
+METHOD = "method"  # the method's own arm among the baselines' (`ar`, `eager_ar`) in `decode_turn`
 
 
-def decoded_by_other_code(results_dir, setting: str, name: str) -> list[str]:
-    """The names of the complete runs of this setting (`setting_key`) but not of this name: other code made them."""
-    return sorted(run.dir.name for run in complete_runs(results_dir)
-                  if run.metrics.get("setting_key") == setting and run.dir.name != name)
+def method_timed_first(order: str, index: int, sample: int, turn: int) -> bool:
+    """Whether the method is timed before its baselines on this turn: never with "ar_first"; with "alternate" on
+    every other turn, so an advantage of being timed second (caches warmed by the arm before) cancels in the mean."""
+    return order == "alternate" and (index + sample + turn) % 2 == 1
 
 
-def find_reference(cfg: DictConfig, ref_key: str) -> RunRecord | None:
-    """The newest complete `ar` run with the same reference key."""
-    candidates = [run for run in complete_runs(cfg.results_dir)
-                  if run.metrics.get("method") == "ar" and run.metrics.get("reference_key") == ref_key]
-    return RunRecord(max(candidates, key=lambda run: (run.mtime, run.dir)).dir) if candidates else None
-
-
-def reference_config(cfg: DictConfig) -> DictConfig:
-    content = OmegaConf.to_container(cfg, resolve=True)
-    content.update(method={"name": "ar"}, run_name=None, reference=False)
-    content["timing"]["paired"] = False
-    return OmegaConf.create(content)
-
-
-@contextmanager
-def run_lock(run_dir: Path):
-    """An exclusive lock on `<run dir>/.lock`: a second job that needs the same run waits, then finds it done.
-    None in a finished run's directory that cannot be written (archived records), which can only be reused."""
-    lock_path = run_dir / ".lock"
+def decode_turn(decoder, baselines: dict, ids: list[int], sampling, max_new_tokens: int, seed: int,
+                repeats: int = 1, method_first: bool = False):
+    """One turn decoded by the method, and by the baselines timed beside it: (its Generation, theirs by key).
+    The baselines are timed right before the method, or right after it with `method_first`.
+    With `repeats` R > 1 every arm decodes the turn R times, in turn, and keeps its fastest timing, the one least
+    disturbed by other work on the machine (timeit's rule); its R decodings must agree token for token. A turn
+    during which the process was suspended is decoded again, so that no timing includes the pause."""
+    arms = {METHOD: decoder, **baselines} if method_first else {**baselines, METHOD: decoder}
     while True:
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            handle = open(lock_path, "a")
-        except OSError as exc:
-            if (run_dir / "metrics.json").is_file():  # read-only records: no job writes here, reusing needs no lock
-                yield
-                return
-            raise SpecReproError(f"cannot write the run record to {run_dir}: {exc.strerror or exc}") from None
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, or when a killed job's process dies
-        if lock_path.exists() and os.stat(lock_path).st_ino == os.fstat(handle.fileno()).st_ino:
-            break
-        handle.close()  # the holder removed the directory of a failed run: lock the new one
-    with handle:
-        try:
-            yield
-        finally:
-            if [p.name for p in run_dir.iterdir()] == [".lock"]:  # failed before recording anything
-                shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def run(cfg: DictConfig, group: str | None = None) -> dict:
-    """Run one (model, method, dataset, decoding) job; return its metrics. Resumes and skips finished runs.
-
-    Concurrent jobs (joblib/submitit sweeps, a re-launched sweep) that need the same run are serialised
-    by its lock."""
-    validate(cfg)
-    records = load_records(cfg.dataset)
-    fingerprint = records_fingerprint(records)
-    artifacts = resolved_artifacts(cfg)
-    identities = loaded_weights(cfg, artifacts)  # once: the name and the record agree
-    name = run_name(cfg, fingerprint, identities)
-    with run_lock(Path(cfg.results_dir) / "runs" / name):
-        return _run_locked(cfg, group, name, records, fingerprint, artifacts, identities)
-
-
-def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fingerprint: str,
-                artifacts: dict[str, Path], identities: dict[str, dict]) -> dict:
-    record = RunRecord(Path(cfg.results_dir) / "runs" / name)
-    if cfg.resume and record.complete:
-        damage = record.damage()
-        if damage is None:
-            log.info("run %s is already complete; skipping (resume=false to redo it)", name)
-            note_reused(f"run {name}")
-            return record.metrics()
-        log.warning("run %s is complete but %s: decoding the records it lost again", name, damage)
-
-    loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
-    target = load_target(cfg, loader)
-    decoder = build_decoder(cfg.method, target, loader)  # before the reference run: a bad method fails fast
-    longest_prompt = 0  # of any turn: a later turn's holds the earlier answers, each up to the budget
-    for rec in records:  # every first-turn prompt, before anything is decoded
-        ids = prompt_ids(rec, target.tokenizer, cfg.dataset, [])
-        check_fits_context(ids, cfg, target, rec.id)
-        answers = len(rec.turns) - 1
-        last = prompt_ids(rec, target.tokenizer, cfg.dataset, [""] * answers) if answers else ids
-        longest_prompt = max(longest_prompt, len(last) + answers * cfg.decoding.max_new_tokens)
-
-    ref_key = reference_key(cfg, fingerprint)
-    reference = None
-    if cfg.reference and cfg.method.name != "ar":
-        reference = find_reference(cfg, ref_key)
-        if reference is None:
-            log.info("no `ar` reference run for %s yet: running it first", name)
-            run(reference_config(cfg), group)  # the same loaded target (load_target keeps it)
-            reference = find_reference(cfg, ref_key)
-    reference_rows = reference_samples(reference, records) if reference else None
-    diverging_from = {row["id"]: row for row in reference_rows or []}  # greedy outputs that differ get classified
-
-    baselines = {}  # `ar` timed beside each sample: as the run computes, and eager when that is compiled
-    if cfg.timing.paired:
-        baselines["ar"] = ARDecoder(target.model, target.tokenizer)
-        if decoder.steps.compiled:
-            baselines["eager_ar"] = ARDecoder(target.model, target.tokenizer, steps=EagerSteps(target.model))
-    sampling = Sampling.from_config(cfg.decoding)
-
-    rows = record.start(cfg, cfg.resume)
-    started_at = record.started_at()
-    done = {row["id"] for row in rows}
-    setting = setting_key(cfg, fingerprint, identities)
-    if rows:
-        note_reused(f"{len(rows)} samples of run {name}")
-    elif superseded := decoded_by_other_code(cfg.results_dir, setting, name):
-        log.info("run %s: %d record(s) of this setting were decoded by other code (%s); they are kept, not reused",
-                 name, len(superseded), ", ".join(superseded))
-    todo = [(i, r) for i, r in enumerate(records) if r.id not in done]
-    compile_time = compile_steps_for(longest_prompt + cfg.decoding.max_new_tokens, [decoder, *baselines.values()]) \
-        if todo else 0.0
-    if todo:
-        warm_up(cfg, target, [decoder, *baselines.values()], records[0], sampling)
-    with suspension.watching():
-        for index, rec in tqdm(todo, desc=name, unit="sample"):
-            row = decode_record(rec, index, cfg, target, decoder, baselines, sampling) | {"session": record.session}
-            if sampling.greedy and rec.id in diverging_from:
-                classify_row(row, diverging_from[rec.id], target, decoder.max_step_width)
-            record.append(row)
-            rows.append(row)
-    rows.sort(key=lambda row: row["index"])
-
-    metrics = summarize(rows, reference_rows, sampling.greedy)
-    sessions = record.sessions(rows)
-    problem = impossible_metrics(metrics)
-    if problem:
-        raise SpecReproError(f"method '{cfg.method.name}' produced impossible metrics ({problem}); "
-                             "the run is not recorded as complete")
-    if cfg.dataset.metric == "mt_bench":
-        metrics.update(judge_run(cfg, records, rows, loader, record.dir))
-    metrics.update(
-        run_name=name,
-        method=cfg.method.name,
-        model=cfg.model.name,
-        dataset=cfg.dataset.name,
-        decoding=cfg.decoding.name,
-        n_samples=len(rows),
-        data_fingerprint=fingerprint,
-        setting_key=setting,  # all it computes but the code: runs of one key and other names had other code
-        code_fingerprint=code_fingerprint(cfg.method.name),  # the code it decoded with (identity.code_fingerprint)
-        reference_key=ref_key,
-        reference_run=reference.dir.name if reference else None,
-        lossless_method=decoder.lossless,
-        # seconds compiling the target's steps (hardware.compile), untimed: up front and for later turns outgrowing
-        # them
-        compile_time=compile_time + sum(gen.get("compile_time", 0.0) for row in rows for turns in row["samples"]
-                                        for gen in turns),
-        artifacts=identities,  # the trained components and local checkpoints it loaded: names, content digests
-        training_minutes=training_minutes(artifacts.values(), decoder),
-        trained=cost.artifact_metrics(artifacts.values()),  # what its trained components measured when made
-        provenance=provenance(cfg.hardware, loader.device) | {"started_at": started_at, "finished_at": now()},
-        sessions=sessions,  # the processes that decoded its samples, each with how many
-        # a resumed run's timings come from several processes (other load, other warm-up): said, not hidden
-        resumed=f"timings from {len(sessions)} processes" if len(sessions) > 1 else None,
-    )
-    record.finish(metrics)
-    log_to_wandb(cfg, record, name, group, metrics, rows)
-    return metrics
-
-
-def training_minutes(artifacts, decoder) -> float | None:
-    """What the trained artifacts this run uses cost to make here (training/cost.py): 0 for a method that needs
-    none, None when one does not say (trained before costs were recorded) or the extra weights come from elsewhere
-    (a hub draft)."""
-    if not artifacts:
-        return None if decoder.extra_parameters else 0.0
-    spent = [cost.artifact_minutes(path) for path in artifacts]
-    return None if None in spent else sum(spent)
+        resumes_before = suspension.resumes()
+        fastest = {}
+        for _ in range(repeats):
+            for key, arm in arms.items():
+                gen = arm.generate(ids, sampling, max_new_tokens, seed)
+                best = fastest.setdefault(key, gen)
+                if gen.token_ids != best.token_ids:
+                    raise SpecReproError(f"the {key} arm decoded one turn differently in two of its timing.repeats "
+                                         "(nondeterministic kernels?): its timings would not be of one decoding")
+                if gen.wall_time < best.wall_time:
+                    fastest[key] = gen
+        if suspension.resumes() == resumes_before:
+            return fastest.pop(METHOD), fastest
+        log.warning("the process was suspended while a turn was timed: timing it again")
 
 
 def holds(length: int, decoders) -> bool:
@@ -430,47 +314,3 @@ def warm_up(cfg, target, decoders, record, sampling) -> None:
     for _ in range(cfg.timing.warmup):
         for decoder in decoders:
             decoder.generate(ids, sampling, cfg.timing.warmup_tokens, seed=cfg.decoding.seed)
-
-
-TABLE_COLUMNS = [
-    ("run", "run_name", "{}"),
-    ("n", "n_samples", "{}"),
-    ("tok/s", "tokens_per_s", "{:.1f}"),
-    ("speedup_mean", "speedup_mean", "{:.2f}x"),
-    ("speedup_total", "speedup_total", "{:.2f}x"),
-    ("speedup_paired", "speedup_paired", "{:.2f}x"),
-    ("mat", "mat", "{:.2f}"),
-    ("accept_rate", "accept_rate", "{:.2f}"),
-    ("hm", "hm", "{:.1f}"),
-    ("draft_cost", "draft_cost", "{:.2f}"),
-    ("verify_cost", "verify_cost", "{:.2f}"),
-    ("draft_cost_p", "draft_cost_paired", "{:.2f}"),
-    ("verify_cost_p", "verify_cost_paired", "{:.2f}"),
-    ("lossless", "lossless", "{:.2f}"),
-    ("lossless_near_ties", "lossless_near_tie", "{:.2f}"),  # shown where some run's `lossless` < 1
-    ("lossless_paired", "lossless_paired", "{:.2f}"),
-    ("speedup_eager", "speedup_paired_eager", "{:.2f}x"),
-    ("resumed", "resumed", "{}"),
-    ("error", "error", "{}"),
-]
-QUALITY_KEYS = ["gsm8k_acc", "rouge_l", "rouge_2", "pass@1", "pass@10", "mt_bench_score"]
-
-
-def results_table(all_metrics: list[dict]) -> str:
-    """A plain-text table of runs (only the columns some run has)."""
-    columns = [c for c in TABLE_COLUMNS if any(m.get(c[1]) is not None for m in all_metrics)
-               and (c[1] != "lossless_near_tie" or any(isinstance(m.get("lossless"), float) and m["lossless"] < 1
-                                                        for m in all_metrics))]
-    columns += [(k, k, "{:.3f}") for k in QUALITY_KEYS if any(k in m for m in all_metrics)]
-
-    def cell(metrics, key, fmt):
-        value, ci95 = metrics.get(key), metrics.get(f"{key}_ci95")
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return "-"
-        return fmt.format(value) + (f" ±{fmt.format(ci95)}" if ci95 is not None and not math.isnan(ci95) else "")
-
-    grid = [[c[0] for c in columns]] + [[cell(m, key, fmt) for _, key, fmt in columns] for m in all_metrics]
-    widths = [max(len(row[i]) for row in grid) for i in range(len(columns))]
-    lines = ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))) for row in grid]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)

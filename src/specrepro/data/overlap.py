@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 
+from specrepro.data import DatasetConfig, load_records
 from specrepro.data.records import Record
 
 WIDTH = 60
@@ -53,8 +54,6 @@ def quotes(text: str, every: set[str]) -> bool:
 
 
 def main(args: list[str]) -> None:
-    from specrepro.data import DatasetConfig, load_records
-
     train_path, train_task, eval_path, eval_task, out = args
     known = passages(load_records(DatasetConfig(name="eval", path=eval_path, task=eval_task)))
     records = load_records(DatasetConfig(name="train", path=train_path, task=train_task))

@@ -39,12 +39,14 @@ from specrepro import suspension
 from specrepro.data import load_records, prompt_ids, reference_response
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding.base import _eos_ids
+from specrepro.decoding.jacobi import JacobiDecoder
+from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
 from specrepro.training import cost
 from specrepro.training.artifacts import METADATA, find_matching_artifact
-from specrepro.training.loop import LoopConfig, micro_batch_indices
+from specrepro.training.loop import LoopConfig, micro_batch_indices, train_loop
 from specrepro.training.shards import BATCHES_SUFFIX, map_batches
 from specrepro.training.lora import LoRAConfig, with_lora
 
@@ -291,9 +293,6 @@ def batches(n_rows: int, loop: LoopConfig):
 def jacobi_speed(model, tokenizer, prompts: list[list[int]], block_size: int, max_new_tokens: int) -> dict:
     """Greedy Jacobi on held-out prompts: tokens per iteration (prefill excluded) and stationary tokens per
     iteration, for the paper's block and for the sliding window (`_sliding`)."""
-    from specrepro.decoding.jacobi import JacobiDecoder
-    from specrepro.decoding.sampling import Sampling
-
     speed = {}
     for sliding, suffix in ((False, ""), (True, "_sliding")):
         decoder = JacobiDecoder(model, tokenizer, block_size, sliding)
@@ -320,8 +319,6 @@ def find_trajectories(ref: str, artifacts_dir, block_size: int) -> Path:
 
 
 def train_consistency(cfg, target, work_dir, log_metrics, device):
-    from specrepro.training.loop import train_loop
-
     spec = cfg.training
     source = find_trajectories(spec.trajectories, cfg.artifacts_dir, spec.block_size) / "trajectories"
     trajectory_minutes = cost.artifact_minutes(source.parent)

@@ -33,9 +33,11 @@ from specrepro import suspension
 from specrepro.config import weights_identity
 from specrepro.data import load_records, prompt_ids, reference_response, render_prompt
 from specrepro.errors import SpecReproError
+from specrepro.identity import weights_key
 from specrepro.models import resolve_dtype
 from specrepro.models.kernels import warn_if_bf16_is_slow
 from specrepro.reuse import note_reused
+from specrepro.tracking import config_hash
 from specrepro.training import cost
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 from specrepro.training.shards import making_cache, map_batches, write_once
@@ -92,9 +94,6 @@ def distill_cache_dir(cfg, kind: str, prompt_sets, tokens: int, max_prompt_token
     target (its config, and its weights where they are an artifact or a checkpoint), the prompt sets, the lengths
     and the dtype that computed them (`dtype`, default the run's) only, so every trainer asking for the same ones
     shares them."""
-    from specrepro.identity import weights_key
-    from specrepro.tracking import config_hash
-
     key = config_hash(OmegaConf.to_container(OmegaConf.create({
         "model": weights_identity(cfg.model), "prompts": prompt_sets, "tokens": tokens, "max_prompt_tokens": max_prompt_tokens,
         "dtype": dtype or cfg.hardware.dtype, **weights_key(cfg)}), resolve=True))
@@ -241,9 +240,6 @@ def frequent_tokens(rows: list[dict], size: int, vocab_size: int) -> torch.Tenso
 def hidden_cache_dir(cfg, rows: list[dict], prompt_tokens: int, autocast: bool) -> Path:
     """`<artifacts_dir>/.work/hidden-<hash>`: the target's hidden states depend on the target, the rows' tokens, the
     prompt context and the precision of the forward only."""
-    from specrepro.identity import weights_key
-    from specrepro.tracking import config_hash
-
     digest = hashlib.sha256(json.dumps([[r["prompt_ids"][-prompt_tokens:], r["continuation_ids"]] for r in rows])
                             .encode()).hexdigest()
     key = config_hash({"model": weights_identity(cfg.model), "rows": digest,

@@ -29,6 +29,8 @@ from specrepro import suspension
 from specrepro.config import weights_identity
 from specrepro.data import load_records
 from specrepro.errors import SpecReproError
+from specrepro.identity import weights_key
+from specrepro.tracking import config_hash
 from specrepro.training.shards import map_batches
 
 MESSAGE_CHARS = 16_000  # a message is cut to this many characters before tokenizing (longer ones exceed any budget)
@@ -71,9 +73,6 @@ def conversation_rows(conversations, tokenizer, max_tokens: int) -> list[dict]:
 def features_dir(cfg, conversations, max_tokens: int, autocast: bool) -> Path:
     """`<artifacts_dir>/.work/eagle-features-<hash>`: one file per sequence, shared by every budget (the
     conversation set's `limit` is left out of the key)."""
-    from specrepro.identity import weights_key
-    from specrepro.tracking import config_hash
-
     data = {k: v for k, v in OmegaConf.to_container(OmegaConf.create(conversations), resolve=True).items()
             if k != "limit"}
     key = config_hash({"model": weights_identity(cfg.model), "conversations": data, "max_tokens": max_tokens,

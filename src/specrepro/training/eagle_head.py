@@ -21,7 +21,7 @@ from specrepro.registry import register_component
 from specrepro.training import cost
 from specrepro.training.distill_data import frequent_tokens
 from specrepro.training.eagle_data import conversation_rows, features_dir, target_features
-from specrepro.training.loop import LoopConfig
+from specrepro.training.loop import LoopConfig, micro_batch_indices, train_loop
 
 
 @dataclass
@@ -98,8 +98,6 @@ def heldout_agreement(draft: EagleDraft, embed: nn.Module, rows: list[dict], fea
 @register_component("eagle_head", schema=EagleHeadTrainingConfig)
 def train_eagle_head(cfg, target, work_dir, log_metrics, device):
     """Train an EAGLE draft on the frozen target's cached features; returns (draft, metrics, history)."""
-    from specrepro.training.loop import micro_batch_indices, train_loop
-
     spec, model = cfg.training, target.model
     model.requires_grad_(False)
     rows = conversation_rows(spec.conversations, target.tokenizer, spec.max_tokens)

@@ -31,8 +31,9 @@ from specrepro.decoding import draft_vocab
 from specrepro.decoding.eesd import MAX_PREDICTOR_POSITION, CalibrationPredictor, EarlyExitHead, first_layers_hidden
 from specrepro.registry import register_component
 from specrepro.training import cost
-from specrepro.training.distill_data import batches, frequent_tokens, pack_batch
-from specrepro.training.loop import LoopConfig
+from specrepro.training.distill_data import (batches, continuation_dataset, distill_cache_dir, frequent_tokens, pack_batch,
+                                              reference_rows, teacher_labeled_dataset)
+from specrepro.training.loop import LoopConfig, train_loop
 
 
 @dataclass
@@ -66,8 +67,6 @@ class EESDHeadTrainingConfig:
 
 def plain_rows(spec, tokenizer, limit: int) -> list[dict]:
     """Rows {prompt_ids, continuation_ids} whose continuation is a dataset's own reference response."""
-    from specrepro.training.distill_data import reference_rows
-
     datasets = {name: spec.prompts[name] for name in spec.plain_from}
     rows = [row for row in reference_rows(datasets, tokenizer, spec.max_prompt_tokens, spec.continuation_tokens)
             if len(row["continuation_ids"]) >= 8]
@@ -126,8 +125,6 @@ def calibration_examples(head, target, rows, pad_id, device, prompt_tokens, batc
 
 
 def train_calibration(examples: dict, hidden_size: int, loop: LoopConfig, work_dir, log_metrics, device):
-    from specrepro.training.loop import train_loop
-
     n = len(examples["label"])
     n_heldout = max(1, n // 20)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(loop.seed)).to(device)
@@ -159,9 +156,6 @@ def train_calibration(examples: dict, hidden_size: int, loop: LoopConfig, work_d
 @register_component("eesd_head", "eesd_head_general", schema=EESDHeadTrainingConfig)
 def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     """Self-distil the early-exit head (and the Cali-TS predictor); returns (head, metrics, history)."""
-    from specrepro.training.distill_data import continuation_dataset, distill_cache_dir, teacher_labeled_dataset
-    from specrepro.training.loop import train_loop
-
     spec, model = cfg.training, target.model
     EarlyExitHead.check_shape(model.config, spec.num_layers, spec.shared_head, bool(spec.draft_vocab))  # before data
     for p in model.parameters():

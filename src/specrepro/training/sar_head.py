@@ -35,8 +35,9 @@ from specrepro.decoding.sar_draft import DraftHead, head_for
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
 from specrepro.training import cost
-from specrepro.training.distill_data import frequent_tokens, reference_rows
-from specrepro.training.loop import LoopConfig
+from specrepro.training.distill_data import (continuation_dataset, continuation_hidden, distill_cache_dir, frequent_tokens,
+                                              hidden_cache_dir, reference_rows, target_hidden_states)
+from specrepro.training.loop import LoopConfig, micro_batch_indices, train_loop
 from specrepro.training.lora import LoRAConfig, with_lora
 
 
@@ -131,10 +132,6 @@ class JointSAR(nn.Module):
 def train_sar_head(cfg, target, work_dir, log_metrics, device):
     """Train one SAR-family head, on the frozen target or jointly with LoRA on it; returns (head or JointSAR, metrics,
     history)."""
-    from specrepro.training.distill_data import (continuation_dataset, continuation_hidden, distill_cache_dir,
-                                                 hidden_cache_dir, target_hidden_states)
-    from specrepro.training.loop import micro_batch_indices, train_loop
-
     spec, model = cfg.training, target.model
     joint = spec.lam < 1
     if not 0 < spec.lam <= 1:

@@ -29,6 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from specrepro import suspension
+from specrepro.data import load_records, prompt_ids
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.draft_verify import TargetOutput
@@ -71,8 +72,6 @@ class SelfSDSearchConfig:
 
 def dev_prompts(spec: SelfSDSearchConfig, tokenizer) -> list[list[int]]:
     """Token ids of the last `dev_records` records of every prompt set."""
-    from specrepro.data import load_records, prompt_ids
-
     prompts = []
     for dataset_cfg in spec.prompts.values():
         for record in load_records(dataset_cfg)[-spec.dev_records:]:

@@ -36,12 +36,13 @@ import torch
 import torch.nn.functional as F
 
 from specrepro.data.config import DatasetConfig
-from specrepro.decoding.space import MASK_TOKEN
+from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.space import MASK_TOKEN, SpaceDecoder
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
 from specrepro.training import cost
 from specrepro.training.distill_data import continuation_dataset, distill_cache_dir, reference_rows
-from specrepro.training.loop import LoopConfig, micro_batch_indices
+from specrepro.training.loop import LoopConfig, micro_batch_indices, train_loop
 from specrepro.training.lora import LoRAConfig, with_lora
 
 log = logging.getLogger(__name__)
@@ -191,9 +192,6 @@ def sar_sft_loss(model, batch: dict, mask_loss_weight: float) -> tuple[torch.Ten
 
 def heldout_mat(model, tokenizer, prompts: list[list[int]], k: int, max_new_tokens: int) -> float:
     """Mean tokens per step of greedy SPACE on held-out prompts (prefill excluded)."""
-    from specrepro.decoding.sampling import Sampling
-    from specrepro.decoding.space import SpaceDecoder
-
     decoder = SpaceDecoder(model, tokenizer, model.config.space_mask_token_id, k)
     tokens = steps = 0
     for prompt in prompts:
@@ -204,8 +202,6 @@ def heldout_mat(model, tokenizer, prompts: list[list[int]], k: int, max_new_toke
 
 @register_component("space", "space_sft_control", schema=SpaceSFTConfig)
 def train_space_sft(cfg, target, work_dir, log_metrics, device):
-    from specrepro.training.loop import train_loop
-
     spec = cfg.training
     if not 0.0 <= spec.p_ar <= 1.0 or spec.k < 1:
         raise SpecReproError(f"training.p_ar must be in [0, 1] and training.k >= 1 (got {spec.p_ar}, {spec.k})")

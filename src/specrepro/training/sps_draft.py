@@ -23,7 +23,7 @@ from specrepro.registry import register_component
 from specrepro.training import cost
 from specrepro.training.distill_data import (batches, continuation_dataset, distill_cache_dir, pack_batch,
                                               teacher_labeled_dataset)
-from specrepro.training.loop import LoopConfig
+from specrepro.training.loop import LoopConfig, train_loop
 
 
 @dataclass
@@ -124,8 +124,6 @@ def top1_agreement(model, rows: list[dict], pad_id: int, device, prompt_tokens: 
 @register_component("sps_draft", "sps_draft_general", schema=SPSDraftTrainingConfig)
 def train_sps_draft(cfg, target, work_dir, log_metrics, device):
     """Distil a draft from the target; returns (draft model, metrics for artifact.json)."""
-    from specrepro.training.loop import train_loop
-
     spec = cfg.training
     torch.manual_seed(spec.loop.seed)
     draft = build_draft(target.model, spec.draft).to(device)  # first: an impossible shape fails before any data
