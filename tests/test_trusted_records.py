@@ -374,3 +374,25 @@ def test_results_the_harness_writes_do_not_make_the_checkout_dirty(tmp_path):
     assert checkout_version(package)["dirty"] is False
     (package / "provenance.py").write_text("x = 2\n")
     assert checkout_version(package)["dirty"] is True
+
+
+def test_reading_the_checkout_version_never_writes_the_users_git_index(tmp_path):
+    """`git status` refreshes a stale index under .git/index.lock; a run killed while it does so would leave the lock
+    and break the user's next commit. The harness reads the checkout without taking git's optional locks."""
+    import os
+    import subprocess
+
+    from specrepro.provenance import checkout_version
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    package = tmp_path / "src" / "specrepro"
+    package.mkdir(parents=True)
+    (package / "provenance.py").write_text("x = 1\n")
+    git("init", "-q"), git("add", "."), git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    os.utime(package / "provenance.py", ns=(1, 1))  # same content, other stat: git status would refresh the index
+    index = tmp_path / ".git" / "index"
+    before = index.stat().st_mtime_ns, index.read_bytes()
+    assert checkout_version(package)["dirty"] is False
+    assert (index.stat().st_mtime_ns, index.read_bytes()) == before

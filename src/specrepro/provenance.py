@@ -35,8 +35,10 @@ def checkout_version(source: Path = Path(__file__).resolve().parent) -> dict:
     its dirtiness unknown; otherwise none, and the record has the package version that is installed."""
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
+        # no optional locks: `status` would otherwise rewrite the index under .git/index.lock, which a run killed
+        # mid-call leaves behind, and the user's next `git commit` fails on it
+        return subprocess.run(["git", "--no-optional-locks", "-C", str(source), *args], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
 
     try:
         top = Path(git("rev-parse", "--show-toplevel"))
