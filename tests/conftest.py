@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
 import torch
 
 from specrepro.config import RandomArchConfig
+from specrepro.decoding.sampling import Sampling
 from specrepro.models.kernels import set_linear_kernel
 from specrepro.models.loading import random_llama
 
@@ -16,6 +18,20 @@ os.environ.setdefault("WANDB_SILENT", "true")
 if "PYTEST_XDIST_WORKER" in os.environ:  # `make test` runs a worker per core: one torch thread each, in the
     os.environ["OMP_NUM_THREADS"] = "1"  # CLI processes the tests start too (hardware.threads=null follows it)
     torch.set_num_threads(1)
+
+
+def greedy_beside_ar(decoder, ar, prompts, budgets=(1, 6, 40), stop_at_eos=True):
+    """Each of the decoder's greedy generations over `prompts` x `budgets`, asserted token for token equal to `ar`'s
+    and counted consistently (every step commits its accepted drafts plus one token): stopping at the model's EOS
+    (with `stop_at_eos`), then over the whole budget. A test adds its method's own checks on what this yields."""
+    for eos_ids in (decoder.eos_ids, set()) if stop_at_eos else (set(),):
+        decoder.eos_ids = ar.eos_ids = eos_ids
+        for budget, prompt in itertools.product(budgets, prompts):
+            reference = ar.generate(prompt, Sampling(), budget)
+            generation = decoder.generate(prompt, Sampling(), budget)
+            assert generation.token_ids == reference.token_ids
+            assert sum(generation.accepted) + 1 == len(generation.token_ids)
+            yield generation
 
 
 def tiny_llama(vocab_size: int = 64, seed: int = 0, num_layers: int = 2, logit_scale: float = 1.0):

@@ -4,7 +4,6 @@ leaderboard text, and losslessness on tiny LLaMAs."""
 from __future__ import annotations
 
 import importlib
-import itertools
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,6 +22,7 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
 from specrepro.training.rest_datastore import RestDatastoreConfig, build_rest_datastore, corpus_documents
 from tests.test_decoding import prompts
+from tests.conftest import greedy_beside_ar
 from tests.test_lossless_sampling import PROMPT, VOCAB, exact, models, p_value  # noqa: F401  (module fixtures)
 
 GREEDY = Sampling()
@@ -99,14 +99,8 @@ def datastore_for(target, extra=()) -> Datastore:
                                               (RestConfig(tree_nodes=15, prompt_lookup=True), True)])
 def test_greedy_equals_ar(target, cfg, stop_at_eos):
     decoder, ar = RestDecoder(target, None, datastore_for(target), cfg), ARDecoder(target)
-    for eos_ids in (decoder.eos_ids, set()) if stop_at_eos else (set(),):  # at the tiny model's EOS; whole budget
-        decoder.eos_ids = ar.eos_ids = eos_ids
-        for budget, prompt in itertools.product((1, 6, 40), prompts()):
-            reference = ar.generate(prompt, GREEDY, budget)
-            gen = decoder.generate(prompt, GREEDY, budget)
-            assert gen.token_ids == reference.token_ids
-            assert sum(gen.accepted) + 1 == len(gen.token_ids)
-            assert max(gen.drafted, default=0) <= cfg.tree_nodes
+    for gen in greedy_beside_ar(decoder, ar, prompts(), stop_at_eos=stop_at_eos):
+        assert max(gen.drafted, default=0) <= cfg.tree_nodes
 
 
 def test_retrieved_continuations_cut_the_steps(target):

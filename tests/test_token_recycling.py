@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from specrepro.decoding.token_recycling import (
 )
 from specrepro.errors import SpecReproError
 from tests.test_decoding import prompts
+from tests.conftest import greedy_beside_ar
 from tests.test_lossless_sampling import exact, models, p_value  # noqa: F401  (module fixtures)
 
 GREEDY = Sampling()
@@ -64,15 +64,8 @@ def test_drafting_follows_the_matrix_and_skips_unfilled_rows_and_their_subtrees(
 @pytest.mark.parametrize("tree", [PAPER_TREE, SMALL_TREE])
 def test_greedy_equals_ar(target, tree, persist):
     decoder = TokenRecyclingDecoder(target, None, TokenRecyclingConfig(tree=tree, persist=persist))
-    ar = ARDecoder(target)
-    for eos_ids in (decoder.eos_ids, set()):  # stopping at the tiny model's EOS, and the whole budget
-        decoder.eos_ids = ar.eos_ids = eos_ids
-        for budget, prompt in itertools.product((1, 7, 40), prompts()):
-            reference = ar.generate(prompt, GREEDY, budget)
-            gen = decoder.generate(prompt, GREEDY, budget)
-            assert gen.token_ids == reference.token_ids
-            assert sum(gen.accepted) + 1 == len(gen.token_ids)
-            assert gen.steps == len(gen.accepted) == len(gen.drafted)
+    for gen in greedy_beside_ar(decoder, ARDecoder(target), prompts(), budgets=(1, 7, 40)):
+        assert gen.steps == len(gen.accepted) == len(gen.drafted)
 
 
 def test_recycled_candidates_cut_the_steps_on_a_repetitive_prompt(target):
