@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.specrepro-installed
 
-.PHONY: setup demo lint test test-fast lock clean
+.PHONY: setup demo lint format test test-fast lock clean
 
 # constraints.txt pins every other package at the versions the suite last passed with, so a new upstream
 # release cannot change the numbers unnoticed; `make lock` moves it forward (then `make test` is the gate).
@@ -24,9 +24,14 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/specrepro run -m +experiment=demo
 
-# the lint rules pyproject.toml's [tool.ruff] selects (check only: the code is not reformatted)
+# the lint rules pyproject.toml's [tool.ruff] selects, and the layout `ruff format` gives (checked, not applied:
+# `make format` applies it)
 lint: setup
 	$(VENV)/bin/ruff check src tests experiments notebooks
+	$(VENV)/bin/ruff format --check src tests experiments notebooks
+
+format: setup
+	$(VENV)/bin/ruff format src tests experiments notebooks
 
 # the full suite CI runs, after the lint: one worker per core, up to 4 (pytest-xdist; each worker's torch on one
 # thread: tests/conftest.py)

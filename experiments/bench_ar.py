@@ -30,8 +30,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--linear-kernel", default="onednn", help="hardware.linear_kernel of our model: onednn | torch")
     args = parser.parse_args()
-    hardware = HardwareConfig(device=args.device, dtype=args.dtype, threads=args.threads,
-                              linear_kernel=args.linear_kernel)
+    hardware = HardwareConfig(
+        device=args.device, dtype=args.dtype, threads=args.threads, linear_kernel=args.linear_kernel
+    )
     loader = ModelLoader.for_hardware(hardware, "results/artifacts")
     model_cfg = ModelConfig(name="smollm2_135m", source="embedded")
     target = loader.load_model(model_cfg)
@@ -52,19 +53,23 @@ def main() -> None:
     identical = {arm: 0 for arm in ARMS[1:]}
     for i, ids in enumerate(prompts):
         outputs = {}
-        for arm in ARMS[i % 3:] + ARMS[:i % 3]:  # rotate the order so drift on a shared machine hits every arm
+        for arm in ARMS[i % 3 :] + ARMS[: i % 3]:  # rotate the order so drift on a shared machine hits every arm
             outputs[arm], seconds = run(arm, ids, args.max_new_tokens)
             totals[arm][0] += len(outputs[arm])
             totals[arm][1] += seconds
         for arm in ARMS[1:]:
             identical[arm] += outputs[arm] == outputs["ar"]
     rate = {arm: tokens / seconds for arm, (tokens, seconds) in totals.items()}
-    print(f"device={loader.device} dtype={args.dtype} threads={torch.get_num_threads()} "
-          f"linear_kernel={args.linear_kernel} prompts={len(prompts)} max_new_tokens={args.max_new_tokens}")
+    print(
+        f"device={loader.device} dtype={args.dtype} threads={torch.get_num_threads()} "
+        f"linear_kernel={args.linear_kernel} prompts={len(prompts)} max_new_tokens={args.max_new_tokens}"
+    )
     print(f"ar              {rate['ar']:8.2f} tok/s")
     for arm in ARMS[1:]:
-        print(f"{arm:15} {rate[arm]:8.2f} tok/s   ar / {arm}: {rate['ar'] / rate[arm]:.3f}   "
-              f"token-identical to ar: {identical[arm]}/{len(prompts)}")
+        print(
+            f"{arm:15} {rate[arm]:8.2f} tok/s   ar / {arm}: {rate['ar'] / rate[arm]:.3f}   "
+            f"token-identical to ar: {identical[arm]}/{len(prompts)}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Attention kernels side by side: SDPA as transformers runs it, with SDPA's own GQA on CPU, and `hardware.row_invariant`'s.
+"""Attention kernels side by side: SDPA as transformers runs it, with SDPA's own GQA on CPU, and
+`hardware.row_invariant`'s.
 
 The row-invariant attention (models/attention.py) runs every forward after a cache one query row at a time, in
 fp32 on the upcast query, keys and values. Prints, in one process (interleaved, medians of repeats), the

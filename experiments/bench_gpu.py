@@ -76,8 +76,9 @@ def copy_bandwidth(device: torch.device, gib: float = 1.0) -> float:
     return 2 * x.numel() / best
 
 
-def method_arms(presets: str, target, stock: LoadedModel, loader, if_trained: bool = False,
-                taken=()) -> tuple[dict, dict, dict]:
+def method_arms(
+    presets: str, target, stock: LoadedModel, loader, if_trained: bool = False, taken=()
+) -> tuple[dict, dict, dict]:
     """`<label>_eager` (on the model as a user loads it, whose forwards are eager) and, where the method runs its
     target forwards through the shared steps, `<label>_compiled` (on the compiled target), for each `;`-separated
     method preset with overrides, optionally labelled (`k3=sar_draft method.k=3`; the label is the preset's name
@@ -127,37 +128,45 @@ def markdown(figures: dict) -> str:
     prov, rate, speculative = figures["provenance"], figures["tok_per_s"], figures["speculative"]
     drafting = any(row.get("draft_ms_per_round") for row in speculative.values())  # recorded since it was measured
     near_ties = any("near_tie_to_ar_compiled" in row for row in speculative.values())  # since they are classified
-    over_eager = {"ar_eager": 1.0, "ar_compiled": figures["ar_compiled_over_eager"],
-                  **{arm: row["over_ar_eager"] for arm, row in speculative.items()}}
+    over_eager = {
+        "ar_eager": 1.0,
+        "ar_compiled": figures["ar_compiled_over_eager"],
+        **{arm: row["over_ar_eager"] for arm, row in speculative.items()},
+    }
     lines = [
         f"# Eager against compiled decoding: {figures['model']} on {machine_label(prov['machine'])}",
         "",
         f"{figures['prompts']} GSM8K prompts x up to {figures['max_new_tokens']} new tokens, greedy,"
-        f" {figures['dtype']}, {prov['threads']} thread(s), compiled step widths {figures['widths']}, every arm on the same prompt token"
-        " ids, interleaved per prompt. Written by `experiments/bench_gpu.py` (its docstring defines the arms);"
+        f" {figures['dtype']}, {prov['threads']} thread(s), compiled step widths {figures['widths']}, every arm on"
+        " the same prompt token ids, interleaved per prompt. Written by `experiments/bench_gpu.py` (its docstring"
+        " defines the arms);"
         " speedups are the mean over prompts of an arm's tokens/s over the baseline's on that prompt; MAT = tokens"
         " per target forward after the prompt's; *rounds as its eager arm's*: prompts on which a compiled arm"
         " committed, round for round, the tokens its eager arm did (lossless either way; a compiled draft that"
         " drafts differently shows here, as can fp32 rounding flipping a near-tied draft token).",
         "",
-        "| arm | tok/s | over eager `ar` | over compiled `ar` | MAT |" + (" draft ms / round |" if drafting else "")
+        "| arm | tok/s | over eager `ar` | over compiled `ar` | MAT |"
+        + (" draft ms / round |" if drafting else "")
         + " token-identical to eager `ar` | rounds as its eager arm's |"
         + (" identical or near-tie to compiled `ar` |" if near_ties else ""),
         "|---|---|---|---|---|---|---|" + ("---|" if drafting else "") + ("---|" if near_ties else ""),
     ]
     for arm, tok_s in rate.items():
         row = speculative.get(arm, {})
-        cells = [f"{over_eager[arm]:.2f}x" if arm in over_eager else "–",
-                 f"{row['over_ar_compiled']:.2f}x" if "over_ar_compiled" in row else "–",
-                 f"{row['mat']:.2f}" if "mat" in row else "–"]
+        cells = [
+            f"{over_eager[arm]:.2f}x" if arm in over_eager else "–",
+            f"{row['over_ar_compiled']:.2f}x" if "over_ar_compiled" in row else "–",
+            f"{row['mat']:.2f}" if "mat" in row else "–",
+        ]
         if drafting:
             cells.append(f"{row['draft_ms_per_round']:.2f}" if row.get("draft_ms_per_round") else "–")
         same_rounds = f"{row['rounds_as_eager']}/{figures['prompts']}" if "rounds_as_eager" in row else "–"
-        near_tie = f"{row['near_tie_to_ar_compiled']}/{figures['prompts']}" if "near_tie_to_ar_compiled" in row \
-            else "–"
-        lines.append(f"| `{arm}` | {tok_s:.1f} | {' | '.join(cells)} | "
-                     f"{figures['identical_to_ar_eager'][arm]}/{figures['prompts']} | {same_rounds} |"
-                     + (f" {near_tie} |" if near_ties else ""))
+        near_tie = f"{row['near_tie_to_ar_compiled']}/{figures['prompts']}" if "near_tie_to_ar_compiled" in row else "–"
+        lines.append(
+            f"| `{arm}` | {tok_s:.1f} | {' | '.join(cells)} | "
+            f"{figures['identical_to_ar_eager'][arm]}/{figures['prompts']} | {same_rounds} |"
+            + (f" {near_tie} |" if near_ties else "")
+        )
     compile_s = ", ".join(f"{arm} {seconds:.1f}" for arm, seconds in figures["compile_or_first_call_s"].items())
     lines += [
         "",
@@ -167,25 +176,50 @@ def markdown(figures: dict) -> str:
         f" a measured {figures['copy_bandwidth_gb_s']:.0f} GB/s copy bandwidth).",
         f"- Seconds compiling (`ours`: every compiled step width, untimed) or in each arm's untimed first call:"
         f" {compile_s}.",
-        *(["- Steps wider than the widest compiled width run eagerly: " + ", ".join(
-            f"`{arm}` (up to {rows} rows)" for arm, rows in figures["eager_wide_steps"].items())
-           + "; a wider `--widths` bucket compiles them."] if figures.get("eager_wide_steps") else []),
-        *[f"- `{label}`: `{arm['spec']}`, {weights(arm['artifacts']) or 'nothing trained'}"
-          for label, arm in figures.get("methods", {}).items()],
-        *[f"- Not timed, its artifacts not found: `{label}` (`{arm['spec']}`): {arm['why']}"
-          for label, arm in figures.get("untrained_methods", {}).items()],
-        *[f"- `{arm}` left compiled `ar`'s output on prompt {d['prompt'] + 1} at token {d['position']}: "
-          + (f"{'a near-tie' if d['near_tie'] else 'a bug'} (logit gap {d['gap']:.4g} between `ar`'s token and its "
-             f"own, top-2 margin {d['margin']:.4g}, rounding measured there {d['rounding']:.4g})"
-             if d["gap"] is not None else "a bug (one output stopped where the other went on)")
-          for arm, row in speculative.items() for d in row.get("divergences_from_ar_compiled", [])],
+        *(
+            [
+                "- Steps wider than the widest compiled width run eagerly: "
+                + ", ".join(f"`{arm}` (up to {rows} rows)" for arm, rows in figures["eager_wide_steps"].items())
+                + "; a wider `--widths` bucket compiles them."
+            ]
+            if figures.get("eager_wide_steps")
+            else []
+        ),
+        *[
+            f"- `{label}`: `{arm['spec']}`, {weights(arm['artifacts']) or 'nothing trained'}"
+            for label, arm in figures.get("methods", {}).items()
+        ],
+        *[
+            f"- Not timed, its artifacts not found: `{label}` (`{arm['spec']}`): {arm['why']}"
+            for label, arm in figures.get("untrained_methods", {}).items()
+        ],
+        *[
+            f"- `{arm}` left compiled `ar`'s output on prompt {d['prompt'] + 1} at token {d['position']}: "
+            + (
+                f"{'a near-tie' if d['near_tie'] else 'a bug'} (logit gap {d['gap']:.4g} between `ar`'s token and its "
+                f"own, top-2 margin {d['margin']:.4g}, rounding measured there {d['rounding']:.4g})"
+                if d["gap"] is not None
+                else "a bug (one output stopped where the other went on)"
+            )
+            for arm, row in speculative.items()
+            for d in row.get("divergences_from_ar_compiled", [])
+        ],
         *([f"- Target: {weights(figures['model_weights'])}"] if figures.get("model_weights") else []),
-        *([] if prov["machine"].get("gpu") else [
-            "- Every arm runs torch's own linear kernels, which compiled steps need; the CPU tables' runs use oneDNN's"
-            " (`hardware.linear_kernel=onednn`), so compare the ratios here with each other, not with theirs."]),
+        *(
+            []
+            if prov["machine"].get("gpu")
+            else [
+                "- Every arm runs torch's own linear kernels, which compiled steps need; the CPU tables' runs use"
+                " oneDNN's (`hardware.linear_kernel=onednn`), so compare the ratios here with each other, not with"
+                " theirs."
+            ]
+        ),
         "",
-        *provenance_lines(prov, figures["date"], machine_extra="; kernels: " + ", ".join(
-            f"{key}={value}" for key, value in prov["kernels"].items())),
+        *provenance_lines(
+            prov,
+            figures["date"],
+            machine_extra="; kernels: " + ", ".join(f"{key}={value}" for key, value in prov["kernels"].items()),
+        ),
     ]
     return "\n".join(lines) + "\n"
 
@@ -195,29 +229,53 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--widths", default="1,16", help="hardware.compile_widths: compiled step widths (a "
-                        "narrow step pads up to the next; on a CPU that costs: give 1,2,4,8,16 for K-token drafters)")
+    parser.add_argument(
+        "--widths",
+        default="1,16",
+        help="hardware.compile_widths: compiled step widths (a "
+        "narrow step pads up to the next; on a CPU that costs: give 1,2,4,8,16 for K-token drafters)",
+    )
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--markdown", default=None, help="also write them as a results page")
     parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's own)")
     parser.add_argument("--device", default="cuda", help="cpu: a quick check of the script (--backend aot_eager)")
     parser.add_argument("--backend", default="inductor")
-    parser.add_argument("--methods", default="", help='trained drafters too: ";"-separated method presets with '
-                        'overrides, each optionally labelled, e.g. "sar_draft_tree;eesd method.draft_vocab=4096;'
-                        'k3=sar_draft method.k=3"')
-    parser.add_argument("--trained-methods", default="", help="more presets as --methods takes them, each timed only "
-                        "where its trained artifacts are found in --artifacts-dir (the figures list the others); "
-                        "a label --methods names too is timed as --methods says")
-    parser.add_argument("--artifacts-dir", default="results/artifacts",
-                        help="where --methods find their artifacts (`specrepro train`'s; the pipelines' are in "
-                             "results/reproduce/artifacts)")
-    parser.add_argument("--model", default="smollm2_135m", help='a model preset with overrides (conf/model/): '
-                        '"llama2_7b_chat", "hf model.id=/path/to/checkpoint"')
+    parser.add_argument(
+        "--methods",
+        default="",
+        help='trained drafters too: ";"-separated method presets with '
+        'overrides, each optionally labelled, e.g. "sar_draft_tree;eesd method.draft_vocab=4096;'
+        'k3=sar_draft method.k=3"',
+    )
+    parser.add_argument(
+        "--trained-methods",
+        default="",
+        help="more presets as --methods takes them, each timed only "
+        "where its trained artifacts are found in --artifacts-dir (the figures list the others); "
+        "a label --methods names too is timed as --methods says",
+    )
+    parser.add_argument(
+        "--artifacts-dir",
+        default="results/artifacts",
+        help="where --methods find their artifacts (`specrepro train`'s; the pipelines' are in "
+        "results/reproduce/artifacts)",
+    )
+    parser.add_argument(
+        "--model",
+        default="smollm2_135m",
+        help='a model preset with overrides (conf/model/): "llama2_7b_chat", "hf model.id=/path/to/checkpoint"',
+    )
     args = parser.parse_args()
     began = time.perf_counter()
-    hardware = HardwareConfig(device=args.device, dtype=args.dtype, threads=args.threads, linear_kernel="torch",
-                              compile=True, compile_backend=args.backend,
-                              compile_widths=[int(w) for w in args.widths.split(",")])
+    hardware = HardwareConfig(
+        device=args.device,
+        dtype=args.dtype,
+        threads=args.threads,
+        linear_kernel="torch",
+        compile=True,
+        compile_backend=args.backend,
+        compile_widths=[int(w) for w in args.widths.split(",")],
+    )
     loader = ModelLoader.for_hardware(hardware, args.artifacts_dir)
     model_cfg = composed("model", args.model)
     target = loader.load_model(model_cfg)  # its steps compiled (hardware.compile)
@@ -232,20 +290,27 @@ def main() -> None:
     }
     user_loaded = LoadedModel(stock, target.tokenizer, target.name)
     trained, method_specs, _ = method_arms(args.methods, target, user_loaded, loader)
-    if_trained, if_trained_specs, untrained = method_arms(args.trained_methods, target, user_loaded, loader,
-                                                          if_trained=True, taken=method_specs)  # --methods' win
+    if_trained, if_trained_specs, untrained = method_arms(
+        args.trained_methods, target, user_loaded, loader, if_trained=True, taken=method_specs
+    )  # --methods' win
     decoders |= trained | if_trained
     method_specs |= if_trained_specs
     ar_steps = decoders["ar_compiled"].steps  # what a compiled arm's divergence from compiled `ar` is recomputed on
     target_weights = model_weights(model_cfg, args.artifacts_dir)  # once: the figures are rewritten every prompt
     widest = max(hardware.compile_widths)  # a compiled arm's steps wider than this run eagerly: the page says which
-    eager_wide_steps = {arm: d.max_step_width for arm, d in decoders.items()
-                        if d.steps.compiled and d.max_step_width > widest}
+    eager_wide_steps = {
+        arm: d.max_step_width for arm, d in decoders.items() if d.steps.compiled and d.max_step_width > widest
+    }
     eos, greedy = sorted(decoders["ar_eager"].eos_ids), Sampling()
 
     def run(arm: str, ids: list[int], max_new_tokens: int):
         if arm in GENERATE_ARMS:
-            return *timed_generate(stock, ids, max_new_tokens, eos, arm == "generate_compiled", args.backend), None, None, 0.0
+            return (
+                *timed_generate(stock, ids, max_new_tokens, eos, arm == "generate_compiled", args.backend),
+                None,
+                None,
+                0.0,
+            )
         gen = decoders[arm].generate(ids, greedy, max_new_tokens)
         return gen.token_ids, gen.wall_time, gen.steps, gen.accepted, gen.draft_time
 
@@ -257,8 +322,9 @@ def main() -> None:
     longest = max(prompts, key=len)
     progress("compiling our steps")
     # every width, hidden-state graph and layer slice a compiled arm can take, as `specrepro run` compiles them
-    ours_compile = compile_steps_for(len(longest) + args.max_new_tokens,
-                                     [d for d in decoders.values() if d.steps.compiled])
+    ours_compile = compile_steps_for(
+        len(longest) + args.max_new_tokens, [d for d in decoders.values() if d.steps.compiled]
+    )
     compile_s = {"ours": ours_compile}
     for arm in [*decoders, *GENERATE_ARMS]:  # warm-up: transformers compiles on its first static call
         progress(f"warming up {arm}")
@@ -275,8 +341,10 @@ def main() -> None:
         return sum(len(r["tokens"]) for r in results[arm]) / sum(r["seconds"] for r in results[arm])
 
     def paired(arm, base):
-        return fmean((len(r["tokens"]) / r["seconds"]) / (len(b["tokens"]) / b["seconds"])
-                     for r, b in zip(results[arm], results[base]))
+        return fmean(
+            (len(r["tokens"]) / r["seconds"]) / (len(b["tokens"]) / b["seconds"])
+            for r, b in zip(results[arm], results[base])
+        )
 
     def identical(arm, base, key="tokens"):
         return sum(r[key] == b[key] for r, b in zip(results[arm], results[base]))
@@ -285,47 +353,74 @@ def main() -> None:
         """The figures over the prompts timed so far."""
         return {
             "provenance": provenance(asdict(hardware), loader.device) | {"command": shlex.join(["python", *sys.argv])},
-            "date": time.strftime("%Y-%m-%d"), "model": model_cfg.name, "dtype": args.dtype,
-            "model_weights": target_weights, "methods": method_specs, "untrained_methods": untrained,
-            "prompts": len(results["ar_eager"]), "prompts_asked": len(prompts),
-            "max_new_tokens": args.max_new_tokens, "widths": args.widths, "eager_wide_steps": eager_wide_steps,
+            "date": time.strftime("%Y-%m-%d"),
+            "model": model_cfg.name,
+            "dtype": args.dtype,
+            "model_weights": target_weights,
+            "methods": method_specs,
+            "untrained_methods": untrained,
+            "prompts": len(results["ar_eager"]),
+            "prompts_asked": len(prompts),
+            "max_new_tokens": args.max_new_tokens,
+            "widths": args.widths,
+            "eager_wide_steps": eager_wide_steps,
             "tok_per_s": {arm: rate(arm) for arm in arms},
-            "bound_tok_per_s": bandwidth / weight_bytes, "copy_bandwidth_gb_s": bandwidth / 1e9,
+            "bound_tok_per_s": bandwidth / weight_bytes,
+            "copy_bandwidth_gb_s": bandwidth / 1e9,
             "weight_mb": weight_bytes / 1e6,
             "ar_compiled_over_eager": paired("ar_compiled", "ar_eager"),
             "ar_compiled_over_generate_compiled": paired("ar_compiled", "generate_compiled"),
             # every speculative arm: paired speedup over eager ar (and, when compiled, over compiled ar) and its MAT
-            "speculative": {arm: {"over_ar_eager": paired(arm, "ar_eager"),
-                                  **({"over_ar_compiled": paired(arm, "ar_compiled"),
-                                      "identical_to_ar_compiled": identical(arm, "ar_compiled"),
-                                      # prompts identical to compiled ar's or diverging at a near-tie, and where
-                                      "near_tie_to_ar_compiled": sum(r["divergence"] is None
-                                                                     or r["divergence"]["near_tie"]
-                                                                     for r in results[arm]),
-                                      "divergences_from_ar_compiled": [{"prompt": i, **r["divergence"]}
-                                                                       for i, r in enumerate(results[arm])
-                                                                       if r["divergence"]],
-                                      "rounds_as_eager": identical(arm, arm.removesuffix("_compiled") + "_eager",
-                                                                   "accepted")}
-                                     if arm.endswith("_compiled") else {}),
-                                  "mat": sum(len(r["tokens"]) - 1 for r in results[arm]) / sum(r["steps"] for r in results[arm]),
-                                  "draft_ms_per_round": draft_ms_per_round(results[arm])}
-                            for arm in speculative},
+            "speculative": {
+                arm: {
+                    "over_ar_eager": paired(arm, "ar_eager"),
+                    **(
+                        {
+                            "over_ar_compiled": paired(arm, "ar_compiled"),
+                            "identical_to_ar_compiled": identical(arm, "ar_compiled"),
+                            # prompts identical to compiled ar's or diverging at a near-tie, and where
+                            "near_tie_to_ar_compiled": sum(
+                                r["divergence"] is None or r["divergence"]["near_tie"] for r in results[arm]
+                            ),
+                            "divergences_from_ar_compiled": [
+                                {"prompt": i, **r["divergence"]} for i, r in enumerate(results[arm]) if r["divergence"]
+                            ],
+                            "rounds_as_eager": identical(arm, arm.removesuffix("_compiled") + "_eager", "accepted"),
+                        }
+                        if arm.endswith("_compiled")
+                        else {}
+                    ),
+                    "mat": sum(len(r["tokens"]) - 1 for r in results[arm]) / sum(r["steps"] for r in results[arm]),
+                    "draft_ms_per_round": draft_ms_per_round(results[arm]),
+                }
+                for arm in speculative
+            },
             "identical_to_ar_eager": {arm: identical(arm, "ar_eager") for arm in arms},
             "compile_or_first_call_s": compile_s,
         }
 
     progress("timing")
     for i, ids in enumerate(tqdm(prompts, desc="prompts", file=sys.stderr)):
-        for arm in arms[i % len(arms):] + arms[: i % len(arms)]:  # rotate the order between prompts
+        for arm in arms[i % len(arms) :] + arms[: i % len(arms)]:  # rotate the order between prompts
             tokens, seconds, steps, accepted, draft_seconds = run(arm, ids, args.max_new_tokens)
-            results[arm].append({"tokens": tokens, "seconds": seconds, "steps": steps, "accepted": accepted,
-                                 "draft_seconds": draft_seconds})
+            results[arm].append(
+                {
+                    "tokens": tokens,
+                    "seconds": seconds,
+                    "steps": steps,
+                    "accepted": accepted,
+                    "draft_seconds": draft_seconds,
+                }
+            )
         for arm in (a for a in speculative if a.endswith("_compiled")):  # untimed: a near-tie or a bug where it
             # left compiled `ar`'s output, recomputed on compiled `ar`'s steps
-            results[arm][-1]["divergence"] = classify(ar_steps, ids, results[arm][-1]["tokens"],
-                                                      results["ar_compiled"][-1]["tokens"],
-                                                      rounding_widths(decoders[arm].max_step_width))
+            results[arm][-1]["divergence"] = classify(
+                ar_steps,
+                ids,
+                results[arm][-1]["tokens"],
+                results["ar_compiled"][-1]["tokens"],
+                rounding_widths(decoders[arm].max_step_width),
+            )
         if args.json:  # after every prompt: a run cut off by a lent machine's limit keeps the prompts it timed
             atomic_write(Path(args.json), json.dumps(summary(), indent=1) + "\n")
 
@@ -333,18 +428,32 @@ def main() -> None:
     print(json.dumps(figures, indent=1))
     if args.markdown:
         atomic_write(Path(args.markdown), markdown(figures))
-    print(f"\n{figures['provenance']['machine']}  {model_cfg.name}  {args.dtype}  {len(prompts)} GSM8K prompts x {args.max_new_tokens} new tokens")
-    print(f"weight-reading bound {figures['bound_tok_per_s']:.0f} tok/s ({figures['weight_mb']:.0f} MB of weights "
-          f"at a measured {figures['copy_bandwidth_gb_s']:.0f} GB/s copy bandwidth)")
+    print(
+        f"\n{figures['provenance']['machine']}  {model_cfg.name}  {args.dtype}  {len(prompts)} GSM8K prompts"
+        f" x {args.max_new_tokens} new tokens"
+    )
+    print(
+        f"weight-reading bound {figures['bound_tok_per_s']:.0f} tok/s ({figures['weight_mb']:.0f} MB of weights "
+        f"at a measured {figures['copy_bandwidth_gb_s']:.0f} GB/s copy bandwidth)"
+    )
     for arm in arms:
-        print(f"{arm:26} {rate(arm):8.1f} tok/s   token-identical to ar_eager: {identical(arm, 'ar_eager')}/{len(prompts)}")
+        print(
+            f"{arm:26} {rate(arm):8.1f} tok/s   token-identical to ar_eager:"
+            f" {identical(arm, 'ar_eager')}/{len(prompts)}"
+        )
     for key in ("ar_compiled_over_eager", "ar_compiled_over_generate_compiled"):
         print(f"{key:36} {figures[key]:.2f}x")
     for arm, row in figures["speculative"].items():
-        print(f"{arm:26} MAT {row['mat']:.2f}  over eager ar {row['over_ar_eager']:.2f}x"
-              + (f"  over compiled ar {row['over_ar_compiled']:.2f}x  rounds as its eager arm's "
-                 f"{row['rounds_as_eager']}/{len(prompts)}" if "over_ar_compiled" in row else "")
-              + (f"  drafting {row['draft_ms_per_round']:.2f} ms/round" if row["draft_ms_per_round"] else ""))
+        print(
+            f"{arm:26} MAT {row['mat']:.2f}  over eager ar {row['over_ar_eager']:.2f}x"
+            + (
+                f"  over compiled ar {row['over_ar_compiled']:.2f}x  rounds as its eager arm's "
+                f"{row['rounds_as_eager']}/{len(prompts)}"
+                if "over_ar_compiled" in row
+                else ""
+            )
+            + (f"  drafting {row['draft_ms_per_round']:.2f} ms/round" if row["draft_ms_per_round"] else "")
+        )
 
 
 if __name__ == "__main__":

@@ -59,11 +59,12 @@ def benchmark_args(description: str, dtype: str, configure: Callable | None = No
 
 @torch.inference_mode()
 def compare_settings(settings: dict[str, Callable[[torch.nn.Module], None]], args: argparse.Namespace) -> None:
-    """Time the embedded model under each setting (a callable that switches the model to it), interleaved: T-token forward
-    costs relative to the setting's own 1-token forward, then `ar` throughput on GSM8K prompts."""
+    """Time the embedded model under each setting (a callable that switches the model to it), interleaved: T-token
+    forward costs relative to the setting's own 1-token forward, then `ar` throughput on GSM8K prompts."""
     names = list(settings)
-    target = load_model(ModelConfig(name="smollm2_135m", source="embedded"), torch.device("cpu"),
-                        resolve_dtype(args.dtype))
+    target = load_model(
+        ModelConfig(name="smollm2_135m", source="embedded"), torch.device("cpu"), resolve_dtype(args.dtype)
+    )
     model = target.model
     ids = torch.randint(100, 20000, (1, 240), generator=torch.Generator().manual_seed(0))
 
@@ -96,9 +97,11 @@ def compare_settings(settings: dict[str, Callable[[torch.nn.Module], None]], arg
             outputs[name].append(gen.token_ids)
     rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
     same = sum(a == b for a, b in zip(outputs[first], outputs[second]))
-    print(f"ar on {len(prompts)} GSM8K prompts x {args.max_new_tokens} tokens: "
-          + ", ".join(f"{name} {rate[name]:.1f} tok/s" for name in names)
-          + f", {first} / {second} {rate[first] / rate[second]:.2f}x; token-identical outputs {same}/{len(prompts)}")
+    print(
+        f"ar on {len(prompts)} GSM8K prompts x {args.max_new_tokens} tokens: "
+        + ", ".join(f"{name} {rate[name]:.1f} tok/s" for name in names)
+        + f", {first} / {second} {rate[first] / rate[second]:.2f}x; token-identical outputs {same}/{len(prompts)}"
+    )
 
 
 def use_onednn(min_rows: int, model: torch.nn.Module) -> None:
@@ -106,8 +109,13 @@ def use_onednn(min_rows: int, model: torch.nn.Module) -> None:
 
 
 if __name__ == "__main__":
-    args = benchmark_args(__doc__.splitlines()[0], "float32", lambda parser: parser.add_argument(
-        "--min-rows", type=int, default=1, help="compare oneDNN with and without zero-padding to this many rows"))
+    args = benchmark_args(
+        __doc__.splitlines()[0],
+        "float32",
+        lambda parser: parser.add_argument(
+            "--min-rows", type=int, default=1, help="compare oneDNN with and without zero-padding to this many rows"
+        ),
+    )
     if args.min_rows > 1:
         settings = {"onednn": partial(use_onednn, 1), f"onednn_min{args.min_rows}": partial(use_onednn, args.min_rows)}
     else:

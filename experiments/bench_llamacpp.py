@@ -65,15 +65,22 @@ class LlamaCppArm:
         self.drafts = 0
         draft = None
         if lookup is not None:
-            prompt_lookup = LlamaPromptLookupDecoding(max_ngram_size=lookup.max_ngram,
-                                                      num_pred_tokens=lookup.num_pred_tokens)
+            prompt_lookup = LlamaPromptLookupDecoding(
+                max_ngram_size=lookup.max_ngram, num_pred_tokens=lookup.num_pred_tokens
+            )
 
             def draft(input_ids, **kwargs):
                 self.drafts += 1
                 return prompt_lookup(input_ids, **kwargs)
 
-        self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                         draft_model=draft, verbose=False)
+        self.llm = Llama(
+            model_path=str(gguf),
+            n_ctx=n_ctx,
+            n_threads=threads,
+            n_threads_batch=threads,
+            draft_model=draft,
+            verbose=False,
+        )
 
     def generate(self, ids: list[int], max_new_tokens: int, eos: set[int]) -> tuple[list[int], float, int]:
         """(new tokens ending with EOS if one came, seconds, target forwards after the prompt's)."""
@@ -147,8 +154,12 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
 def markdown(figures: dict) -> str:
     """The figures as a results page: one row per arm, then the provenance."""
     prov, rate, mismatches = figures["provenance"], figures["tok_per_s"], figures["llamacpp_batched_mismatches"]
-    engines = {"ar": "specrepro `ar`", "pld": "specrepro `pld`", "llamacpp_ar": "llama.cpp",
-               "llamacpp_lookup": "llama.cpp prompt lookup"}
+    engines = {
+        "ar": "specrepro `ar`",
+        "pld": "specrepro `pld`",
+        "llamacpp_ar": "llama.cpp",
+        "llamacpp_lookup": "llama.cpp prompt lookup",
+    }
     weights = {"ar": "float32 (the GGUF dequantised)", "llamacpp_ar": "Q4_1 GGUF"}
     lines = [
         "# Our decoding against llama.cpp on a CPU",
@@ -166,8 +177,10 @@ def markdown(figures: dict) -> str:
         base = LOOKUPS.get(arm, "ar" if arm == "llamacpp_ar" else None)
         speedup = f"{figures['lookup_speedup'][arm]:.2f}x" if arm in LOOKUPS else "–"
         identical = f"`{base}`: {figures['identical'][arm]}/{figures['prompts']}" if base else "–"
-        lines.append(f"| `{arm}` | {engines[arm]} | {weights[LOOKUPS.get(arm, arm)]} | {rate[arm]:.1f} | {speedup} | "
-                     f"{figures['mat'][arm]:.2f} | {identical} |")
+        lines.append(
+            f"| `{arm}` | {engines[arm]} | {weights[LOOKUPS.get(arm, arm)]} | {rate[arm]:.1f} | {speedup} | "
+            f"{figures['mat'][arm]:.2f} | {identical} |"
+        )
     lines += [
         "",
         f"- llama.cpp's AR over ours (tok/s, paired): {figures['llamacpp_ar_over_ar']:.2f}x.",
@@ -196,22 +209,30 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=None, help="both engines' threads (default: torch's)")
-    parser.add_argument("--pld", default="pld method.match=earliest",
-                        help="our pld arm: the pld preset with overrides; llama.cpp's lookup gets its max_ngram and "
-                             "num_pred_tokens")
+    parser.add_argument(
+        "--pld",
+        default="pld method.match=earliest",
+        help="our pld arm: the pld preset with overrides; llama.cpp's lookup gets its max_ngram and num_pred_tokens",
+    )
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--markdown", default=None, help="also write them as a results page")
     args = parser.parse_args()
     pld_cfg = OmegaConf.to_object(composed("method", args.pld))
     if not isinstance(pld_cfg, PLDConfig) or (pld_cfg.match, pld_cfg.min_ngram, pld_cfg.controller) != (
-            "earliest", 1, "fixed"):
-        raise SpecReproError(f"--pld must be a pld preset that drafts as llama.cpp's lookup does (method.match="
-                             f"earliest, method.min_ngram=1, method.controller=fixed), got: {args.pld}")
+        "earliest",
+        1,
+        "fixed",
+    ):
+        raise SpecReproError(
+            f"--pld must be a pld preset that drafts as llama.cpp's lookup does (method.match="
+            f"earliest, method.min_ngram=1, method.controller=fixed), got: {args.pld}"
+        )
     try:
         lookup_version = version("llama-cpp-python")
     except PackageNotFoundError:
-        raise SpecReproError("needs llama-cpp-python: pip install -e '.[cpu-peer]' (it builds llama.cpp from "
-                             "source)") from None
+        raise SpecReproError(
+            "needs llama-cpp-python: pip install -e '.[cpu-peer]' (it builds llama.cpp from source)"
+        ) from None
     hardware = HardwareConfig(device="cpu", threads=args.threads)
     loader = ModelLoader.for_hardware(hardware, "results/artifacts")
     model_cfg = composed("model", "smollm2_135m")
@@ -220,10 +241,11 @@ def main() -> None:
     threads = torch.get_num_threads()
     n_ctx = max(map(len, prompts)) + args.max_new_tokens + pld_cfg.num_pred_tokens + 8
     gguf = embedded_gguf_path()
-    ours = {"ar": ARDecoder(target.model, target.tokenizer),
-            "pld": PLDDecoder(target.model, target.tokenizer, pld_cfg)}
-    llama = {"llamacpp_ar": LlamaCppArm(gguf, n_ctx, threads),
-             "llamacpp_lookup": LlamaCppArm(gguf, n_ctx, threads, lookup=pld_cfg)}
+    ours = {"ar": ARDecoder(target.model, target.tokenizer), "pld": PLDDecoder(target.model, target.tokenizer, pld_cfg)}
+    llama = {
+        "llamacpp_ar": LlamaCppArm(gguf, n_ctx, threads),
+        "llamacpp_lookup": LlamaCppArm(gguf, n_ctx, threads, lookup=pld_cfg),
+    }
     eos, greedy = ours["ar"].eos_ids, Sampling()
 
     def run(arm: str, ids: list[int], max_new_tokens: int) -> dict:
@@ -237,39 +259,56 @@ def main() -> None:
     for arm in ARMS:  # warm-up
         run(arm, prompts[0], 16)
     width = pld_cfg.num_pred_tokens + 1  # a whole verification: the draft and the token before it
-    step_cost = {"ours": width_cost(our_forward_timer(target.model, prompts[0]), width),
-                 "llamacpp": width_cost(llama["llamacpp_lookup"].forward_timer(prompts[0]), width)}
+    step_cost = {
+        "ours": width_cost(our_forward_timer(target.model, prompts[0]), width),
+        "llamacpp": width_cost(llama["llamacpp_lookup"].forward_timer(prompts[0]), width),
+    }
     results = {arm: [] for arm in ARMS}
 
     def paired(arm: str, base: str) -> float:
-        return fmean((len(r["tokens"]) / r["seconds"]) / (len(b["tokens"]) / b["seconds"])
-                     for r, b in zip(results[arm], results[base]))
+        return fmean(
+            (len(r["tokens"]) / r["seconds"]) / (len(b["tokens"]) / b["seconds"])
+            for r, b in zip(results[arm], results[base])
+        )
 
     def summary() -> dict:
         """The figures over the prompts timed so far."""
         done = results["ar"]
         return {
             "provenance": provenance(asdict(hardware), loader.device) | {"command": shlex.join(["python", *sys.argv])},
-            "date": time.strftime("%Y-%m-%d"), "llama_cpp_python": lookup_version,
-            "model": model_cfg.name, "prompts": len(done), "prompts_asked": len(prompts),
-            "max_new_tokens": args.max_new_tokens, "pld": asdict(pld_cfg),
-            "tok_per_s": {arm: sum(len(r["tokens"]) for r in results[arm]) / sum(r["seconds"] for r in results[arm])
-                          for arm in ARMS},
-            "mat": {arm: sum(len(r["tokens"]) - 1 for r in results[arm]) / max(1, sum(r["steps"] for r in results[arm]))
-                    for arm in ARMS},
+            "date": time.strftime("%Y-%m-%d"),
+            "llama_cpp_python": lookup_version,
+            "model": model_cfg.name,
+            "prompts": len(done),
+            "prompts_asked": len(prompts),
+            "max_new_tokens": args.max_new_tokens,
+            "pld": asdict(pld_cfg),
+            "tok_per_s": {
+                arm: sum(len(r["tokens"]) for r in results[arm]) / sum(r["seconds"] for r in results[arm])
+                for arm in ARMS
+            },
+            "mat": {
+                arm: sum(len(r["tokens"]) - 1 for r in results[arm]) / max(1, sum(r["steps"] for r in results[arm]))
+                for arm in ARMS
+            },
             "lookup_speedup": {arm: paired(arm, base) for arm, base in LOOKUPS.items()},
             "llamacpp_ar_over_ar": paired("llamacpp_ar", "ar"),
-            "identical": {arm: sum(r["tokens"] == b["tokens"] for r, b in zip(results[arm], results[base]))
-                          for arm, base in [*LOOKUPS.items(), ("llamacpp_ar", "ar")]},
-            "verify_width": width, "verify_cost": step_cost, "verify_cost_pairs": REPEATS,
+            "identical": {
+                arm: sum(r["tokens"] == b["tokens"] for r, b in zip(results[arm], results[base]))
+                for arm, base in [*LOOKUPS.items(), ("llamacpp_ar", "ar")]
+            },
+            "verify_width": width,
+            "verify_cost": step_cost,
+            "verify_cost_pairs": REPEATS,
             "llamacpp_batched_mismatches": [r["batched_mismatches"] for r in results["llamacpp_ar"]],
-            "shared_prefix_share": fmean(shared_prefix(r["tokens"], b["tokens"])
-                                         / min(len(r["tokens"]), len(b["tokens"]))
-                                         for r, b in zip(results["llamacpp_ar"], done)),
+            "shared_prefix_share": fmean(
+                shared_prefix(r["tokens"], b["tokens"]) / min(len(r["tokens"]), len(b["tokens"]))
+                for r, b in zip(results["llamacpp_ar"], done)
+            ),
         }
 
     for i, ids in enumerate(tqdm(prompts, desc="prompts", file=sys.stderr)):
-        for arm in ARMS[i % len(ARMS):] + ARMS[: i % len(ARMS)]:  # rotate the order so drift hits every arm
+        for arm in ARMS[i % len(ARMS) :] + ARMS[: i % len(ARMS)]:  # rotate the order so drift hits every arm
             results[arm].append(run(arm, ids, args.max_new_tokens))
         last = results["llamacpp_ar"][-1]  # untimed: does llama.cpp's verification forward agree with its steps?
         last["batched_mismatches"] = llama["llamacpp_lookup"].batched_mismatches(ids, last["tokens"])

@@ -34,18 +34,30 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--results-dir", default="results/bench")
     parser.add_argument("--artifacts-dir", default="results/artifacts")
-    parser.add_argument("--reference", action=argparse.BooleanOptionalAction, default=False,
-                        help="also run the unpaired ar reference (speedup_mean/total); paired figures need none")
+    parser.add_argument(
+        "--reference",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also run the unpaired ar reference (speedup_mean/total); paired figures need none",
+    )
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. hardware.threads=2")
     args = parser.parse_args()
 
     for dataset in args.datasets:
         rows = []
         for arm in args.arms:
-            overrides = [*ARMS[arm], f"dataset={dataset}", f"dataset.limit={args.limit}",
-                         f"decoding.max_new_tokens={args.max_new_tokens}", "timing.paired=true", "logger=none",
-                         f"reference={str(args.reference).lower()}",
-                         f"results_dir={args.results_dir}", f"artifacts_dir={args.artifacts_dir}", *args.overrides]
+            overrides = [
+                *ARMS[arm],
+                f"dataset={dataset}",
+                f"dataset.limit={args.limit}",
+                f"decoding.max_new_tokens={args.max_new_tokens}",
+                "timing.paired=true",
+                "logger=none",
+                f"reference={str(args.reference).lower()}",
+                f"results_dir={args.results_dir}",
+                f"artifacts_dir={args.artifacts_dir}",
+                *args.overrides,
+            ]
             metrics = run(compose_config("run", overrides))
             metrics["run_name"] = arm
             rows.append(metrics)

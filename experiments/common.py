@@ -23,26 +23,49 @@ from specrepro.provenance import machine_label
 
 def gsm8k_prompts(tokenizer, limit: int, few_shot: int = 0) -> list[list[int]]:
     """Token ids of the first `limit` GSM8K test questions, rendered as the gsm8k dataset config renders them."""
-    dataset = DatasetConfig(name="gsm8k", path="gsm8k/test.jsonl.gz", task="gsm8k", template="hash_answer",
-                            few_shot=few_shot, shots_path="gsm8k/train.jsonl.gz", limit=limit, metric="gsm8k_acc")
-    return [tokenizer(render_prompt(r, tokenizer, dataset), add_special_tokens=False)["input_ids"]
-            for r in load_records(dataset)]
+    dataset = DatasetConfig(
+        name="gsm8k",
+        path="gsm8k/test.jsonl.gz",
+        task="gsm8k",
+        template="hash_answer",
+        few_shot=few_shot,
+        shots_path="gsm8k/train.jsonl.gz",
+        limit=limit,
+        metric="gsm8k_acc",
+    )
+    return [
+        tokenizer(render_prompt(r, tokenizer, dataset), add_special_tokens=False)["input_ids"]
+        for r in load_records(dataset)
+    ]
 
 
-def timed_generate(model, ids: list[int], max_new_tokens: int, eos: list[int],
-                   static: bool = False, backend: str = "inductor") -> tuple[list[int], float]:
+def timed_generate(
+    model, ids: list[int], max_new_tokens: int, eos: list[int], static: bool = False, backend: str = "inductor"
+) -> tuple[list[int], float]:
     """(new tokens, seconds) of transformers' greedy `generate`; `static`: with a static cache, which makes
     transformers compile its forward with `backend` on the first call."""
     tensor = torch.tensor([ids], device=model.device)
-    extra = {"cache_implementation": "static", "compile_config": generate_compile_config(model.device, backend)} \
-        if static else {}
+    extra = (
+        {"cache_implementation": "static", "compile_config": generate_compile_config(model.device, backend)}
+        if static
+        else {}
+    )
     device_sync(model.device)
     start = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=max_new_tokens,
-                             do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=eos, **extra)
+        out = model.generate(
+            tensor,
+            attention_mask=torch.ones_like(tensor),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            eos_token_id=eos,
+            **extra,
+        )
     device_sync(model.device)
-    return out[0, len(ids):].tolist(), time.perf_counter() - start
+    return out[0, len(ids) :].tolist(), time.perf_counter() - start
 
 
 def generate_compile_config(device: torch.device, backend: str) -> CompileConfig:

@@ -46,10 +46,18 @@ def profiled(fn, device: torch.device, tokens: int, top: int) -> dict:
     host_ops = sum(e.count for e in events if e.device_type.name == "CPU" and e.key.startswith("aten::"))
     ranked = sorted(on_device, key=lambda e: e.self_device_time_total, reverse=True)[:top]
     return {
-        "tokens": produced, "wall_ms_per_token": 1e3 * wall / produced,
-        "kernel_ms_per_token": kernel_us / 1e3 / produced, "aten_ops_per_token": host_ops / produced,
-        "top_kernels": [{"name": e.key[:100], "calls_per_token": e.count / produced,
-                         "us_per_token": e.self_device_time_total / produced} for e in ranked],
+        "tokens": produced,
+        "wall_ms_per_token": 1e3 * wall / produced,
+        "kernel_ms_per_token": kernel_us / 1e3 / produced,
+        "aten_ops_per_token": host_ops / produced,
+        "top_kernels": [
+            {
+                "name": e.key[:100],
+                "calls_per_token": e.count / produced,
+                "us_per_token": e.self_device_time_total / produced,
+            }
+            for e in ranked
+        ],
     }
 
 
@@ -60,23 +68,37 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--top", type=int, default=12)
-    parser.add_argument("--cache-multiples", default="64,512", help="our arms' static cache lengths round up to these "
-                        "multiples (one arm each, ar_compiled_c<N>)")
-    parser.add_argument("--model", default="smollm2_135m", help='a model preset with overrides, as bench_gpu.py takes')
+    parser.add_argument(
+        "--cache-multiples",
+        default="64,512",
+        help="our arms' static cache lengths round up to these multiples (one arm each, ar_compiled_c<N>)",
+    )
+    parser.add_argument("--model", default="smollm2_135m", help="a model preset with overrides, as bench_gpu.py takes")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
-    hardware = HardwareConfig(device=args.device, dtype=args.dtype, linear_kernel="torch", compile=True,
-                              compile_backend=args.backend, compile_widths=[1, 16])
+    hardware = HardwareConfig(
+        device=args.device,
+        dtype=args.dtype,
+        linear_kernel="torch",
+        compile=True,
+        compile_backend=args.backend,
+        compile_widths=[1, 16],
+    )
     loader = ModelLoader.for_hardware(hardware, "results/artifacts")
     model_cfg = composed("model", args.model)
     target = loader.load_model(model_cfg)
     stock = load_model(model_cfg, loader.device, loader.dtype).model
     ids = max(gsm8k_prompts(target.tokenizer, 5, few_shot=1), key=len)
     mode = "reduce-overhead" if loader.device.type == "cuda" else None
-    decoders = {f"ar_compiled_c{multiple}": ARDecoder(target.model, target.tokenizer, steps=CompiledSteps(
-        target.model, args.backend, mode, hardware.compile_widths, int(multiple)))
-        for multiple in args.cache_multiples.split(",")}
+    decoders = {
+        f"ar_compiled_c{multiple}": ARDecoder(
+            target.model,
+            target.tokenizer,
+            steps=CompiledSteps(target.model, args.backend, mode, hardware.compile_widths, int(multiple)),
+        )
+        for multiple in args.cache_multiples.split(",")
+    }
     eos = sorted(next(iter(decoders.values())).eos_ids)
 
     def ours(decoder):
@@ -85,8 +107,13 @@ def main() -> None:
     def generate():
         return len(timed_generate(stock, ids, args.tokens, eos, static=True, backend=args.backend)[0])
 
-    figures = {"device": torch.cuda.get_device_name() if loader.device.type == "cuda" else "cpu",
-               "torch": torch.__version__, "dtype": args.dtype, "prompt_tokens": len(ids), "new_tokens": args.tokens}
+    figures = {
+        "device": torch.cuda.get_device_name() if loader.device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "dtype": args.dtype,
+        "prompt_tokens": len(ids),
+        "new_tokens": args.tokens,
+    }
     arms = {name: ours(decoder) for name, decoder in decoders.items()} | {"generate_compiled": generate}
     for name, fn in arms.items():
         if name in decoders:
@@ -100,13 +127,18 @@ def main() -> None:
         unprofiled = 1e3 * (time.perf_counter() - start) / produced
         figures[name] = profiled(fn, loader.device, args.tokens, args.top) | {"unprofiled_ms_per_token": unprofiled}
         arm = figures[name]
-        print(f"{name}: {unprofiled:.3f} ms/token unprofiled; profiled: {arm['wall_ms_per_token']:.3f} wall, "
-              f"{arm['kernel_ms_per_token']:.3f} kernel, "
-              f"{arm['aten_ops_per_token']:.1f} aten ops/token on the host ({arm['tokens']} tokens)", flush=True)
+        print(
+            f"{name}: {unprofiled:.3f} ms/token unprofiled; profiled: {arm['wall_ms_per_token']:.3f} wall, "
+            f"{arm['kernel_ms_per_token']:.3f} kernel, "
+            f"{arm['aten_ops_per_token']:.1f} aten ops/token on the host ({arm['tokens']} tokens)",
+            flush=True,
+        )
         for kernel in arm["top_kernels"]:
             print(f"  {kernel['us_per_token']:8.1f} us/token {kernel['calls_per_token']:6.1f} calls  {kernel['name']}")
-    print(f"prompt {len(ids)} tokens; our static caches: " + ", ".join(
-        f"{name} {figures[f'{name}_cache_len']}" for name in decoders))
+    print(
+        f"prompt {len(ids)} tokens; our static caches: "
+        + ", ".join(f"{name} {figures[f'{name}_cache_len']}" for name in decoders)
+    )
     if args.json:
         atomic_write(Path(args.json), json.dumps(figures, indent=1))
 

@@ -50,8 +50,11 @@ def replay(decoder, prompt: list[int], output: list[int]) -> tuple[int, int, int
         drafts = proposal.drafts.tolist() if proposal else []
         parents = proposal.parents if proposal and proposal.parents is not None else list(range(-1, len(drafts) - 1))
         path = accepted_path(drafts, parents, output[committed:])
-        controller.update(*main_chain(proposal.parents if proposal else None, len(drafts), len(path),
-                                      [0] + [node + 1 for node in path]))
+        controller.update(
+            *main_chain(
+                proposal.parents if proposal else None, len(drafts), len(path), [0] + [node + 1 for node in path]
+            )
+        )
         committed, steps, rows = committed + len(path) + 1, steps + 1, rows + len(drafts) + 1
     return len(output) - 1, steps, rows
 
@@ -73,7 +76,8 @@ def main() -> None:
         decoder = build_decoder(cfg.method, target, loader)
         hooks = ("start", "target_forward", "after_verify")
         if not isinstance(decoder, DraftVerifyDecoder) or any(
-                getattr(type(decoder), hook) is not getattr(DraftVerifyDecoder, hook) for hook in hooks):
+            getattr(type(decoder), hook) is not getattr(DraftVerifyDecoder, hook) for hook in hooks
+        ):
             raise SpecReproError(f"method '{name}' drafts from the target's forwards: a replay cannot draft as it does")
         mats = []
         for run in runs:
@@ -86,8 +90,9 @@ def main() -> None:
                     totals = [a + b for a, b in zip(totals, replay(decoder, ids, turn[0]["token_ids"]))]
             tokens, steps, rows = totals
             mats.append(tokens / max(steps, 1))
-            print(f"{spec}: {run.name} ({category or 'all'}): MAT {mats[-1]:.2f}, "
-                  f"rows a step {rows / max(steps, 1):.1f}")
+            print(
+                f"{spec}: {run.name} ({category or 'all'}): MAT {mats[-1]:.2f}, rows a step {rows / max(steps, 1):.1f}"
+            )
         print(f"{spec}: mean MAT over {len(runs)} runs {sum(mats) / len(mats):.2f}")
 
 

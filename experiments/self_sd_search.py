@@ -38,8 +38,12 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=80)
     parser.add_argument("--threshold", type=float, default=0.7)
     parser.add_argument("--dev-records", type=int, default=1, help="development prompts per prompt set")
-    parser.add_argument("--acq-restarts", type=int, default=2,
-                        help="L-BFGS-B starts per BO suggestion (library default 10: 2-20 s per suggestion here)")
+    parser.add_argument(
+        "--acq-restarts",
+        type=int,
+        default=2,
+        help="L-BFGS-B starts per BO suggestion (library default 10: 2-20 s per suggestion here)",
+    )
     parser.add_argument("--decoding", choices=sorted(DECODINGS), default="paper")
     parser.add_argument("--dataset", default="cnn_dm")
     parser.add_argument("--limit", type=int, default=10)
@@ -52,27 +56,54 @@ def main() -> None:
     rows = []
     for seed in args.seeds:
         for search in ("bayes", "random"):
-            artifact = train(compose_config("train", [
-                "method=self_sd", f"training.search={search}", f"training.seed={seed}",
-                *([f"training.acq_restarts={args.acq_restarts}"] if search == "bayes" else []),
-                f"training.iterations={args.iterations}", f"training.threshold={args.threshold}",
-                f"training.dev_records={args.dev_records}", *[f"training.decoder.{k}={v}" for k, v in decoding.items()],
-                *every_job]))
+            artifact = train(
+                compose_config(
+                    "train",
+                    [
+                        "method=self_sd",
+                        f"training.search={search}",
+                        f"training.seed={seed}",
+                        *([f"training.acq_restarts={args.acq_restarts}"] if search == "bayes" else []),
+                        f"training.iterations={args.iterations}",
+                        f"training.threshold={args.threshold}",
+                        f"training.dev_records={args.dev_records}",
+                        *[f"training.decoder.{k}={v}" for k, v in decoding.items()],
+                        *every_job,
+                    ],
+                )
+            )
             found = json.loads((artifact / "artifact.json").read_text())["metrics"]
-            task = run(compose_config("run", [
-                "method=self_sd", f"method.skip_set={artifact.name}", *[f"method.{k}={v}" for k, v in decoding.items()],
-                f"dataset={args.dataset}",
-                f"dataset.limit={args.limit}", "decoding=greedy", "timing.paired=true", *every_job]))
+            task = run(
+                compose_config(
+                    "run",
+                    [
+                        "method=self_sd",
+                        f"method.skip_set={artifact.name}",
+                        *[f"method.{k}={v}" for k, v in decoding.items()],
+                        f"dataset={args.dataset}",
+                        f"dataset.limit={args.limit}",
+                        "decoding=greedy",
+                        "timing.paired=true",
+                        *every_job,
+                    ],
+                )
+            )
             rows.append((seed, search, found, task))
 
-    print(f"\n== skip-set search: {args.iterations} evaluations, threshold {args.threshold}, {args.decoding} decoding; "
-          f"{args.dataset}, {args.limit} prompts ==")
-    print(f"{'seed':>4}  {'search':<6}  {'dev objective':>13}  {'attn+mlp skipped':>16}  {'search min':>10}  "
-          f"{'speedup':>7}  {'MAT':>5}")
+    print(
+        f"\n== skip-set search: {args.iterations} evaluations, threshold {args.threshold}, {args.decoding} decoding; "
+        f"{args.dataset}, {args.limit} prompts =="
+    )
+    print(
+        f"{'seed':>4}  {'search':<6}  {'dev objective':>13}  {'attn+mlp skipped':>16}  {'search min':>10}  "
+        f"{'speedup':>7}  {'MAT':>5}"
+    )
     for seed, search, found, task in rows:
         skipped = f"{found['n_attn_skipped']}+{found['n_mlp_skipped']}"
-        print(f"{seed:>4}  {search:<6}  {found['best_objective']:>13.3f}  {skipped:>16}  "
-              f"{found['search_seconds'] / 60:>10.1f}  {task['speedup_paired']:>6.2f}x  {task['mat']:>5.2f}")
+        print(
+            f"{seed:>4}  {search:<6}  {found['best_objective']:>13.3f}  {skipped:>16}  "
+            f"{found['search_seconds'] / 60:>10.1f}  {task['speedup_paired']:>6.2f}x  {task['mat']:>5.2f}"
+        )
 
 
 if __name__ == "__main__":

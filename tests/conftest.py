@@ -83,11 +83,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         fixtures = getattr(item, "_fixtureinfo", None)
         functions = [getattr(item, "function", None)] + [
-            defs[-1].func for name in getattr(item, "fixturenames", ())
-            for defs in [fixtures.name2fixturedefs.get(name) if fixtures else None] if defs]
-        if item.get_closest_marker("embedded") or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) \
-                or item.nodeid.split("::")[0] in SLOW_MODULES \
-                or any(_starts_a_process(f, set()) for f in functions if f is not None):
+            defs[-1].func
+            for name in getattr(item, "fixturenames", ())
+            for defs in [fixtures.name2fixturedefs.get(name) if fixtures else None]
+            if defs
+        ]
+        if (
+            item.get_closest_marker("embedded")
+            or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+            or item.nodeid.split("::")[0] in SLOW_MODULES
+            or any(_starts_a_process(f, set()) for f in functions if f is not None)
+        ):
             item.add_marker(pytest.mark.slow)
 
 
@@ -106,5 +112,6 @@ def _starts_a_process(function, seen: set) -> bool:
     if names & SLOW_CALLS:
         return True
     called = (getattr(function, "__globals__", {}).get(name) for name in names)
-    return any(_starts_a_process(f, seen) for f in called
-               if callable(f) and getattr(f, "__module__", "").startswith("tests"))
+    return any(
+        _starts_a_process(f, seen) for f in called if callable(f) and getattr(f, "__module__", "").startswith("tests")
+    )

@@ -20,19 +20,41 @@ from tests.test_runner import specrepro
 from tests.test_training import TINY_TRAINING
 
 # generation batches of 2 prompts: 5 continuation batches and 3 label batches to deal to the processes
-TRAINING = [*[o for o in TINY_TRAINING if not o.startswith("training.loop.steps")], "logger=wandb",
-            "training.generation_batch_size=2", "training.loop.steps=12", "training.loop.log_every=1",
-            "training.loop.checkpoint_every=1"]
+TRAINING = [
+    *[o for o in TINY_TRAINING if not o.startswith("training.loop.steps")],
+    "logger=wandb",
+    "training.generation_batch_size=2",
+    "training.loop.steps=12",
+    "training.loop.log_every=1",
+    "training.loop.checkpoint_every=1",
+]
 LOSS_TOLERANCE = 0.02  # relative: each process averages its own half of the batch's tokens, one process all of them
 
 
 def launch(cwd: Path, *overrides: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines",
-               "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "specrepro.cli", "train",
-               *TRAINING, *overrides]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        "specrepro.cli",
+        "train",
+        *TRAINING,
+        *overrides,
+    ]
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def finish(proc: subprocess.Popen) -> str:

@@ -22,15 +22,50 @@ BENCH = Path(__file__).parents[1] / "experiments" / "bench_gpu.py"
 
 def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     out = tmp_path / "bench.json"
-    subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--backend", "eager", "--dtype", "float32",
-                    "--model", "tiny_random model.random.num_layers=2", "--methods",
-                    "jacobi;eesd1=eesd method.head=none method.num_layers=1", "--limit", "2",
-                    "--trained-methods", "jacobi method.block_size=4;self_sd_tree", "--artifacts-dir", str(tmp_path),
-                    "--max-new-tokens", "8", "--json", str(out), "--markdown", str(tmp_path / "bench.md")],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            "--device",
+            "cpu",
+            "--backend",
+            "eager",
+            "--dtype",
+            "float32",
+            "--model",
+            "tiny_random model.random.num_layers=2",
+            "--methods",
+            "jacobi;eesd1=eesd method.head=none method.num_layers=1",
+            "--limit",
+            "2",
+            "--trained-methods",
+            "jacobi method.block_size=4;self_sd_tree",
+            "--artifacts-dir",
+            str(tmp_path),
+            "--max-new-tokens",
+            "8",
+            "--json",
+            str(out),
+            "--markdown",
+            str(tmp_path / "bench.md"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     figures = json.loads(out.read_text())
-    arms = {"ar_eager", "ar_compiled", "pld_eager", "pld_compiled", "jacobi_eager", "jacobi_compiled", "eesd1_eager",
-            "eesd1_compiled", "generate_eager", "generate_compiled"}  # jacobi and eesd run on compiled steps too
+    arms = {
+        "ar_eager",
+        "ar_compiled",
+        "pld_eager",
+        "pld_compiled",
+        "jacobi_eager",
+        "jacobi_compiled",
+        "eesd1_eager",
+        "eesd1_compiled",
+        "generate_eager",
+        "generate_compiled",
+    }  # jacobi and eesd run on compiled steps too
     assert arms <= set(figures["tok_per_s"]) and figures["model"] == "tiny_random"
     assert figures["prompts"] == figures["prompts_asked"] == 2
     assert all(n == 2 for n in figures["identical_to_ar_eager"].values())  # greedy: every arm decodes what ar does
@@ -40,14 +75,18 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     assert figures["ar_compiled_over_eager"] > 0 and figures["bound_tok_per_s"] > 0
     assert "bench_gpu.py" in figures["provenance"]["command"]  # quoted as a shell takes it back
     assert "--methods 'jacobi;eesd1=eesd method.head=none method.num_layers=1'" in figures["provenance"]["command"]
-    assert figures["methods"] == {"jacobi": {"spec": "jacobi", "artifacts": {}},  # what each arm ran, which weights
-                                  "eesd1": {"spec": "eesd1=eesd method.head=none method.num_layers=1", "artifacts": {}}}
+    assert figures["methods"] == {
+        "jacobi": {"spec": "jacobi", "artifacts": {}},  # what each arm ran, which weights
+        "eesd1": {"spec": "eesd1=eesd method.head=none method.num_layers=1", "artifacts": {}},
+    }
     # --trained-methods: a label --methods names is timed as --methods says; one without its artifacts is left out
     assert list(figures["untrained_methods"]) == ["self_sd_tree"] and "self_sd_tree_eager" not in figures["tok_per_s"]
     # fp32 on the CPU: every compiled arm's output is compiled ar's, nothing to classify
-    assert all(figures["speculative"][f"{arm}_compiled"]["near_tie_to_ar_compiled"] == 2
-               and figures["speculative"][f"{arm}_compiled"]["divergences_from_ar_compiled"] == []
-               for arm in ("pld", "jacobi", "eesd1"))
+    assert all(
+        figures["speculative"][f"{arm}_compiled"]["near_tie_to_ar_compiled"] == 2
+        and figures["speculative"][f"{arm}_compiled"]["divergences_from_ar_compiled"] == []
+        for arm in ("pld", "jacobi", "eesd1")
+    )
     monkeypatch.syspath_prepend(str(BENCH.parent))
     from bench_gpu import markdown
 
@@ -65,26 +104,57 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     assert "- Not timed, its artifacts not found: `self_sd_tree` (`self_sd_tree`): no trained artifact" in page
     # a divergence, as a bf16 GPU run records them (metrics/divergence.py), is named with its margins
     figures["speculative"]["pld_compiled"]["divergences_from_ar_compiled"] = [
-        {"prompt": 1, "position": 37, "token": 5, "ar_token": 9, "gap": 0.0156, "margin": 0.0156, "rounding": 0.0312,
-         "near_tie": True}]
-    assert ("- `pld_compiled` left compiled `ar`'s output on prompt 2 at token 37: a near-tie (logit gap 0.0156 "
-            "between `ar`'s token and its own, top-2 margin 0.0156, rounding measured there 0.0312)"
-            ) in markdown(figures)
+        {
+            "prompt": 1,
+            "position": 37,
+            "token": 5,
+            "ar_token": 9,
+            "gap": 0.0156,
+            "margin": 0.0156,
+            "rounding": 0.0312,
+            "near_tie": True,
+        }
+    ]
+    assert (
+        "- `pld_compiled` left compiled `ar`'s output on prompt 2 at token 37: a near-tie (logit gap 0.0156 "
+        "between `ar`'s token and its own, top-2 margin 0.0156, rounding measured there 0.0312)"
+    ) in markdown(figures)
 
 
 def test_two_method_arms_of_one_name_are_refused_in_one_line(tmp_path):
     """`--methods "sar_draft;sar_draft method.k=3"` would time one arm under the other's name: refused, label one."""
-    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--backend", "eager", "--dtype", "float32",
-                           "--model", "tiny_random model.random.num_layers=2", "--json", str(tmp_path / "bench.json"),
-                           "--methods", "jacobi;jacobi method.block_size=4"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            "--device",
+            "cpu",
+            "--backend",
+            "eager",
+            "--dtype",
+            "float32",
+            "--model",
+            "tiny_random model.random.num_layers=2",
+            "--json",
+            str(tmp_path / "bench.json"),
+            "--methods",
+            "jacobi;jacobi method.block_size=4",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == ("bench_gpu.py: error: --methods names the arm 'jacobi' twice: "
-                                                     "label one (e.g. 'jacobi_2=jacobi method.block_size=4')")
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "bench_gpu.py: error: --methods names the arm 'jacobi' twice: "
+        "label one (e.g. 'jacobi_2=jacobi method.block_size=4')"
+    )
     assert not (tmp_path / "bench.json").exists()
 
 
-COMMITTED_PAGES = [BENCH.parents[1] / "results" / "cpu" / "compiled.json",
-                   *sorted((BENCH.parents[1] / "results" / "gpu").glob("bench_gpu_h200_*.json"))]
+COMMITTED_PAGES = [
+    BENCH.parents[1] / "results" / "cpu" / "compiled.json",
+    *sorted((BENCH.parents[1] / "results" / "gpu").glob("bench_gpu_h200_*.json")),
+]
 
 
 @pytest.mark.parametrize("figures_file", COMMITTED_PAGES, ids=lambda path: path.stem)
@@ -104,16 +174,21 @@ def test_gpu_check_refuses_a_machine_without_cuda_in_one_line(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
     script = Path(__file__).parents[1] / "experiments" / "gpu_check.sh"
-    proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})
+    proc = subprocess.run(
+        ["bash", str(script), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable},
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [f"gpu_check: no CUDA device visible to {sys.executable}"]
     assert not list((tmp_path / "out").glob("*.json"))  # nothing measured, nothing written
 
 
 def test_an_unknown_model_preset_is_one_line():
-    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--model", "no_such_model"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--device", "cpu", "--model", "no_such_model"], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("bench_gpu.py: error: ")
     assert "no_such_model" in proc.stderr and "Traceback" not in proc.stderr
@@ -126,9 +201,13 @@ def test_gpu_check_keeps_its_steps_within_one_budget_and_returns_one_log(tmp_pat
     fake_python.chmod(0o755)
     script = Path(__file__).parents[1] / "experiments" / "gpu_check.sh"
     start = time.monotonic()
-    proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, cwd=tmp_path,
-                          env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake_python), "BUDGET_S": "5", "LONG_S": "2",
-                               "MIN_S": "2"})
+    proc = subprocess.run(
+        ["bash", str(script), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake_python), "BUDGET_S": "5", "LONG_S": "2", "MIN_S": "2"},
+    )
     assert proc.returncode == 1 and time.monotonic() - start < 10
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert "gpu_check: bench_bf16 (at most 2 s)" in log and "gpu_check: bench_bf16 exited with 124" in log
@@ -164,8 +243,12 @@ def test_gpu_setup_installs_only_a_whole_undamaged_carry(tmp_path):
     fake_python.chmod(0o755)
 
     def setup() -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", str(checkout / "experiments" / "gpu_setup.sh")], capture_output=True, text=True,
-                              env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake_python)})
+        return subprocess.run(
+            ["bash", str(checkout / "experiments" / "gpu_setup.sh")],
+            capture_output=True,
+            text=True,
+            env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake_python)},
+        )
 
     (carried / "2" / "part").rename(tmp_path / "part2")
     proc = setup()
@@ -199,10 +282,26 @@ def test_gpu_check_pages_name_the_path_they_are_committed_at_and_never_return_a_
 
     def gpu_check(*options):
         stale.write_text("{}")
-        return subprocess.run(["bash", "experiments/gpu_check.sh", str(out), "--device", "cpu", "--backend", "eager",
-                               "--limit", "1", "--max-new-tokens", "4", *options], cwd=checkout, capture_output=True,
-                              text=True, env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake_python),
-                                              "STEPS": "bench_bf16", "MIN_S": "1"})
+        return subprocess.run(
+            [
+                "bash",
+                "experiments/gpu_check.sh",
+                str(out),
+                "--device",
+                "cpu",
+                "--backend",
+                "eager",
+                "--limit",
+                "1",
+                "--max-new-tokens",
+                "4",
+                *options,
+            ],
+            cwd=checkout,
+            capture_output=True,
+            text=True,
+            env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake_python), "STEPS": "bench_bf16", "MIN_S": "1"},
+        )
 
     failed = gpu_check("--model", "nosuch")
     assert failed.returncode == 1 and stale.read_text() == "{}" and not list(out.glob("bench_gpu_*"))
@@ -212,7 +311,8 @@ def test_gpu_check_pages_name_the_path_they_are_committed_at_and_never_return_a_
     assert figures["prompts"] == 1 and figures == json.loads(stale.read_text())
     assert figures["provenance"]["command"].startswith(
         "python experiments/bench_gpu.py --json results/gpu/bench_gpu_fake_bf16.json "
-        "--markdown results/gpu/bench_gpu_fake_bf16.md")
+        "--markdown results/gpu/bench_gpu_fake_bf16.md"
+    )
     assert (out / "bench_gpu_fake_bf16.md").read_text() == (stale.with_suffix(".md")).read_text()
 
 
@@ -221,9 +321,24 @@ def test_profile_steps_runs_on_a_cpu(tmp_path):
     and transformers' compiled `generate`, each with its tokens, times and cache length."""
     script = BENCH.parent / "profile_steps.py"
     out = tmp_path / "profile.json"
-    proc = subprocess.run([sys.executable, str(script), "--device", "cpu", "--backend", "eager", "--tokens", "4",
-                           "--model", "tiny_random model.random.num_layers=2", "--json", str(out)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--device",
+            "cpu",
+            "--backend",
+            "eager",
+            "--tokens",
+            "4",
+            "--model",
+            "tiny_random model.random.num_layers=2",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     figures = json.loads(out.read_text())
     assert figures["ar_compiled_c512_cache_len"] % 512 == 0 and figures["ar_compiled_c64_cache_len"] % 64 == 0

@@ -15,20 +15,39 @@ BENCH = ROOT / "experiments" / "bench_llamacpp.py"
 
 
 def test_a_pld_arm_that_drafts_otherwise_than_llama_cpp_is_refused_in_one_line():
-    proc = subprocess.run([sys.executable, str(BENCH), "--pld", "pld method.match=latest"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--pld", "pld method.match=latest"], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "bench_llamacpp.py: error: --pld must be a pld preset that drafts as llama.cpp's lookup does "
-        "(method.match=earliest, method.min_ngram=1, method.controller=fixed), got: pld method.match=latest"]
+        "(method.match=earliest, method.min_ngram=1, method.controller=fixed), got: pld method.match=latest"
+    ]
 
 
 @pytest.mark.embedded
 def test_bench_times_every_arm_and_each_lookup_decodes_what_its_own_ar_does(tmp_path):
     pytest.importorskip("llama_cpp")
     out, page = tmp_path / "bench.json", tmp_path / "bench.md"
-    subprocess.run([sys.executable, str(BENCH), "--limit", "2", "--max-new-tokens", "24", "--threads", "1",
-                    "--json", str(out), "--markdown", str(page)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "24",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+            "--markdown",
+            str(page),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     figures = json.loads(out.read_text())
     assert figures["prompts"] == figures["prompts_asked"] == 2
     assert set(figures["tok_per_s"]) == {"ar", "pld", "llamacpp_ar", "llamacpp_lookup"}

@@ -40,8 +40,9 @@ def error_lines(stderr: str) -> list[str]:
 
 
 def test_an_unknown_sweep_value_is_one_line_before_any_job_runs(tmp_path):
-    proc = specrepro("run", "-m", *FAST, "dataset.limit=1", "logger=none", "method=pld,no_such", cwd=tmp_path,
-                     check=False)
+    proc = specrepro(
+        "run", "-m", *FAST, "dataset.limit=1", "logger=none", "method=pld,no_such", cwd=tmp_path, check=False
+    )
     assert proc.returncode == 2
     (line,) = error_lines(proc.stderr)
     assert line.startswith("specrepro: error: method/no_such is not a config; method is one of: ") and "pld" in line
@@ -58,8 +59,14 @@ def test_a_value_of_the_wrong_type_is_one_line(tmp_path):
 def test_help_into_a_closed_pipe_stops_quietly(tmp_path):
     read_end, write_end = os.pipe()
     os.close(read_end)  # as `| head` does once it has its lines
-    proc = subprocess.run([sys.executable, "-m", "specrepro.cli", "run", "--help"], cwd=tmp_path, stdout=write_end,
-                          stderr=subprocess.PIPE, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specrepro.cli", "run", "--help"],
+        cwd=tmp_path,
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
     os.close(write_end)
     assert proc.returncode == 1 and proc.stderr == "", proc.stderr[-2000:]
 
@@ -67,9 +74,15 @@ def test_help_into_a_closed_pipe_stops_quietly(tmp_path):
 def test_ctrl_c_during_a_run_says_how_to_resume_in_one_line(tmp_path):
     args = ["run", *FAST, "decoding.max_new_tokens=32", "dataset.limit=200", "logger=none"]
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "specrepro.cli", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specrepro.cli", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # as in a terminal
     generations = tmp_path / "results" / "runs"
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
@@ -82,8 +95,9 @@ def test_ctrl_c_during_a_run_says_how_to_resume_in_one_line(tmp_path):
     assert proc.returncode == 130
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-2000:]
     last = error_lines(stderr)[-1]
-    assert last == ("specrepro: interrupted; finished work is kept: run `specrepro run " + " ".join(args[1:])
-                    + "` again to resume")
+    assert last == (
+        "specrepro: interrupted; finished work is kept: run `specrepro run " + " ".join(args[1:]) + "` again to resume"
+    )
 
 
 @pytest.mark.parametrize("full_file", ["generations.jsonl", "metrics.json"])  # as the run starts, as it finishes
@@ -118,8 +132,10 @@ def test_a_finished_run_in_read_only_results_is_reused_and_tabulated(tmp_path):
     args = ["run", *FAST, "dataset.limit=1", "logger=none"]
     specrepro(*args, cwd=tmp_path)
     spec = tmp_path / "one.yaml"
-    spec.write_text("paper: one\ntitle: One\nsource: a test\nrow_header: [Method]\nrows:\n"
-                    "  - {label: [ar], select: {method: ar}}\ncolumns:\n  - {label: tok/s, key: tokens_per_s}\n")
+    spec.write_text(
+        "paper: one\ntitle: One\nsource: a test\nrow_header: [Method]\nrows:\n"
+        "  - {label: [ar], select: {method: ar}}\ncolumns:\n  - {label: tok/s, key: tokens_per_s}\n"
+    )
     with read_only(tmp_path / "results"):
         again = specrepro(*args, cwd=tmp_path)
         assert "tiny_random-ar-" in again.stdout and "Traceback" not in again.stderr
@@ -135,12 +151,18 @@ def test_a_finished_run_in_read_only_results_is_reused_and_tabulated(tmp_path):
 SMALL_DRAFT = ["method=sps", "training.draft.hidden_size=32", "training.draft.intermediate_size=64"]
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ([*SMALL_DRAFT, "training.draft.hidden_size=128"], "hidden_size=128 is wider than the target's (64)"),
-    ([*SMALL_DRAFT, "training.draft.num_kv_heads=3"],
-     "must split into num_heads=4 heads, and those into num_kv_heads=3 groups"),
-    (["method=eesd", "method.num_layers=2"], "eesd num_layers must be in [1, 1] for this 2-layer target, got 2"),
-], ids=["sps-wider", "sps-heads", "eesd-deeper"])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ([*SMALL_DRAFT, "training.draft.hidden_size=128"], "hidden_size=128 is wider than the target's (64)"),
+        (
+            [*SMALL_DRAFT, "training.draft.num_kv_heads=3"],
+            "must split into num_heads=4 heads, and those into num_kv_heads=3 groups",
+        ),
+        (["method=eesd", "method.num_layers=2"], "eesd num_layers must be in [1, 1] for this 2-layer target, got 2"),
+    ],
+    ids=["sps-wider", "sps-heads", "eesd-deeper"],
+)
 def test_an_impossible_shape_is_refused_before_any_data_is_generated(tmp_path, monkeypatch, overrides, message):
     from specrepro.training import distill_data, sps_draft, train
 
@@ -149,8 +171,9 @@ def test_an_impossible_shape_is_refused_before_any_data_is_generated(tmp_path, m
 
     monkeypatch.setattr(sps_draft, "continuation_dataset", no_data)
     monkeypatch.setattr(distill_data, "continuation_dataset", no_data)
-    cfg = compose_run("model=tiny_random", "logger=none", "hardware.threads=1", *overrides, f"results_dir={tmp_path}",
-                      config="train")
+    cfg = compose_run(
+        "model=tiny_random", "logger=none", "hardware.threads=1", *overrides, f"results_dir={tmp_path}", config="train"
+    )
     with pytest.raises(SpecReproError, match=re.escape(message)):
         train(cfg)
 

@@ -15,8 +15,15 @@ from specrepro.decoding.jacobi import CLLMDecoder, CLLMConfig, JacobiDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
 from specrepro.models.loading import LoadedModel
-from specrepro.training.cllm import (CLLMTrainingConfig, augment_states, consistency_loss_fn, distance,
-                                     find_trajectories, jacobi_trajectories, longest_run)
+from specrepro.training.cllm import (
+    CLLMTrainingConfig,
+    augment_states,
+    consistency_loss_fn,
+    distance,
+    find_trajectories,
+    jacobi_trajectories,
+    longest_run,
+)
 from tests.conftest import tiny_llama
 from tests.test_runner import run_dirs, specrepro
 
@@ -78,22 +85,48 @@ def test_cllm_method_refuses_base_weights():
 def test_trajectories_then_training_then_lossless_jacobi(tmp_path):
     """The two train stages through the CLI (LoRA merged into the saved model), then `run method=cllm` on it."""
     common = ["method=cllm", "model=tiny_random", "logger=none", "hardware.threads=1", "training.block_size=8"]
-    specrepro("train", *common, "training.stage=trajectories", "training.max_new_tokens=16",
-              *[f"training.prompts.{s}.limit=2" for s in ("gsm8k", "spider", "mbpp", "sharegpt")], cwd=tmp_path)
+    specrepro(
+        "train",
+        *common,
+        "training.stage=trajectories",
+        "training.max_new_tokens=16",
+        *[f"training.prompts.{s}.limit=2" for s in ("gsm8k", "spider", "mbpp", "sharegpt")],
+        cwd=tmp_path,
+    )
     [trajectories] = (tmp_path / "results" / "artifacts").glob("cllm_trajectories-*")
     dataset = load_from_disk(str(trajectories / "trajectories"))
     assert set(dataset["source"]) == {"gsm8k", "spider", "mbpp", "sharegpt"}
     assert all(len(fp) == 8 for fp in dataset["fixed_point"])
-    specrepro("train", *common, "training.stage=train", "training.loop.steps=3", "training.heldout_prompts=2",
-              "training.eval_tokens=8", "training.loss.consistency=local", "training.lora.r=4", cwd=tmp_path)
+    specrepro(
+        "train",
+        *common,
+        "training.stage=train",
+        "training.loop.steps=3",
+        "training.heldout_prompts=2",
+        "training.eval_tokens=8",
+        "training.loss.consistency=local",
+        "training.lora.r=4",
+        cwd=tmp_path,
+    )
     [model_dir] = (tmp_path / "results" / "artifacts").glob("cllm-*")
     assert (model_dir / "config.json").is_file() and (model_dir / "artifact.json").is_file()
     held_out = json.loads((model_dir / "artifact.json").read_text())["metrics"]
     for window in ("", "_sliding"):  # the paper's block and the sliding window, before and after training
         assert all(1.0 <= held_out[f"heldout_tokens_per_iteration{window}_{when}"] <= 8 for when in ("before", "after"))
-    specrepro("run", "model=tiny_random", "model.source=artifact", "model.id=cllm", "method=cllm", "dataset=gsm8k",
-              "dataset.limit=2", "decoding.max_new_tokens=12", "timing.warmup_tokens=4", "hardware.threads=1",
-              "logger=none", cwd=tmp_path)
+    specrepro(
+        "run",
+        "model=tiny_random",
+        "model.source=artifact",
+        "model.id=cllm",
+        "method=cllm",
+        "dataset=gsm8k",
+        "dataset.limit=2",
+        "decoding.max_new_tokens=12",
+        "timing.warmup_tokens=4",
+        "hardware.threads=1",
+        "logger=none",
+        cwd=tmp_path,
+    )
     runs = run_dirs(tmp_path)
     [cllm_run] = [p for name, p in runs.items() if name.startswith("cllm:")]
     assert json.loads((cllm_run / "metrics.json").read_text())["lossless"] == 1.0
@@ -109,13 +142,17 @@ def test_jacobi_on_trained_weights_equals_ar_on_them(tmp_path):
     spec = CLLMTrainingConfig(block_size=6)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for step in range(3):
-        loss, _ = consistency_loss_fn(spec, rows, torch.device("cpu"))(model, {"indices": [step % len(rows)], "seed": step})
+        loss, _ = consistency_loss_fn(spec, rows, torch.device("cpu"))(
+            model, {"indices": [step % len(rows)], "seed": step}
+        )
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
     model.eval()
-    assert JacobiDecoder(model, block_size=6).generate(prompt, GREEDY, 30).token_ids == \
-        ARDecoder(model).generate(prompt, GREEDY, 30).token_ids
+    assert (
+        JacobiDecoder(model, block_size=6).generate(prompt, GREEDY, 30).token_ids
+        == ARDecoder(model).generate(prompt, GREEDY, 30).token_ids
+    )
 
 
 def test_training_finds_the_trajectories_of_its_block_size(tmp_path):

@@ -17,9 +17,17 @@ from specrepro.config import register_configs
 def test_the_slurm_preset_puts_each_jobs_resources_in_its_sbatch_script(tmp_path, monkeypatch):
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="run", return_hydra_config=True,
-                      overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.mem_gb=48",
-                                 f"hydra.sweep.dir={tmp_path}", "hydra.job.name=specrepro"])
+        cfg = compose(
+            config_name="run",
+            return_hydra_config=True,
+            overrides=[
+                "hydra/launcher=slurm",
+                "hydra.launcher.partition=gpu",
+                "hydra.launcher.mem_gb=48",
+                f"hydra.sweep.dir={tmp_path}",
+                "hydra.job.name=specrepro",
+            ],
+        )
     params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     del params["_target_"]
     scripts = []
@@ -38,7 +46,13 @@ def test_the_slurm_preset_puts_each_jobs_resources_in_its_sbatch_script(tmp_path
     launcher.config = cfg
     launcher.launch([["method=ar"], ["method=pld"]], initial_job_idx=0)
     script = scripts[0]
-    for line in ("#SBATCH --gpus-per-node=1", "#SBATCH --cpus-per-task=8", "#SBATCH --mem=48GB",
-                 "#SBATCH --time=240", "#SBATCH --partition=gpu", "#SBATCH --job-name=specrepro",
-                 "export WANDB_MODE=offline"):
+    for line in (
+        "#SBATCH --gpus-per-node=1",
+        "#SBATCH --cpus-per-task=8",
+        "#SBATCH --mem=48GB",
+        "#SBATCH --time=240",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --job-name=specrepro",
+        "export WANDB_MODE=offline",
+    ):
         assert line in script, (line, script)

@@ -51,11 +51,23 @@ columns:
 """
 
 
-def test_compare_names_the_faster_run_also_from_committed_copies_and_refuses_other_prompts_or_unpaired_runs(tmp_path, capsys):
-    specrepro("run", "-m", *FAST, "method=ar,pld", "dataset=gsm8k", "dataset.limit=3,2", "timing.paired=true",
-              "logger=none", cwd=tmp_path)
-    runs = {(key.split(":")[0], OmegaConf.load(p / "config.yaml").dataset.limit): p
-            for key, p in run_dirs(tmp_path).items()}
+def test_compare_names_the_faster_run_also_from_committed_copies_and_refuses_other_prompts_or_unpaired_runs(
+    tmp_path, capsys
+):
+    specrepro(
+        "run",
+        "-m",
+        *FAST,
+        "method=ar,pld",
+        "dataset=gsm8k",
+        "dataset.limit=3,2",
+        "timing.paired=true",
+        "logger=none",
+        cwd=tmp_path,
+    )
+    runs = {
+        (key.split(":")[0], OmegaConf.load(p / "config.yaml").dataset.limit): p for key, p in run_dirs(tmp_path).items()
+    }
     pld, ar = runs["pld", 3], runs["ar", 3]
     (tmp_path / "paired.yaml").write_text(PAIRED_TABLE)  # its committed inputs: metrics.json, config.yaml, turns.jsonl
     specrepro("table", "paired.yaml", "--out-dir", "committed", cwd=tmp_path)
@@ -77,8 +89,12 @@ def test_compare_names_the_faster_run_also_from_committed_copies_and_refuses_oth
     for path in (pld, ar):
         rows = [json.loads(line) for line in (path / "generations.jsonl").read_text().splitlines()]
         turns[path] = {row["id"]: row["samples"][0][0] for row in rows}
-    expected = relative_speedup(*([{"speedup": paired_ratio(turns[p][i]), "tokens": turns[p][i]["token_ids"]}
-                                   for i in sorted(turns[p])] for p in (pld, ar)))
+    expected = relative_speedup(
+        *(
+            [{"speedup": paired_ratio(turns[p][i]), "tokens": turns[p][i]["token_ids"]} for i in sorted(turns[p])]
+            for p in (pld, ar)
+        )
+    )
     assert f"{pld.name} over {ar.name}, 3 turns on the same prompts" in out
     assert f"{expected['ratio']:.2f}x (95% interval {expected['low']:.2f}x-{expected['high']:.2f}x)" in out
     assert "the same tokens on 100% of the turns" in out  # pld is lossless
@@ -89,7 +105,9 @@ def test_compare_names_the_faster_run_also_from_committed_copies_and_refuses_oth
     assert capsys.readouterr().out == out
     text = page.read_text()
     assert out.strip() in text and "- Machine: " in text and "- Code: " in text
-    assert f"- Regenerate: `specrepro compare {pld.name} {ar.name} --results-dir {committed.parent} --out {page}`" in text
+    assert (
+        f"- Regenerate: `specrepro compare {pld.name} {ar.name} --results-dir {committed.parent} --out {page}`" in text
+    )
 
     # runs named together pool their turns (a method over several datasets): copies of both runs on other records
     pooled = tmp_path / "pooled" / "runs"
@@ -101,23 +119,32 @@ def test_compare_names_the_faster_run_also_from_committed_copies_and_refuses_oth
         (pooled / f"{path.name}-other" / "turns.jsonl").write_text("\n".join(moved) + "\n")
     both = f"{pld.name},{pld.name}-other"
     compare_main([both, f"{ar.name},{ar.name}-other", "--results-dir", str(pooled.parent)])
-    twice = relative_speedup(*([{"speedup": paired_ratio(turns[p][i]), "tokens": turns[p][i]["token_ids"]}
-                                for i in sorted(turns[p]) * 2] for p in (pld, ar)))
+    twice = relative_speedup(
+        *(
+            [{"speedup": paired_ratio(turns[p][i]), "tokens": turns[p][i]["token_ids"]} for i in sorted(turns[p]) * 2]
+            for p in (pld, ar)
+        )
+    )
     out = capsys.readouterr().out
     assert f"[{pld.name}, {pld.name}-other] over [{ar.name}, {ar.name}-other], 6 turns on the same prompts" in out
     assert f"{twice['ratio']:.2f}x (95% interval {twice['low']:.2f}x-{twice['high']:.2f}x)" in out
-    for args, message in (((f"{pld.name},{pld.name}", ar.name), "both decoded record"),
-                          ((both, ar.name), "did not decode the same prompts (record other-")):
+    for args, message in (
+        ((f"{pld.name},{pld.name}", ar.name), "both decoded record"),
+        ((both, ar.name), "did not decode the same prompts (record other-"),
+    ):
         with pytest.raises(SpecReproError, match=re.escape(message)):
             compare_main([*args, "--results-dir", str(pooled.parent)])
 
-    refusals = (((pld.name, runs["pld", 2].name), "did not decode the same prompts"),
-                ((pld.name, unpaired.name), "was not timed against ar (run it with timing.paired=true)"),
-                ((pld.name, "no-such-run"), "no-such-run: no such run directory"),
-                ((str(committed / ar.name), str(before_turns)), f"{pld.name}: holds no per-turn timings"))
+    refusals = (
+        ((pld.name, runs["pld", 2].name), "did not decode the same prompts"),
+        ((pld.name, unpaired.name), "was not timed against ar (run it with timing.paired=true)"),
+        ((pld.name, "no-such-run"), "no-such-run: no such run directory"),
+        ((str(committed / ar.name), str(before_turns)), f"{pld.name}: holds no per-turn timings"),
+    )
     for args, message in refusals:  # the command prints a SpecReproError as one line and exits with 2
         with pytest.raises(SpecReproError, match=re.escape(message)):
             compare_main([*args, "--results-dir", str(tmp_path / "results")])
     proc = specrepro("compare", pld.name, "no-such-run", cwd=tmp_path, check=False)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "specrepro: error: no-such-run: no such run directory, nor a run of that name in results/runs"]
+        "specrepro: error: no-such-run: no such run directory, nor a run of that name in results/runs"
+    ]

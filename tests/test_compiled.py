@@ -84,17 +84,43 @@ def sar_decoder(model, variant: str, steps=None, **cfg) -> SARDraftDecoder:
 
 def self_sd_decoders(model):
     """Draft & Verify on the 2-layer target: a draft that skips layer 0's attention and layer 1's MLP."""
-    return {"self_sd": SelfSDDecoder(model, None, [0], [1], SelfSDConfig(control="adaptive", k=6)),
-            "self_sd_tree": SelfSDDecoder(model, None, [0], [1], SelfSDConfig(control="fixed", k=3, tree_width=3)),
-            "self_sd_draft_vocab": SelfSDDecoder(model, None, [0], [1],  # its draft reads hidden states
-                                                 SelfSDConfig(control="fixed", k=3, draft_vocab=16),
-                                                 vocab_ranking=torch.arange(64))}
+    return {
+        "self_sd": SelfSDDecoder(model, None, [0], [1], SelfSDConfig(control="adaptive", k=6)),
+        "self_sd_tree": SelfSDDecoder(model, None, [0], [1], SelfSDConfig(control="fixed", k=3, tree_width=3)),
+        "self_sd_draft_vocab": SelfSDDecoder(
+            model,
+            None,
+            [0],
+            [1],  # its draft reads hidden states
+            SelfSDConfig(control="fixed", k=3, draft_vocab=16),
+            vocab_ranking=torch.arange(64),
+        ),
+    }
 
 
 MASK = 63  # SPACE's mask token on the tiny target (untrained: its drafts are poor, its output still ar's)
-COMPILABLE = ["ar", "pld", "pld_heuristic", "sps", "sar_draft", "sar_draft_tree", "sar_draft_simplified",
-              "sar_draft_transformer", "sar_draft_lstm", "jacobi", "jacobi_sliding", "space", "space_wide", "eesd", "eesd_beta_ts", "eesd_tree", "eesd_without_exit_layer", "self_sd", "self_sd_tree",
-              "self_sd_draft_vocab"]
+COMPILABLE = [
+    "ar",
+    "pld",
+    "pld_heuristic",
+    "sps",
+    "sar_draft",
+    "sar_draft_tree",
+    "sar_draft_simplified",
+    "sar_draft_transformer",
+    "sar_draft_lstm",
+    "jacobi",
+    "jacobi_sliding",
+    "space",
+    "space_wide",
+    "eesd",
+    "eesd_beta_ts",
+    "eesd_tree",
+    "eesd_without_exit_layer",
+    "self_sd",
+    "self_sd_tree",
+    "self_sd_draft_vocab",
+]
 
 
 @pytest.mark.parametrize("name", COMPILABLE)
@@ -117,7 +143,10 @@ def test_compiled_sampling_draws_what_eager_sampling_draws(compiled_target):
     eager = SPSDecoder(compiled_target, None, draft, 3, "fixed", 16)
     eager.steps = EagerSteps(compiled_target)
     for seed, prompt in enumerate(prompts()):
-        assert compiled.generate(prompt, sampling, 30, seed).token_ids == eager.generate(prompt, sampling, 30, seed).token_ids
+        assert (
+            compiled.generate(prompt, sampling, 30, seed).token_ids
+            == eager.generate(prompt, sampling, 30, seed).token_ids
+        )
 
 
 def test_a_tree_verification_on_compiled_steps_gives_the_eager_logits(compiled_target):
@@ -151,8 +180,12 @@ def sps_with_compiled_draft(model, tree_width=1, draft_vocab=False):
 
 
 def warmed_eesd(model):
-    return EESDDecoder(model, None, EarlyExitHead(model, num_layers=1).eval(),
-                       EESDConfig(num_layers=1, head="none", k_max=6, tree_width=2))
+    return EESDDecoder(
+        model,
+        None,
+        EarlyExitHead(model, num_layers=1).eval(),
+        EESDConfig(num_layers=1, head="none", k_max=6, tree_width=2),
+    )
 
 
 WARMED = {  # decoders whose compiled steps include graphs beyond the widths: EESD's layer slices, self_sd's state
@@ -184,8 +217,10 @@ def test_a_warmed_up_decoder_compiles_nothing_while_it_decodes(name):
     assert counters["stats"]["unique_graphs"] == compiled
 
 
-@pytest.mark.parametrize("name", ["self_sd", "self_sd_tree", "self_sd_draft_vocab", "eesd", "eesd_beta_ts", "eesd_tree",
-                                  "eesd_without_exit_layer"])
+@pytest.mark.parametrize(
+    "name",
+    ["self_sd", "self_sd_tree", "self_sd_draft_vocab", "eesd", "eesd_beta_ts", "eesd_tree", "eesd_without_exit_layer"],
+)
 def test_a_compiled_draft_drafts_what_the_eager_one_does(compiled_target, name):
     """Output equal to `ar` holds whatever a draft proposes; equal rounds show that the compiled draft computes what
     the eager one does: Draft & Verify's graphs skip the skip set's sub-layers (traced inside `skipped_sublayers`),
@@ -247,10 +282,23 @@ def test_decoders_that_run_their_own_forwards_refuse_compiled_steps(compiled_tar
 
 
 def test_a_compiled_run_reports_speedups_over_compiled_and_eager_ar(tmp_path):
-    compiled = ["hardware.compile=true", "hardware.compile_backend=aot_eager", "hardware.linear_kernel=torch",
-                "hardware.compile_widths=[1,16]"]
-    out = specrepro("run", *FAST, *compiled, "method=pld", "dataset=gsm8k", "dataset.limit=2", "timing.paired=true",
-                    "logger=none", cwd=tmp_path)
+    compiled = [
+        "hardware.compile=true",
+        "hardware.compile_backend=aot_eager",
+        "hardware.linear_kernel=torch",
+        "hardware.compile_widths=[1,16]",
+    ]
+    out = specrepro(
+        "run",
+        *FAST,
+        *compiled,
+        "method=pld",
+        "dataset=gsm8k",
+        "dataset.limit=2",
+        "timing.paired=true",
+        "logger=none",
+        cwd=tmp_path,
+    )
     runs = run_dirs(tmp_path)
     metrics = {key.split(":")[0]: json.loads((path / "metrics.json").read_text()) for key, path in runs.items()}
     assert set(metrics) == {"ar", "pld"}  # the reference is compiled `ar`
@@ -287,10 +335,23 @@ def test_a_compiled_two_turn_run_compiles_for_a_second_turn_that_outgrows_its_ca
     """The tiny random model's first answer re-tokenizes longer than it was decoded, so the second turn outgrows the
     caches sized up front: the reference `ar` run compiles for it before timing it and adds that to compile_time;
     pld, on the caches it grew, compiles nothing more and stays lossless."""
-    compiled = ["hardware.compile=true", "hardware.compile_backend=aot_eager", "hardware.linear_kernel=torch",
-                "hardware.compile_widths=[1,16]"]
-    specrepro("run", *FAST, *compiled, "method=pld", "dataset=mt_bench", "dataset.limit=1",
-              "decoding.max_new_tokens=80", "logger=none", cwd=tmp_path)
+    compiled = [
+        "hardware.compile=true",
+        "hardware.compile_backend=aot_eager",
+        "hardware.linear_kernel=torch",
+        "hardware.compile_widths=[1,16]",
+    ]
+    specrepro(
+        "run",
+        *FAST,
+        *compiled,
+        "method=pld",
+        "dataset=mt_bench",
+        "dataset.limit=1",
+        "decoding.max_new_tokens=80",
+        "logger=none",
+        cwd=tmp_path,
+    )
     runs = {key.split(":")[0]: path for key, path in run_dirs(tmp_path).items()}
     metrics = {name: json.loads((path / "metrics.json").read_text()) for name, path in runs.items()}
     turns = {name: json.loads((path / "generations.jsonl").read_text())["samples"][0] for name, path in runs.items()}
@@ -302,8 +363,9 @@ def test_a_compiled_two_turn_run_compiles_for_a_second_turn_that_outgrows_its_ca
 
 
 def test_compile_refuses_kernels_it_cannot_capture(tmp_path):
-    proc = specrepro("run", *FAST, "hardware.compile=true", "method=ar", "dataset.limit=1", "logger=none",
-                     cwd=tmp_path, check=False)
+    proc = specrepro(
+        "run", *FAST, "hardware.compile=true", "method=ar", "dataset.limit=1", "logger=none", cwd=tmp_path, check=False
+    )
     assert proc.returncode != 0
     assert "hardware.compile=true compiles torch's own kernels" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -38,9 +38,11 @@ def test_train_config_follows_the_method():
 @pytest.mark.parametrize("config", ["run", "train"])
 def test_two_sweeps_started_in_one_second_get_their_own_job_dirs(config):
     """Two lanes of one pipeline launch sweeps side by side: a shared sweep dir mixed their jobs' results."""
+
     def sweep_dir():
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return compose(config_name=config, return_hydra_config=True).hydra.sweep.dir
+
     assert sweep_dir() != sweep_dir()
 
 
@@ -59,8 +61,14 @@ def test_unknown_option_fails_at_composition():
         compose_run("method=no_such_method")
 
 
-@pytest.mark.parametrize("model_id, name", [("meta-llama/Llama-2-7b-hf", "llama_2_7b_hf"),
-                                            ("/data/models/My-Model/", "my_model"), ("Qwen2.5-0.5B", "qwen2.5_0.5b")])
+@pytest.mark.parametrize(
+    "model_id, name",
+    [
+        ("meta-llama/Llama-2-7b-hf", "llama_2_7b_hf"),
+        ("/data/models/My-Model/", "my_model"),
+        ("Qwen2.5-0.5B", "qwen2.5_0.5b"),
+    ],
+)
 def test_any_hub_id_or_local_path_is_a_model_named_by_its_last_part(model_id, name):
     cfg = compose_run("model=hf", f"model.id={model_id}")
     assert (cfg.model.source, cfg.model.id, cfg.model.name) == ("hf", model_id, name)
@@ -68,11 +76,17 @@ def test_any_hub_id_or_local_path_is_a_model_named_by_its_last_part(model_id, na
 
 
 @pytest.mark.parametrize("config", ["run", "train"])
-@pytest.mark.parametrize("override, message", [
-    ("model.name=meta-llama/Llama-2-7b-hf", "model.name 'meta-llama/Llama-2-7b-hf' names run and artifact directories"),
-    ("model.name=llama-2", "e.g. llama_2"),  # "-" joins the parts of a run's name
-    ("method.name=../ar", "method.name '../ar'"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "model.name=meta-llama/Llama-2-7b-hf",
+            "model.name 'meta-llama/Llama-2-7b-hf' names run and artifact directories",
+        ),
+        ("model.name=llama-2", "e.g. llama_2"),  # "-" joins the parts of a run's name
+        ("method.name=../ar", "method.name '../ar'"),
+    ],
+)
 def test_a_name_that_cannot_label_a_directory_is_refused(config, override, message):
     with pytest.raises(SpecReproError, match=re.escape(message)):
         check_names(compose_run(override, config=config))
@@ -158,8 +172,9 @@ def test_what_training_makes_from_a_checkpoint_is_named_by_its_weights(tmp_path)
     from specrepro.training import artifact_path
     from specrepro.training.distill_data import distill_cache_dir
 
-    cfg = compose_run("method=sps", "model.source=artifact", "model.id=base", f"artifacts_dir={tmp_path}",
-                      config="train")
+    cfg = compose_run(
+        "method=sps", "model.source=artifact", "model.id=base", f"artifacts_dir={tmp_path}", config="train"
+    )
     not_trained = artifact_path(cfg)  # its base is not trained yet: named by the config alone (a dry run's view)
     (tmp_path / "base-m-aaaa").mkdir()
     (tmp_path / "base-m-aaaa" / "artifact.json").write_text("{}")
@@ -197,8 +212,17 @@ def test_a_newer_download_of_a_hub_model_is_a_new_run_and_a_new_reference(tmp_pa
     assert run_name(pinned, "data") == first[2]  # a pinned commit still names the same weights
 
 
-@pytest.mark.parametrize("override", ["reference_nll=true", "method.sliding=true", "hardware.linear_min_rows=1",
-                                      "hardware.row_invariant=true", "timing.paired=true", "decoding.seed=3"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "reference_nll=true",
+        "method.sliding=true",
+        "hardware.linear_min_rows=1",
+        "hardware.row_invariant=true",
+        "timing.paired=true",
+        "decoding.seed=3",
+    ],
+)
 def test_every_option_that_changes_a_run_changes_its_name(override):
     """Run identity is a hash of the full resolved config: no option is left out to keep older names."""
     from specrepro.identity import run_name
@@ -221,14 +245,20 @@ def test_the_data_a_run_decodes_is_part_of_its_name_and_reference():
     assert run_name(cfg, "a") != run_name(cfg, "b") and reference_key(cfg, "a") != reference_key(cfg, "b")
 
 
-@pytest.mark.parametrize("override, message", [
-    ("decoding.top_p=0", "decoding.top_p must be in (0, 1], got 0"),
-    ("decoding=sample", None),
-    ("decoding.num_samples=0", "decoding.num_samples must be positive, got 0"),
-    ("timing.order=random", "timing.order must be one of ar_first, alternate, got random"),
-    ("hardware.compile_backend=tvm", "hardware.compile_backend must be one of inductor, aot_eager, eager, cudagraphs"),
-    ("hardware.compile_widths=[0,4]", "hardware.compile_widths must be positive widths, got [0, 4]"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("decoding.top_p=0", "decoding.top_p must be in (0, 1], got 0"),
+        ("decoding=sample", None),
+        ("decoding.num_samples=0", "decoding.num_samples must be positive, got 0"),
+        ("timing.order=random", "timing.order must be one of ar_first, alternate, got random"),
+        (
+            "hardware.compile_backend=tvm",
+            "hardware.compile_backend must be one of inductor, aot_eager, eager, cudagraphs",
+        ),
+        ("hardware.compile_widths=[0,4]", "hardware.compile_widths must be positive widths, got [0, 4]"),
+    ],
+)
 def test_the_schemas_refuse_bad_values_in_one_line(override, message):
     """A run's checks live in its schemas' `__post_init__`: a composed config is checked without a model."""
     cfg = compose_run(override)

@@ -64,27 +64,47 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
     eager_ar = ARDecoder(target, steps=EagerSteps(target))
     head = head_for(target, "block", 4, 16, 1, False).to(CUDA).eval()
     paper_head = head_for(target, "simplified", 4, 16, 1, False).to(CUDA).eval()  # its forward compiled too
-    compiled = {"ar": ARDecoder(target), "pld": PLDDecoder(target, None, PLDConfig()),
-                "sps": SPSDecoder(target, None, draft, 4, "fixed", 16),
-                "sps_compiled_draft": SPSDecoder(target, None, compiled_draft, 4, "fixed", 16, tree_width=3),
-                "sar_draft": SARDraftDecoder(target, None, head, SARDraftConfig(variant="block", k=3, k_max=4, tree_width=4)),
-                "sar_draft_simplified": SARDraftDecoder(target, None, paper_head, SARDraftConfig(k=3, k_max=4)),
-                "jacobi": JacobiDecoder(target, block_size=6),
-                "space_untrained_masks": SpaceDecoder(target, None, mask_id=0, k=3),
-                "eesd": EESDDecoder(target, None, EarlyExitHead(target, 2, True, False).to(CUDA).eval(),
-                                    EESDConfig(num_layers=2, control="fixed", k=3, tree_width=2)),
-                "self_sd": SelfSDDecoder(target, None, [1, 3], [0, 2], SelfSDConfig(control="adaptive", k=5))}
+    compiled = {
+        "ar": ARDecoder(target),
+        "pld": PLDDecoder(target, None, PLDConfig()),
+        "sps": SPSDecoder(target, None, draft, 4, "fixed", 16),
+        "sps_compiled_draft": SPSDecoder(target, None, compiled_draft, 4, "fixed", 16, tree_width=3),
+        "sar_draft": SARDraftDecoder(target, None, head, SARDraftConfig(variant="block", k=3, k_max=4, tree_width=4)),
+        "sar_draft_simplified": SARDraftDecoder(target, None, paper_head, SARDraftConfig(k=3, k_max=4)),
+        "jacobi": JacobiDecoder(target, block_size=6),
+        "space_untrained_masks": SpaceDecoder(target, None, mask_id=0, k=3),
+        "eesd": EESDDecoder(
+            target,
+            None,
+            EarlyExitHead(target, 2, True, False).to(CUDA).eval(),
+            EESDConfig(num_layers=2, control="fixed", k=3, tree_width=2),
+        ),
+        "self_sd": SelfSDDecoder(target, None, [1, 3], [0, 2], SelfSDConfig(control="adaptive", k=5)),
+    }
     compile_steps_for(80, list(compiled.values()))  # as the runner does: widths, slices, states, draft and head steps
     for name, decoder in compiled.items():
         for prompt in prompts():
-            assert decoder.generate(prompt, Sampling(), 40).token_ids == eager_ar.generate(prompt, Sampling(), 40).token_ids, name
+            assert (
+                decoder.generate(prompt, Sampling(), 40).token_ids
+                == eager_ar.generate(prompt, Sampling(), 40).token_ids
+            ), name
 
 
 # layers 2 and 3 offloaded to the CPU, named by their parts: accelerate hooks the modules a map names, and self_sd
 # calls a layer's attention and MLP on their own
-SPLIT = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 0, "model.norm": 0, "model.rotary_emb": 0,
-         "lm_head": 0, **{f"model.layers.{i}.{part}": "cpu" for i in (2, 3)
-                          for part in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")}}
+SPLIT = {
+    "model.embed_tokens": 0,
+    "model.layers.0": 0,
+    "model.layers.1": 0,
+    "model.norm": 0,
+    "model.rotary_emb": 0,
+    "lm_head": 0,
+    **{
+        f"model.layers.{i}.{part}": "cpu"
+        for i in (2, 3)
+        for part in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+    },
+}
 
 
 def test_greedy_decoders_equal_ar_with_the_target_split_over_gpu_and_cpu():

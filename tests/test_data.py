@@ -98,8 +98,11 @@ def data_md_counts() -> dict[str, int]:
 
 def test_data_md_lists_every_bundled_file_with_its_record_count():
     counts = data_md_counts()
-    bundled = {str(path.relative_to(BUNDLED_DIR)) for path in BUNDLED_DIR.rglob("*") if path.is_file()
-               and "LICENSE" not in path.name}
+    bundled = {
+        str(path.relative_to(BUNDLED_DIR))
+        for path in BUNDLED_DIR.rglob("*")
+        if path.is_file() and "LICENSE" not in path.name
+    }
     assert set(counts) == bundled
     for file, count in counts.items():
         assert len(read_rows(str(BUNDLED_DIR / file))) == count, file
@@ -126,8 +129,18 @@ def test_limit_above_set_size_is_clamped_with_a_warning(caplog):
     assert "limit 1000" in caplog.text and "164" in caplog.text
 
 
-@pytest.mark.parametrize("bad", [dict(limit=0), dict(limit=-3), dict(task="nope"), dict(metric="bleu"),
-                                 dict(prompt_style="fancy"), dict(template="nope"), dict(few_shot=1)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(limit=0),
+        dict(limit=-3),
+        dict(task="nope"),
+        dict(metric="bleu"),
+        dict(prompt_style="fancy"),
+        dict(template="nope"),
+        dict(few_shot=1),
+    ],
+)
 def test_invalid_settings_fail_clearly(bad):
     settings = dict(path="humaneval/HumanEval.jsonl.gz", task="humaneval") | bad
     with pytest.raises(SpecReproError):
@@ -146,7 +159,8 @@ def test_mt_bench_has_two_turns_categories_and_gpt4_references():
     for record in records:
         categories[record.fields["category"]] = categories.get(record.fields["category"], 0) + 1
     assert categories == dict.fromkeys(
-        ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"], 10)
+        ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"], 10
+    )
     with_reference = [record for record in records if record.fields["reference_turns"]]
     assert {record.fields["category"] for record in with_reference} == {"math", "reasoning", "coding"}
     assert len(with_reference) == 30 and all(len(r.fields["reference_turns"]) == 2 for r in with_reference)
@@ -176,8 +190,10 @@ def test_humaneval_completion_stops_like_codex_and_chat_code_blocks_are_used():
     body = record.fields["canonical_solution"]
     program = completion_for_scoring(record, body + "\n\ndef unrelated():\n    pass\nprint(1)\n", cfg)
     assert program == record.fields["prompt"] + body + "\n"
-    whole_function = f"Here you go:\n```python\ndef {record.fields['entry_point']}(numbers, threshold):\n" \
-                     "    return True\n\nprint(has_close_elements([], 1))\n```\nDone."
+    whole_function = (
+        f"Here you go:\n```python\ndef {record.fields['entry_point']}(numbers, threshold):\n"
+        "    return True\n\nprint(has_close_elements([], 1))\n```\nDone."
+    )
     program = completion_for_scoring(record, whole_function, cfg)
     assert program.startswith(record.fields["prompt"]) and program.rstrip().endswith("return True")
 
@@ -212,11 +228,14 @@ def test_chat_prompts_carry_history_and_fall_back_without_a_template(chat_tokeni
     cfg = compose_dataset("mt_bench", "limit=1", "system_prompt=Be brief.")
     record = load_records(cfg)[0]
     second = render_prompt(record, chat_tokenizer, cfg, history=["FIRST ANSWER"])
-    assert second == (f"<|system|>Be brief.<|end|><|user|>{record.turns[0]}<|end|>"
-                      f"<|assistant|>FIRST ANSWER<|end|><|user|>{record.turns[1]}<|end|><|assistant|>")
+    assert second == (
+        f"<|system|>Be brief.<|end|><|user|>{record.turns[0]}<|end|>"
+        f"<|assistant|>FIRST ANSWER<|end|><|user|>{record.turns[1]}<|end|><|assistant|>"
+    )
     plain = render_prompt(record, None, cfg, history=["FIRST ANSWER"])
-    assert plain == (f"System: Be brief.\nUser: {record.turns[0]}\nAssistant: FIRST ANSWER\n"
-                     f"User: {record.turns[1]}\nAssistant:")
+    assert plain == (
+        f"System: Be brief.\nUser: {record.turns[0]}\nAssistant: FIRST ANSWER\nUser: {record.turns[1]}\nAssistant:"
+    )
     with pytest.raises(SpecReproError):
         render_prompt(record, chat_tokenizer, cfg, history=["a", "b"])
 
@@ -286,11 +305,15 @@ def test_spec_bench_multi_turn_is_mt_bench_and_an_unknown_category_lists_the_gro
         load_records(compose_dataset("spec_bench", "category=chat"))
 
 
-@pytest.mark.parametrize("name, content", [
-    ("binary.jsonl", b'{"question": "a", "answer": "#### 1"}\n\xff\xfe\x00\x81 binary\n'),
-    ("binary.json", b'[{"idx": 0, "instruction": "\xff\xfe"}]\n'),
-    ("binary.jsonl.gz", b"\xff\xfe not gzip at all"),
-], ids=["jsonl", "json", "gz"])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("binary.jsonl", b'{"question": "a", "answer": "#### 1"}\n\xff\xfe\x00\x81 binary\n'),
+        ("binary.json", b'[{"idx": 0, "instruction": "\xff\xfe"}]\n'),
+        ("binary.jsonl.gz", b"\xff\xfe not gzip at all"),
+    ],
+    ids=["jsonl", "json", "gz"],
+)
 def test_a_binary_dataset_file_is_one_line_naming_it(tmp_path, name, content):
     binary = tmp_path / name
     binary.write_bytes(content)

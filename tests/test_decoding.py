@@ -40,8 +40,10 @@ def decoders(target, draft):
     }
 
 
-@pytest.mark.parametrize("name", ["pld", "pld_heuristic", "sps", "sps_self", "sps_tree_vocab", "hf_plain", "hf_prompt_lookup",
-                                  "hf_assistant"])
+@pytest.mark.parametrize(
+    "name",
+    ["pld", "pld_heuristic", "sps", "sps_self", "sps_tree_vocab", "hf_plain", "hf_prompt_lookup", "hf_assistant"],
+)
 def test_greedy_equals_ar(target, draft, name):
     decoder = decoders(target, draft)[name]
     for prompt in prompts():
@@ -55,8 +57,14 @@ def test_greedy_equals_ar(target, draft, name):
 def test_every_method_logs_the_parameters_it_adds(target, draft):
     target_parameters = sum(p.numel() for p in target.parameters())
     draft_parameters = sum(p.numel() for p in draft.parameters())
-    expected = {"ar": 0, "pld": 0, "sps": draft_parameters, "sps_self": 0,  # drafting with itself adds none
-                "hf_plain": 0, "hf_assistant": draft_parameters}
+    expected = {
+        "ar": 0,
+        "pld": 0,
+        "sps": draft_parameters,
+        "sps_self": 0,  # drafting with itself adds none
+        "hf_plain": 0,
+        "hf_assistant": draft_parameters,
+    }
     found = {"ar": ARDecoder(target)} | decoders(target, draft)
     for name, parameters in expected.items():
         extra = found[name].generate(prompts()[0], GREEDY, 4).extra
@@ -118,7 +126,11 @@ def test_budget_and_eos_stop_generation(target):
     unbounded.eos_ids = set()
     reference = unbounded.generate(prompt, GREEDY, 40).token_ids
     eos = reference[10]
-    for decoder in (ARDecoder(target), SPSDecoder(target, None, target, 4, "fixed", 16), PLDDecoder(target, None, PLDConfig())):
+    for decoder in (
+        ARDecoder(target),
+        SPSDecoder(target, None, target, 4, "fixed", 16),
+        PLDDecoder(target, None, PLDConfig()),
+    ):
         decoder.eos_ids = {eos}
         gen = decoder.generate(prompt, GREEDY, 40)
         assert gen.token_ids == reference[: reference.index(eos) + 1]
@@ -154,7 +166,9 @@ def test_crop_cache_moves_each_static_layer_back_to_at_most_the_length(target):
     positions = [layer.cumulative_length for layer in cache.layers]
     crop_cache(cache, 9)
     assert [int(layer.get_seq_length()) for layer in cache.layers] == [6] + [9] * (len(cache.layers) - 1)
-    assert all(layer.cumulative_length is kept for layer, kept in zip(cache.layers, positions))  # CUDA graphs read these
+    assert all(
+        layer.cumulative_length is kept for layer, kept in zip(cache.layers, positions)
+    )  # CUDA graphs read these
 
 
 def test_greedy_verify_accepts_the_matching_prefix():
@@ -171,11 +185,13 @@ def test_a_tree_verification_sees_ancestors_and_accepts_the_matching_path():
     parents = [-1, 0, -1, 2]
     allow, positions = tree_attention(parents, past=2)
     assert positions.tolist() == [2, 3, 4, 3, 4]
-    assert allow.int().tolist() == [[1, 1, 1, 0, 0, 0, 0],
-                                    [1, 1, 1, 1, 0, 0, 0],
-                                    [1, 1, 1, 1, 1, 0, 0],
-                                    [1, 1, 1, 0, 0, 1, 0],
-                                    [1, 1, 1, 0, 0, 1, 1]]
+    assert allow.int().tolist() == [
+        [1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 0, 0, 1, 0],
+        [1, 1, 1, 0, 0, 1, 1],
+    ]
     logits = torch.full((5, 10), -1.0)
     for row, token in enumerate([7, 1, 2, 8, 9]):  # the target's argmax after [last, node 0, ..., node 3]
         logits[row, token] = 1.0
@@ -241,8 +257,12 @@ def test_no_decoder_attribute_is_set_outside_its_constructor():
                     targets = node.targets if isinstance(node, ast.Assign) else getattr(node, "target", None)
                     for target in targets if isinstance(targets, list) else [targets]:
                         for element in ast.walk(target) if target is not None else []:
-                            if (isinstance(element, ast.Attribute) and isinstance(element.value, ast.Name)
-                                    and element.value.id == "self" and isinstance(element.ctx, ast.Store)
-                                    and (cls.name, method.name) not in carried):
+                            if (
+                                isinstance(element, ast.Attribute)
+                                and isinstance(element.value, ast.Name)
+                                and element.value.id == "self"
+                                and isinstance(element.ctx, ast.Store)
+                                and (cls.name, method.name) not in carried
+                            ):
                                 found.append(f"{path.name}: {cls.name}.{method.name} sets self.{element.attr}")
     assert not found, found

@@ -11,8 +11,15 @@ from tests.test_runner import FAST, run_dirs, specrepro
 
 
 def test_an_explicit_device_map_loads_and_decodes_losslessly(tmp_path):
-    out = specrepro("run", *FAST, "method=pld", "dataset.limit=2", "logger=none",
-                    "model.device_map={model:cpu,lm_head:cpu}", cwd=tmp_path)
+    out = specrepro(
+        "run",
+        *FAST,
+        "method=pld",
+        "dataset.limit=2",
+        "logger=none",
+        "model.device_map={model:cpu,lm_head:cpu}",
+        cwd=tmp_path,
+    )
     [pld] = [path for key, path in run_dirs(tmp_path).items() if key.startswith("pld:")]
     metrics = json.loads((pld / "metrics.json").read_text())
     assert metrics["lossless"] == 1.0 and metrics["mat"] >= 1.0, out.stdout

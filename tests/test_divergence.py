@@ -12,8 +12,14 @@ from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.jacobi import JacobiDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import EagerSteps
-from specrepro.metrics.divergence import (ar_logits_and_rounding, classify, classify_row, first_difference,
-                                          near_tie_metrics, rounding_widths)
+from specrepro.metrics.divergence import (
+    ar_logits_and_rounding,
+    classify,
+    classify_row,
+    first_difference,
+    near_tie_metrics,
+    rounding_widths,
+)
 from specrepro.metrics.summary import results_table
 from specrepro.models import LoadedModel
 from tests.conftest import tiny_llama
@@ -102,8 +108,11 @@ def test_a_record_is_classified_turn_by_turn_and_summarized():
     def gen(tokens):
         return {"token_ids": tokens}
 
-    reference_row = {"id": "r", "prompts": [" ".join(map(str, prompt)), "unused"],
-                     "samples": [[gen(reference), gen([1, 2])], [gen(reference), gen([1, 2])]]}
+    reference_row = {
+        "id": "r",
+        "prompts": [" ".join(map(str, prompt)), "unused"],
+        "samples": [[gen(reference), gen([1, 2])], [gen(reference), gen([1, 2])]],
+    }
     row = {"id": "r", "samples": [[gen(flipped), gen([1, 3])], [gen(reference), gen([1, 2])]]}
     classify_row(row, reference_row, LoadedModel(model, Words(), "tiny"), max_step_width=8)
     first, later = row["samples"][0]
@@ -123,11 +132,20 @@ def test_a_record_is_classified_turn_by_turn_and_summarized():
 def test_near_tie_metrics_of_classified_divergences():
     near = {"position": 2, "gap": 0.01, "rounding": 0.008, "near_tie": True}
     bug = {"position": 5, "gap": 0.9, "rounding": 0.008, "near_tie": False}
-    gens = [{"token_ids": [1]}, {"token_ids": [2], "divergence": near}, {"token_ids": [3], "divergence": bug},
-            {"token_ids": [4], "divergence": {"after_turn": 0, "near_tie": True}}]
+    gens = [
+        {"token_ids": [1]},
+        {"token_ids": [2], "divergence": near},
+        {"token_ids": [3], "divergence": bug},
+        {"token_ids": [4], "divergence": {"after_turn": 0, "near_tie": True}},
+    ]
     reference = [{"token_ids": [1]}, {"token_ids": [9]}, {"token_ids": [9]}, {"token_ids": [9]}]
-    assert near_tie_metrics(gens, reference) == {"lossless_near_tie": 0.75, "divergences": 2, "divergence_bugs": 1,
-                                                 "near_tie_max_gap": 0.01, "near_tie_max_rounding": 0.008}
+    assert near_tie_metrics(gens, reference) == {
+        "lossless_near_tie": 0.75,
+        "divergences": 2,
+        "divergence_bugs": 1,
+        "near_tie_max_gap": 0.01,
+        "near_tie_max_rounding": 0.008,
+    }
 
 
 def test_a_run_of_a_wrong_decoder_records_its_divergences_as_bugs(tmp_path, monkeypatch):
@@ -141,8 +159,7 @@ def test_a_run_of_a_wrong_decoder_records_its_divergences_as_bugs(tmp_path, monk
         return FlippingAR(target.model, 2, target.tokenizer)
 
     monkeypatch.setattr(runner, "build_decoder", build)
-    cfg = compose_run(*FAST, "method=pld", "dataset=gsm8k", "dataset.limit=2", "logger=none",
-                      f"results_dir={tmp_path}")
+    cfg = compose_run(*FAST, "method=pld", "dataset=gsm8k", "dataset.limit=2", "logger=none", f"results_dir={tmp_path}")
     metrics = runner.run(cfg)
     assert metrics["lossless"] == 0.0 and metrics["lossless_near_tie"] == 0.0
     assert (metrics["divergences"], metrics["divergence_bugs"]) == (2, 2)

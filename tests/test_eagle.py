@@ -50,7 +50,11 @@ def test_greedy_eagle_with_a_reduced_draft_vocabulary_equals_ar(sharp):
     decoder = eagle(sharp, 3, 2, 5, vocab_ids=torch.arange(0, 64, 2))
     gen = decoder.generate(prompt, GREEDY, 30)
     assert gen.token_ids == reference
-    assert gen.extra["extra_parameters"] == decoder.draft.num_parameters() > sum(p.numel() for p in decoder.draft.parameters())
+    assert (
+        gen.extra["extra_parameters"]
+        == decoder.draft.num_parameters()
+        > sum(p.numel() for p in decoder.draft.parameters())
+    )
 
 
 def test_the_dynamic_tree_expands_the_top_k_by_cumulative_confidence(sharp):
@@ -78,8 +82,14 @@ def test_the_dynamic_tree_expands_the_top_k_by_cumulative_confidence(sharp):
 
 
 def test_rerank_keeps_the_best_nodes_as_a_tree_and_the_proposal_masks_it(sharp):
-    nodes = [TreeNode(5, 0.6, -1, 1), TreeNode(6, 0.3, -1, 1), TreeNode(7, 0.6, 0, 2), TreeNode(8, 0.1, 0, 2),
-             TreeNode(9, 0.25, 1, 2), TreeNode(4, 0.5, 2, 3)]
+    nodes = [
+        TreeNode(5, 0.6, -1, 1),
+        TreeNode(6, 0.3, -1, 1),
+        TreeNode(7, 0.6, 0, 2),
+        TreeNode(8, 0.1, 0, 2),
+        TreeNode(9, 0.25, 1, 2),
+        TreeNode(4, 0.5, 2, 3),
+    ]
     assert rerank(nodes, 4) == [0, 1, 2, 5]  # a tie keeps the parent (created first) before its child
     assert rerank(nodes, 2) == [0, 2]
     decoder = eagle(sharp, 3, 2, 4)
@@ -99,12 +109,21 @@ def test_the_draft_cache_holds_exactly_the_committed_pairs_after_every_round(sha
     decoder = eagle(sharp, 2, 64, 70)  # every token at depth 1: a node off the first branch is accepted every round
     seen = []
     after = EagleDecoder.after_verify
-    monkeypatch.setattr(EagleDecoder, "after_verify", lambda self, state, tokens, output, rows: (
-        after(self, state, tokens, output, rows), seen.append((tokens.clone(), state.keys.clone(), state.feature))))
+    monkeypatch.setattr(
+        EagleDecoder,
+        "after_verify",
+        lambda self, state, tokens, output, rows: (
+            after(self, state, tokens, output, rows),
+            seen.append((tokens.clone(), state.keys.clone(), state.feature)),
+        ),
+    )
     paths = []
     keep = draft_verify.keep_tree_path
-    monkeypatch.setattr(draft_verify, "keep_tree_path",
-                        lambda cache, committed, path: paths.append(path) or keep(cache, committed, path))
+    monkeypatch.setattr(
+        draft_verify,
+        "keep_tree_path",
+        lambda cache, committed, path: paths.append(path) or keep(cache, committed, path),
+    )
     prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(5))
     decoder.generate(prompt, GREEDY, 40)
     assert any(path and path != list(range(len(path))) for path in paths)  # a side branch was accepted
@@ -134,10 +153,16 @@ def test_conversation_tokens_mask_the_assistant_turns():
     from specrepro.training.eagle_data import conversation_tokens
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_checkpoint())
-    messages = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! How can I help?"},
-                {"role": "user", "content": "Add 2 and 2."}, {"role": "assistant", "content": "4"}]
+    messages = [
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Add 2 and 2."},
+        {"role": "assistant", "content": "4"},
+    ]
     ids, mask = conversation_tokens(messages, tokenizer, 512)
-    assert ids == tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
+    assert (
+        ids == tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
+    )
     assert "Hello! How can I help?" in tokenizer.decode([t for t, m in zip(ids, mask) if m])
     assert "Add 2" not in tokenizer.decode([t for t, m in zip(ids, mask) if m])
     short, short_mask = conversation_tokens(messages, tokenizer, 12)
@@ -165,16 +190,29 @@ def test_eagle_training_killed_part_way_resumes_to_the_same_draft(tmp_path, monk
     from specrepro.training import eagle_head
 
     register_configs()
-    overrides = ["method=eagle", "training=eagle", "model=tiny_random", "logger=none", "hardware.threads=1",
-                 f"artifacts_dir={tmp_path}", "training.conversations.path=sharegpt/sharegpt_v3_first1000.json.gz",
-                 "training.conversations.ids_path=null", "training.conversations.limit=10", "training.max_tokens=48",
-                 "training.heldout_sequences=2", "training.loop.steps=4", "training.loop.checkpoint_every=2",
-                 "training.loop.log_every=1", "training.loop.batch_size=2"]
+    overrides = [
+        "method=eagle",
+        "training=eagle",
+        "model=tiny_random",
+        "logger=none",
+        "hardware.threads=1",
+        f"artifacts_dir={tmp_path}",
+        "training.conversations.path=sharegpt/sharegpt_v3_first1000.json.gz",
+        "training.conversations.ids_path=null",
+        "training.conversations.limit=10",
+        "training.max_tokens=48",
+        "training.heldout_sequences=2",
+        "training.loop.steps=4",
+        "training.loop.checkpoint_every=2",
+        "training.loop.log_every=1",
+        "training.loop.batch_size=2",
+    ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=overrides)
     target = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir).load_model(cfg.model)
-    straight, metrics, history = eagle_head.train_eagle_head(cfg, target, tmp_path / "straight", lambda *a: None,
-                                                             torch.device("cpu"))
+    straight, metrics, history = eagle_head.train_eagle_head(
+        cfg, target, tmp_path / "straight", lambda *a: None, torch.device("cpu")
+    )
     assert len(history) == 4 and metrics["train_sequences"] >= 4 and len(metrics["heldout_top1_by_depth_after"]) == 4
     assert metrics["compute_minutes"] * 60 >= history[-1]["seconds"] > 0
     pack, calls = eagle_head.pack, []
@@ -189,8 +227,9 @@ def test_eagle_training_killed_part_way_resumes_to_the_same_draft(tmp_path, monk
     with pytest.raises(KeyboardInterrupt):
         eagle_head.train_eagle_head(cfg, target, tmp_path / "resumed", lambda *a: None, torch.device("cpu"))
     monkeypatch.setattr(eagle_head, "pack", pack)
-    resumed, _, resumed_history = eagle_head.train_eagle_head(cfg, target, tmp_path / "resumed", lambda *a: None,
-                                                              torch.device("cpu"))
+    resumed, _, resumed_history = eagle_head.train_eagle_head(
+        cfg, target, tmp_path / "resumed", lambda *a: None, torch.device("cpu")
+    )
     assert [h["loss"] for h in resumed_history] == pytest.approx([h["loss"] for h in history])
     for a, b in zip(straight.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b)
@@ -206,13 +245,23 @@ def test_the_learning_curve_pins_each_budget_to_the_head_its_preset_trains():
 
     _, stages = load_pipeline("eagle_scaling")
     trained = [artifact_path(compose_run(*stage["train"], config="train")).name for stage in stages if "train" in stage]
-    decoded = [arg.removeprefix("method.head=") for stage in stages if "run" in stage for arg in stage["run"]
-               if arg.startswith("method.head=")]
+    decoded = [
+        arg.removeprefix("method.head=")
+        for stage in stages
+        if "run" in stage
+        for arg in stage["run"]
+        if arg.startswith("method.head=")
+    ]
     tabled = [row.select["method.head"] for row in TableSpec.load("eagle_scaling").rows]
     assert len(trained) == 6 and decoded == trained and tabled == trained
     _, leaderboard = load_pipeline("spec_bench")  # the leaderboard decodes the largest budget's head
-    largest = [arg.removeprefix("method.head=") for stage in leaderboard if "run" in stage for arg in stage["run"]
-               if arg.startswith("method.head=eagle")]
+    largest = [
+        arg.removeprefix("method.head=")
+        for stage in leaderboard
+        if "run" in stage
+        for arg in stage["run"]
+        if arg.startswith("method.head=eagle")
+    ]
     assert largest == [trained[-1]] * 2
 
 

@@ -11,8 +11,14 @@ import torch
 import specrepro.decoding.draft_verify as draft_verify
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.controllers import BetaTS, CaliTS
-from specrepro.decoding.eesd import (CalibrationPredictor, EarlyExitHead, EESDConfig, EESDDecoder, find_head,
-                                     first_layers_hidden)
+from specrepro.decoding.eesd import (
+    CalibrationPredictor,
+    EarlyExitHead,
+    EESDConfig,
+    EESDDecoder,
+    find_head,
+    first_layers_hidden,
+)
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import keep_tree_path
 from specrepro.errors import SpecReproError
@@ -27,7 +33,9 @@ SAMPLE = Sampling(do_sample=True)
 def eesd(target, num_layers, control="fixed", k=3, exit_layer=True, shared_head=False, **extra):
     head = EarlyExitHead(target, num_layers, exit_layer, shared_head).eval()
     head.calibration = CalibrationPredictor(target.config.hidden_size)
-    cfg = EESDConfig(num_layers=num_layers, control=control, k=k, exit_layer=exit_layer, shared_head=shared_head, **extra)
+    cfg = EESDConfig(
+        num_layers=num_layers, control=control, k=k, exit_layer=exit_layer, shared_head=shared_head, **extra
+    )
     return EESDDecoder(target, None, head, cfg)
 
 
@@ -36,7 +44,12 @@ def test_greedy_eesd_equals_ar_for_every_layer_count_length_and_controller(contr
     target = tiny_llama(vocab_size=64, num_layers=4, logit_scale=3.0)
     prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
     reference = ARDecoder(target).generate(prompt, GREEDY, 32).token_ids
-    for num_layers, k, exit_layer, shared_head in ((1, 1, True, False), (2, 4, False, False), (3, 4, True, True), (3, 2, True, False)):
+    for num_layers, k, exit_layer, shared_head in (
+        (1, 1, True, False),
+        (2, 4, False, False),
+        (3, 4, True, True),
+        (3, 2, True, False),
+    ):
         gen = eesd(target, num_layers, control, k, exit_layer, shared_head, k_max=6).generate(prompt, GREEDY, 32)
         assert gen.token_ids == reference, (num_layers, k, exit_layer, shared_head)
         assert sum(gen.drafted) > 0
@@ -48,8 +61,11 @@ def test_greedy_eesd_with_a_token_tree_equals_ar(control, monkeypatch):
     prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
     reference = ARDecoder(target).generate(prompt, GREEDY, 40).token_ids
     paths = []
-    monkeypatch.setattr(draft_verify, "keep_tree_path",
-                        lambda cache, committed, path: paths.append(path) or keep_tree_path(cache, committed, path))
+    monkeypatch.setattr(
+        draft_verify,
+        "keep_tree_path",
+        lambda cache, committed, path: paths.append(path) or keep_tree_path(cache, committed, path),
+    )
     for k, width in ((1, 4), (3, 2), (2, 5)):
         gen = eesd(target, 2, control, k, k_max=4, tree_width=width).generate(prompt, GREEDY, 40)
         assert gen.token_ids == reference, (k, width)
@@ -82,14 +98,18 @@ def test_greedy_eesd_with_a_reduced_draft_vocabulary_equals_ar():
     reference = ARDecoder(target).generate(prompt, GREEDY, 32).token_ids
     vocab_ids = torch.tensor(sorted(set(reference))[::2] + [63])  # some target tokens cannot be drafted
     head = EarlyExitHead(target, 2, draft_vocab_ids=vocab_ids).eval()
-    decoder = EESDDecoder(target, None, head, EESDConfig(num_layers=2, control="fixed", k=3, draft_vocab=len(vocab_ids)))
+    decoder = EESDDecoder(
+        target, None, head, EESDConfig(num_layers=2, control="fixed", k=3, draft_vocab=len(vocab_ids))
+    )
     gen = decoder.generate(prompt, GREEDY, 32)
     assert gen.token_ids == reference
     assert sum(gen.drafted) > 0
     hidden, layer = target.config.hidden_size, sum(p.numel() for p in target.model.layers[-1].parameters())
     assert gen.extra["extra_parameters"] == layer + hidden + len(vocab_ids) * hidden  # exit layer, norm, head rows
     with torch.no_grad():
-        token, q, top1 = head.choose(head.logits(torch.randn(target.config.hidden_size)), SAMPLE, torch.Generator().manual_seed(0))
+        token, q, top1 = head.choose(
+            head.logits(torch.randn(target.config.hidden_size)), SAMPLE, torch.Generator().manual_seed(0)
+        )
         assert (q == 0).sum() == 64 - len(vocab_ids) and int(token) in vocab_ids.tolist() and 0 < top1 <= 1
         token, q, _ = head.choose(head.logits(torch.randn(target.config.hidden_size)), GREEDY, None)
         assert q is None and int(token) in vocab_ids.tolist()
@@ -217,47 +237,102 @@ def test_head_with_predictor_round_trips_and_untrained_predictor_says_one_half(t
     torch.testing.assert_close(loaded.lm_head.weight, target.lm_head.weight[[5, 2, 9]])
     (tmp_path / "artifact.json").write_text("{}")
     with pytest.raises(SpecReproError, match="no eesd head artifact"):
-        find_head(str(tmp_path), tmp_path.parent, "tiny",
-                  {"num_layers": 2, "exit_layer": True, "shared_head": False, "draft_vocab": 0})
+        find_head(
+            str(tmp_path),
+            tmp_path.parent,
+            "tiny",
+            {"num_layers": 2, "exit_layer": True, "shared_head": False, "draft_vocab": 0},
+        )
 
 
 def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_path):
     small = ["model=tiny_random", "method=eesd", "method.num_layers=1", "logger=none", "hardware.threads=1"]
-    specrepro("train", *small, "training.prompts.gsm8k.limit=4", "training.prompts.sharegpt.limit=2",
-              "training.prompts.mbpp.limit=2", "training.continuation_tokens=8", "training.loop.steps=3",
-              "training.calibration.sequences=4", "training.calibration.loop.steps=3",
-              "training.calibration.loop.batch_size=16", cwd=tmp_path)
+    specrepro(
+        "train",
+        *small,
+        "training.prompts.gsm8k.limit=4",
+        "training.prompts.sharegpt.limit=2",
+        "training.prompts.mbpp.limit=2",
+        "training.continuation_tokens=8",
+        "training.loop.steps=3",
+        "training.calibration.sequences=4",
+        "training.calibration.loop.steps=3",
+        "training.calibration.loop.batch_size=16",
+        cwd=tmp_path,
+    )
     (artifact,) = (tmp_path / "results" / "artifacts").glob("eesd_head-tiny_random-*")
     metrics = json.loads((artifact / "artifact.json").read_text())["metrics"]
     assert {"heldout_top1_agreement_before", "heldout_top1_agreement_after", "calibration_examples"} <= set(metrics)
-    specrepro("run", "-m", *small, "method.control=fixed,cali_ts", "dataset=gsm8k", "dataset.limit=2",
-              "decoding.max_new_tokens=8", "timing.warmup_tokens=4", cwd=tmp_path)
-    runs = {k: json.loads((p / "metrics.json").read_text()) for k, p in run_dirs(tmp_path).items() if k.startswith("eesd:")}
+    specrepro(
+        "run",
+        "-m",
+        *small,
+        "method.control=fixed,cali_ts",
+        "dataset=gsm8k",
+        "dataset.limit=2",
+        "decoding.max_new_tokens=8",
+        "timing.warmup_tokens=4",
+        cwd=tmp_path,
+    )
+    runs = {
+        k: json.loads((p / "metrics.json").read_text()) for k, p in run_dirs(tmp_path).items() if k.startswith("eesd:")
+    }
     assert len(runs) == 2
     assert all(m["lossless"] == 1.0 and m["hm"] is not None for m in runs.values())
     reduced = [*small, "method.draft_vocab=24", "method.control=fixed"]
-    specrepro("train", *reduced, "training.prompts.gsm8k.limit=4", "training.prompts.sharegpt.limit=2",
-              "training.prompts.mbpp.limit=2", "training.continuation_tokens=8", "training.loop.steps=3",
-              "training.calibration.sequences=0", "+dataset@training.labeled.gsm8k=gsm8k_train",
-              "training.labeled.gsm8k.limit=3", "training.labeled_response_tokens=8", cwd=tmp_path)
-    specrepro("run", *reduced, "dataset=gsm8k", "dataset.limit=2", "decoding.max_new_tokens=8",
-              "timing.warmup_tokens=4", cwd=tmp_path)
+    specrepro(
+        "train",
+        *reduced,
+        "training.prompts.gsm8k.limit=4",
+        "training.prompts.sharegpt.limit=2",
+        "training.prompts.mbpp.limit=2",
+        "training.continuation_tokens=8",
+        "training.loop.steps=3",
+        "training.calibration.sequences=0",
+        "+dataset@training.labeled.gsm8k=gsm8k_train",
+        "training.labeled.gsm8k.limit=3",
+        "training.labeled_response_tokens=8",
+        cwd=tmp_path,
+    )
+    specrepro(
+        "run",
+        *reduced,
+        "dataset=gsm8k",
+        "dataset.limit=2",
+        "decoding.max_new_tokens=8",
+        "timing.warmup_tokens=4",
+        cwd=tmp_path,
+    )
     (trained,) = [p for p in (tmp_path / "results" / "artifacts").glob("eesd_head-tiny_random-*") if p != artifact]
     trained_metrics = json.loads((trained / "artifact.json").read_text())["metrics"]
     assert 0 < trained_metrics["heldout_draft_vocab_coverage"] <= 1 and trained_metrics["train_sequences_labeled"] == 3
-    runs = [json.loads((p / "metrics.json").read_text()) for k, p in run_dirs(tmp_path).items() if k.startswith("eesd:")]
+    runs = [
+        json.loads((p / "metrics.json").read_text()) for k, p in run_dirs(tmp_path).items() if k.startswith("eesd:")
+    ]
     assert len(runs) == 3 and all(m["lossless"] == 1.0 for m in runs)
-    missing = specrepro("run", *small[:2], "method.num_layers=1", "method.exit_layer=false", "logger=none",
-                        "dataset=gsm8k", "dataset.limit=1", "decoding.max_new_tokens=4", cwd=tmp_path, check=False)
+    missing = specrepro(
+        "run",
+        *small[:2],
+        "method.num_layers=1",
+        "method.exit_layer=false",
+        "logger=none",
+        "dataset=gsm8k",
+        "dataset.limit=1",
+        "decoding.max_new_tokens=4",
+        cwd=tmp_path,
+        check=False,
+    )
     assert missing.returncode == 2 and "no eesd head artifact" in missing.stderr
 
 
 @pytest.mark.embedded
 def test_greedy_eesd_is_token_identical_to_ar_on_the_embedded_model(embedded):
     tok = embedded.tokenizer
-    prompts = ["Question: A baker makes 24 rolls and sells 15. How many are left?\nAnswer:",
-               "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-               "The three primary colours are"]
+    prompts = [
+        "Question: A baker makes 24 rolls and sells 15. How many are left?\nAnswer:",
+        'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+        "The three primary colours are",
+    ]
     head = EarlyExitHead(embedded.model, 3).eval()  # untrained: initialised from the target's last layer and head
     decoder = EESDDecoder(embedded.model, tok, head, EESDConfig(num_layers=3, control="fixed", k=3))
     ar = ARDecoder(embedded.model, tok)
@@ -272,8 +347,14 @@ def test_calibration_predictor_applies_the_position_map_of_each_draft_step():
     torch.nn.init.normal_(predictor.classifier.weight)
     torch.nn.init.normal_(predictor.position_maps)
     target_hidden, draft_hidden, steps = torch.randn(5, 8), torch.randn(5, 8), torch.tensor([1, 3, 10, 12, 2])
-    expected = torch.stack([predictor.classifier(torch.cat([predictor.position_maps[min(i, 10) - 1] @ target_hidden[b],
-                                                            draft_hidden[b]])) for b, i in enumerate(steps.tolist())])
+    expected = torch.stack(
+        [
+            predictor.classifier(
+                torch.cat([predictor.position_maps[min(i, 10) - 1] @ target_hidden[b], draft_hidden[b]])
+            )
+            for b, i in enumerate(steps.tolist())
+        ]
+    )
     torch.testing.assert_close(predictor(target_hidden, draft_hidden, steps), expected)  # Eq. 5, W^i capped at i = 10
 
 

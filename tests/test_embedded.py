@@ -45,13 +45,24 @@ def truncated_copy(model, num_layers: int) -> LlamaForCausalLM:
 
 @pytest.fixture(scope="session")  # not module: a worker that leaves this module and comes back keeps them
 def prompt_ids(embedded):
-    gsm8k = DatasetConfig(name="gsm8k", path="gsm8k/test.jsonl.gz", task="gsm8k", template="hash_answer",
-                          few_shot=1, shots_path="gsm8k/train.jsonl.gz", limit=10)
-    humaneval = DatasetConfig(name="humaneval", path="humaneval/HumanEval.jsonl.gz", task="humaneval",
-                              prompt_style="completion", limit=5)
+    gsm8k = DatasetConfig(
+        name="gsm8k",
+        path="gsm8k/test.jsonl.gz",
+        task="gsm8k",
+        template="hash_answer",
+        few_shot=1,
+        shots_path="gsm8k/train.jsonl.gz",
+        limit=10,
+    )
+    humaneval = DatasetConfig(
+        name="humaneval", path="humaneval/HumanEval.jsonl.gz", task="humaneval", prompt_style="completion", limit=5
+    )
     tok = embedded.tokenizer
-    return [tok(render_prompt(r, tok, cfg), add_special_tokens=False)["input_ids"]
-            for cfg in (gsm8k, humaneval) for r in load_records(cfg)]
+    return [
+        tok(render_prompt(r, tok, cfg), add_special_tokens=False)["input_ids"]
+        for cfg in (gsm8k, humaneval)
+        for r in load_records(cfg)
+    ]
 
 
 @pytest.fixture(scope="session")

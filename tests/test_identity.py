@@ -17,8 +17,13 @@ from tests.test_registry import TOY_MODULE
 
 # modules the hashed code imports that cannot change a token or a timing: what they hold reaches a run through
 # its resolved config (schemas), its artifacts' content (which artifact) or not at all (messages, the registry)
-NOT_DECODING = {"specrepro", "specrepro.errors", "specrepro.registry", "specrepro.config",
-                "specrepro.training.artifacts"}
+NOT_DECODING = {
+    "specrepro",
+    "specrepro.errors",
+    "specrepro.registry",
+    "specrepro.config",
+    "specrepro.training.artifacts",
+}
 
 
 @pytest.fixture
@@ -45,7 +50,9 @@ def test_messages_labels_and_other_modules_keep_the_name_and_the_decoding_core_c
     name = run_name(cfg, "data")
     pld, ar = code_fingerprint("pld"), code_fingerprint("ar")
     edit(package_copy / "config.py", "must be positive, got", "must be at least 1, got")  # an input check
-    edit(package_copy / "metrics" / "summary.py", '("tok/s", "tokens_per_s"', '("tokens/s", "tokens_per_s"')  # a table label
+    edit(
+        package_copy / "metrics" / "summary.py", '("tok/s", "tokens_per_s"', '("tokens/s", "tokens_per_s"'
+    )  # a table label
     edit(package_copy / "runner.py", "while a turn was timed: timing it again", "mid-turn: again")  # a log line
     append(package_copy / "tables.py", "LABEL = 'Speedup'")
     append(package_copy / "decoding" / "sps.py", "ANOTHER_METHOD = 1")

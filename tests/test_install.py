@@ -13,8 +13,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # source directory -> where pyproject.toml's package-dir puts it in the wheel
-PACKAGED = {"src/specrepro": "specrepro", "conf": "specrepro/conf", "experiments/tables": "specrepro/table_specs",
-            "experiments/reproduce": "specrepro/pipelines"}
+PACKAGED = {
+    "src/specrepro": "specrepro",
+    "conf": "specrepro/conf",
+    "experiments/tables": "specrepro/table_specs",
+    "experiments/reproduce": "specrepro/pipelines",
+}
 
 
 def sh(*args, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -55,23 +59,41 @@ def test_wheel_runs_outside_the_checkout(tmp_path):
     wheel = build_wheel(tmp_path)
     with zipfile.ZipFile(wheel) as archive:
         shipped = set(archive.namelist())
-    expected = {f"{target}/{path.relative_to(REPO / source).as_posix()}"
-                for source, target in PACKAGED.items() for pattern in ("*.py", "*.yaml")
-                for path in (REPO / source).rglob(pattern) if "__pycache__" not in path.parts}
+    expected = {
+        f"{target}/{path.relative_to(REPO / source).as_posix()}"
+        for source, target in PACKAGED.items()
+        for pattern in ("*.py", "*.yaml")
+        for path in (REPO / source).rglob(pattern)
+        if "__pycache__" not in path.parts
+    }
     assert not expected - shipped, f"missing from the wheel (pyproject.toml's packages?): {sorted(expected - shipped)}"
 
     venv = tmp_path / "venv"
     python = install(wheel, venv)
     work = tmp_path / "work"
     work.mkdir()
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "WANDB_MODE": "offline",
-           "WANDB_SILENT": "true", "HYDRA_FULL_ERROR": "1"}
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "HYDRA_FULL_ERROR": "1",
+    }
     package = Path(sh(python, "-c", "import specrepro; print(specrepro.__file__)", cwd=work, env=env).stdout.strip())
     assert package.is_relative_to(venv) and not package.is_relative_to(REPO), package
 
     specrepro = venv / "bin" / "specrepro"
-    sh(specrepro, "run", "model=tiny_random", "method=pld", "dataset.limit=1", "logger=none",
-       "decoding.max_new_tokens=8", "hardware.threads=1", cwd=work, env=env)
+    sh(
+        specrepro,
+        "run",
+        "model=tiny_random",
+        "method=pld",
+        "dataset.limit=1",
+        "logger=none",
+        "decoding.max_new_tokens=8",
+        "hardware.threads=1",
+        cwd=work,
+        env=env,
+    )
     records = [json.loads(path.read_text()) for path in work.glob("results/runs/*/metrics.json")]
     assert sorted(r["method"] for r in records if r.get("complete")) == ["ar", "pld"]  # the run and its reference
 

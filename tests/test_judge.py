@@ -12,18 +12,29 @@ import pytest
 
 from specrepro.data.records import Record
 from specrepro.errors import SpecReproError
-from specrepro.metrics.judge import (FORCED_RATING_CUE, CachedJudge, JudgeConfig, grade, judge_messages, judge_prompts,
-                                     openai_chat, parse_rating)
+from specrepro.metrics.judge import (
+    FORCED_RATING_CUE,
+    CachedJudge,
+    JudgeConfig,
+    grade,
+    judge_messages,
+    judge_prompts,
+    openai_chat,
+    parse_rating,
+)
 from tests.test_runner import FAST, run_dirs, specrepro
 
 
-@pytest.mark.parametrize("text, rating", [
-    ("The answer is fine. Rating: [[7]]", 7.0),
-    ("Rating: [[8.5]] and later [[2]]", 8.5),
-    ("no double brackets, but [6]", 6.0),
-    ("Rating: 9/10", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "text, rating",
+    [
+        ("The answer is fine. Rating: [[7]]", 7.0),
+        ("Rating: [[8.5]] and later [[2]]", 8.5),
+        ("no double brackets, but [6]", 6.0),
+        ("Rating: 9/10", None),
+        ("", None),
+    ],
+)
 def test_parse_rating(text, rating):
     assert parse_rating(text) == rating
 
@@ -41,19 +52,27 @@ def test_reference_guided_prompts_for_math_reasoning_and_coding():
 
 
 def _records_and_rows():
-    records = [Record("1", ["w1", "w2"], fields={"category": "writing", "reference_turns": []}),
-               Record("2", ["m1", "m2"], fields={"category": "math", "reference_turns": ["r1", "r2"]})]
+    records = [
+        Record("1", ["w1", "w2"], fields={"category": "writing", "reference_turns": []}),
+        Record("2", ["m1", "m2"], fields={"category": "math", "reference_turns": ["r1", "r2"]}),
+    ]
     rows = [{"id": r.id, "samples": [[{"text": f"answer {r.id}.{t}"} for t in (1, 2)]]} for r in records]
     return records, rows
 
 
 def test_grade_scores_per_category_and_reports_unparsed():
     records, rows = _records_and_rows()
-    ratings = {"answer 1.1": "[[8]]", "answer 1.2": "fine" + FORCED_RATING_CUE + "6]]", "answer 2.1": "[[3]]",
-               "answer 2.2": "no rating"}
+    ratings = {
+        "answer 1.1": "[[8]]",
+        "answer 1.2": "fine" + FORCED_RATING_CUE + "6]]",
+        "answer 2.1": "[[3]]",
+        "answer 2.2": "no rating",
+    }
 
     def chat(messages):  # turn 2's prompt holds both answers: look for the second one first
-        return next(ratings[k] for k in ("answer 1.2", "answer 2.2", "answer 1.1", "answer 2.1") if k in messages[1]["content"])
+        return next(
+            ratings[k] for k in ("answer 1.2", "answer 2.2", "answer 1.1", "answer 2.1") if k in messages[1]["content"]
+        )
 
     metrics, judgments = grade(records, rows, chat)
     assert len(judgments) == 4
@@ -78,7 +97,9 @@ def test_cached_judge_pays_once(tmp_path):
     again = CachedJudge(cfg, tmp_path, backend)
     assert again(messages) == "Rating: [[5]]"
     assert (len(calls), len(starts), again.hits) == (1, 1, 1)  # the second judge never started its backend
-    other = CachedJudge(JudgeConfig(name="local", model=OmegaConf.create({"name": "m"}), max_new_tokens=9), tmp_path, backend)
+    other = CachedJudge(
+        JudgeConfig(name="local", model=OmegaConf.create({"name": "m"}), max_new_tokens=9), tmp_path, backend
+    )
     other(messages)
     assert len(calls) == 2  # a different judge setting is a different judgment
     CachedJudge(cfg, tmp_path, backend, weights={})(messages)  # a judge with no weights of its own: the same key
@@ -112,8 +133,11 @@ class _ChatServer(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
         status = type(self).statuses.pop(0) if type(self).statuses else 200
-        payload = {"error": {"message": "busy"}} if status != 200 else {
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Good answer. Rating: [[9]]"}}]}
+        payload = (
+            {"error": {"message": "busy"}}
+            if status != 200
+            else {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Good answer. Rating: [[9]]"}}]}
+        )
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -137,8 +161,15 @@ def chat_server():
 
 def test_openai_compatible_backend_retries_429_and_500(chat_server, monkeypatch):
     monkeypatch.setenv("TEST_JUDGE_KEY", "sk-test")
-    cfg = JudgeConfig(name="openai", model="judge-model", base_url=chat_server, api_key_env="TEST_JUDGE_KEY",
-                      max_new_tokens=64, max_retries=3, backoff_s=0.5)
+    cfg = JudgeConfig(
+        name="openai",
+        model="judge-model",
+        base_url=chat_server,
+        api_key_env="TEST_JUDGE_KEY",
+        max_new_tokens=64,
+        max_retries=3,
+        backoff_s=0.5,
+    )
     waits = []
     _ChatServer.statuses = [429, 500]
     text = openai_chat(cfg, sleep=waits.append)([{"role": "user", "content": "rate"}])
@@ -164,8 +195,13 @@ def test_openai_backend_without_key_is_one_clear_error(monkeypatch):
         openai_chat(JudgeConfig(name="openai", model="m", api_key_env="NO_SUCH_JUDGE_KEY"))
 
 
-LOCAL_JUDGE = ["judge=local", "judge.model.name=tiny_random", "judge.model.source=random",
-               "judge.model.tokenizer=embedded", "judge.max_new_tokens=12"]
+LOCAL_JUDGE = [
+    "judge=local",
+    "judge.model.name=tiny_random",
+    "judge.model.source=random",
+    "judge.model.tokenizer=embedded",
+    "judge.max_new_tokens=12",
+]
 
 
 def test_local_judge_run_reports_unparsed_fraction_and_reuses_judgments(tmp_path):

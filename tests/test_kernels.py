@@ -17,8 +17,13 @@ from specrepro.models.kernels import PackedLinear, set_linear_kernel
 from tests.conftest import tiny_llama
 
 pytestmark = pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN linear")
-BF16 = pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
-    not kernels.onednn_available(torch.bfloat16), reason="this CPU has no oneDNN bfloat16 linear (AVX-512 or AVX-NE-CONVERT)"))
+BF16 = pytest.param(
+    torch.bfloat16,
+    marks=pytest.mark.skipif(
+        not kernels.onednn_available(torch.bfloat16),
+        reason="this CPU has no oneDNN bfloat16 linear (AVX-512 or AVX-NE-CONVERT)",
+    ),
+)
 
 
 def packed(layer: torch.nn.Linear, min_rows: int = 1) -> PackedLinear:

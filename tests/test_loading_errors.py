@@ -73,9 +73,11 @@ def test_a_damaged_embedded_checkpoint_is_converted_again(tmp_path, monkeypatch,
     monkeypatch.setattr(loading, "_convert_embedded", fake_conversion(calls))
     target = embedded_checkpoint(str(tmp_path))
     assert calls == [target] and checkpoint_damage(target) is None
-    {"truncated": lambda: truncate(target / "model.safetensors"),
-     "missing tokenizer": lambda: (target / "tokenizer.json").unlink(),
-     "empty config": lambda: (target / "config.json").write_text("")}[damage]()
+    {
+        "truncated": lambda: truncate(target / "model.safetensors"),
+        "missing tokenizer": lambda: (target / "tokenizer.json").unlink(),
+        "empty config": lambda: (target / "config.json").write_text(""),
+    }[damage]()
     assert checkpoint_damage(target) is not None
     assert embedded_checkpoint(str(tmp_path)) == target
     assert len(calls) == 2 and checkpoint_damage(target) is None
@@ -107,8 +109,9 @@ def test_a_truncated_artifact_is_one_line_naming_it(tmp_path):
     artifact = write_artifact(tmp_path / "results" / "artifacts", "sps_draft-tiny_random-00000000")
     truncate(artifact / "model.safetensors")
     start = time.monotonic()
-    line = one_error_line(specrepro("run", *FAST, "method=sps", "dataset.limit=1", "logger=none", cwd=tmp_path,
-                                    check=False))
+    line = one_error_line(
+        specrepro("run", *FAST, "method=sps", "dataset.limit=1", "logger=none", cwd=tmp_path, check=False)
+    )
     assert "sps_draft-tiny_random-00000000 is damaged" in line and "delete" in line
     assert time.monotonic() - start < 60
 
@@ -125,8 +128,10 @@ def test_a_truncated_head_artifact_found_by_its_settings_is_an_error(tmp_path):
 
 
 def test_of_several_matching_artifacts_the_newest_is_loaded_with_a_warning_and_a_full_name_pins_one(tmp_path, caplog):
-    older, newer, other_model = (tmp_path / name for name in
-                                 ("eesd_head-tiny-00000000", "eesd_head-tiny-11111111", "eesd_head-tiny_sft-22222222"))
+    older, newer, other_model = (
+        tmp_path / name
+        for name in ("eesd_head-tiny-00000000", "eesd_head-tiny-11111111", "eesd_head-tiny_sft-22222222")
+    )
     for age, artifact in enumerate((older, newer, other_model)):  # trained in this order
         artifact.mkdir()
         (artifact / METADATA).write_text("{}")
@@ -144,8 +149,18 @@ def test_of_several_matching_artifacts_the_newest_is_loaded_with_a_warning_and_a
 
 
 def test_an_absolute_draft_path_that_is_not_an_artifact_is_one_line(tmp_path):
-    line = one_error_line(specrepro("run", *FAST, "method=sps", f"method.draft.id={tmp_path}/no-such-draft",
-                                    "dataset.limit=1", "logger=none", cwd=tmp_path, check=False))
+    line = one_error_line(
+        specrepro(
+            "run",
+            *FAST,
+            "method=sps",
+            f"method.draft.id={tmp_path}/no-such-draft",
+            "dataset.limit=1",
+            "logger=none",
+            cwd=tmp_path,
+            check=False,
+        )
+    )
     assert f"no trained artifact '{tmp_path}/no-such-draft'" in line
 
 
@@ -160,8 +175,18 @@ def test_an_absolute_path_to_a_complete_artifact_resolves(tmp_path):
 
 def test_a_half_written_artifact_given_by_path_is_refused_in_one_line(tmp_path):
     staging = write_artifact(tmp_path / "results" / "artifacts", ".sps_draft-tiny_random-00000000.staging")
-    line = one_error_line(specrepro("run", *FAST, "method=sps", f"method.draft.id={staging}", "dataset.limit=1",
-                                    "logger=none", cwd=tmp_path, check=False))
+    line = one_error_line(
+        specrepro(
+            "run",
+            *FAST,
+            "method=sps",
+            f"method.draft.id={staging}",
+            "dataset.limit=1",
+            "logger=none",
+            cwd=tmp_path,
+            check=False,
+        )
+    )
     assert f"{staging} is an incomplete artifact" in line
 
 
@@ -183,14 +208,22 @@ def test_an_artifact_without_its_completion_marker_is_incomplete(tmp_path, stagi
 @pytest.mark.parametrize(
     "overrides, env, message",
     [
-        (["model.name=x", "model.source=hf", "model.id=someorg/not-cached"], {},
-         "model 'someorg/not-cached'"),
-        (["model.name=x", "model.source=hf", "model.id=someorg/not-cached"], {"HF_ENDPOINT": UNREACHABLE_HUB},
-         "model 'someorg/not-cached' is not a local directory nor in the local Hugging Face cache"),
-        (["model=tiny_random", "model.tokenizer=someorg/no-tokenizer"], {"HF_ENDPOINT": UNREACHABLE_HUB},
-         f"the hub ({UNREACHABLE_HUB}) is unreachable"),
-        (["model=tiny_random", "model.tokenizer=someorg/no-tokenizer"], {"HF_HUB_OFFLINE": "1"},
-         "tokenizer 'someorg/no-tokenizer' is not a local directory nor in the local Hugging Face cache"),
+        (["model.name=x", "model.source=hf", "model.id=someorg/not-cached"], {}, "model 'someorg/not-cached'"),
+        (
+            ["model.name=x", "model.source=hf", "model.id=someorg/not-cached"],
+            {"HF_ENDPOINT": UNREACHABLE_HUB},
+            "model 'someorg/not-cached' is not a local directory nor in the local Hugging Face cache",
+        ),
+        (
+            ["model=tiny_random", "model.tokenizer=someorg/no-tokenizer"],
+            {"HF_ENDPOINT": UNREACHABLE_HUB},
+            f"the hub ({UNREACHABLE_HUB}) is unreachable",
+        ),
+        (
+            ["model=tiny_random", "model.tokenizer=someorg/no-tokenizer"],
+            {"HF_HUB_OFFLINE": "1"},
+            "tokenizer 'someorg/no-tokenizer' is not a local directory nor in the local Hugging Face cache",
+        ),
     ],
     ids=["as-is", "model", "tokenizer", "offline"],
 )
@@ -199,8 +232,16 @@ def test_an_uncached_hub_model_fails_fast_when_the_hub_is_unreachable(tmp_path, 
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     start = time.monotonic()
-    proc = specrepro("run", *overrides, "method=ar", "dataset.limit=1", "logger=none", "hardware.threads=1",
-                     cwd=tmp_path, check=False)
+    proc = specrepro(
+        "run",
+        *overrides,
+        "method=ar",
+        "dataset.limit=1",
+        "logger=none",
+        "hardware.threads=1",
+        cwd=tmp_path,
+        check=False,
+    )
     elapsed = time.monotonic() - start
     line = one_error_line(proc)
     assert message in line
@@ -236,6 +277,16 @@ def test_a_cached_hub_model_loads_without_asking_an_unreachable_hub(tmp_path, mo
     (repo / "refs" / "main").write_text(commit)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_ENDPOINT", UNREACHABLE_HUB)
-    proc = specrepro("run", *FAST, "model.name=tiny_hub", "model.source=hf", "model.id=someorg/tiny",
-                     "model.tokenizer=embedded", "method=ar", "dataset.limit=1", "logger=none", cwd=tmp_path)
+    proc = specrepro(
+        "run",
+        *FAST,
+        "model.name=tiny_hub",
+        "model.source=hf",
+        "model.id=someorg/tiny",
+        "model.tokenizer=embedded",
+        "method=ar",
+        "dataset.limit=1",
+        "logger=none",
+        cwd=tmp_path,
+    )
     assert "Retrying" not in proc.stderr, proc.stderr[-3000:]

@@ -49,8 +49,10 @@ def test_a_bad_option_is_refused_in_one_line(option):
         LookaheadConfig(**option)
 
 
-@pytest.mark.parametrize("cfg", [LookaheadConfig(), LookaheadConfig(window=4, ngram=3, guesses=3),
-                                 LookaheadConfig(window=2, ngram=2, guesses=1)])
+@pytest.mark.parametrize(
+    "cfg",
+    [LookaheadConfig(), LookaheadConfig(window=4, ngram=3, guesses=3), LookaheadConfig(window=2, ngram=2, guesses=1)],
+)
 def test_greedy_equals_ar(target, cfg):
     decoder, ar = LookaheadDecoder(target, None, cfg), ARDecoder(target)
     assert len(list(greedy_beside_ar(decoder, ar, prompts()))) == 2 * 3 * len(prompts())

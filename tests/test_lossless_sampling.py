@@ -38,6 +38,7 @@ def models():
 
 def exact_distribution(model) -> dict[tuple, float]:
     """P(first LENGTH tokens) under the warped target, by enumeration."""
+
     def step_probs(prefix):
         with torch.no_grad():
             logits = model(torch.tensor([PROMPT + list(prefix)])).logits[0, -1]

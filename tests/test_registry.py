@@ -50,21 +50,35 @@ class ToyDecoder(DraftVerifyDecoder):
 def test_a_new_method_is_its_module_and_one_yaml_file(tmp_path, monkeypatch):
     (tmp_path / "toy_method.py").write_text(TOY_MODULE)
     (tmp_path / "my_conf" / "method").mkdir(parents=True)
-    (tmp_path / "my_conf" / "method" / "toy.yaml").write_text(textwrap.dedent("""\
+    (tmp_path / "my_conf" / "method" / "toy.yaml").write_text(
+        textwrap.dedent("""\
         defaults:
           - /method_schema_toy@_here_
           - _self_
         k: 3
-        """))
+        """)
+    )
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv(registry.PLUGINS_VARIABLE, "toy_method")
-    specrepro("run", "--config-dir", str(tmp_path / "my_conf"), *FAST, "method=toy", "dataset.limit=1", "logger=none",
-              cwd=tmp_path)
+    specrepro(
+        "run",
+        "--config-dir",
+        str(tmp_path / "my_conf"),
+        *FAST,
+        "method=toy",
+        "dataset.limit=1",
+        "logger=none",
+        cwd=tmp_path,
+    )
     runs = {key.split(":")[0]: path for key, path in run_dirs(tmp_path).items()}
     metrics = json.loads((runs["toy"] / "metrics.json").read_text())
     assert metrics["complete"] and metrics["lossless"] == 1.0  # against the `ar` reference it ran first
-    gens = [g for line in (runs["toy"] / "generations.jsonl").read_text().splitlines()
-            for sample in json.loads(line)["samples"] for g in sample]
+    gens = [
+        g
+        for line in (runs["toy"] / "generations.jsonl").read_text().splitlines()
+        for sample in json.loads(line)["samples"]
+        for g in sample
+    ]
     assert max(d for g in gens for d in g["drafted"]) == 3  # the yaml's k, over the schema's default of 2
 
 

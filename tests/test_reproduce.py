@@ -36,12 +36,24 @@ columns:
 
 def _pipeline(tmp_path: Path) -> Path:
     (tmp_path / "tiny_table.yaml").write_text(TABLE)
-    pipeline = {"paper": "tiny", "stages": [
-        {"train": TRAIN},
-        {"run": ["-m", "method=ar,sps", "dataset.limit=2", *[o for o in FAST if not o.startswith(("model=", "hardware."))]]},
-        {"table": str(tmp_path / "tiny_table.yaml")},
-    ], "headline": [{"table": "tiny_table", "row": ["SPS"], "column": "lossless", "claim": "lossless",
-                     "status": "reproduced"}]}
+    pipeline = {
+        "paper": "tiny",
+        "stages": [
+            {"train": TRAIN},
+            {
+                "run": [
+                    "-m",
+                    "method=ar,sps",
+                    "dataset.limit=2",
+                    *[o for o in FAST if not o.startswith(("model=", "hardware."))],
+                ]
+            },
+            {"table": str(tmp_path / "tiny_table.yaml")},
+        ],
+        "headline": [
+            {"table": "tiny_table", "row": ["SPS"], "column": "lossless", "claim": "lossless", "status": "reproduced"}
+        ],
+    }
     (tmp_path / "pipelines").mkdir()
     path = tmp_path / "pipelines" / "tiny.yaml"
     path.write_text(json.dumps(pipeline))  # JSON is YAML
@@ -52,8 +64,14 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     pipeline = _pipeline(tmp_path)
     args = ["reproduce", str(pipeline), "model=tiny_random", "logger=none", "hardware.threads=1"]
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    proc = subprocess.Popen([sys.executable, "-m", "specrepro.cli", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specrepro.cli", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     stages = tmp_path / "results" / "tiny" / "stages.json"  # what each stage took, beside the tables
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline and not stages.is_file():
@@ -66,7 +84,9 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     trained = json.loads(stages.read_text())
     assert list(trained) == [f"train {' '.join(TRAIN)}"]
     first = trained[f"train {' '.join(TRAIN)}"]
-    assert first["reused"] == [] and first["minutes"] > 0 and first["command"].endswith("--stages 1 " + " ".join(args[2:]))
+    assert (
+        first["reused"] == [] and first["minutes"] > 0 and first["command"].endswith("--stages 1 " + " ".join(args[2:]))
+    )
     assert first["machine"] and first["date"] and "commit" in first
 
     out = specrepro(*args, cwd=tmp_path)
@@ -77,16 +97,22 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     assert "| AR |" in table and "| SPS |" in table and "Provenance:" in table
     assert f"Regenerate: `specrepro reproduce {pipeline} model=tiny_random" in table
     runs = tmp_path / "results" / "reproduce" / "tiny" / "runs"
-    sps = next(json.loads((p / "metrics.json").read_text()) for p in runs.iterdir()
-               if json.loads((p / "metrics.json").read_text())["method"] == "sps")
+    sps = next(
+        json.loads((p / "metrics.json").read_text())
+        for p in runs.iterdir()
+        if json.loads((p / "metrics.json").read_text())["method"] == "sps"
+    )
     assert sps["lossless"] == 1.0 and sps["provenance"]["record_version"] >= 2
     shared = tmp_path / "results" / "reproduce" / "artifacts"  # every pipeline's trained components
     artifacts = sorted(p.name for p in shared.iterdir())
     assert artifacts and not (tmp_path / "results" / "reproduce" / "tiny" / "artifacts").exists()
 
     def written():  # when each run record and artifact was last written
-        return {p: p.stat().st_mtime_ns for name in ("metrics.json", "artifact.json")
-                for p in (tmp_path / "results" / "reproduce").rglob(name)}
+        return {
+            p: p.stat().st_mtime_ns
+            for name in ("metrics.json", "artifact.json")
+            for p in (tmp_path / "results" / "reproduce").rglob(name)
+        }
 
     records = written()
     again = specrepro(*args, cwd=tmp_path)  # everything re-used: no record or artifact is written again
@@ -117,33 +143,56 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     for run in list(runs.iterdir()):  # the same settings' records under other names: what other code decoded
         run.rename(run.with_name(run.name + "-old"))
     progress = specrepro("reproduce", str(pipeline), "--dry-run", "--check-done", *args[2:], cwd=tmp_path).stdout
-    assert re.search(r"\[2/3\] run .*; 0 of 2 run\(s\) done \(2 more decoded by other code: decoded anew\)",
-                     progress), progress
+    assert re.search(
+        r"\[2/3\] run .*; 0 of 2 run\(s\) done \(2 more decoded by other code: decoded anew\)", progress
+    ), progress
 
 
 def test_dry_run_lists_the_stages_and_runs_nothing_without_importing_torch(tmp_path):
     pipeline = _pipeline(tmp_path)
     (tmp_path / "results" / "tiny").mkdir(parents=True)
-    (tmp_path / "results" / "tiny" / "stages.json").write_text(json.dumps({"train " + " ".join(TRAIN): {
-        "minutes": 12.0, "reused": [], "machine": "m", "commit": "c", "date": "2026-01-01"}}))
-    dry_run = ("import sys; from specrepro.cli import main; sys.argv[1:] = ['reproduce', %r, '--dry-run']; main(); "
-               "print('torch imported:', 'torch' in sys.modules)" % str(pipeline))
+    (tmp_path / "results" / "tiny" / "stages.json").write_text(
+        json.dumps(
+            {
+                "train " + " ".join(TRAIN): {
+                    "minutes": 12.0,
+                    "reused": [],
+                    "machine": "m",
+                    "commit": "c",
+                    "date": "2026-01-01",
+                }
+            }
+        )
+    )
+    dry_run = (
+        "import sys; from specrepro.cli import main; sys.argv[1:] = ['reproduce', %r, '--dry-run']; main(); "
+        "print('torch imported:', 'torch' in sys.modules)" % str(pipeline)
+    )
     out = subprocess.run([sys.executable, "-c", dry_run], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "torch imported: False" in out.stdout and "[1/3] train method=sps" in out.stdout
-    assert ("total over all 3 stages: about 12 min for the 1 timed train and run stage(s); 1 not timed yet (not "
-            "counted); 1 table stage(s), under a minute each") in out.stdout
+    assert (
+        "total over all 3 stages: about 12 min for the 1 timed train and run stage(s); 1 not timed yet (not "
+        "counted); 1 table stage(s), under a minute each"
+    ) in out.stdout
     assert "[2/3] run -m method=ar,sps" in out.stdout and "(not timed yet)" in out.stdout
     assert sorted(p.name for p in (tmp_path / "results").rglob("*")) == ["stages.json", "tiny"]  # nothing written
     out = specrepro("reproduce", str(pipeline), "--dry-run", "--check-done", cwd=tmp_path)
-    assert "(not timed yet; 2 run(s), not startable yet: no trained artifact 'sps_draft' for model" in out.stdout  # stage 1's
+    assert (
+        "(not timed yet; 2 run(s), not startable yet: no trained artifact 'sps_draft' for model" in out.stdout
+    )  # stage 1's
     proc = specrepro("reproduce", str(pipeline), "--check-done", cwd=tmp_path, check=False)
     assert proc.returncode == 2 and "--check-done goes with --dry-run" in proc.stderr
 
 
 def test_a_dry_run_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "specrepro.cli", "reproduce", "all", "--dry-run"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specrepro.cli", "reproduce", "all", "--dry-run"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     proc.stdout.close()  # as `| head -1` does once it has its line: every write after it fails
     stderr = proc.communicate(timeout=120)[1]
     assert proc.returncode == 1 and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
@@ -169,8 +218,14 @@ def test_artifacts_a_pipeline_trained_into_its_own_folder_move_to_the_shared_one
     from specrepro.reproduce import adopt_earlier_artifacts
 
     old, shared = tmp_path / "eesd" / "artifacts", tmp_path / "artifacts"
-    for path in ["sps_draft-m-1/artifact.json", ".sps_draft-m-1.lock", ".work/.continuations-2.batches/000000.pt",
-                 ".work/.continuations-2.lock", ".work/hidden-3/rows.pt", "eesd_head-m-4/artifact.json"]:
+    for path in [
+        "sps_draft-m-1/artifact.json",
+        ".sps_draft-m-1.lock",
+        ".work/.continuations-2.batches/000000.pt",
+        ".work/.continuations-2.lock",
+        ".work/hidden-3/rows.pt",
+        "eesd_head-m-4/artifact.json",
+    ]:
         (old / path).parent.mkdir(parents=True, exist_ok=True)
         (old / path).write_text(path)
     (shared / "eesd_head-m-4").mkdir(parents=True)  # trained by another pipeline already: kept, not overwritten
@@ -194,8 +249,15 @@ def test_stage_minutes_keep_lanes_apart_and_a_stage_that_reused_something_fills_
     from specrepro.reproduce import expected_time, read_measured, record_minutes
 
     path = tmp_path / "stages.json"
-    sps = {"minutes": 48.0, "reused": [], "machine": "AMD EPYC (AVX2), 2 cores", "commit": "0123456789", "dirty": False,
-           "date": "2026-11-27T23:00:00+00:00", "command": "specrepro reproduce spec_bench --stages 2"}
+    sps = {
+        "minutes": 48.0,
+        "reused": [],
+        "machine": "AMD EPYC (AVX2), 2 cores",
+        "commit": "0123456789",
+        "dirty": False,
+        "date": "2026-11-27T23:00:00+00:00",
+        "command": "specrepro reproduce spec_bench --stages 2",
+    }
     eesd = sps | {"minutes": 30.5, "reused": ["44 saved batches of target continuations"]}
     assert record_minutes(path, "train method=sps", sps) and record_minutes(path, "train method=eesd", eesd)
     assert not record_minutes(path, "train method=sps", sps | {"minutes": 0.2, "reused": ["artifact sps_draft"]})
@@ -203,7 +265,9 @@ def test_stage_minutes_keep_lanes_apart_and_a_stage_that_reused_something_fills_
     measured = read_measured(path)
     assert measured == {"train method=sps": sps, "train method=eesd": eesd | {"minutes": 80.0, "reused": []}}
     assert expected_time(sps) == "about 48.0 min: AMD EPYC (AVX2), 2 cores, 2026-11-27, commit 0123456"
-    assert expected_time(eesd).startswith("30.5 min with 1 thing already made") and expected_time(None) == "not timed yet"
+    assert (
+        expected_time(eesd).startswith("30.5 min with 1 thing already made") and expected_time(None) == "not timed yet"
+    )
 
 
 def test_a_stage_records_the_commit_it_started_on(tmp_path, monkeypatch):
@@ -258,7 +322,8 @@ def test_a_component_two_pipelines_train_is_trained_alike():
                 cfg = compose_run(*stage["train"], config="train")
                 method = json.dumps(OmegaConf.to_container(cfg.method, resolve=True), sort_keys=True)
                 made.setdefault((cfg.training.component, cfg.model.name, method), {}).setdefault(
-                    artifact_path(cfg).name, []).append(f"{paper}: {describe(stage)}")
+                    artifact_path(cfg).name, []
+                ).append(f"{paper}: {describe(stage)}")
 
     def pinned(names: dict, method: str) -> bool:
         """Several artifacts for one setting on purpose (a learning curve's budgets): every run of the method
@@ -269,24 +334,38 @@ def test_a_component_two_pipelines_train_is_trained_alike():
         return all(any(a.startswith("method.head=") for a in args) for args in uses) and set(names) <= heads
 
     assert not {key: names for key, names in made.items() if len(names) > 1 and not pinned(names, key[2])}
-    shared = [stages for names in made.values() for stages in names.values()
-              if len({s.split(":")[0] for s in stages}) > 1]
+    shared = [
+        stages for names in made.values() for stages in names.values() if len({s.split(":")[0] for s in stages}) > 1
+    ]
     assert len(shared) >= 5, "the pipelines' common components (sps, self_sd, the EESD and SAR heads, ...) differ"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("paper: x\n", "needs `paper`"), ("paper: x\nstages: [{train: [a=1], run: [b=2]}]\n", "exactly one of"),
-    ("paper: x\nstages: [{train: [a=1], minutes: 5}]\n", "measured into stages.json, not set"),
-    ("paper: x\nstages: [{table: [a]}]\n", "takes a table name"), ("paper: [\n", "not valid YAML"),
-    ("paper: x\nstages: [{run: [a=1], committed_inputs: true}]\n", "but a table's committed_inputs"),
-    ("paper: x\nstages: [{table: t, committed_inputs: yes please}]\n", "committed_inputs takes true or false"),
-    ("paper: x\nstages: [{table: t}]\nheadline: [{table: t, row: [a], column: c, claim: x, status: maybe}]\n",
-     "bad.yaml: headline\\[0\\].status: expected one of reproduced, not reproduced, not testable here, got 'maybe'"),
-    ("paper: x\nstages: [{table: t}]\nheadline: [{table: t, row: [a], column: c, claim: x}]\n",
-     "headline\\[0\\]: missing required key 'status'"),
-    ("paper: x\nstages: [{table: t}]\nheadline: [{table: t, row: [a], column: c, claim: x, status: reproduced, "
-     "versus: {rwo: [b]}}]\n", "headline\\[0\\].versus: unknown key 'rwo' \\(did you mean 'row'\\?\\)"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("paper: x\n", "needs `paper`"),
+        ("paper: x\nstages: [{train: [a=1], run: [b=2]}]\n", "exactly one of"),
+        ("paper: x\nstages: [{train: [a=1], minutes: 5}]\n", "measured into stages.json, not set"),
+        ("paper: x\nstages: [{table: [a]}]\n", "takes a table name"),
+        ("paper: [\n", "not valid YAML"),
+        ("paper: x\nstages: [{run: [a=1], committed_inputs: true}]\n", "but a table's committed_inputs"),
+        ("paper: x\nstages: [{table: t, committed_inputs: yes please}]\n", "committed_inputs takes true or false"),
+        (
+            "paper: x\nstages: [{table: t}]\nheadline: [{table: t, row: [a], column: c, claim: x, status: maybe}]\n",
+            "bad.yaml: headline\\[0\\].status: expected one of reproduced, not reproduced, not testable here, "
+            "got 'maybe'",
+        ),
+        (
+            "paper: x\nstages: [{table: t}]\nheadline: [{table: t, row: [a], column: c, claim: x}]\n",
+            "headline\\[0\\]: missing required key 'status'",
+        ),
+        (
+            "paper: x\nstages: [{table: t}]\nheadline: [{table: t, row: [a], column: c, claim: x, status: reproduced, "
+            "versus: {rwo: [b]}}]\n",
+            "headline\\[0\\].versus: unknown key 'rwo' \\(did you mean 'row'\\?\\)",
+        ),
+    ],
+)
 def test_a_malformed_pipeline_is_one_line(tmp_path, text, message):
     (tmp_path / "bad.yaml").write_text(text)
     with pytest.raises(SpecReproError, match=message):
@@ -307,7 +386,8 @@ def test_a_table_stage_with_committed_inputs_also_reads_the_runs_committed_besid
     pipelines = tmp_path / "pipelines"
     pipelines.mkdir()
     (pipelines / "adds.yaml").write_text(
-        f"paper: two\nstages:\n  - {{table: {tmp_path / 'two.yaml'}, committed_inputs: true}}\n")
+        f"paper: two\nstages:\n  - {{table: {tmp_path / 'two.yaml'}, committed_inputs: true}}\n"
+    )
     reproduce("adds", str(results), pipelines_dir=pipelines)
     md = (results / "two" / "two.md").read_text()
     assert "| ar | 1.00 | [1] |" in md and "| pld | 1.50 | [2] |" in md
@@ -335,18 +415,25 @@ def test_the_committed_summary_is_the_one_the_committed_results_give(monkeypatch
     """Every figure in results/SUMMARY.md is copied from a committed table by `specrepro summary`, never typed."""
     root = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(root)  # the page names tables by their path under results/
-    assert (root / "results" / SUMMARY_PAGE).read_text() == summary_page("results"), \
+    assert (root / "results" / SUMMARY_PAGE).read_text() == summary_page("results"), (
         "results/SUMMARY.md is stale: run `specrepro summary`"
+    )
 
 
 def test_every_link_on_the_committed_pages_names_a_file_of_the_repository():
     """README, docs and the results pages link tables and claims pages by relative path: none may dangle."""
     root = Path(__file__).resolve().parents[1]
-    pages = [root / "README.md", *(root / "docs").glob("*.md"),
-             *(p for p in (root / "results").rglob("*.md") if not {"runs", "reproduce"} & set(p.relative_to(root).parts))]
-    dangling = [(page.relative_to(root).as_posix(), target) for page in pages
-                for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text())
-                if not re.match(r"[a-z]+:|#", target) and not (page.parent / target.split("#")[0]).exists()]
+    pages = [
+        root / "README.md",
+        *(root / "docs").glob("*.md"),
+        *(p for p in (root / "results").rglob("*.md") if not {"runs", "reproduce"} & set(p.relative_to(root).parts)),
+    ]
+    dangling = [
+        (page.relative_to(root).as_posix(), target)
+        for page in pages
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text())
+        if not re.match(r"[a-z]+:|#", target) and not (page.parent / target.split("#")[0]).exists()
+    ]
     assert len(pages) > 10 and not dangling, dangling
 
 
@@ -360,25 +447,41 @@ def test_a_headline_says_where_its_own_cell_was_measured(tmp_path):
 
     tables, records = _two_runs(tmp_path)
     out = tmp_path / "keep"
-    for name, cpu, commit, day in (("ar-run", "AMD EPYC", "a" * 40, "2026-01-01"),
-                                   ("pld-run", "Intel Xeon", "b" * 40, "2026-01-02")):
-        _amend(records, name, provenance={"machine": {"cpu": cpu, "cpu_cores": 2}, "code": {"commit": commit},
-                                          "finished_at": f"{day}T00:00:00+00:00"})
+    for name, cpu, commit, day in (
+        ("ar-run", "AMD EPYC", "a" * 40, "2026-01-01"),
+        ("pld-run", "Intel Xeon", "b" * 40, "2026-01-02"),
+    ):
+        _amend(
+            records,
+            name,
+            provenance={
+                "machine": {"cpu": cpu, "cpu_cores": 2},
+                "code": {"commit": commit},
+                "finished_at": f"{day}T00:00:00+00:00",
+            },
+        )
     table = write_table("two", records, tables_dir=tables, out_dir=out).with_suffix(".csv")
-    assert cell_origin(table, ["pld"], "MAT", tables) == (["Intel Xeon, 2 cores"],
-                                                          "Intel Xeon, 2 cores; bbbbbbbbbb; 2026-01-02")
+    assert cell_origin(table, ["pld"], "MAT", tables) == (
+        ["Intel Xeon, 2 cores"],
+        "Intel Xeon, 2 cores; bbbbbbbbbb; 2026-01-02",
+    )
     pipelines = tmp_path / "pipelines"
     pipelines.mkdir()
     headline = "{table: two, row: [pld], column: MAT, claim: pld beats ar, status: reproduced"
-    (pipelines / "keep.yaml").write_text(f"paper: keep\nstages: [{{table: two}}]\nheadline:\n  - {headline}}}\n"
-                                         f"  - {headline}, versus: {{row: [ar]}}}}\n")
-    plain, versus = [line for line in summary_page(str(tmp_path), pipelines_dir=pipelines).splitlines()
-                     if line.startswith("| keep | pld beats ar | reproduced | – | 1.50 | Intel Xeon, 2 cores; ")]
+    (pipelines / "keep.yaml").write_text(
+        f"paper: keep\nstages: [{{table: two}}]\nheadline:\n  - {headline}}}\n  - {headline}, versus: {{row: [ar]}}}}\n"
+    )
+    plain, versus = [
+        line
+        for line in summary_page(str(tmp_path), pipelines_dir=pipelines).splitlines()
+        if line.startswith("| keep | pld beats ar | reproduced | – | 1.50 | Intel Xeon, 2 cores; ")
+    ]
     assert "across machines" not in plain
     assert "; across machines: *pld* on Intel Xeon, 2 cores, *ar* on AMD EPYC, 2 cores |" in versus
     shutil.rmtree(out / "runs")
-    assert cell_origin(table, ["pld"], "MAT", tables)[1] == ("AMD EPYC, 2 cores; Intel Xeon, 2 cores; aaaaaaaaaa, "
-                                                             "bbbbbbbbbb; 2026-01-01 to 2026-01-02")
+    assert cell_origin(table, ["pld"], "MAT", tables)[1] == (
+        "AMD EPYC, 2 cores; Intel Xeon, 2 cores; aaaaaaaaaa, bbbbbbbbbb; 2026-01-01 to 2026-01-02"
+    )
 
 
 def test_summary_and_dry_run_meet_bad_files_in_one_line(tmp_path):
@@ -402,9 +505,13 @@ def test_a_dry_runs_total_counts_every_stage_and_names_the_untimed():
     from specrepro.reproduce import describe, total_time
 
     stages = [{"train": ["method=sps"]}, {"run": ["method=ar"]}, {"run": ["method=pld"]}, {"table": "tiny_table"}]
-    measured = {describe(stages[0]): {"minutes": 30.0, "reused": []},
-                describe(stages[1]): {"minutes": 2.4, "reused": ["run x"]}}
+    measured = {
+        describe(stages[0]): {"minutes": 30.0, "reused": []},
+        describe(stages[1]): {"minutes": 2.4, "reused": ["run x"]},
+    }
     assert total_time(stages, measured) == (
         "total over all 4 stages: about 32 min for the 2 timed train and run stage(s) (1 timed while reusing what was "
-        "made already: longer from nothing cached); 1 not timed yet (not counted); 1 table stage(s), under a minute each")
+        "made already: longer from nothing cached); 1 not timed yet (not counted); 1 table stage(s), under a "
+        "minute each"
+    )
     assert total_time(stages[2:], measured, len(stages)).startswith("total over the 2 chosen of 4 stages: about 0 min")

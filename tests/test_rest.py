@@ -27,8 +27,9 @@ from tests.test_lossless_sampling import PROMPT, VOCAB, exact, models, p_value  
 
 GREEDY = Sampling()
 # one category keeps the check fast; its questions (news articles) are long enough to quote (data/overlap.py's passages)
-QUESTIONS = DatasetConfig(name="spec_bench", path="spec_bench/question.jsonl.gz", task="spec_bench",
-                          category="summarization")
+QUESTIONS = DatasetConfig(
+    name="spec_bench", path="spec_bench/question.jsonl.gz", task="spec_bench", category="summarization"
+)
 
 
 def test_the_suffix_array_finds_every_occurrence_and_the_longest_suffix():
@@ -69,7 +70,7 @@ def test_the_trie_is_the_continuations_prefixes_whatever_the_budget():
             assert parent < len(paths)  # a parent comes before its children
             paths.append((paths[parent] if parent >= 0 else ()) + (token,))
         assert len(set(paths)) == len(paths) and set(paths) <= prefixes
-        weight = {p: sum(tuple(r[:len(p)]) == p for r in rows.tolist()) for p in prefixes}
+        weight = {p: sum(tuple(r[: len(p)]) == p for r in rows.tolist()) for p in prefixes}
         left_out = prefixes - set(paths)
         if left_out:  # none left out weighs more than one kept
             assert max(weight[p] for p in left_out) <= min(weight[p] for p in paths)
@@ -94,9 +95,15 @@ def datastore_for(target, extra=()) -> Datastore:
 
 
 # the paper's 64-node trees only over the whole budget: each new verification width costs the tiny model a new kernel
-@pytest.mark.parametrize("cfg, stop_at_eos", [(RestConfig(), False), (RestConfig(tree_nodes=15), True),
-                                              (RestConfig(tree_nodes=3, continuation=2), True),
-                                              (RestConfig(tree_nodes=15, prompt_lookup=True), True)])
+@pytest.mark.parametrize(
+    "cfg, stop_at_eos",
+    [
+        (RestConfig(), False),
+        (RestConfig(tree_nodes=15), True),
+        (RestConfig(tree_nodes=3, continuation=2), True),
+        (RestConfig(tree_nodes=15, prompt_lookup=True), True),
+    ],
+)
 def test_greedy_equals_ar(target, cfg, stop_at_eos):
     decoder, ar = RestDecoder(target, None, datastore_for(target), cfg), ARDecoder(target)
     for gen in greedy_beside_ar(decoder, ar, prompts(), stop_at_eos=stop_at_eos):
@@ -130,8 +137,9 @@ def test_the_config_is_the_papers_setting(target):
     assert RestDecoder(target, None, datastore_for(target), cfg).max_step_width == 65
 
 
-@pytest.mark.parametrize("option", [{"min_suffix": 0}, {"max_suffix": 1}, {"matches": 0}, {"continuation": 0},
-                                    {"tree_nodes": 0}])
+@pytest.mark.parametrize(
+    "option", [{"min_suffix": 0}, {"max_suffix": 1}, {"matches": 0}, {"continuation": 0}, {"tree_nodes": 0}]
+)
 def test_a_bad_option_is_refused_in_one_line(option):
     with pytest.raises(SpecReproError, match=f"method.{next(iter(option))}"):
         RestConfig(**option)
@@ -145,8 +153,10 @@ def test_sampling_preserves_the_target_distribution(models, exact):  # noqa: F81
 
 
 def conversations_file(tmp_path, replies: list[str]):
-    rows = [{"id": str(i), "conversations": [{"from": "human", "value": "Say something."},
-                                             {"from": "gpt", "value": reply}]} for i, reply in enumerate(replies)]
+    rows = [
+        {"id": str(i), "conversations": [{"from": "human", "value": "Say something."}, {"from": "gpt", "value": reply}]}
+        for i, reply in enumerate(replies)
+    ]
     path = tmp_path / "conversations.json"
     path.write_text(json.dumps(rows))
     return DatasetConfig(name="tiny_chat", path=str(path), task="sharegpt")
@@ -168,8 +178,9 @@ def test_the_datastore_is_built_from_the_assistant_turns_and_reads_back(tmp_path
     assert [text for _, text in corpus_documents(spec)] == ["Hello there, friend.", "Fine, thanks!"]
     assert len(corpus_documents(recipe(spec.conversations, roles=["user", "assistant"]))) == 4
     cfg = OmegaConf.create({"training": spec})
-    store, metrics, history = build_rest_datastore(cfg, SimpleNamespace(model=target, tokenizer=CharTokenizer()),
-                                                   tmp_path, None, "cpu")
+    store, metrics, history = build_rest_datastore(
+        cfg, SimpleNamespace(model=target, tokenizer=CharTokenizer()), tmp_path, None, "cpu"
+    )
     assert metrics["documents"] == 2 and metrics["datastore_tokens"] == len("Hello there, friend.Fine, thanks!") + 2
     assert metrics["compute_minutes"] >= 0 and metrics["datastore_mb"] > 0 and history == []
     store.save_pretrained(tmp_path)
@@ -187,8 +198,13 @@ def test_a_corpus_quoting_a_leaderboard_question_is_refused(tmp_path, target):
         build_rest_datastore(cfg, SimpleNamespace(model=target, tokenizer=CharTokenizer()), tmp_path, None, "cpu")
     own = OmegaConf.structured(RestDatastoreConfig(responses={"questions": QUESTIONS}, leaderboard=QUESTIONS))
     with pytest.raises(SpecReproError, match="is the leaderboard's own questions"):
-        build_rest_datastore(OmegaConf.create({"training": own}),
-                             SimpleNamespace(model=target, tokenizer=CharTokenizer()), tmp_path, None, "cpu")
+        build_rest_datastore(
+            OmegaConf.create({"training": own}),
+            SimpleNamespace(model=target, tokenizer=CharTokenizer()),
+            tmp_path,
+            None,
+            "cpu",
+        )
 
 
 @pytest.mark.parametrize("cfg", [RestConfig(tree_nodes=15), RestConfig(tree_nodes=15, prompt_lookup=True)])

@@ -34,7 +34,7 @@ def steps_and_block(model, prompt: torch.Tensor, block: torch.Tensor):
     with torch.no_grad():
         model(prompt, cache=one)
         model(prompt, cache=many)
-        steps = torch.cat([model(block[:, i:i + 1], cache=one).logits[0] for i in range(block.shape[1])])
+        steps = torch.cat([model(block[:, i : i + 1], cache=one).logits[0] for i in range(block.shape[1])])
         return steps, model(block, cache=many).logits[0]
 
 
@@ -122,8 +122,13 @@ def test_space_block_real_slots_equal_one_token_steps_in_bf16(name_real_slots, m
         calls = []
         attend = attention.attend
         monkeypatch.setattr(attention, "attend", lambda *args, **kwargs: calls.append(1) or attend(*args, **kwargs))
-        logits = model(block, cache=cache, position_ids=(24 + offsets)[None],
-                       attention_mask=additive_mask(full, model.dtype), **exact).logits[0]
+        logits = model(
+            block,
+            cache=cache,
+            position_ids=(24 + offsets)[None],
+            attention_mask=additive_mask(full, model.dtype),
+            **exact,
+        ).logits[0]
         monkeypatch.undo()
     steps, _ = steps_and_block(model, prefix, real[None])
     assert torch.equal(logits[: k + 1], steps)
@@ -159,11 +164,14 @@ def test_bf16_pld_is_token_identical_to_ar_on_the_embedded_model():
 
     loader = ModelLoader(torch.device("cpu"), torch.bfloat16, hardware=ROW_INVARIANT)
     target = loader.load_model(ModelConfig(name="smollm2_135m", source="embedded"))
-    for question in ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-                     "How many clips did Natalia sell altogether in April and May?",
-                     "Write a Python function that returns the n-th Fibonacci number."):
-        ids = target.tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                                   tokenize=True, return_dict=True)["input_ids"]
+    for question in (
+        "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+        "How many clips did Natalia sell altogether in April and May?",
+        "Write a Python function that returns the n-th Fibonacci number.",
+    ):
+        ids = target.tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
         ar = ARDecoder(target.model, target.tokenizer).generate(ids, Sampling(), 128)
         pld = PLDDecoder(target.model, target.tokenizer, PLDConfig(num_pred_tokens=4)).generate(ids, Sampling(), 128)
         assert pld.token_ids == ar.token_ids and sum(pld.accepted) > len(pld.accepted)  # drafts were accepted

@@ -18,16 +18,20 @@ FAST = ["model=tiny_random", "decoding.max_new_tokens=8", "timing.warmup_tokens=
 
 def specrepro(*args, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "HYDRA_FULL_ERROR": "0"}
-    proc = subprocess.run([sys.executable, "-m", "specrepro.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specrepro.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
 def run_dirs(root: Path) -> dict[str, Path]:
-    return {json.loads((p / "metrics.json").read_text())["method"] + ":" + p.name: p
-            for p in (root / "results" / "runs").iterdir() if (p / "metrics.json").is_file()}
+    return {
+        json.loads((p / "metrics.json").read_text())["method"] + ":" + p.name: p
+        for p in (root / "results" / "runs").iterdir()
+        if (p / "metrics.json").is_file()
+    }
 
 
 def offline_wandb_records(run_dir: Path):
@@ -87,15 +91,19 @@ def test_interrupted_run_resumes_from_finished_samples(tmp_path):
 
 
 def test_multirun_over_datasets_with_offline_wandb(tmp_path):
-    out = specrepro("run", "-m", *FAST, "dataset=gsm8k,humaneval,xsum,mt_bench", "dataset.limit=2",
-                    "logger=wandb", cwd=tmp_path)
+    out = specrepro(
+        "run", "-m", *FAST, "dataset=gsm8k,humaneval,xsum,mt_bench", "dataset.limit=2", "logger=wandb", cwd=tmp_path
+    )
     runs = run_dirs(tmp_path)
     assert len(runs) == 4
     for run_dir in runs.values():
         metrics = json.loads((run_dir / "metrics.json").read_text())
-        summary = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                   for record in offline_wandb_records(run_dir)
-                   if record.WhichOneof("record_type") == "summary" for item in record.summary.update}
+        summary = {
+            item.key or "/".join(item.nested_key): json.loads(item.value_json)
+            for record in offline_wandb_records(run_dir)
+            if record.WhichOneof("record_type") == "summary"
+            for item in record.summary.update
+        }
         for key in ("tokens_per_s", "mat", "n_samples"):
             assert summary[key] == pytest.approx(metrics[key])
     assert out.stdout.count("smollm2") == 0 and out.stdout.count("tiny_random-ar-") == 4  # one table
@@ -129,9 +137,11 @@ def test_a_method_refusing_the_model_fails_before_its_ar_reference_runs(tmp_path
 def test_per_generation_extras_become_run_metrics_and_step_lists_do_not():
     from specrepro.metrics.summary import run_level_extras
 
-    gens = [{"extra": {"extra_memory_pct": 7.0, "block_size": 16, "fast_forwarded": [1, 2], "flag": True}},
-            {"extra": {"extra_memory_pct": 7.0, "block_size": 16, "fast_forwarded": [0]}},
-            {"extra": {"extra_memory_pct": 5.0}}]
+    gens = [
+        {"extra": {"extra_memory_pct": 7.0, "block_size": 16, "fast_forwarded": [1, 2], "flag": True}},
+        {"extra": {"extra_memory_pct": 7.0, "block_size": 16, "fast_forwarded": [0]}},
+        {"extra": {"extra_memory_pct": 5.0}},
+    ]
     assert run_level_extras(gens) == {"extra_memory_pct": 19.0 / 3}  # block_size is missing from one generation
 
 
@@ -139,10 +149,21 @@ def test_the_leaderboard_preset_scores_a_category_with_its_own_metric(tmp_path):
     """Spec-Bench's math questions are scored with GSM8K accuracy (metric=spec_bench), with the reference NLL
     and the cost column beside them; a category without one (qa) gets no score."""
     for category, scored in (("math_reasoning", {"gsm8k_acc", "reference_nll"}), ("qa", set())):
-        specrepro("run", *FAST, "+experiment=spec_bench", "method=ar", f"dataset.category={category}",
-                  "dataset.limit=1", "logger=none", cwd=tmp_path)
-        metrics = next(json.loads((p / "metrics.json").read_text()) for p in run_dirs(tmp_path).values()
-                       if OmegaConf.load(p / "config.yaml").dataset.category == category)
+        specrepro(
+            "run",
+            *FAST,
+            "+experiment=spec_bench",
+            "method=ar",
+            f"dataset.category={category}",
+            "dataset.limit=1",
+            "logger=none",
+            cwd=tmp_path,
+        )
+        metrics = next(
+            json.loads((p / "metrics.json").read_text())
+            for p in run_dirs(tmp_path).values()
+            if OmegaConf.load(p / "config.yaml").dataset.category == category
+        )
         assert scored <= set(metrics) and not ({"gsm8k_acc", "rouge_l"} - scored) & set(metrics)
         assert metrics["training_minutes"] == 0.0 and metrics["lossless_paired"] == 1.0
 
@@ -162,8 +183,9 @@ def test_reference_nll_scores_each_reference_under_the_run_model(tmp_path):
     by_hand = -sum(float(log_probs[len(prompt) - 1 + i, token]) for i, token in enumerate(answer)) / len(answer)
     assert abs(reference_nll(model, prompt, answer) - by_hand) < 1e-4
 
-    specrepro("run", *FAST, "method=ar", "dataset=gsm8k", "dataset.limit=2", "reference_nll=true", "logger=none",
-              cwd=tmp_path)
+    specrepro(
+        "run", *FAST, "method=ar", "dataset=gsm8k", "dataset.limit=2", "reference_nll=true", "logger=none", cwd=tmp_path
+    )
     [run] = run_dirs(tmp_path).values()
     rows = [json.loads(line) for line in (run / "generations.jsonl").read_text().splitlines()]
     assert all(row["scores"]["reference_nll"] > 0 for row in rows)
@@ -256,11 +278,24 @@ def test_alternating_order_times_the_method_first_on_every_other_turn():
 def test_a_run_in_alternating_order_records_which_arm_went_first_and_the_order_effect(tmp_path):
     """Through the runner: two two-turn records in alternating order time the method first on two of four turns,
     say so in every turn, and the run reports `order_effect_paired` beside `speedup_paired`."""
-    specrepro("run", *FAST, "+experiment=spec_bench", "method=ar", "dataset.category=multi_turn", "dataset.limit=2",
-              "timing.order=alternate", "logger=none", cwd=tmp_path)
-    [run] = [p for key, p in run_dirs(tmp_path).items() if OmegaConf.load(p / "config.yaml").timing.order == "alternate"]
+    specrepro(
+        "run",
+        *FAST,
+        "+experiment=spec_bench",
+        "method=ar",
+        "dataset.category=multi_turn",
+        "dataset.limit=2",
+        "timing.order=alternate",
+        "logger=none",
+        cwd=tmp_path,
+    )
+    [run] = [
+        p for key, p in run_dirs(tmp_path).items() if OmegaConf.load(p / "config.yaml").timing.order == "alternate"
+    ]
     rows = [json.loads(line) for line in (run / "generations.jsonl").read_text().splitlines()]
-    firsts = [turn["method_timed_first"] for row in sorted(rows, key=lambda r: r["index"]) for turn in row["samples"][0]]
+    firsts = [
+        turn["method_timed_first"] for row in sorted(rows, key=lambda r: r["index"]) for turn in row["samples"][0]
+    ]
     assert firsts == [False, True, True, False]
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["order_effect_paired"] > 0 and metrics["order_effect_paired_ci95"] >= 0
@@ -272,7 +307,9 @@ def test_timing_repeats_that_decode_differently_are_refused():
     from specrepro.runner import decode_turn
 
     method = ScriptedArm([0.5, 0.4], tokens=[[7, 8], [7, 9]])
-    with pytest.raises(SpecReproError, match="the method arm decoded one turn differently in two of its timing.repeats"):
+    with pytest.raises(
+        SpecReproError, match="the method arm decoded one turn differently in two of its timing.repeats"
+    ):
         decode_turn(method, {}, [1, 2, 3], None, 8, seed=0, repeats=2)
 
 
@@ -285,14 +322,22 @@ def test_training_minutes_leave_out_a_pause_of_the_process():
     import sys
     import time
 
-    child = subprocess.Popen([sys.executable, "-c", (
-        "import time; from specrepro import suspension\n"
-        "suspension.STALL = 1.0\n"
-        "start, wall = suspension.clock(), time.perf_counter()\n"
-        "print('timing', flush=True)\n"
-        "time.sleep(2.0)\n"
-        "print(round(suspension.clock() - start, 1), round(time.perf_counter() - wall, 1), flush=True)\n")],
-        stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import time; from specrepro import suspension\n"
+                "suspension.STALL = 1.0\n"
+                "start, wall = suspension.clock(), time.perf_counter()\n"
+                "print('timing', flush=True)\n"
+                "time.sleep(2.0)\n"
+                "print(round(suspension.clock() - start, 1), round(time.perf_counter() - wall, 1), flush=True)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout.readline() == "timing\n"
     time.sleep(0.6)
     child.send_signal(signal.SIGSTOP)

@@ -69,7 +69,6 @@ def test_program_may_write_inside_its_temp_dir():
     assert result.status == "passed", result.detail
 
 
-
 @pytest.mark.parametrize(
     "source, expected",
     [
@@ -456,8 +455,12 @@ def test_reads_outside_the_interpreter_and_the_temp_dir_are_refused(tmp_path):
     secret = home / ".netrc"
     secret.write_text("machine example.com password hunter2\n")
     secret.chmod(0o600)
-    for source in (f"print(open({str(secret)!r}).read())", f"import posix\nprint(posix.listdir({str(home)!r}))",
-                   "import posix\nprint(posix.listdir('/tmp'))", "print(open('/etc/passwd').read())"):
+    for source in (
+        f"print(open({str(secret)!r}).read())",
+        f"import posix\nprint(posix.listdir({str(home)!r}))",
+        "import posix\nprint(posix.listdir('/tmp'))",
+        "print(open('/etc/passwd').read())",
+    ):
         result = run(source)
         assert result.status == "failed" and "PermissionError" in result.detail, (source, result.detail)
         assert "hunter2" not in result.detail and ".netrc" not in result.detail.split("\n")[-1]
@@ -478,8 +481,11 @@ def test_reads_outside_the_interpreter_and_the_temp_dir_are_refused(tmp_path):
 def test_other_processes_and_their_command_lines_are_hidden():
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--token=s3cr3t"])
     try:
-        for source in (f"print(open('/proc/{other.pid}/cmdline').read())", "import posix\nposix.listdir('/proc')",
-                       "import posix\nprint(open(f'/proc/{posix.getppid()}/cmdline').read())"):
+        for source in (
+            f"print(open('/proc/{other.pid}/cmdline').read())",
+            "import posix\nposix.listdir('/proc')",
+            "import posix\nprint(open(f'/proc/{posix.getppid()}/cmdline').read())",
+        ):
             result = run(source)
             assert result.status == "failed" and "PermissionError" in result.detail, (source, result.detail)
             assert "s3cr3t" not in result.detail

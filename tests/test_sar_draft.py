@@ -19,15 +19,26 @@ from tests.conftest import tiny_llama
 from tests.test_runner import FAST, run_dirs, specrepro
 
 GREEDY = Sampling()
-FAMILY = [(v, 1, False) for v in VARIANTS] + [("transformer", 0, False), ("transformer", 2, False),
-                                              ("simplified", 1, True), ("block", 1, True)]
+FAMILY = [(v, 1, False) for v in VARIANTS] + [
+    ("transformer", 0, False),
+    ("transformer", 2, False),
+    ("simplified", 1, True),
+    ("block", 1, True),
+]
 
 
 def sar(target, variant, k=4, transformer_layers=1, controller="fixed", shared=False, tree_width=1):
     torch.manual_seed(0)
     head = head_for(target, variant, 4, 32, transformer_layers, shared).eval()
-    cfg = SARDraftConfig(variant=variant, k=k, k_max=4, controller=controller, transformer_layers=transformer_layers,
-                         shared_lm_head=shared, tree_width=tree_width)
+    cfg = SARDraftConfig(
+        variant=variant,
+        k=k,
+        k_max=4,
+        controller=controller,
+        transformer_layers=transformer_layers,
+        shared_lm_head=shared,
+        tree_width=tree_width,
+    )
     return SARDraftDecoder(target, None, head, cfg)
 
 
@@ -49,8 +60,11 @@ def test_greedy_sar_with_a_token_tree_equals_ar(monkeypatch):
     prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
     reference = ARDecoder(target).generate(prompt, GREEDY, 40).token_ids
     paths = []
-    monkeypatch.setattr(draft_verify, "keep_tree_path",
-                        lambda cache, committed, path: paths.append(path) or keep_tree_path(cache, committed, path))
+    monkeypatch.setattr(
+        draft_verify,
+        "keep_tree_path",
+        lambda cache, committed, path: paths.append(path) or keep_tree_path(cache, committed, path),
+    )
     for variant in ("simplified", "block"):
         for k, width in ((1, 4), (2, 4), (3, 2)):
             gen = sar(target, variant, k, tree_width=width).generate(prompt, GREEDY, 40)
@@ -83,13 +97,17 @@ def test_h_p_is_the_verified_row_that_produced_the_last_committed_token(tree_wid
 
 def test_cached_training_hidden_states_and_anchors_follow_convention_a(tmp_path):
     target = tiny_llama(vocab_size=64, num_layers=2)
-    rows = [{"prompt_ids": [5, 6, 7, 8], "continuation_ids": [9, 10, 11, 12, 13, 14]},
-            {"prompt_ids": [3], "continuation_ids": [20, 21, 22]}]
+    rows = [
+        {"prompt_ids": [5, 6, 7, 8], "continuation_ids": [9, 10, 11, 12, 13, 14]},
+        {"prompt_ids": [3], "continuation_ids": [20, 21, 22]},
+    ]
     hidden = target_hidden_states(target, rows, 3, 2, False, tmp_path / "hidden")
     for row, states in zip(rows, hidden):
         seq = row["prompt_ids"][-3:] + row["continuation_ids"]
         with torch.no_grad():  # the row of position t predicts seq[t + 1]: h_p of continuation token i
-            fresh = target.model(torch.tensor([seq])).last_hidden_state[0, len(seq) - len(row["continuation_ids"]) - 1 : -1]
+            fresh = target.model(torch.tensor([seq])).last_hidden_state[
+                0, len(seq) - len(row["continuation_ids"]) - 1 : -1
+            ]
         assert torch.allclose(states, fresh, atol=1e-5)
     cached = target_hidden_states(None, rows, 3, 2, False, tmp_path / "hidden")  # loaded, not recomputed
     assert all(torch.equal(a, b) for a, b in zip(cached, hidden))
@@ -113,7 +131,9 @@ def test_simplified_prefix_states_are_the_alpha_weighted_means():
         assert torch.allclose(states[:, j - 1], expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("variant,shared", [("simplified", False), ("simplified", True), ("block", False), ("lstm", True)])
+@pytest.mark.parametrize(
+    "variant,shared", [("simplified", False), ("simplified", True), ("block", False), ("lstm", True)]
+)
 def test_greedy_sar_with_a_reduced_draft_vocabulary_equals_ar(variant, shared, tmp_path):
     target = tiny_llama(vocab_size=64, num_layers=2, logit_scale=3.0)
     prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
@@ -176,8 +196,10 @@ def test_untrained_sar_draft_is_lossless_on_the_embedded_model(embedded):
     """Every head variant, drafting a chain and a tree, on the real architecture (GQA, RoPE): each of the ten pairs
     on one of three prompts in turn (the tiny-model tests above check every variant, k and controller at length)."""
     tok = embedded.tokenizer
-    prompts = [tok(text, return_tensors="pt").input_ids for text in
-               ("The capital of France is", "def fibonacci(n):", "Question: 3 apples plus 4 apples? Answer:")]
+    prompts = [
+        tok(text, return_tensors="pt").input_ids
+        for text in ("The capital of France is", "def fibonacci(n):", "Question: 3 apples plus 4 apples? Answer:")
+    ]
     references = [ARDecoder(embedded.model, tok).generate(prompt, GREEDY, 48).token_ids for prompt in prompts]
     pairs = [(variant, tree_width) for variant in VARIANTS for tree_width in (1, 4)]
     for i, (variant, tree_width) in enumerate(pairs):
@@ -185,19 +207,36 @@ def test_untrained_sar_draft_is_lossless_on_the_embedded_model(embedded):
         head = head_for(embedded.model, variant, 3, 256, 1).eval()
         cfg = SARDraftConfig(variant=variant, k=3 if tree_width == 1 else 2, k_max=3, tree_width=tree_width)
         prompt, reference = prompts[i % len(prompts)], references[i % len(prompts)]
-        assert SARDraftDecoder(embedded.model, tok, head, cfg).generate(prompt, GREEDY, 48).token_ids == reference, \
-            (variant, tree_width)
+        assert SARDraftDecoder(embedded.model, tok, head, cfg).generate(prompt, GREEDY, 48).token_ids == reference, (
+            variant,
+            tree_width,
+        )
 
 
 def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_path):
     shape = ["method=sar_draft", "method.variant=lstm", "method.proj_size=32", "method.k=3", "method.k_max=3"]
-    specrepro("train", "model=tiny_random", *shape, "training.references.gsm8k.limit=12",
-              "training.references.sql.limit=6", "+dataset@training.continuations.gsm8k=gsm8k_train",
-              "training.continuations.gsm8k.limit=4", "training.response_tokens=16", "training.loop.steps=4", "training.loop.batch_size=2",
-              "training.anchors_per_batch=32", "hardware.threads=1", "logger=none", cwd=tmp_path)
+    specrepro(
+        "train",
+        "model=tiny_random",
+        *shape,
+        "training.references.gsm8k.limit=12",
+        "training.references.sql.limit=6",
+        "+dataset@training.continuations.gsm8k=gsm8k_train",
+        "training.continuations.gsm8k.limit=4",
+        "training.response_tokens=16",
+        "training.loop.steps=4",
+        "training.loop.batch_size=2",
+        "training.anchors_per_batch=32",
+        "hardware.threads=1",
+        "logger=none",
+        cwd=tmp_path,
+    )
     (artifact,) = (tmp_path / "results" / "artifacts").glob("sar_head-tiny_random-*")
     metrics = json.loads((artifact / "artifact.json").read_text())["metrics"]
-    assert metrics["variant"] == "lstm" and metrics["head_parameters"] == DraftHead.from_pretrained(artifact).num_parameters()
+    assert (
+        metrics["variant"] == "lstm"
+        and metrics["head_parameters"] == DraftHead.from_pretrained(artifact).num_parameters()
+    )
     assert len(metrics["heldout_top1_by_depth_after"]) == 4 and metrics["train_sequences"] >= 16
     assert list((tmp_path / "results" / "artifacts" / ".work").glob("continuations-*"))
     specrepro("run", *FAST, *shape, "dataset=gsm8k", "dataset.limit=2", "logger=none", cwd=tmp_path)
@@ -206,29 +245,86 @@ def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_p
     first = json.loads((run / "generations.jsonl").read_text().splitlines()[0])
     assert first["samples"][0][0]["extra"]["extra_parameters"] == metrics["head_parameters"]
     reduced = [*shape, "method.draft_vocab=24"]
-    specrepro("train", "model=tiny_random", *reduced, "training.references.gsm8k.limit=12", "training.references.sql.limit=6",
-              "training.response_tokens=16", "training.loop.steps=2", "training.loop.batch_size=2",
-              "training.anchors_per_batch=32", "hardware.threads=1", "logger=none", cwd=tmp_path)
+    specrepro(
+        "train",
+        "model=tiny_random",
+        *reduced,
+        "training.references.gsm8k.limit=12",
+        "training.references.sql.limit=6",
+        "training.response_tokens=16",
+        "training.loop.steps=2",
+        "training.loop.batch_size=2",
+        "training.anchors_per_batch=32",
+        "hardware.threads=1",
+        "logger=none",
+        cwd=tmp_path,
+    )
     specrepro("run", *FAST, *reduced, "dataset=gsm8k", "dataset.limit=2", "logger=none", cwd=tmp_path)
-    runs = [json.loads((p / "metrics.json").read_text()) for k, p in run_dirs(tmp_path).items() if k.startswith("sar_draft:")]
+    runs = [
+        json.loads((p / "metrics.json").read_text())
+        for k, p in run_dirs(tmp_path).items()
+        if k.startswith("sar_draft:")
+    ]
     assert len(runs) == 2 and all(m["lossless"] == 1.0 for m in runs)
     # joint mode (Eq. 8 with lam < 1): LoRA on the target; the artifact is the merged target with the head beside it
     joint = [*shape, "training.lam=0.25", "training.joint_lora.r=4"]
-    specrepro("train", "model=tiny_random", *joint, "training.references.gsm8k.limit=12", "training.references.sql.limit=6",
-              "training.response_tokens=16", "training.loop.steps=2", "training.loop.batch_size=2",
-              "training.anchors_per_batch=32", "hardware.threads=1", "logger=none", cwd=tmp_path)
-    (joint_head,) = [p for p in (tmp_path / "results" / "artifacts").glob("sar_head-tiny_random-*")
-                     if (p / "config.json").is_file()]
+    specrepro(
+        "train",
+        "model=tiny_random",
+        *joint,
+        "training.references.gsm8k.limit=12",
+        "training.references.sql.limit=6",
+        "training.response_tokens=16",
+        "training.loop.steps=2",
+        "training.loop.batch_size=2",
+        "training.anchors_per_batch=32",
+        "hardware.threads=1",
+        "logger=none",
+        cwd=tmp_path,
+    )
+    (joint_head,) = [
+        p for p in (tmp_path / "results" / "artifacts").glob("sar_head-tiny_random-*") if (p / "config.json").is_file()
+    ]
     assert json.loads((joint_head / "artifact.json").read_text())["metrics"]["joint"] is True
-    assert find_head("sar_head", tmp_path / "results" / "artifacts", "tiny_random", "lstm", False) == artifact  # not the base's
-    specrepro("run", *FAST, *shape, "model.name=tiny_sar_joint", "model.source=artifact", f"model.id={joint_head.name}",
-              f"method.head={joint_head.name}", "dataset=gsm8k", "dataset.limit=2", "logger=none", cwd=tmp_path)
+    assert (
+        find_head("sar_head", tmp_path / "results" / "artifacts", "tiny_random", "lstm", False) == artifact
+    )  # not the base's
+    specrepro(
+        "run",
+        *FAST,
+        *shape,
+        "model.name=tiny_sar_joint",
+        "model.source=artifact",
+        f"model.id={joint_head.name}",
+        f"method.head={joint_head.name}",
+        "dataset=gsm8k",
+        "dataset.limit=2",
+        "logger=none",
+        cwd=tmp_path,
+    )
     run = next(p for k, p in run_dirs(tmp_path).items() if k.startswith("sar_draft:") and "tiny_sar_joint" in p.name)
     assert json.loads((run / "metrics.json").read_text())["lossless"] == 1.0
-    out = specrepro("train", "model=tiny_random", *shape, "training.lam=0.5", "hardware.threads=1", "logger=none",
-                    cwd=tmp_path, check=False)
+    out = specrepro(
+        "train",
+        "model=tiny_random",
+        *shape,
+        "training.lam=0.5",
+        "hardware.threads=1",
+        "logger=none",
+        cwd=tmp_path,
+        check=False,
+    )
     assert out.returncode == 2 and "joint_lora.r" in out.stderr
     # a head of another variant is not picked up
-    out = specrepro("run", *FAST, "method=sar_draft", "method.variant=block", "dataset=gsm8k", "dataset.limit=1",
-                    "logger=none", cwd=tmp_path, check=False)
+    out = specrepro(
+        "run",
+        *FAST,
+        "method=sar_draft",
+        "method.variant=block",
+        "dataset=gsm8k",
+        "dataset.limit=1",
+        "logger=none",
+        cwd=tmp_path,
+        check=False,
+    )
     assert out.returncode == 2 and "no sar_draft head artifact" in out.stderr

@@ -58,8 +58,11 @@ def test_greedy_self_sd_with_a_token_tree_equals_ar(sharp_model, monkeypatch):
     prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
     reference = ARDecoder(sharp_model).generate(prompt, GREEDY, 40).token_ids
     paths = []
-    monkeypatch.setattr(draft_verify, "keep_tree_path",
-                        lambda cache, committed, path: paths.append(path) or keep_tree_path(cache, committed, path))
+    monkeypatch.setattr(
+        draft_verify,
+        "keep_tree_path",
+        lambda cache, committed, path: paths.append(path) or keep_tree_path(cache, committed, path),
+    )
     for control, k, width in (("fixed", 1, 4), ("fixed", 2, 4), ("adaptive", 5, 3)):
         gen = SelfSDDecoder(sharp_model, None, [1, 3], [0, 2], SelfSDConfig(control=control, k=k, tree_width=width))
         assert gen.generate(prompt, GREEDY, 40).token_ids == reference, (control, k, width)
@@ -185,10 +188,24 @@ def test_bad_skip_sets_and_artifacts_fail_clearly(sharp_model, tmp_path):
 
 
 def test_search_cli_writes_skip_sets_that_runs_use(tmp_path):
-    common = ["train", "method=self_sd", "model=tiny_random", "model.random.num_layers=3", "logger=none",
-              "hardware.threads=1", "training.iterations=4", "training.init_points=2", "training.dev_records=1",
-              "training.max_new_tokens=6", "training.max_prompt_tokens=48"]
-    for search in ("training.search=bayes", "training.gp_inputs=binary training.recheck_top=0", "training.search=random"):
+    common = [
+        "train",
+        "method=self_sd",
+        "model=tiny_random",
+        "model.random.num_layers=3",
+        "logger=none",
+        "hardware.threads=1",
+        "training.iterations=4",
+        "training.init_points=2",
+        "training.dev_records=1",
+        "training.max_new_tokens=6",
+        "training.max_prompt_tokens=48",
+    ]
+    for search in (
+        "training.search=bayes",
+        "training.gp_inputs=binary training.recheck_top=0",
+        "training.search=random",
+    ):
         specrepro(*common, *search.split(), cwd=tmp_path)
     artifacts = sorted((tmp_path / "results" / "artifacts").glob("self_sd_skip_set-tiny_random-*"))
     assert len(artifacts) == 3
@@ -204,8 +221,18 @@ def test_search_cli_writes_skip_sets_that_runs_use(tmp_path):
             assert meta["metrics"]["best_objective"] == max(row["objective"] for row in meta["history"])
         assert all(0 <= i < 3 for i in skip["attn_skip"] + skip["mlp_skip"])
     for vocab in (0, 32):  # 32: the draft scores the bundled ShareGPT's 32 most frequent tokens + the prompt's
-        specrepro("run", *FAST, "model.random.num_layers=3", "method=self_sd", f"method.skip_set={artifacts[0].name}",
-                  f"method.draft_vocab={vocab}", "dataset=cnn_dm", "dataset.limit=2", "logger=none", cwd=tmp_path)
+        specrepro(
+            "run",
+            *FAST,
+            "model.random.num_layers=3",
+            "method=self_sd",
+            f"method.skip_set={artifacts[0].name}",
+            f"method.draft_vocab={vocab}",
+            "dataset=cnn_dm",
+            "dataset.limit=2",
+            "logger=none",
+            cwd=tmp_path,
+        )
     runs = [path for key, path in run_dirs(tmp_path).items() if key.startswith("self_sd:")]
     assert len(runs) == 2
     for path in runs:
@@ -217,8 +244,9 @@ def test_search_cli_writes_skip_sets_that_runs_use(tmp_path):
 def test_greedy_self_sd_matches_ar_on_the_embedded_model(embedded):
     prompts = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a small village,"]
     ar = ARDecoder(embedded.model, embedded.tokenizer)
-    decoder = SelfSDDecoder(embedded.model, embedded.tokenizer, [12, 15, 18, 20, 22, 24, 26, 28], [21, 25, 27],
-                            SelfSDConfig())
+    decoder = SelfSDDecoder(
+        embedded.model, embedded.tokenizer, [12, 15, 18, 20, 22, 24, 26, 28], [21, 25, 27], SelfSDConfig()
+    )
     for text in prompts:
         ids = embedded.tokenizer(text)["input_ids"]
         gen = decoder.generate(ids, GREEDY, 64)
@@ -236,8 +264,13 @@ def test_acq_restarts_sets_the_l_bfgs_b_starts_of_each_suggestion(monkeypatch, r
     starts = []
     real_minimize = bayes_opt.acquisition.minimize
     monkeypatch.setattr(bayes_opt.acquisition, "minimize", lambda *a, **k: starts.append(1) or real_minimize(*a, **k))
-    optimizer = BayesianOptimization(f=None, pbounds={f"x{i}": (0.0, 1.0) for i in range(4)},
-                                     acquisition_function=restart_limited_ucb(2.576, restarts), random_state=1, verbose=0)
+    optimizer = BayesianOptimization(
+        f=None,
+        pbounds={f"x{i}": (0.0, 1.0) for i in range(4)},
+        acquisition_function=restart_limited_ucb(2.576, restarts),
+        random_state=1,
+        verbose=0,
+    )
     for value, params in enumerate(optimizer.random_sample(5)):
         optimizer.register(params=params, target=float(value))
     optimizer.suggest()
@@ -250,6 +283,8 @@ def test_an_artifact_name_hashes_every_training_option(tmp_path):
     register_configs()
     base = ["method=self_sd", "model=tiny_random", f"artifacts_dir={tmp_path}"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        default, explicit, fewer = (compose(config_name="train", overrides=base + extra)
-                                    for extra in ([], ["training.acq_restarts=10"], ["training.acq_restarts=2"]))
+        default, explicit, fewer = (
+            compose(config_name="train", overrides=base + extra)
+            for extra in ([], ["training.acq_restarts=10"], ["training.acq_restarts=2"])
+        )
     assert artifact_path(default) == artifact_path(explicit) != artifact_path(fewer)

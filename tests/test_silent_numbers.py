@@ -16,9 +16,22 @@ from specrepro.training.artifacts import METADATA, find_artifact, find_matching_
 from tests.test_loading_errors import one_error_line
 from tests.test_runner import FAST, run_dirs, specrepro
 
-TINY = {"name": "tiny_random", "source": "random", "id": "", "revision": None, "tokenizer": "embedded",
-        "random": {"num_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4, "num_kv_heads": 2,
-                   "vocab_size": 49152, "seed": 0}}
+TINY = {
+    "name": "tiny_random",
+    "source": "random",
+    "id": "",
+    "revision": None,
+    "tokenizer": "embedded",
+    "random": {
+        "num_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "vocab_size": 49152,
+        "seed": 0,
+    },
+}
 
 
 def trained_draft(root: Path, name: str, model: dict, recorded_target: bool) -> Path:
@@ -53,12 +66,16 @@ def test_an_artifact_is_found_only_for_the_target_it_was_trained_for(tmp_path, r
 def test_a_run_on_another_model_does_not_load_a_draft_trained_for_tiny_random(tmp_path):
     trained_draft(tmp_path / "results" / "artifacts", "sps_draft-tiny_random-00000000", TINY, recorded_target=False)
     other = ["model.name=tiny_other", "model.random.seed=1"]
-    line = one_error_line(specrepro("run", *FAST, *other, "method=sps", "dataset.limit=1", "logger=none",
-                                    cwd=tmp_path, check=False))
+    line = one_error_line(
+        specrepro("run", *FAST, *other, "method=sps", "dataset.limit=1", "logger=none", cwd=tmp_path, check=False)
+    )
     assert "no trained artifact 'sps_draft' for model tiny_other" in line
     pinned = "method.draft.id=sps_draft-tiny_random-00000000"
-    line = one_error_line(specrepro("run", *FAST, *other, "method=sps", pinned, "dataset.limit=1", "logger=none",
-                                    cwd=tmp_path, check=False))
+    line = one_error_line(
+        specrepro(
+            "run", *FAST, *other, "method=sps", pinned, "dataset.limit=1", "logger=none", cwd=tmp_path, check=False
+        )
+    )
     assert "sps_draft-tiny_random-00000000 was trained for target 'tiny_random'" in line
     assert not (tmp_path / "results" / "runs").is_dir() or not run_dirs(tmp_path)
 
@@ -81,7 +98,10 @@ def test_a_finished_run_cut_mid_line_is_resumed_not_reused_and_compare_refuses_i
     with pytest.raises(SpecReproError, match="cut mid-line"):
         RunRecord(run).timed_turns()  # what `specrepro compare` reads
     out = specrepro("run", *args, cwd=tmp_path)
-    assert "is complete but its generations.jsonl was cut mid-line: decoding the records it lost again" in out.stdout + out.stderr
+    assert (
+        "is complete but its generations.jsonl was cut mid-line: decoding the records it lost again"
+        in out.stdout + out.stderr
+    )
     assert RunRecord(run).damage() is None and len(RunRecord(run).rows()) == 3
     lost = generations.read_text().splitlines()
     generations.write_text("\n".join(lost[:1]) + "\n")  # whole lines lost: fewer records than metrics.json counts
@@ -171,13 +191,27 @@ def test_a_record_whose_prompt_is_not_text_is_refused_in_one_line_naming_it(tmp_
     from specrepro.data import load_records
 
     data = tmp_path / "bad.jsonl"
-    data.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "#### 2"}) + "\n"
-                    + json.dumps({"question": question, "answer": "#### 4"}) + "\n")
+    data.write_text(
+        json.dumps({"question": "What is 1 + 1?", "answer": "#### 2"})
+        + "\n"
+        + json.dumps({"question": question, "answer": "#### 4"})
+        + "\n"
+    )
     with pytest.raises(SpecReproError, match=rf"bad.jsonl: record 1: field 'question' is {shown[:6]}.*not text"):
         load_records(dataset("gsm8k", path=str(data), few_shot=0))
     if question is None:  # the run says so in one line, before any model is loaded
-        line = one_error_line(specrepro("run", *FAST, "method=ar", "dataset=gsm8k", f"dataset.path={data}",
-                                        "logger=none", cwd=tmp_path, check=False))
+        line = one_error_line(
+            specrepro(
+                "run",
+                *FAST,
+                "method=ar",
+                "dataset=gsm8k",
+                f"dataset.path={data}",
+                "logger=none",
+                cwd=tmp_path,
+                check=False,
+            )
+        )
         assert "record 1: field 'question' is null, not text" in line
 
 
@@ -199,8 +233,17 @@ def test_more_threads_than_cores_are_refused_in_one_line_before_anything_runs(tm
     too_many = available_cores() + 1
     for command in ("run", "train"):
         extra = ["method=ar"] if command == "run" else ["method=sps"]
-        line = one_error_line(specrepro(command, "model=tiny_random", *extra, f"hardware.threads={too_many}",
-                                        "logger=none", cwd=tmp_path, check=False))
+        line = one_error_line(
+            specrepro(
+                command,
+                "model=tiny_random",
+                *extra,
+                f"hardware.threads={too_many}",
+                "logger=none",
+                cwd=tmp_path,
+                check=False,
+            )
+        )
         assert f"hardware.threads={too_many} is more than the {available_cores()} CPU cores" in line, command
     assert not (tmp_path / "results" / "runs").exists() and not (tmp_path / "results" / "artifacts").exists()
 
@@ -225,8 +268,9 @@ def test_the_notebook_run_as_the_readme_says_plots_the_leaderboards_paired_speed
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.delenv("SPECREPRO_LEADERBOARD", raising=False)
     notebook = nbformat.read(root / "notebooks" / "analysis.ipynb", as_version=4)
-    NotebookClient(notebook, kernel_name="python3", timeout=300,
-                   resources={"metadata": {"path": str(root / "notebooks")}}).execute()
+    NotebookClient(
+        notebook, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(root / "notebooks")}}
+    ).execute()
     assert {"speedup.png", "spec_bench_speedup_by_category.png"} <= {p.name for p in (tmp_path / "plots").iterdir()}
 
     plotted = pd.read_csv(tmp_path / "plots" / "speedup.csv", index_col="label")

@@ -51,7 +51,8 @@ def test_block_layout_is_figure_3():
 
 
 def test_one_block_equals_plain_causal_forwards():
-    """Real slots give AR's logits; mask group g gives the logits of [prefix, anchor, c_1..c_g, [M]*k] (training layout)."""
+    """Real slots give AR's logits; mask group g gives the logits of [prefix, anchor, c_1..c_g, [M]*k] (training
+    layout)."""
     model, k = tiny_llama(seed=1), 3
     prefix, anchor, candidates = list(range(3, 15)), 20, [21, 22, 23]
     cache = DynamicCache(config=model.config)
@@ -60,10 +61,14 @@ def test_one_block_equals_plain_causal_forwards():
     block = [anchor] + candidates + [MASK] * k * (k + 1)
     full = torch.cat([torch.ones(len(block), len(prefix), dtype=torch.bool), allow], 1)
     with torch.no_grad():
-        logits = model(torch.tensor([block]), cache=cache, position_ids=(len(prefix) + offsets)[None],
-                       attention_mask=additive_mask(full, model.dtype)).logits[0]
+        logits = model(
+            torch.tensor([block]),
+            cache=cache,
+            position_ids=(len(prefix) + offsets)[None],
+            attention_mask=additive_mask(full, model.dtype),
+        ).logits[0]
         for g in range(k + 1):
-            plain = model(torch.tensor([prefix + [anchor] + candidates[:g] + [MASK] * k])).logits[0, -(k + 1):]
+            plain = model(torch.tensor([prefix + [anchor] + candidates[:g] + [MASK] * k])).logits[0, -(k + 1) :]
             group = logits[k + 1 + g * k : k + 1 + (g + 1) * k]
             assert torch.allclose(torch.cat([logits[g : g + 1], group]), plain, atol=1e-5)
 
@@ -136,8 +141,9 @@ def test_grouped_sample_trains_what_the_one_cut_layout_trains():
     grouped = grouped_sample(prompt, response, k, groups=4, p_ar=0.0, mask_id=MASK, rng=random.Random(1))
     batch = pad_batch([grouped], 0, torch.device("cpu"))
     assert batch["input_ids"][0, : len(prompt) + len(response)].tolist() == prompt + response  # AR loss on all of Y
-    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                   attention_mask=batch["attention_mask"]).logits[0]
+    logits = model(
+        input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]
+    ).logits[0]
     anchors = sorted(set(a for a in grouped["anchor"][:-1] if a >= 0))  # the last mask is the dummy
     assert len(anchors) == 4
     for g, at in enumerate(anchors):
@@ -166,25 +172,54 @@ def test_sar_sft_then_lossless_space_run(tmp_path):
     """`train method=space` (LoRA with the [M] row trainable) then `run method=space` on the checkpoint: lossless.
     The artifact is the adapter alone; loading merges it into the base model, the trained [M] row included."""
     limits = [f"training.data.{name}.limit=3" for name in ("sharegpt", "gsm8k", "mbpp", "spider")]
-    specrepro("train", "method=space", "model=tiny_random", "logger=none", "hardware.threads=1", "training.loop.steps=3",
-              "training.eval_tokens=8", "training.heldout_prompts=2", "training.lora.r=4", *limits, cwd=tmp_path)
+    specrepro(
+        "train",
+        "method=space",
+        "model=tiny_random",
+        "logger=none",
+        "hardware.threads=1",
+        "training.loop.steps=3",
+        "training.eval_tokens=8",
+        "training.heldout_prompts=2",
+        "training.lora.r=4",
+        *limits,
+        cwd=tmp_path,
+    )
     [checkpoint] = (tmp_path / "results" / "artifacts").glob("space-*")
     config = json.loads((checkpoint / "config.json").read_text())
     mask_id = config["space_mask_token_id"]
     assert config["space_k"] == 6 and mask_id == config["vocab_size"] - 1
     assert (checkpoint / "adapter_model.safetensors").is_file() and not (checkpoint / "model.safetensors").exists()
-    trained_rows = [v for k, v in load_file(checkpoint / "adapter_model.safetensors").items() if "trainable_tokens" in k]
-    loaded = load_model(OmegaConf.create({"source": "artifact", "id": str(checkpoint), "name": "space"}),
-                        torch.device("cpu"), torch.float32)
+    trained_rows = [
+        v for k, v in load_file(checkpoint / "adapter_model.safetensors").items() if "trainable_tokens" in k
+    ]
+    loaded = load_model(
+        OmegaConf.create({"source": "artifact", "id": str(checkpoint), "name": "space"}),
+        torch.device("cpu"),
+        torch.float32,
+    )
     assert loaded.model.config.space_mask_token_id == mask_id and not hasattr(loaded.model, "peft_config")
     for matrix in (loaded.model.get_input_embeddings().weight, loaded.model.get_output_embeddings().weight):
         assert any(torch.equal(matrix[mask_id], row.reshape(-1)) for row in trained_rows)
     assert json.loads((checkpoint / "artifact.json").read_text())["metrics"]["sar_samples"] > 0
-    specrepro("run", "model=tiny_random", "model.source=artifact", "model.id=space", "method=space", "method.k=3",
-              "dataset=gsm8k", "dataset.limit=2", "decoding.max_new_tokens=12", "timing.warmup_tokens=4",
-              "hardware.threads=1", "logger=none", cwd=tmp_path)
+    specrepro(
+        "run",
+        "model=tiny_random",
+        "model.source=artifact",
+        "model.id=space",
+        "method=space",
+        "method.k=3",
+        "dataset=gsm8k",
+        "dataset.limit=2",
+        "decoding.max_new_tokens=12",
+        "timing.warmup_tokens=4",
+        "hardware.threads=1",
+        "logger=none",
+        cwd=tmp_path,
+    )
     [space_run] = [p for name, p in run_dirs(tmp_path).items() if name.startswith("space:")]
     assert json.loads((space_run / "metrics.json").read_text())["lossless"] == 1.0
-    proc = specrepro("run", "model=tiny_random", "method=space", "dataset.limit=1", "logger=none", cwd=tmp_path,
-                     check=False)
+    proc = specrepro(
+        "run", "model=tiny_random", "method=space", "dataset.limit=1", "logger=none", cwd=tmp_path, check=False
+    )
     assert proc.returncode == 2 and "model.source=artifact" in proc.stderr.strip().splitlines()[-1]

@@ -15,8 +15,19 @@ from tests.test_runner import FAST, offline_wandb_records, specrepro
 
 # 6 runs: ar and pld for three decoding seeds (greedy: the seed only changes the run name), so each pld
 # run's `ar` reference is also a job of the same sweep and two jobs may need the same run at once.
-SWEEP = ["run", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *FAST, "decoding.max_new_tokens=16",
-         "method=ar,pld", "decoding.seed=0,1,2", "dataset=gsm8k", "dataset.limit=12", "logger=none"]
+SWEEP = [
+    "run",
+    "-m",
+    "hydra/launcher=joblib",
+    "hydra.launcher.n_jobs=2",
+    *FAST,
+    "decoding.max_new_tokens=16",
+    "method=ar,pld",
+    "decoding.seed=0,1,2",
+    "dataset=gsm8k",
+    "dataset.limit=12",
+    "logger=none",
+]
 
 
 def _run_states(runs: Path) -> tuple[int, int]:
@@ -32,8 +43,14 @@ def _run_states(runs: Path) -> tuple[int, int]:
 
 def test_joblib_sweep_killed_midway_resumes_without_duplicates(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    proc = subprocess.Popen([sys.executable, "-m", "specrepro.cli", *SWEEP], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specrepro.cli", *SWEEP],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     runs = tmp_path / "results" / "runs"
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
@@ -66,8 +83,16 @@ def _wandb_group(run_dir: Path) -> str:
 
 
 def test_submitit_local_sweep_completes_and_shares_a_wandb_group(tmp_path):
-    specrepro("run", "-m", "hydra/launcher=submitit_local", *FAST, "method=ar,pld", "dataset.limit=2",
-              "logger=wandb", cwd=tmp_path)
+    specrepro(
+        "run",
+        "-m",
+        "hydra/launcher=submitit_local",
+        *FAST,
+        "method=ar,pld",
+        "dataset.limit=2",
+        "logger=wandb",
+        cwd=tmp_path,
+    )
     run_dirs = [p for p in (tmp_path / "results" / "runs").iterdir()]
     assert len(run_dirs) == 2
     assert all(json.loads((p / "metrics.json").read_text())["complete"] for p in run_dirs)

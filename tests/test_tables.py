@@ -19,8 +19,20 @@ from specrepro.errors import SpecReproError
 from specrepro.metrics.speed import mean_ci95
 from specrepro.reproduce import PIPELINES_DIR, load_pipeline
 from specrepro.plots import read_here, write_plots
-from specrepro.tables import (TABLES_DIR, Column, Plot, Row, RunInfo, TableSpec, _mark_ranges, _matches, build_table,
-                              local_runs, render_csv, write_table)
+from specrepro.tables import (
+    TABLES_DIR,
+    Column,
+    Plot,
+    Row,
+    RunInfo,
+    TableSpec,
+    _mark_ranges,
+    _matches,
+    build_table,
+    local_runs,
+    render_csv,
+    write_table,
+)
 from tests.test_runner import FAST, run_dirs, specrepro
 
 COMMITTED = Path(__file__).parents[1] / "results"
@@ -36,7 +48,8 @@ select: {model: tiny_random}
 row_header: [Method, K]
 rows:
   - {label: [ar, "-"], select: {method: ar}}
-  - {label: [pld, 2], select: {method: pld, method.num_pred_tokens: 2}, paper: {GSM8K speedup: 1.5, GSM8K MAT: "2.0 (printed)", CNN/DM ROUGE-L: 14.5}}
+  - {label: [pld, 2], select: {method: pld, method.num_pred_tokens: 2},
+     paper: {GSM8K speedup: 1.5, GSM8K MAT: "2.0 (printed)", CNN/DM ROUGE-L: 14.5}}
   - {label: [pld, 4], select: {method: pld, method.num_pred_tokens: 4}}
   - {label: [eesd, "-"], select: {method: eesd}, paper: {GSM8K speedup: 2.04}}
 columns:
@@ -107,8 +120,16 @@ def test_table_cli(tiny_sweep, tmp_path):
 
 
 def test_pass_at_10_from_sampling_with_recorded_seeds(tmp_path):
-    specrepro("run", *FAST, "method=ar", "decoding=sample", "dataset=humaneval", "dataset.limit=1",
-              "logger=none", cwd=tmp_path)
+    specrepro(
+        "run",
+        *FAST,
+        "method=ar",
+        "decoding=sample",
+        "dataset=humaneval",
+        "dataset.limit=1",
+        "logger=none",
+        cwd=tmp_path,
+    )
     (run_dir,) = run_dirs(tmp_path).values()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert 0.0 <= metrics["pass@10"] <= 1.0 and 0.0 <= metrics["pass@1"] <= 1.0
@@ -129,6 +150,7 @@ def test_a_null_in_a_selector_list_matches_records_without_the_key():
 
 def test_a_selector_can_name_the_machine_a_record_was_timed_on():
     """`provenance.machine.cpu` reads the record's provenance, so two machines' runs of one method are two rows."""
+
     def timed_on(name: str, cpu: str | None) -> RunInfo:
         provenance = {"machine": {"cpu": cpu}} if cpu else {}
         return RunInfo(name, {"method": "pld", "provenance": provenance}, {"method": {"name": "pld"}}, 0.0)
@@ -145,19 +167,32 @@ def test_a_newer_compiled_run_fills_only_the_cells_that_ask_for_compiled_steps()
     option existed count as eager), and fills a column that selects `hardware.compile: true`."""
     older = RunInfo("older", {"speedup_paired": 1.2}, {"hardware": {"device": "cuda"}}, 0.0)
     eager = RunInfo("eager", {"speedup_paired": 1.5}, {"hardware": {"device": "cuda", "compile": False}}, 1.0)
-    compiled = RunInfo("compiled", {"speedup_paired": 1.1, "speedup_paired_eager": 3.0},
-                       {"hardware": {"device": "cuda", "compile": True}}, 2.0)
-    spec = TableSpec("t", "p", "title", "", ["Method"], [Row(label=["pld"])], [
-        Column("eager", "speedup_paired"),
-        Column("compiled", "speedup_paired", select={"hardware.compile": True}),
-        Column("compiled over eager ar", "speedup_paired_eager", select={"hardware.compile": True})])
+    compiled = RunInfo(
+        "compiled",
+        {"speedup_paired": 1.1, "speedup_paired_eager": 3.0},
+        {"hardware": {"device": "cuda", "compile": True}},
+        2.0,
+    )
+    spec = TableSpec(
+        "t",
+        "p",
+        "title",
+        "",
+        ["Method"],
+        [Row(label=["pld"])],
+        [
+            Column("eager", "speedup_paired"),
+            Column("compiled", "speedup_paired", select={"hardware.compile": True}),
+            Column("compiled over eager ar", "speedup_paired_eager", select={"hardware.compile": True}),
+        ],
+    )
     assert build_table(spec, [older, compiled])[1][0][1:4] == ["1.20", "1.10", "3.00"]
     assert build_table(spec, [older, eager, compiled])[1][0][1:4] == ["1.50", "1.10", "3.00"]
     assert build_table(spec, [compiled])[1][0][1:4] == ["–", "1.10", "3.00"]
 
 
 def test_selector_values_from_the_environment_pin_the_runs(monkeypatch):
-    """"${CLLM4}" selects the runs of the artifact it names; unset, the key is left unconstrained."""
+    """ "${CLLM4}" selects the runs of the artifact it names; unset, the key is left unconstrained."""
     older = RunInfo("older", {}, {"model": {"id": "cllm-a"}, "dataset": {"limit": 10}}, 0.0)
     newer = RunInfo("newer", {}, {"model": {"id": "cllm-b"}, "dataset": {"limit": 20}}, 1.0)
     select = yaml.safe_load('{model.id: "${CLLM4}", dataset.limit: "${LIMIT:-10}"}')
@@ -173,7 +208,7 @@ def test_selector_values_from_the_environment_pin_the_runs(monkeypatch):
 
 
 def test_a_row_label_names_an_environment_variable(monkeypatch):
-    """"SPACE (k = ${K:-5})" labels the row by the k its selector picks, the default when K is unset."""
+    """ "SPACE (k = ${K:-5})" labels the row by the k its selector picks, the default when K is unset."""
     runs = [RunInfo(f"space-k{k}", {"mat": float(k)}, {"method": {"k": k}}, 0.0) for k in (2, 5)]
     row = Row(label=["SPACE (k = ${K:-5})"], select={"method.k": "${K:-5}"})
     spec = TableSpec("t", "p", "title", "", ["Method"], [row], [Column("MAT", "mat")])
@@ -186,18 +221,36 @@ def test_a_row_label_names_an_environment_variable(monkeypatch):
 def test_a_cell_is_a_metric_never_a_config_flag_of_that_name():
     """A run without the metric shows "–", not its config's `reference_nll: false` as 0.00."""
     runs = [RunInfo("no-nll", {"mat": 1.5}, {"reference_nll": False}, 0.0)]
-    spec = TableSpec("t", "p", "title", "", ["Method"], [Row(label=["space"])],
-                     [Column("MAT", "mat"), Column("Ref NLL", "reference_nll")])
+    spec = TableSpec(
+        "t",
+        "p",
+        "title",
+        "",
+        ["Method"],
+        [Row(label=["space"])],
+        [Column("MAT", "mat"), Column("Ref NLL", "reference_nll")],
+    )
     assert build_table(spec, runs)[1][0][1:3] == ["1.50", "–"]
 
 
 def test_a_mean_column_averages_the_cells_it_names_and_needs_all_of_them():
     """`mean_over: {dataset.category: [...]}`: the leaderboard's mean speedup and lossless over the categories."""
-    runs = [RunInfo(f"pld-{c}", {"speedup_paired": s}, {"method": {"name": "pld"}, "dataset": {"category": c}}, 0.0)
-            for c, s in (("qa", 1.2), ("rag", 1.6))]
-    spec = TableSpec("t", "p", "title", "", ["Method"], [Row(label=["pld"])], [
-        Column("Mean", "speedup_paired", mean_over={"dataset.category": ["qa", "rag"]}),
-        Column("Mean of three", "speedup_paired", mean_over={"dataset.category": ["qa", "rag", "translation"]})])
+    runs = [
+        RunInfo(f"pld-{c}", {"speedup_paired": s}, {"method": {"name": "pld"}, "dataset": {"category": c}}, 0.0)
+        for c, s in (("qa", 1.2), ("rag", 1.6))
+    ]
+    spec = TableSpec(
+        "t",
+        "p",
+        "title",
+        "",
+        ["Method"],
+        [Row(label=["pld"])],
+        [
+            Column("Mean", "speedup_paired", mean_over={"dataset.category": ["qa", "rag"]}),
+            Column("Mean of three", "speedup_paired", mean_over={"dataset.category": ["qa", "rag", "translation"]}),
+        ],
+    )
     header, body, footnotes = build_table(spec, runs)
     assert body[0][1:3] == ["1.40", "–"] and footnotes == ["pld-qa", "pld-rag"]
 
@@ -206,13 +259,28 @@ def test_a_cell_of_one_run_shows_its_confidence_interval_and_a_plot_reads_its_va
     """A run recording `speedup_paired_ci95` shows "1.35x ±0.06x" (a run made before the key shows the value alone,
     and so does a mean over it), a mean over runs that all record one shows the mean's, and a plot of the table
     reads 1.35."""
-    runs = [RunInfo("pld-qa", {"speedup_paired": 1.35, "speedup_paired_ci95": 0.0612},
-                    {"method": {"name": "pld"}, "dataset": {"category": "qa"}}, 0.0),
-            RunInfo("pld-rag", {"speedup_paired": 1.5}, {"method": {"name": "pld"}, "dataset": {"category": "rag"}}, 0.0)]
-    spec = TableSpec("t", "p", "title", "", ["Method"], [Row(["pld"])], [
-        Column("QA speedup", "speedup_paired", select={"dataset.category": "qa"}, fmt="{:.2f}x"),
-        Column("RAG speedup", "speedup_paired", select={"dataset.category": "rag"}, fmt="{:.2f}x"),
-        Column("Mean", "speedup_paired", mean_over={"dataset.category": ["qa", "rag"]}, fmt="{:.2f}x")])
+    runs = [
+        RunInfo(
+            "pld-qa",
+            {"speedup_paired": 1.35, "speedup_paired_ci95": 0.0612},
+            {"method": {"name": "pld"}, "dataset": {"category": "qa"}},
+            0.0,
+        ),
+        RunInfo("pld-rag", {"speedup_paired": 1.5}, {"method": {"name": "pld"}, "dataset": {"category": "rag"}}, 0.0),
+    ]
+    spec = TableSpec(
+        "t",
+        "p",
+        "title",
+        "",
+        ["Method"],
+        [Row(["pld"])],
+        [
+            Column("QA speedup", "speedup_paired", select={"dataset.category": "qa"}, fmt="{:.2f}x"),
+            Column("RAG speedup", "speedup_paired", select={"dataset.category": "rag"}, fmt="{:.2f}x"),
+            Column("Mean", "speedup_paired", mean_over={"dataset.category": ["qa", "rag"]}, fmt="{:.2f}x"),
+        ],
+    )
     header, body, footnotes = build_table(spec, runs)
     assert body[0][1:4] == ["1.35x ±0.06x", "1.50x", "1.43x"]
     runs[1].metrics |= {"speedup_paired_ci95": 0.0612, "n_generations": 10}
@@ -226,22 +294,41 @@ def test_a_cell_of_one_run_shows_its_confidence_interval_and_a_plot_reads_its_va
 
 def test_plots_show_the_tables_own_numbers(tmp_path):
     """A spec's plots read the "(here)" cells of the CSV the table wrote: the figure and the table agree."""
-    runs = [RunInfo(f"{m}-{c}", {"speedup_paired": s, "training_minutes": t},
-                    {"method": {"name": m}, "dataset": {"category": c}}, 0.0)
-            for m, t, cells in (("pld", 0.0, (("qa", 1.2), ("rag", 1.6))), ("sps", 17.5, (("qa", 0.9),)))
-            for c, s in cells]
-    columns = [Column("QA speedup", "speedup_paired", select={"dataset.category": "qa"}, fmt="{:.2f}x"),
-               Column("RAG speedup", "speedup_paired", select={"dataset.category": "rag"}, fmt="{:.2f}x"),
-               Column("Training minutes", "training_minutes", select={"dataset.category": "qa"}, fmt="{:.0f}")]
-    spec = TableSpec("t", "p", "title", "", ["Method"], [Row(["pld"], {"method.name": "pld"}),
-                                                        Row(["sps"], {"method.name": "sps"})],
-                     columns, plots=[Plot("bars", "bars", columns=["QA speedup", "RAG speedup"]),
-                                     Plot("cost", "scatter", x="Training minutes", y="QA speedup")])
+    runs = [
+        RunInfo(
+            f"{m}-{c}",
+            {"speedup_paired": s, "training_minutes": t},
+            {"method": {"name": m}, "dataset": {"category": c}},
+            0.0,
+        )
+        for m, t, cells in (("pld", 0.0, (("qa", 1.2), ("rag", 1.6))), ("sps", 17.5, (("qa", 0.9),)))
+        for c, s in cells
+    ]
+    columns = [
+        Column("QA speedup", "speedup_paired", select={"dataset.category": "qa"}, fmt="{:.2f}x"),
+        Column("RAG speedup", "speedup_paired", select={"dataset.category": "rag"}, fmt="{:.2f}x"),
+        Column("Training minutes", "training_minutes", select={"dataset.category": "qa"}, fmt="{:.0f}"),
+    ]
+    spec = TableSpec(
+        "t",
+        "p",
+        "title",
+        "",
+        ["Method"],
+        [Row(["pld"], {"method.name": "pld"}), Row(["sps"], {"method.name": "sps"})],
+        columns,
+        plots=[
+            Plot("bars", "bars", columns=["QA speedup", "RAG speedup"]),
+            Plot("cost", "scatter", x="Training minutes", y="QA speedup"),
+        ],
+    )
     header, body, footnotes = build_table(spec, runs)
     path = tmp_path / "t.csv"
     path.write_text(render_csv(header, body, footnotes, ["- Machine: test"]))
-    assert read_here(path, ["Method"]) == ([("pld",), ("sps",)], {"QA speedup": [1.2, 0.9], "RAG speedup": [1.6, None],
-                                                                "Training minutes": [0.0, 18.0]})
+    assert read_here(path, ["Method"]) == (
+        [("pld",), ("sps",)],
+        {"QA speedup": [1.2, 0.9], "RAG speedup": [1.6, None], "Training minutes": [0.0, 18.0]},
+    )
     written = write_plots(spec.plots, path, ["Method"], spec.title)
     assert [p.name for p in written] == ["t_bars.png", "t_cost.png"]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
@@ -257,8 +344,11 @@ def test_a_plot_names_rows_by_the_label_cells_it_asks_for():
         plot = Plot("b", "bars", columns=["QA speedup"], label_cells=label_cells)
         figure = draw(plot, cells, here, "title")
         assert [t.get_text() for t in figure.axes[0].get_legend().get_texts()] == legend
-        assert figure.axes[0].get_title().endswith("(no number yet: " + ("sps_tree)" if label_cells else
-                                                                          "sps_tree / best here / general mix)"))
+        assert (
+            figure.axes[0]
+            .get_title()
+            .endswith("(no number yet: " + ("sps_tree)" if label_cells else "sps_tree / best here / general mix)"))
+        )
 
 
 SMALL_TABLE = """\
@@ -276,25 +366,41 @@ MALFORMED = {
     "yaml syntax": (("title: A small table", "title: [A small table"), "YAML syntax error"),
     "top level a list": ((SMALL_TABLE, "- paper: small\n"), "top level: expected a mapping, got a list"),
     "empty file": ((SMALL_TABLE, ""), "top level: expected a mapping, got null"),
-    "no rows": (("rows:\n  - {label: ar, select: {method: ar}, paper: {MAT: 1.0}}\n", ""),
-                "top level: missing required key 'rows'"),
+    "no rows": (
+        ("rows:\n  - {label: ar, select: {method: ar}, paper: {MAT: 1.0}}\n", ""),
+        "top level: missing required key 'rows'",
+    ),
     "unknown key": (("fmt:", "fomt:"), "columns[0]: unknown key 'fomt' (did you mean 'fmt'?)"),
-    "columns a string": (('columns:\n  - {label: MAT, key: mat, fmt: "{:.2f}"}', "columns: mat"),
-                         "columns: expected a non-empty list, got a string 'mat'"),
-    "select not a mapping": (("select: {method: ar}", "select: method=ar"),
-                             "rows[0].select: expected a mapping, got a string 'method=ar'"),
+    "columns a string": (
+        ('columns:\n  - {label: MAT, key: mat, fmt: "{:.2f}"}', "columns: mat"),
+        "columns: expected a non-empty list, got a string 'mat'",
+    ),
+    "select not a mapping": (
+        ("select: {method: ar}", "select: method=ar"),
+        "rows[0].select: expected a mapping, got a string 'method=ar'",
+    ),
     "column without key": (("key: mat, ", ""), "columns[0]: missing required key 'key'"),
-    "paper number for no column": (("paper: {MAT: 1.0}", "paper: {MTA: 1.0}"),
-                                   "rows[0].paper: no column labelled 'MTA'"),
+    "paper number for no column": (
+        ("paper: {MAT: 1.0}", "paper: {MTA: 1.0}"),
+        "rows[0].paper: no column labelled 'MTA'",
+    ),
     "bad fmt": (('"{:.2f}"', '"{:.2f"'), "columns[0].fmt: '{:.2f' cannot format a number"),
-    "scale not a number": (('fmt: "{:.2f}"', "scale: x100"),
-                           "columns[0].scale: expected a number, got a string 'x100'"),
-    "mean over a scalar": (('fmt: "{:.2f}"', "mean_over: {dataset: gsm8k}"),
-                           "columns[0].mean_over: expected one key and a non-empty list of its values"),
-    "plot of no column": (('fmt: "{:.2f}"}\n', 'fmt: "{:.2f}"}\nplots: [{name: m, kind: bars, columns: [MTA]}]\n'),
-                          "plots[0].columns: no column labelled 'MTA'"),
-    "plot of no kind": (('fmt: "{:.2f}"}\n', 'fmt: "{:.2f}"}\nplots: [{name: m, kind: pie, columns: [MAT]}]\n'),
-                        "plots[0].kind: expected one of bars, scatter, trend, got 'pie'"),
+    "scale not a number": (
+        ('fmt: "{:.2f}"', "scale: x100"),
+        "columns[0].scale: expected a number, got a string 'x100'",
+    ),
+    "mean over a scalar": (
+        ('fmt: "{:.2f}"', "mean_over: {dataset: gsm8k}"),
+        "columns[0].mean_over: expected one key and a non-empty list of its values",
+    ),
+    "plot of no column": (
+        ('fmt: "{:.2f}"}\n', 'fmt: "{:.2f}"}\nplots: [{name: m, kind: bars, columns: [MTA]}]\n'),
+        "plots[0].columns: no column labelled 'MTA'",
+    ),
+    "plot of no kind": (
+        ('fmt: "{:.2f}"}\n', 'fmt: "{:.2f}"}\nplots: [{name: m, kind: pie, columns: [MAT]}]\n'),
+        "plots[0].kind: expected one of bars, scatter, trend, got 'pie'",
+    ),
 }
 
 
@@ -310,8 +416,12 @@ def write_spec(tmp_path, edit=None):
 def test_every_shipped_spec_is_valid(spec_name):
     spec = TableSpec.load(spec_name)
     assert spec.rows and spec.columns
-    written = {stage["table"] for path in PIPELINES_DIR.glob("*.yaml") for stage in load_pipeline(path.stem)[1]
-               if "table" in stage}
+    written = {
+        stage["table"]
+        for path in PIPELINES_DIR.glob("*.yaml")
+        for stage in load_pipeline(path.stem)[1]
+        if "table" in stage
+    }
     assert spec_name in written, f"no pipeline in experiments/reproduce/ writes {spec_name}"
 
 
@@ -355,8 +465,9 @@ def test_table_cli_takes_a_spec_path_and_reports_a_bad_one_in_one_line(tmp_path)
     failed = specrepro("table", str(bad), cwd=tmp_path, check=False)
     assert failed.returncode == 2
     (line,) = failed.stderr.splitlines()
-    assert line == (f"specrepro: error: invalid table spec {bad}: "
-                    "rows[0].select: expected a mapping, got a string 'method=ar'")
+    assert line == (
+        f"specrepro: error: invalid table spec {bad}: rows[0].select: expected a mapping, got a string 'method=ar'"
+    )
 
 
 def test_a_corrupt_run_record_is_skipped_with_a_warning_naming_it(tmp_path, caplog):
@@ -395,8 +506,14 @@ def test_a_table_without_paper_numbers_has_only_here_columns():
     header, body, _ = build_table(TableSpec("t", "p", "title", "", ["Method"], [Row(label=["pld"])], columns), runs)
     assert header == ["Method", "MAT (here)", "Speedup (here)", "runs"] and body[0] == ["pld", "1.50", "–", "[1]"]
     with_paper = TableSpec("t", "p", "title", "", ["Method"], [Row(label=["pld"], paper={"MAT": 2.0})], columns)
-    assert build_table(with_paper, runs)[0] == ["Method", "MAT (paper)", "MAT (here)", "Speedup (paper)",
-                                                "Speedup (here)", "runs"]
+    assert build_table(with_paper, runs)[0] == [
+        "Method",
+        "MAT (paper)",
+        "MAT (here)",
+        "Speedup (paper)",
+        "Speedup (here)",
+        "runs",
+    ]
 
 
 def test_a_cell_holding_no_number_shows_its_text():
@@ -512,8 +629,10 @@ def test_a_table_whose_runs_loaded_other_weights_or_data_under_one_name_says_so(
     loaded("pld-run", "bbbb")
     with caplog.at_level("WARNING"):
         md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "two").read_text()
-    line = ("- Mixed weights: runs loaded 2 different contents of sps_draft-m-1234 ([1]: aaaa; [2]: bbbb): it was "
-            "retrained between them; their cells do not come from one model")
+    line = (
+        "- Mixed weights: runs loaded 2 different contents of sps_draft-m-1234 ([1]: aaaa; [2]: bbbb): it was "
+        "retrained between them; their cells do not come from one model"
+    )
     assert line in md.splitlines() and "Mixed weights" in caplog.text and "Mixed data" not in md
 
     path = records / "runs" / "ar-run" / "metrics.json"  # recorded before runs named their weights' contents
@@ -527,9 +646,11 @@ def test_a_table_whose_runs_loaded_other_weights_or_data_under_one_name_says_so(
     for run, draft in (("ar-run", "sps_draft"), ("pld-run", "sps_draft")):
         (records / "runs" / run / "config.yaml").write_text(f"method: {{name: {run[:-4]}, draft: {{id: {draft}}}}}\n")
     md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "six").read_text()
-    assert ("- Unrecorded weights: runs [1] predate records of the weights a run loads (`artifacts` in "
-            "metrics.json); nothing shows they loaded the contents runs naming the same artifacts recorded "
-            "(sps_draft-m-1234: bbbb)") in md.splitlines()
+    assert (
+        "- Unrecorded weights: runs [1] predate records of the weights a run loads (`artifacts` in "
+        "metrics.json); nothing shows they loaded the contents runs naming the same artifacts recorded "
+        "(sps_draft-m-1234: bbbb)"
+    ) in md.splitlines()
     (records / "runs" / "ar-run" / "config.yaml").write_text("method: {name: ar, draft: {id: a/sps_draft-m-1234}}\n")
     md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "path").read_text()
     assert "- Unrecorded weights: runs [1] predate" in md  # named by a path to it
@@ -542,21 +663,27 @@ def test_a_table_whose_runs_loaded_other_weights_or_data_under_one_name_says_so(
     assert "Unrecorded weights" not in md
 
     for run, fingerprint in (("ar-run", "d1"), ("pld-run", "d2")):  # one dataset setting, its file edited between
-        (records / "runs" / run / "config.yaml").write_text(f"method: {{name: {run[:-4]}}}\n"
-                                                            "dataset: {name: gsm8k, limit: 10}\n")
+        (records / "runs" / run / "config.yaml").write_text(
+            f"method: {{name: {run[:-4]}}}\ndataset: {{name: gsm8k, limit: 10}}\n"
+        )
         path = records / "runs" / run / "metrics.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "data_fingerprint": fingerprint}))
     md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "three").read_text()
-    assert ("- Mixed data: runs decoded 2 different contents of gsm8k (limit 10) ([1]: d1; [2]: d2): its records "
-            "changed between them; their cells do not come from the same prompts") in md.splitlines()
+    assert (
+        "- Mixed data: runs decoded 2 different contents of gsm8k (limit 10) ([1]: d1; [2]: d2): its records "
+        "changed between them; their cells do not come from the same prompts"
+    ) in md.splitlines()
 
 
 def test_a_table_whose_runs_of_one_method_decoded_with_other_code_says_so(tmp_path):
     """Runs of one method made before and after a change to its code (now a new run, never a resumed one) can still
     meet in one table: the footer names which runs had which code; one method's code or several methods' is no line."""
     tables_dir, records = _two_runs(tmp_path)
-    (tables_dir / "pld.yaml").write_text(KEEP_TABLE.replace("{method: ar}", "{method: pld, mat: 2.0}")
-                                         .replace("{method: pld}", "{method: pld, mat: 1.5}"))
+    (tables_dir / "pld.yaml").write_text(
+        KEEP_TABLE.replace("{method: ar}", "{method: pld, mat: 2.0}").replace(
+            "{method: pld}", "{method: pld, mat: 1.5}"
+        )
+    )
     _record(records, "pld-run-fixed", "pld", 2.0)
     for run, fingerprint in (("ar-run", "a1"), ("pld-run", "p1"), ("pld-run-fixed", "p1")):
         _amend(records, run, code_fingerprint=fingerprint)
@@ -564,9 +691,11 @@ def test_a_table_whose_runs_of_one_method_decoded_with_other_code_says_so(tmp_pa
     assert "Mixed code" not in write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "two").read_text()
     _amend(records, "pld-run-fixed", code_fingerprint="p2")
     md = write_table("pld", records, tables_dir=tables_dir, out_dir=tmp_path / "three").read_text()
-    assert ("- Mixed code: runs decoded with 2 different contents of pld's code ([1]: p2; [2]: p1): it changed "
-            "between them (a fix, a refactor, another torch or transformers); their cells may not come from one "
-            "decoder") in md.splitlines()
+    assert (
+        "- Mixed code: runs decoded with 2 different contents of pld's code ([1]: p2; [2]: p1): it changed "
+        "between them (a fix, a refactor, another torch or transformers); their cells may not come from one "
+        "decoder"
+    ) in md.splitlines()
 
 
 def test_a_table_whose_runs_two_machines_timed_says_which_runs_each_timed(tmp_path):
@@ -584,8 +713,10 @@ def test_a_table_whose_runs_two_machines_timed_says_which_runs_each_timed(tmp_pa
     assert "Runs by machine" not in one + same and "- Machine: AMD EPYC (AVX2), 2 cores\n" in same
     timed_on("pld-run", "Intel Xeon")
     md = write_table("two", records, tables_dir=tables_dir, out_dir=tmp_path / "two").read_text().splitlines()
-    line = ("- Runs by machine: AMD EPYC (AVX2), 2 cores: [1]; Intel Xeon (AVX2), 2 cores: [2] (tok/s compare only "
-            "between runs of one machine)")
+    line = (
+        "- Runs by machine: AMD EPYC (AVX2), 2 cores: [1]; Intel Xeon (AVX2), 2 cores: [2] (tok/s compare only "
+        "between runs of one machine)"
+    )
     assert md[md.index("- Machine: AMD EPYC (AVX2), 2 cores; Intel Xeon (AVX2), 2 cores") + 1] == line
     assert _mark_ranges([1, 2, 3, 7, 9, 10]) == "[1]-[3] [7] [9]-[10]"  # a long table's marks stay short
 
@@ -638,8 +769,10 @@ def test_the_commands_that_read_records_start_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, specrepro.cli, specrepro.tables, specrepro.compare, specrepro.reproduce; "
-            "print(sorted({'torch', 'transformers', 'accelerate'} & set(sys.modules)))")
+    code = (
+        "import sys, specrepro.cli, specrepro.tables, specrepro.compare, specrepro.reproduce; "
+        "print(sorted({'torch', 'transformers', 'accelerate'} & set(sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -656,17 +789,32 @@ def test_a_trend_plot_fits_log_x_and_extrapolates_with_the_lines_interval(tmp_pa
     assert margin > noisy["predict"](300)[1] > 0  # the line is pinned best inside the measured range
     assert log_linear_fit([10, 100], [1.0, 2.0]) is None
 
-    runs = [RunInfo(f"eagle-{n}", {"mat": m, "trained": {"eagle_head": {"train_sequences": n,
-                                                                        "heldout_top1_by_depth_after": [t, t / 2]}}},
-                    {"method": {"name": "eagle", "head": f"h{n}"}}, 0.0)
-            for n, m, t in ((100, 1.3, 0.2), (1000, 1.5, 0.3), (10_000, 1.7, 0.4))]
-    columns = [Column("Conversations", "trained.eagle_head.train_sequences", fmt="{:.0f}"),
-               Column("Top-1 depth 1", "trained.eagle_head.heldout_top1_by_depth_after.1"),
-               Column("MAT", "mat")]
-    spec = TableSpec("t", "p", "title", "", ["Budget"], [Row([str(r.config["method"]["head"])],
-                                                           {"method.head": r.config["method"]["head"]}) for r in runs],
-                     columns, plots=[Plot("curve", "trend", x="Conversations", columns=["Top-1 depth 1", "MAT"],
-                                          extrapolate={"paper": 100_000})])
+    runs = [
+        RunInfo(
+            f"eagle-{n}",
+            {"mat": m, "trained": {"eagle_head": {"train_sequences": n, "heldout_top1_by_depth_after": [t, t / 2]}}},
+            {"method": {"name": "eagle", "head": f"h{n}"}},
+            0.0,
+        )
+        for n, m, t in ((100, 1.3, 0.2), (1000, 1.5, 0.3), (10_000, 1.7, 0.4))
+    ]
+    columns = [
+        Column("Conversations", "trained.eagle_head.train_sequences", fmt="{:.0f}"),
+        Column("Top-1 depth 1", "trained.eagle_head.heldout_top1_by_depth_after.1"),
+        Column("MAT", "mat"),
+    ]
+    spec = TableSpec(
+        "t",
+        "p",
+        "title",
+        "",
+        ["Budget"],
+        [Row([str(r.config["method"]["head"])], {"method.head": r.config["method"]["head"]}) for r in runs],
+        columns,
+        plots=[
+            Plot("curve", "trend", x="Conversations", columns=["Top-1 depth 1", "MAT"], extrapolate={"paper": 100_000})
+        ],
+    )
     header, body, footnotes = build_table(spec, runs)
     assert [row[1:4] for row in body] == [["100", "0.10", "1.30"], ["1000", "0.15", "1.50"], ["10000", "0.20", "1.70"]]
     path = tmp_path / "t.csv"

@@ -10,7 +10,12 @@ from specrepro import decoding
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.token_recycling import (
-    PAPER_TREE, TokenRecyclingConfig, TokenRecyclingDecoder, draft_tree, recycle, tree_template,
+    PAPER_TREE,
+    TokenRecyclingConfig,
+    TokenRecyclingDecoder,
+    draft_tree,
+    recycle,
+    tree_template,
 )
 from specrepro.errors import SpecReproError
 from tests.test_decoding import prompts

@@ -70,25 +70,55 @@ def test_interrupted_training_resumes_exactly(tmp_path):
 
 
 TINY_TRAINING = [
-    "model=tiny_random", "method=sps", "logger=none", "hardware.threads=1",
-    "training.prompts.gsm8k.limit=6", "training.prompts.sharegpt.limit=2", "training.prompts.mbpp.limit=2",
-    "training.labeled.gsm8k.limit=4", "training.labeled.sharegpt.limit=2",
-    "training.continuation_tokens=8", "training.loop.steps=4", "training.loop.batch_size=2",
-    "training.loop.warmup_steps=1", "training.draft.num_layers=1", "training.draft.hidden_size=64",
-    "training.draft.intermediate_size=128", "training.heldout_fraction=0.2",
+    "model=tiny_random",
+    "method=sps",
+    "logger=none",
+    "hardware.threads=1",
+    "training.prompts.gsm8k.limit=6",
+    "training.prompts.sharegpt.limit=2",
+    "training.prompts.mbpp.limit=2",
+    "training.labeled.gsm8k.limit=4",
+    "training.labeled.sharegpt.limit=2",
+    "training.continuation_tokens=8",
+    "training.loop.steps=4",
+    "training.loop.batch_size=2",
+    "training.loop.warmup_steps=1",
+    "training.draft.num_layers=1",
+    "training.draft.hidden_size=64",
+    "training.draft.intermediate_size=128",
+    "training.heldout_fraction=0.2",
 ]
 
 
 def test_continuations_from_a_bf16_copy_are_cached_apart_and_leave_the_target_in_fp32(tmp_path):
-    cfg = OmegaConf.create({"model": {"name": "tiny", "source": "random"}, "artifacts_dir": str(tmp_path),
-                            "hardware": {"dtype": "float32"}})
-    prompts = {"gsm8k": DatasetConfig(name="gsm8k_train", path="gsm8k/train.jsonl.gz", task="gsm8k",
-                                      prompt_style="chat", template="hash_answer", limit=3)}
+    cfg = OmegaConf.create(
+        {
+            "model": {"name": "tiny", "source": "random"},
+            "artifacts_dir": str(tmp_path),
+            "hardware": {"dtype": "float32"},
+        }
+    )
+    prompts = {
+        "gsm8k": DatasetConfig(
+            name="gsm8k_train",
+            path="gsm8k/train.jsonl.gz",
+            task="gsm8k",
+            prompt_style="chat",
+            template="hash_answer",
+            limit=3,
+        )
+    }
     bf16_dir = distill_cache_dir(cfg, "continuations", prompts, 6, 64, "bfloat16")
-    assert distill_cache_dir(cfg, "continuations", prompts, 6, 64) == distill_cache_dir(
-        cfg, "continuations", prompts, 6, 64, "float32") != bf16_dir
-    target = LoadedModel(model=random_llama(RandomArchConfig(vocab_size=49152)).eval(),
-                         tokenizer=load_tokenizer("embedded", ModelConfig()), name="tiny")
+    assert (
+        distill_cache_dir(cfg, "continuations", prompts, 6, 64)
+        == distill_cache_dir(cfg, "continuations", prompts, 6, 64, "float32")
+        != bf16_dir
+    )
+    target = LoadedModel(
+        model=random_llama(RandomArchConfig(vocab_size=49152)).eval(),
+        tokenizer=load_tokenizer("embedded", ModelConfig()),
+        name="tiny",
+    )
     rows = continuation_dataset(target, prompts, 6, 2, 64, bf16_dir, "bfloat16")
     assert len(rows) == 3 and all(1 <= len(row["continuation_ids"]) <= 6 for row in rows)
     assert {p.dtype for p in target.model.parameters()} == {torch.float32}
@@ -99,8 +129,14 @@ def test_continuations_from_a_bf16_copy_are_cached_apart_and_leave_the_target_in
 
 def test_train_sps_draft_then_decode_with_it(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
-    beside = subprocess.Popen([sys.executable, "-m", "specrepro.cli", "train", *TINY_TRAINING], cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # the same artifact at once
+    beside = subprocess.Popen(
+        [sys.executable, "-m", "specrepro.cli", "train", *TINY_TRAINING],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # the same artifact at once
     out = specrepro("train", *TINY_TRAINING, cwd=tmp_path)
     beside_out, beside_log = beside.communicate(timeout=600)
     assert beside.returncode == 0, beside_log[-3000:]
@@ -144,11 +180,14 @@ def test_train_sps_draft_then_decode_with_it(tmp_path):
     assert newer["artifacts"]["draft"]["content_digest"] == content_digest(artifact)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("training.loop.steps=-3", "training.loop.steps must be positive, got -3"),
-    ("training.loop.lr=0", "training.loop.lr must be positive, got 0"),
-    ("training.calibration.loop.batch_size=0", "training.calibration.loop.batch_size must be positive, got 0"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("training.loop.steps=-3", "training.loop.steps must be positive, got -3"),
+        ("training.loop.lr=0", "training.loop.lr must be positive, got 0"),
+        ("training.calibration.loop.batch_size=0", "training.calibration.loop.batch_size must be positive, got 0"),
+    ],
+)
 def test_a_bad_loop_option_fails_before_any_work(tmp_path, override, message):
     out = specrepro("train", "method=eesd", "model=tiny_random", override, cwd=tmp_path, check=False)
     assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr
@@ -162,11 +201,14 @@ def test_a_draft_wider_than_the_target_is_one_line_not_a_traceback(tmp_path):
     assert "training.draft.hidden_size=128 is wider than the target's (64)" in out.stderr
 
 
-@pytest.mark.parametrize("overrides", [
-    ["method=eesd", "training=eesd_general"],
-    ["method=sar_draft", "training=sar_draft_general"],
-    ["method=sps", "training=sps_general"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["method=eesd", "training=eesd_general"],
+        ["method=sar_draft", "training=sar_draft_general"],
+        ["method=sps", "training=sps_general"],
+    ],
+)
 def test_the_general_recipes_never_see_a_leaderboard_question(overrides):
     """The leaderboard's "best here" drafters learn from conf/data_mix/general.yaml: no prompt of it shares a
     passage with any Spec-Bench question (data/overlap.py), while it covers chat, math, code, summaries and

@@ -14,17 +14,29 @@ import pytest
 import torch
 
 from specrepro.errors import SpecReproError
-from specrepro.metrics.speed import (ci95, impossible_generation, impossible_metrics, mean_ci95, paired_speedup,
-                                     speed_metrics)
+from specrepro.metrics.speed import (
+    ci95,
+    impossible_generation,
+    impossible_metrics,
+    mean_ci95,
+    paired_speedup,
+    speed_metrics,
+)
 from specrepro.models.kernels import onednn_available
 from tests.test_runner import FAST, run_dirs, specrepro
 
 
 def _gen(accepted, drafted, n_tokens=None, steps=None):
     n_tokens = sum(accepted) + 1 if n_tokens is None else n_tokens
-    return {"token_ids": list(range(n_tokens)), "accepted": accepted, "drafted": drafted,
-            "steps": len(accepted) if steps is None else steps, "wall_time": 1.0, "draft_time": 0.0,
-            "verify_time": 0.0}
+    return {
+        "token_ids": list(range(n_tokens)),
+        "accepted": accepted,
+        "drafted": drafted,
+        "steps": len(accepted) if steps is None else steps,
+        "wall_time": 1.0,
+        "draft_time": 0.0,
+        "verify_time": 0.0,
+    }
 
 
 def test_possible_step_counts_pass():
@@ -47,6 +59,7 @@ def test_a_method_that_times_neither_part_of_a_step_has_no_draft_or_verify_cost(
 def test_a_paired_speedup_carries_the_95_percent_confidence_interval_of_its_per_turn_ratios():
     """`speedup_paired_ci95` is Student's t half-width over the turns' throughput ratios: t(0.975, 3) = 3.182 for
     four turns; one turn has no interval; turns that all agree have none wider than 0."""
+
     def turn(method_wall, ar_wall):  # 4 tokens each; the ratio is ar_wall / method_wall
         return {**_gen([2, 1], [2, 2]), "wall_time": method_wall, "ar_wall_time": ar_wall, "ar_tokens": 4}
 
@@ -58,8 +71,9 @@ def test_a_paired_speedup_carries_the_95_percent_confidence_interval_of_its_per_
     assert paired["speedup_paired_ci95"] == pytest.approx(3.182446 * sd / 2)
     assert math.isnan(paired_speedup(turns[:1])["speedup_paired_ci95"])
     assert paired_speedup([turns[0]] * 3)["speedup_paired_ci95"] == 0.0
-    eager = paired_speedup([{**t, "eager_ar_wall_time": t["ar_wall_time"], "eager_ar_tokens": 4} for t in turns],
-                           "eager_ar")
+    eager = paired_speedup(
+        [{**t, "eager_ar_wall_time": t["ar_wall_time"], "eager_ar_tokens": 4} for t in turns], "eager_ar"
+    )
     assert eager["speedup_paired_eager_ci95"] == pytest.approx(paired["speedup_paired_ci95"])
 
 
@@ -70,7 +84,9 @@ def test_a_mean_over_runs_carries_the_interval_of_the_mean_from_the_runs_own_int
     from scipy import stats
 
     a, b = [1.0, 1.2, 1.4, 1.8], [1.5, 1.6, 1.4, 1.7, 1.9, 1.3]
-    runs = [{"speedup_paired": sum(x) / len(x), "speedup_paired_ci95": ci95(x), "n_generations": len(x)} for x in (a, b)]
+    runs = [
+        {"speedup_paired": sum(x) / len(x), "speedup_paired_ci95": ci95(x), "n_generations": len(x)} for x in (a, b)
+    ]
     low, high = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
     assert mean_ci95(runs, "speedup_paired") == pytest.approx((high - low) / 4)
     assert mean_ci95(runs[:1], "speedup_paired") == pytest.approx(ci95(a))
@@ -93,27 +109,39 @@ def test_a_run_timed_in_alternating_order_measures_the_advantage_of_the_arm_time
     logs_second, logs_first = [math.log(r) for r in second], [math.log(r) for r in first]
     difference = sum(logs_second) / 4 - sum(logs_first) / 4
     low, high = stats.ttest_ind(logs_second, logs_first, equal_var=False).confidence_interval(0.95)
-    assert paired["order_effect_paired"] == pytest.approx(math.exp(difference / 2)) and 1.08 < math.exp(difference / 2) < 1.12
+    assert (
+        paired["order_effect_paired"] == pytest.approx(math.exp(difference / 2))
+        and 1.08 < math.exp(difference / 2) < 1.12
+    )
     assert paired["order_effect_paired_ci95"] == pytest.approx((math.exp(high / 2) - math.exp(low / 2)) / 2)
     assert "order_effect_paired" not in paired_speedup([turn(r, False) for r in second + first])
-    assert "order_effect_paired" not in paired_speedup([{**turn(r, True), "method_timed_first": None}
-                                                        for r in second] + [turn(1.0, True)])
+    assert "order_effect_paired" not in paired_speedup(
+        [{**turn(r, True), "method_timed_first": None} for r in second] + [turn(1.0, True)]
+    )
 
 
-@pytest.mark.parametrize("gen, problem", [
-    (_gen([31], [3]), "31 tokens from 3 drafts"),  # hf_assisted's collapsed counting on transformers 5.24
-    (_gen([2, 0], [1, 1]), "no token"),
-    (_gen([1, 1], [0, 0], steps=1), "1 steps but 2"),
-    (_gen([1, 1], [0, 0], n_tokens=9), "9 tokens but the steps committed 2"),
-])
+@pytest.mark.parametrize(
+    "gen, problem",
+    [
+        (_gen([31], [3]), "31 tokens from 3 drafts"),  # hf_assisted's collapsed counting on transformers 5.24
+        (_gen([2, 0], [1, 1]), "no token"),
+        (_gen([1, 1], [0, 0], steps=1), "1 steps but 2"),
+        (_gen([1, 1], [0, 0], n_tokens=9), "9 tokens but the steps committed 2"),
+    ],
+)
 def test_impossible_step_counts_are_named(gen, problem):
     assert problem in impossible_generation(gen)
 
 
-@pytest.mark.parametrize("metrics, problem", [
-    ({"accept_rate": 3.0}, "accept_rate 3.00"), ({"hm": 142.9}, "hm 142.90"),
-    ({"draft_token_share": -0.1}, "draft_token_share"), ({"mat": 31.0, "mean_drafted_per_step": 3.0}, "mat 31.00"),
-])
+@pytest.mark.parametrize(
+    "metrics, problem",
+    [
+        ({"accept_rate": 3.0}, "accept_rate 3.00"),
+        ({"hm": 142.9}, "hm 142.90"),
+        ({"draft_token_share": -0.1}, "draft_token_share"),
+        ({"mat": 31.0, "mean_drafted_per_step": 3.0}, "mat 31.00"),
+    ],
+)
 def test_impossible_run_metrics_are_named(metrics, problem):
     assert problem in impossible_metrics(metrics)
 
@@ -128,9 +156,12 @@ def test_a_decoder_reporting_impossible_counts_fails_the_run_and_records_nothing
             super()._decode(prompt_ids, sampling, out, rng)
             out.gen.steps, out.gen.accepted, out.gen.drafted = 1, [len(out.gen.token_ids) - 1], [3]
 
-    monkeypatch.setattr(runner, "build_decoder", lambda method, target, ctx: Overcounting(target.model, target.tokenizer))
-    cfg = compose_run(*FAST, "method=pld", "dataset.limit=1", "logger=none", "reference=false",
-                      f"results_dir={tmp_path}")
+    monkeypatch.setattr(
+        runner, "build_decoder", lambda method, target, ctx: Overcounting(target.model, target.tokenizer)
+    )
+    cfg = compose_run(
+        *FAST, "method=pld", "dataset.limit=1", "logger=none", "reference=false", f"results_dir={tmp_path}"
+    )
     with pytest.raises(SpecReproError, match="impossible step counts"):
         runner.run(cfg)
     assert not list(tmp_path.glob("runs/*/metrics.json"))
@@ -154,7 +185,11 @@ def test_an_edited_dataset_file_is_a_new_run_and_never_reuses_the_old_reference(
     pld = json.loads(next(p for k, p in runs.items() if k.startswith("pld:")).joinpath("metrics.json").read_text())
     assert pld["reference_run"] != old_ar.name and pld["lossless"] == 1.0
     new_ar = json.loads((tmp_path / "results" / "runs" / pld["reference_run"] / "metrics.json").read_text())
-    assert new_ar["data_fingerprint"] == pld["data_fingerprint"] != json.loads((old_ar / "metrics.json").read_text())["data_fingerprint"]
+    assert (
+        new_ar["data_fingerprint"]
+        == pld["data_fingerprint"]
+        != json.loads((old_ar / "metrics.json").read_text())["data_fingerprint"]
+    )
 
     out = specrepro(*args, "method=ar", cwd=tmp_path)  # the edited file's ar run exists now: reused
     assert "already complete" in out.stdout + out.stderr and len(run_dirs(tmp_path)) == 3
@@ -166,7 +201,7 @@ def test_code_counts_as_its_syntax_so_comments_docstrings_and_wrapping_are_the_s
     versions = {
         "plain": "def draft(tokens, k):\n    return tokens[-1:] * k\n",
         "commented": '"""Drafts."""\n# why\ndef draft(tokens, k):\n    """The last token, k times."""\n'
-                     "    return (tokens[-1:]  # the last one\n            * k)\n",
+        "    return (tokens[-1:]  # the last one\n            * k)\n",
         "fixed": "def draft(tokens, k):\n    return tokens[-2:-1] * k\n",
     }
     forms = {name: syntax(text) for name, text in versions.items()}
@@ -201,7 +236,9 @@ def test_a_record_made_by_other_code_is_a_new_run_and_the_unchanged_reference_is
     monkeypatch.setenv(registry.PLUGINS_VARIABLE, "toy_method")
     args = ["run", "--config-dir", str(tmp_path / "my_conf"), *FAST, "method=toy", "dataset.limit=2", "logger=none"]
     specrepro(*args, cwd=tmp_path)
-    [old] = [json.loads((p / "metrics.json").read_text()) for k, p in run_dirs(tmp_path).items() if k.startswith("toy:")]
+    [old] = [
+        json.loads((p / "metrics.json").read_text()) for k, p in run_dirs(tmp_path).items() if k.startswith("toy:")
+    ]
 
     module.write_text("# a comment\n" + TOY_MODULE.replace("tokens[0, -1:]", "tokens[0, :1]"))
     out = specrepro(*args, cwd=tmp_path)  # the same code: the finished run is reused
@@ -222,8 +259,7 @@ def test_a_record_made_by_other_code_is_a_new_run_and_the_unchanged_reference_is
 def test_a_reference_that_decoded_other_prompts_is_refused():
     from specrepro.metrics.summary import summarize
 
-    row = {"id": "0", "prompts": ["new question"], "scores": {},
-           "samples": [[{**_gen([1], [0]), "token_ids": [5, 6]}]]}
+    row = {"id": "0", "prompts": ["new question"], "scores": {}, "samples": [[{**_gen([1], [0]), "token_ids": [5, 6]}]]}
     stale = {**row, "prompts": ["old question"]}
     with pytest.raises(SpecReproError, match="different prompt for record 0"):
         summarize([row], [stale], greedy=True)
@@ -233,19 +269,23 @@ def test_a_reference_that_decoded_other_prompts_is_refused():
 def test_a_failed_sweep_job_is_reported_and_the_others_run(tmp_path):
     proc = specrepro("run", "-m", *FAST, "logger=none", "dataset.limit=1,-1,2", cwd=tmp_path, check=False)
     assert proc.returncode == 1
-    assert sorted(m["n_samples"] for m in map(lambda p: json.loads((p / "metrics.json").read_text()),
-                                               run_dirs(tmp_path).values())) == [1, 2]
+    assert sorted(
+        m["n_samples"] for m in map(lambda p: json.loads((p / "metrics.json").read_text()), run_dirs(tmp_path).values())
+    ) == [1, 2]
     failed = [line for line in proc.stdout.splitlines() if "FAILED" in line]
     assert len(failed) == 1 and "dataset.limit=-1" in failed[0] and "limit must be positive" in failed[0]
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("override, message", [
-    ("hardware.threads=-1", "hardware.threads must be positive"),
-    ("decoding.top_k=-1", "decoding.top_k must be 0 (off) or positive"),
-    ("timing.repeats=-1", "timing.repeats must be positive"),
-    ("timing.order=-1", "timing.order must be one of ar_first, alternate"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("hardware.threads=-1", "hardware.threads must be positive"),
+        ("decoding.top_k=-1", "decoding.top_k must be 0 (off) or positive"),
+        ("timing.repeats=-1", "timing.repeats must be positive"),
+        ("timing.order=-1", "timing.order must be one of ar_first, alternate"),
+    ],
+)
 def test_bad_values_are_refused_in_one_line(tmp_path, override, message):
     start = time.monotonic()
     proc = specrepro("run", *FAST, "dataset.limit=1", "logger=none", override, cwd=tmp_path, check=False)
@@ -258,8 +298,9 @@ def test_bad_values_are_refused_in_one_line(tmp_path, override, message):
 def test_a_prompt_longer_than_the_context_is_refused_before_decoding(tmp_path):
     data = tmp_path / "long.jsonl"
     _gsm8k_file(data, ["What is 1 + 1?", "word " * 5000])  # the tiny model's context is 4096 tokens
-    proc = specrepro("run", *FAST, "method=ar", "dataset=gsm8k", f"dataset.path={data}", "logger=none",
-                     cwd=tmp_path, check=False)
+    proc = specrepro(
+        "run", *FAST, "method=ar", "dataset=gsm8k", f"dataset.path={data}", "logger=none", cwd=tmp_path, check=False
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     [line] = [line for line in proc.stderr.splitlines() if line.startswith("specrepro: error:")]
     assert "record 1" in line and "4096-token context" in line
@@ -299,7 +340,11 @@ def test_records_carry_provenance_and_are_readable_by_the_team(tmp_path):
     for name in ("metrics.json", "config.yaml", "generations.jsonl", "provenance.json"):
         assert stat.S_IMODE((run_dir / name).stat().st_mode) == 0o644, name
     origin = json.loads((run_dir / "metrics.json").read_text())["provenance"]
-    assert origin["record_version"] >= 2 and len(origin["code"]["commit"]) == 40 and origin["code"]["dirty"] in (True, False)
+    assert (
+        origin["record_version"] >= 2
+        and len(origin["code"]["commit"]) == 40
+        and origin["code"]["dirty"] in (True, False)
+    )
     assert origin["versions"]["torch"] and origin["versions"]["transformers"]
     assert origin["machine"]["cpu"] and origin["machine"]["cpu_cores"] >= 1 and origin["threads"] == 1
     assert origin["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # e.g. AVX2, AVX512
@@ -314,8 +359,16 @@ def test_an_unreachable_wandb_server_costs_at_most_its_timeout_and_logs_offline(
     os.environ.update(env)
     try:
         start = time.monotonic()
-        proc = specrepro("run", *FAST, "method=ar", "dataset.limit=1", "logger=wandb", "logger.mode=online",
-                         "logger.init_timeout=3", cwd=tmp_path)
+        proc = specrepro(
+            "run",
+            *FAST,
+            "method=ar",
+            "dataset.limit=1",
+            "logger=wandb",
+            "logger.mode=online",
+            "logger.init_timeout=3",
+            cwd=tmp_path,
+        )
         elapsed = time.monotonic() - start
     finally:
         for key, value in old.items():

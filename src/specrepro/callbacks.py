@@ -19,8 +19,10 @@ class SweepTable(Callback):
         from specrepro.metrics.summary import results_table  # here: torch, which the CLI imports only for a run
 
         rows, failed = [], []
-        job_dirs = sorted((p for p in Path(config.hydra.sweep.dir).iterdir() if p.is_dir() and p.name.isdigit()),
-                          key=lambda p: int(p.name))
+        job_dirs = sorted(
+            (p for p in Path(config.hydra.sweep.dir).iterdir() if p.is_dir() and p.name.isdigit()),
+            key=lambda p: int(p.name),
+        )
         overrides = {p: _overrides(p) for p in job_dirs}
         common = set.intersection(*map(set, overrides.values())) if overrides else set()
         for job_dir in job_dirs:

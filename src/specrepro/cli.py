@@ -37,8 +37,12 @@ USAGE = """usage: specrepro {run,train} [hydra overrides...] | specrepro {table,
   specrepro reproduce cllm [--dry-run] [overrides...]   (train, run and tabulate one paper, or all)
   specrepro summary                                    (results/SUMMARY.md, copied from the tables)
   specrepro compare RUN OTHER_RUN                      (is one run faster than another on the same prompts?)"""
-SUBCOMMANDS = {"table": "specrepro.tables:main", "reproduce": "specrepro.reproduce:main",
-               "summary": "specrepro.summary:main", "compare": "specrepro.compare:main"}
+SUBCOMMANDS = {
+    "table": "specrepro.tables:main",
+    "reproduce": "specrepro.reproduce:main",
+    "summary": "specrepro.summary:main",
+    "compare": "specrepro.compare:main",
+}
 POINTER_FILE = "specrepro_run.txt"  # in each Hydra job dir: the run record it wrote
 FAILURE_FILE = "specrepro_failed.txt"  # in each Hydra job dir whose job failed: the one-line reason
 
@@ -143,8 +147,12 @@ def check_method_schemas(args: list[str]) -> None:
 
     dirs = [CONF_DIR] + [Path(value) for flag, value in zip(args, args[1:]) if flag in ("--config-dir", "-cd")]
     dirs += [Path(arg.split("=", 1)[1]) for arg in args if arg.startswith("--config-dir=")]
-    names = [name.strip() for arg in args if arg.split("=", 1)[0].lstrip("+~") == "method" and "=" in arg
-             for name in arg.split("=", 1)[1].removeprefix("choice(").rstrip(")").split(",")]
+    names = [
+        name.strip()
+        for arg in args
+        if arg.split("=", 1)[0].lstrip("+~") == "method" and "=" in arg
+        for name in arg.split("=", 1)[1].removeprefix("choice(").rstrip(")").split(",")
+    ]
     for name, folder in ((name, folder) for name in names for folder in dirs):
         yaml = folder / "method" / f"{name}.yaml"
         wanted = re.findall(r"/method_schema_(\w+)@", yaml.read_text()) if yaml.is_file() else []
@@ -153,7 +161,8 @@ def check_method_schemas(args: list[str]) -> None:
             raise SpecReproError(
                 f"method '{name}' ({yaml}) extends method_schema_{missing[0]}, which no loaded module registers: "
                 f"name the module that defines it in {registry.PLUGINS_VARIABLE} (e.g. "
-                f"{registry.PLUGINS_VARIABLE}=my_methods, with my_methods.py on PYTHONPATH)")
+                f"{registry.PLUGINS_VARIABLE}=my_methods, with my_methods.py on PYTHONPATH)"
+            )
 
 
 def main() -> None:

@@ -53,8 +53,10 @@ def pooled_turns(records: list[RunRecord]) -> dict[tuple, dict]:
         for turn in record.timed_turns():
             key = (turn["id"], turn["prompt"], turn["sample"], turn["turn"])
             if key in turns:
-                raise SpecReproError(f"{decoded_by[key]} and {record.dir.name} both decoded record {turn['id']}: "
-                                     "runs named together must decode different prompts")
+                raise SpecReproError(
+                    f"{decoded_by[key]} and {record.dir.name} both decoded record {turn['id']}: "
+                    "runs named together must decode different prompts"
+                )
             turns[key], decoded_by[key] = turn, record.dir.name
     return turns
 
@@ -64,41 +66,55 @@ def compare(runs: list[RunRecord], others: list[RunRecord]) -> dict:
     turns, other_turns = pooled_turns(runs), pooled_turns(others)
     if turns.keys() != other_turns.keys():
         only = sorted({key[0] for key in turns.keys() ^ other_turns.keys()})
-        raise SpecReproError(f"{label(runs)} and {label(others)} did not decode the same prompts "
-                             f"(record {only[0]} differs{f', and {len(only) - 1} more' if len(only) > 1 else ''})")
+        raise SpecReproError(
+            f"{label(runs)} and {label(others)} did not decode the same prompts "
+            f"(record {only[0]} differs{f', and {len(only) - 1} more' if len(only) > 1 else ''})"
+        )
     keys = sorted(turns)
     return relative_speedup([turns[k] for k in keys], [other_turns[k] for k in keys])
 
 
 def report(runs: list[RunRecord], others: list[RunRecord], result: dict) -> str:
     """What the comparison shows, in a few lines."""
+
     def line(record: RunRecord) -> str:
         metrics = record.metrics()
         machine = (metrics.get("provenance") or {}).get("machine")  # none in a record made before provenance was
         half = metrics.get("speedup_paired_ci95")  # none in a record made before intervals were
-        return (f"  {record.dir.name}: {metrics['speedup_paired']:.2f}x{f' ±{half:.2f}x' if half is not None else ''} "
-                f"over its own ar ({machine_label(machine) if machine else 'machine unknown'})")
+        return (
+            f"  {record.dir.name}: {metrics['speedup_paired']:.2f}x{f' ±{half:.2f}x' if half is not None else ''} "
+            f"over its own ar ({machine_label(machine) if machine else 'machine unknown'})"
+        )
 
     ratio, low, high = result["ratio"], result["low"], result["high"]
-    verdict = ("the first is faster" if low > 1 else "the second is faster" if high < 1 else "not resolved")
+    verdict = "the first is faster" if low > 1 else "the second is faster" if high < 1 else "not resolved"
     interval = f"95% interval {low:.2f}x-{high:.2f}x" if math.isfinite(low) else "no interval from one turn"
-    return "\n".join([
-        f"{label(runs)} over {label(others)}, {result['turns']} turns on the same prompts:",
-        *map(line, runs + others),
-        f"  {ratio:.2f}x ({interval}): {verdict}; "
-        f"the same tokens on {result['same_tokens']:.0%} of the turns",
-        "  (the geometric mean over turns of the ratio of the two paired speedups; each turn over the ar timed "
-        "beside it in its own run)"])
+    return "\n".join(
+        [
+            f"{label(runs)} over {label(others)}, {result['turns']} turns on the same prompts:",
+            *map(line, runs + others),
+            f"  {ratio:.2f}x ({interval}): {verdict}; the same tokens on {result['same_tokens']:.0%} of the turns",
+            "  (the geometric mean over turns of the ratio of the two paired speedups; each turn over the ar timed "
+            "beside it in its own run)",
+        ]
+    )
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="specrepro compare", description=__doc__.splitlines()[0])
-    parser.add_argument("run", help="the run whose speedup is measured (a run directory or a run name; several, "
-                                    "comma-separated, pool their turns: a method over several datasets)")
+    parser.add_argument(
+        "run",
+        help="the run whose speedup is measured (a run directory or a run name; several, "
+        "comma-separated, pool their turns: a method over several datasets)",
+    )
     parser.add_argument("other", help="the run (or runs) it is measured against, on the same prompts")
     parser.add_argument("--results-dir", default="results", help="where run names are looked up (default: results)")
-    parser.add_argument("--out", type=Path, help="also write the comparison to this markdown file, with the runs' "
-                                                 "provenance and the command that regenerates it")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="also write the comparison to this markdown file, with the runs' "
+        "provenance and the command that regenerates it",
+    )
     opts = parser.parse_args(argv)
     runs, others = find_runs(opts.run, opts.results_dir), find_runs(opts.other, opts.results_dir)
     text = report(runs, others, compare(runs, others))
@@ -111,6 +127,15 @@ def main(argv: list[str]) -> None:
 def write_page(path: Path, runs: list[RunRecord], others: list[RunRecord], text: str, command: str) -> None:
     """The comparison as a committed page: the report, then where its numbers come from (as a table's footer)."""
     infos = [RunInfo(record.dir.name, record.metrics(), {}, 0.0, record.dir) for record in runs + others]
-    lines = [f"# {label(runs)} over {label(others)}", "", "```text", text, "```", "", "Provenance:", "",
-             *provenance_footer(infos, command)]
+    lines = [
+        f"# {label(runs)} over {label(others)}",
+        "",
+        "```text",
+        text,
+        "```",
+        "",
+        "Provenance:",
+        "",
+        *provenance_footer(infos, command),
+    ]
     atomic_write(path, "\n".join(lines) + "\n")

@@ -36,8 +36,10 @@ def check_names(cfg) -> None:
         name = str(cfg[group].name) if group in cfg else None
         if name is not None and not NAME.fullmatch(name):
             hint = " (a hub id or local path goes in model.id: model=hf model.id=...)" if group == "model" else ""
-            raise SpecReproError(f"{group}.name '{name}' names run and artifact directories: use letters, digits, "
-                                 f"'_' and '.', e.g. {name_of(name)}{hint}")
+            raise SpecReproError(
+                f"{group}.name '{name}' names run and artifact directories: use letters, digits, "
+                f"'_' and '.', e.g. {name_of(name)}{hint}"
+            )
     run_name = cfg.get("run_name")
     if run_name and (PurePath(run_name).name != run_name or run_name.startswith(".")):
         raise SpecReproError(f"run_name '{run_name}' must be a directory name under results/runs, not a path")
@@ -146,11 +148,14 @@ class HardwareConfig:
     def __post_init__(self) -> None:
         check_threads(self.threads)
         if self.compile_backend not in COMPILE_BACKENDS:
-            raise SpecReproError(f"hardware.compile_backend must be one of {', '.join(COMPILE_BACKENDS)}, "
-                                 f"got {self.compile_backend}")
+            raise SpecReproError(
+                f"hardware.compile_backend must be one of {', '.join(COMPILE_BACKENDS)}, got {self.compile_backend}"
+            )
         if self.compile and (self.linear_kernel != "torch" or self.row_invariant):
-            raise SpecReproError("hardware.compile=true compiles torch's own kernels: it needs hardware.linear_kernel=torch "
-                                 "and hardware.row_invariant=false (hardware=cuda_bf16_compiled sets them)")
+            raise SpecReproError(
+                "hardware.compile=true compiles torch's own kernels: it needs hardware.linear_kernel=torch "
+                "and hardware.row_invariant=false (hardware=cuda_bf16_compiled sets them)"
+            )
         if not self.compile_widths or min(self.compile_widths) < 1:
             raise SpecReproError(f"hardware.compile_widths must be positive widths, got {list(self.compile_widths)}")
 
@@ -172,8 +177,10 @@ def check_threads(threads: Optional[int]) -> None:
         raise SpecReproError(f"hardware.threads must be positive (or null for torch's default), got {threads}")
     cores = available_cores()
     if threads > cores:
-        raise SpecReproError(f"hardware.threads={threads} is more than the {cores} CPU cores this process may use "
-                             f"(its timings would measure waiting for cores): set at most {cores}, or null")
+        raise SpecReproError(
+            f"hardware.threads={threads} is more than the {cores} CPU cores this process may use "
+            f"(its timings would measure waiting for cores): set at most {cores}, or null"
+        )
 
 
 ORDERS = ("ar_first", "alternate")  # timing.order: where the method is timed among the baselines, turn by turn
@@ -259,8 +266,14 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     cs.store(name="train_schema", node=TrainRunConfig)
-    for group, schema in (("model", ModelConfig), ("dataset", DatasetConfig), ("decoding", DecodingConfig),
-                          ("logger", LoggerConfig), ("hardware", HardwareConfig), ("judge", JudgeConfig)):
+    for group, schema in (
+        ("model", ModelConfig),
+        ("dataset", DatasetConfig),
+        ("decoding", DecodingConfig),
+        ("logger", LoggerConfig),
+        ("hardware", HardwareConfig),
+        ("judge", JudgeConfig),
+    ):
         cs.store(name=f"{group}_schema", node=schema)
     for name, method in registry.METHODS.items():
         cs.store(name=f"method_schema_{name}", node=method.schema)

@@ -183,13 +183,29 @@ PACKAGE = Path(__file__).resolve().parent  # the `specrepro` package's directory
 # timing protocol: the runner's functions that decode and time a record, and the suspension check that retimes a
 # turn. A `module:function` entry counts that function alone.
 DECODING_CODE = (
-    "specrepro.decoding", "specrepro.decoding.base", "specrepro.decoding.draft_verify", "specrepro.decoding.verify",
-    "specrepro.decoding.sampling", "specrepro.decoding.steps", "specrepro.decoding.controllers",
-    "specrepro.decoding.draft_vocab", "specrepro.decoding.ar", "specrepro.data.files", "specrepro.data.prompts",
-    "specrepro.models", "specrepro.models.attention", "specrepro.models.kernels", "specrepro.models.loading",
-    "specrepro.suspension", "specrepro.runner:sample_seed", "specrepro.runner:method_timed_first",
-    "specrepro.runner:decode_turn", "specrepro.runner:decode_record", "specrepro.runner:holds",
-    "specrepro.runner:compile_steps_for", "specrepro.runner:warm_up",
+    "specrepro.decoding",
+    "specrepro.decoding.base",
+    "specrepro.decoding.draft_verify",
+    "specrepro.decoding.verify",
+    "specrepro.decoding.sampling",
+    "specrepro.decoding.steps",
+    "specrepro.decoding.controllers",
+    "specrepro.decoding.draft_vocab",
+    "specrepro.decoding.ar",
+    "specrepro.data.files",
+    "specrepro.data.prompts",
+    "specrepro.models",
+    "specrepro.models.attention",
+    "specrepro.models.kernels",
+    "specrepro.models.loading",
+    "specrepro.suspension",
+    "specrepro.runner:sample_seed",
+    "specrepro.runner:method_timed_first",
+    "specrepro.runner:decode_turn",
+    "specrepro.runner:decode_record",
+    "specrepro.runner:holds",
+    "specrepro.runner:compile_steps_for",
+    "specrepro.runner:warm_up",
 )
 
 
@@ -212,8 +228,10 @@ def code_fingerprint(method: str) -> str:
         module, _, function = piece.partition(":")
         source = decoder_source(method, decoder) if module == decoder.__module__ else module_source(module)
         if source is None:
-            raise SpecReproError(f"method '{method}': the code of module '{module}' cannot be read, so its runs "
-                                 "cannot be named by their code")
+            raise SpecReproError(
+                f"method '{method}': the code of module '{module}' cannot be read, so its runs "
+                "cannot be named by their code"
+            )
         digest.update(f"{piece}\0{_syntax_of(source, function)}\0".encode())
     digest.update(f"torch {torch.__version__}, transformers {metadata.version('transformers')}".encode())
     return digest.hexdigest()[:16]
@@ -245,8 +263,10 @@ def decoder_source(method: str, decoder: type) -> str:
     try:
         return textwrap.dedent(inspect.getsource(decoder))
     except (OSError, TypeError):
-        raise SpecReproError(f"method '{method}': the source of {decoder.__qualname__} cannot be read, so its runs "
-                             "cannot be named by their code; define it in a module (SPECREPRO_PLUGINS)") from None
+        raise SpecReproError(
+            f"method '{method}': the source of {decoder.__qualname__} cannot be read, so its runs "
+            "cannot be named by their code; define it in a module (SPECREPRO_PLUGINS)"
+        ) from None
 
 
 @lru_cache(maxsize=256)
@@ -265,9 +285,13 @@ def syntax(text: str) -> str:
     logs: what comments, docstrings, wording and layout do not change."""
     tree = ast.parse(text)
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
-                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
-                and isinstance(node.body[0].value.value, str):
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+            and isinstance(node.body[0].value.value, str)
+        ):
             node.body = node.body[1:] or [ast.Pass()]
         call = node.exc if isinstance(node, ast.Raise) else node if _is_log_call(node) else None
         if isinstance(call, ast.Call):
@@ -277,8 +301,12 @@ def syntax(text: str) -> str:
 
 def _is_log_call(node: ast.AST) -> bool:
     """`log.info(...)`, `logging.warning(...)` and the like."""
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-        and isinstance(node.func.value, ast.Name) and node.func.value.id in ("log", "logging", "logger")
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id in ("log", "logging", "logger")
+    )
 
 
 def _is_text(node: ast.AST) -> bool:
@@ -312,6 +340,10 @@ def reference_key(cfg: DictConfig, data_fingerprint: str) -> str:
     reference with the same code."""
     content = OmegaConf.to_container(cfg, resolve=True)
     key = {k: content[k] for k in ("model", "dataset", "decoding", "hardware")}
-    key.update(artifacts=model_weights(cfg.model, cfg.artifacts_dir), data=data_fingerprint,
-               code=code_fingerprint("ar"), record_version=RECORD_VERSION)
+    key.update(
+        artifacts=model_weights(cfg.model, cfg.artifacts_dir),
+        data=data_fingerprint,
+        code=code_fingerprint("ar"),
+        record_version=RECORD_VERSION,
+    )
     return config_hash(key)

@@ -11,10 +11,10 @@ the committed numbers (notebooks/analysis.ipynb draws the same ones from the sam
 
 `bars`: one group per column, one bar per row; `scatter`: one point per row; `trend`: one panel per column of `columns`
 against `x` on a log axis, with the least-squares line y = a + b log10(x), the 95% confidence band of that line, and
-its value at each `extrapolate` x (95% interval), also written as `<table>_<plot>.md` with the table's provenance. Every row has a colour of its own
-(and a scatter point a marker of its own), named in a legend beside the axes: no two rows look alike and no label
-covers another. A row is named by its label cells (`label_cells: N`: the first N only). Rows without a number are
-left out (and named in the figure's caption line).
+its value at each `extrapolate` x (95% interval), also written as `<table>_<plot>.md` with the table's provenance.
+Every row has a colour of its own (and a scatter point a marker of its own), named in a legend beside the axes: no
+two rows look alike and no label covers another. A row is named by its label cells (`label_cells: N`: the first N
+only). Rows without a number are left out (and named in the figure's caption line).
 """
 
 from __future__ import annotations
@@ -80,8 +80,13 @@ def draw(plot, label_cells: list[tuple[str, ...]], here: dict[str, list], title:
         width = 0.8 / max(1, len(shown))
         for slot, (i, colour) in enumerate(zip(shown, row_colours(len(shown)))):
             values = [here[c][i] if here[c][i] is not None else 0.0 for c in columns]
-            axes.bar([k + slot * width - 0.4 + width / 2 for k in range(len(columns))], values, width, label=labels[i],
-                     color=colour)
+            axes.bar(
+                [k + slot * width - 0.4 + width / 2 for k in range(len(columns))],
+                values,
+                width,
+                label=labels[i],
+                color=colour,
+            )
         axes.set_xticks(range(len(columns)), [c.removesuffix(" speedup") for c in columns])
         if plot.reference is not None:
             axes.axhline(plot.reference, color="black", linewidth=0.8, linestyle="--")
@@ -121,16 +126,24 @@ def log_linear_fit(xs: list[float], ys: list[float]) -> dict | None:
         at = math.log10(x)
         return intercept + slope * at, t * spread * math.sqrt(1 / len(u) + (at - u.mean()) ** 2 / sxx)
 
-    return {"slope": float(slope), "intercept": float(intercept), "spread": spread, "n": len(u),
-            "slope_ci95": t * spread / math.sqrt(sxx), "predict": predict}
+    return {
+        "slope": float(slope),
+        "intercept": float(intercept),
+        "spread": spread,
+        "n": len(u),
+        "slope_ci95": t * spread / math.sqrt(sxx),
+        "predict": predict,
+    }
 
 
 def draw_trend(plot, here: dict[str, list], title: str) -> tuple[plt.Figure, list[str]]:
     """A trend plot (one panel per column of `columns`) and the lines of its fit's page."""
     columns, extrapolate = plot.columns, plot.extrapolate or {}
     figure, panels = plt.subplots(1, len(columns), figsize=(4.2 * len(columns) + 1, 4.2), squeeze=False)
-    lines = ["| Quantity | points | slope per 10x (95% CI) | " + " | ".join(f"at {k} (95% CI)" for k in extrapolate)
-             + " |", "|---|---|---|" + "---|" * len(extrapolate)]
+    lines = [
+        "| Quantity | points | slope per 10x (95% CI) | " + " | ".join(f"at {k} (95% CI)" for k in extrapolate) + " |",
+        "|---|---|---|" + "---|" * len(extrapolate),
+    ]
     for axes, column in zip(panels[0], columns):
         points = [(x, y) for x, y in zip(here[plot.x], here[column]) if x is not None and y is not None]
         axes.scatter([x for x, _ in points], [y for _, y in points], color="black", s=30, zorder=3, label="measured")
@@ -145,16 +158,31 @@ def draw_trend(plot, here: dict[str, list], title: str) -> tuple[plt.Figure, lis
         grid = np.logspace(math.log10(min(reach)), math.log10(max(reach)), 100)
         centre, half = zip(*(fit["predict"](x) for x in grid))
         axes.plot(grid, centre, color="tab:blue", label="a + b log10(x)")
-        axes.fill_between(grid, np.subtract(centre, half), np.add(centre, half), color="tab:blue", alpha=0.2,
-                          label="95% CI of the line")
+        axes.fill_between(
+            grid,
+            np.subtract(centre, half),
+            np.add(centre, half),
+            color="tab:blue",
+            alpha=0.2,
+            label="95% CI of the line",
+        )
         cells = []
         for slot, (name, x) in enumerate(extrapolate.items()):
             value, margin = fit["predict"](x)
-            axes.errorbar([x], [value], yerr=[margin], fmt="D", color=row_colours(len(extrapolate))[slot],
-                          capsize=3, label=f"extrapolated: {name}")
+            axes.errorbar(
+                [x],
+                [value],
+                yerr=[margin],
+                fmt="D",
+                color=row_colours(len(extrapolate))[slot],
+                capsize=3,
+                label=f"extrapolated: {name}",
+            )
             cells.append(f"{value:.3g} ({value - margin:.3g} to {value + margin:.3g})")
-        lines.append(f"| {column} | {fit['n']} | {fit['slope']:+.3g} ({fit['slope'] - fit['slope_ci95']:+.3g} to "
-                     f"{fit['slope'] + fit['slope_ci95']:+.3g}) | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {column} | {fit['n']} | {fit['slope']:+.3g} ({fit['slope'] - fit['slope_ci95']:+.3g} to "
+            f"{fit['slope'] + fit['slope_ci95']:+.3g}) | " + " | ".join(cells) + " |"
+        )
         if plot.reference is not None:
             axes.axhline(plot.reference, color="black", linewidth=0.8, linestyle="--")
     panels[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -173,8 +201,11 @@ def write_plots(plots: list, csv_path: Path, row_header: list[str], title: str) 
             page = csv_path.with_name(f"{csv_path.stem}_{plot.name}.md")
             footer = [f"- {line[2:]}" for line in csv_path.read_text().splitlines() if line.startswith("# ")]
             note = [plot.note.strip(), ""] if plot.note else []
-            page.write_text("\n".join([f"# {title}: fitted trend", "", *note, *lines, "", "Provenance (the table's):", "",
-                                       *footer, ""]))
+            page.write_text(
+                "\n".join(
+                    [f"# {title}: fitted trend", "", *note, *lines, "", "Provenance (the table's):", "", *footer, ""]
+                )
+            )
             written.append(page)
         else:
             figure = draw(plot, labels, here, title)

@@ -37,8 +37,13 @@ def checkout_version(source: Path = Path(__file__).resolve().parent) -> dict:
     def git(*args: str) -> str:
         # no optional locks: `status` would otherwise rewrite the index under .git/index.lock, which a run killed
         # mid-call leaves behind, and the user's next `git commit` fails on it
-        return subprocess.run(["git", "--no-optional-locks", "-C", str(source), *args], capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "--no-optional-locks", "-C", str(source), *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
 
     try:
         top = Path(git("rev-parse", "--show-toplevel"))
@@ -82,8 +87,12 @@ def device_description(device: torch.device | str | None = None) -> dict:
 
     from specrepro.models.kernels import onednn_available
 
-    info = {"cpu": cpu_name(), "cpu_cores": os.cpu_count(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "cpu_native_bf16": onednn_available(torch.bfloat16)}
+    info = {
+        "cpu": cpu_name(),
+        "cpu_cores": os.cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_native_bf16": onednn_available(torch.bfloat16),
+    }
     if device is not None and torch.device(device).type == "cuda":
         info.update(gpu=torch.cuda.get_device_name(torch.device(device)), gpu_count=torch.cuda.device_count())
     return info
@@ -106,8 +115,11 @@ def provenance(hardware=None, device: torch.device | str | None = None) -> dict:
     return {
         "record_version": RECORD_VERSION,
         "code": {**code_version(), "specrepro": _version("specrepro")},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": _version("transformers")},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": _version("transformers"),
+        },
         "machine": device_description(device),
         "threads": torch.get_num_threads(),
         "dtype": hardware.get("dtype"),

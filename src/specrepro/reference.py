@@ -11,8 +11,11 @@ from specrepro.tracking import RunRecord, complete_runs
 
 def find_reference(cfg: DictConfig, ref_key: str) -> RunRecord | None:
     """The newest complete `ar` run with the same reference key."""
-    candidates = [run for run in complete_runs(cfg.results_dir)
-                  if run.metrics.get("method") == "ar" and run.metrics.get("reference_key") == ref_key]
+    candidates = [
+        run
+        for run in complete_runs(cfg.results_dir)
+        if run.metrics.get("method") == "ar" and run.metrics.get("reference_key") == ref_key
+    ]
     return RunRecord(max(candidates, key=lambda run: (run.mtime, run.dir)).dir) if candidates else None
 
 
@@ -30,13 +33,18 @@ def reference_samples(reference: RunRecord, records: list) -> list[dict]:
     rows = reference.rows()
     missing = sorted({record.id for record in records} - {row["id"] for row in rows})
     if missing:
-        raise SpecReproError(f"the `ar` reference {reference.dir.name} is complete but has no samples for "
-                             f"{len(missing)} record(s) ({', '.join(map(str, missing[:3]))}): its generations.jsonl "
-                             f"was cut or edited; delete {reference.dir} to run it again")
+        raise SpecReproError(
+            f"the `ar` reference {reference.dir.name} is complete but has no samples for "
+            f"{len(missing)} record(s) ({', '.join(map(str, missing[:3]))}): its generations.jsonl "
+            f"was cut or edited; delete {reference.dir} to run it again"
+        )
     return rows
 
 
 def decoded_by_other_code(results_dir, setting: str, name: str) -> list[str]:
     """The names of the complete runs of this setting (`setting_key`) but not of this name: other code made them."""
-    return sorted(run.dir.name for run in complete_runs(results_dir)
-                  if run.metrics.get("setting_key") == setting and run.dir.name != name)
+    return sorted(
+        run.dir.name
+        for run in complete_runs(results_dir)
+        if run.metrics.get("setting_key") == setting and run.dir.name != name
+    )

@@ -74,17 +74,24 @@ def load_pipeline(name: str, pipelines_dir: Path = PIPELINES_DIR) -> tuple[str, 
     if not isinstance(spec, dict) or not isinstance(spec.get("paper"), str) or not isinstance(spec.get("stages"), list):
         raise SpecReproError(f"{path}: needs `paper` (a name) and `stages` (a list)")
     if spec["paper"] == SHARED_ARTIFACTS:
-        raise SpecReproError(f"{path}: paper '{SHARED_ARTIFACTS}' would share its folder with every pipeline's artifacts")
+        raise SpecReproError(
+            f"{path}: paper '{SHARED_ARTIFACTS}' would share its folder with every pipeline's artifacts"
+        )
     for i, stage in enumerate(spec["stages"]):
         kinds = [k for k in STAGE_KINDS if k in (stage if isinstance(stage, dict) else {})]
         options = set(TABLE_OPTIONS) if kinds == ["table"] else set()
         if len(kinds) != 1 or set(stage) - set(STAGE_KINDS) - options:
-            raise SpecReproError(f"{path}: stage {i + 1} must have exactly one of {', '.join(STAGE_KINDS)} and nothing "
-                                 f"else but a table's {', '.join(TABLE_OPTIONS)} (its minutes are measured into "
-                                 "stages.json, not set)")
+            raise SpecReproError(
+                f"{path}: stage {i + 1} must have exactly one of {', '.join(STAGE_KINDS)} and nothing "
+                f"else but a table's {', '.join(TABLE_OPTIONS)} (its minutes are measured into "
+                "stages.json, not set)"
+            )
         value = stage[kinds[0]]
         if not (isinstance(value, str) if kinds[0] == "table" else isinstance(value, list)):
-            raise SpecReproError(f"{path}: stage {i + 1}: {kinds[0]} takes {'a table name' if kinds[0] == 'table' else 'a list of overrides'}")
+            raise SpecReproError(
+                f"{path}: stage {i + 1}: {kinds[0]} takes "
+                f"{'a table name' if kinds[0] == 'table' else 'a list of overrides'}"
+            )
         if not isinstance(stage.get("committed_inputs", False), bool):
             raise SpecReproError(f"{path}: stage {i + 1}: committed_inputs takes true or false")
     read_headlines(path, spec)
@@ -120,8 +127,10 @@ class Headline:
 def read_headlines(path: Path, spec: dict) -> list[Headline]:
     """A pipeline's `headline` entries, checked against `Headline`: one line naming the entry and what is wrong."""
     try:
-        return [build(Headline, item, f"headline[{i}]")
-                for i, item in enumerate(items(spec["headline"], "headline") if "headline" in spec else [])]
+        return [
+            build(Headline, item, f"headline[{i}]")
+            for i, item in enumerate(items(spec["headline"], "headline") if "headline" in spec else [])
+        ]
     except Invalid as exc:
         raise SpecReproError(f"{path}: {exc}") from None
 
@@ -140,11 +149,27 @@ def stage_command(stage: dict, work_dir: Path, out_dir: Path, overrides: list[st
     if "table" in stage:
         committed = stage.get("committed_inputs") and (out_dir / "runs").is_dir()
         committed = ["--results-dir", str(out_dir)] if committed else []
-        return [*cli, "table", stage["table"], "--results-dir", str(work_dir), *committed, "--out-dir", str(out_dir),
-                "--command", paper_command]
+        return [
+            *cli,
+            "table",
+            stage["table"],
+            "--results-dir",
+            str(work_dir),
+            *committed,
+            "--out-dir",
+            str(out_dir),
+            "--command",
+            paper_command,
+        ]
     kind = "train" if "train" in stage else "run"
-    return [*cli, kind, *map(str, stage[kind]), f"results_dir={work_dir}",
-            f"artifacts_dir={work_dir.parent / SHARED_ARTIFACTS}", *overrides]
+    return [
+        *cli,
+        kind,
+        *map(str, stage[kind]),
+        f"results_dir={work_dir}",
+        f"artifacts_dir={work_dir.parent / SHARED_ARTIFACTS}",
+        *overrides,
+    ]
 
 
 def read_measured(path: Path) -> dict:
@@ -199,8 +224,10 @@ def expected_time(measurement: dict | None) -> str:
     reused = measurement.get("reused") or []
     made = f" with {len(reused)} thing{'s' if len(reused) > 1 else ''} already made" if reused else ""
     commit = (measurement.get("commit") or "unknown")[:7] + ("+changes" if measurement.get("dirty") else "")
-    return (f"{'' if reused else 'about '}{measurement['minutes']:.1f} min{made}: {measurement.get('machine')}, "
-            f"{str(measurement.get('date'))[:10]}, commit {commit}")
+    return (
+        f"{'' if reused else 'about '}{measurement['minutes']:.1f} min{made}: {measurement.get('machine')}, "
+        f"{str(measurement.get('date'))[:10]}, commit {commit}"
+    )
 
 
 def total_time(stages: list[dict], measured: dict, pipeline_stages: int | None = None) -> str:
@@ -212,12 +239,17 @@ def total_time(stages: list[dict], measured: dict, pipeline_stages: int | None =
     reused = sum(1 for m in timed if is_measured(m) and m.get("reused"))
     untimed = len(timed) - len(minutes)
     tables = len(stages) - len(timed)
-    parts = [f"about {sum(minutes):.0f} min for the {len(minutes)} timed train and run stage(s)"
-             + (f" ({reused} timed while reusing what was made already: longer from nothing cached)" if reused else ""),
-             f"{untimed} not timed yet" + (" (not counted)" if untimed else ""),
-             f"{tables} table stage(s), under a minute each"]
-    chosen = f"the {len(stages)} chosen of {pipeline_stages}" if (pipeline_stages or len(stages)) != len(stages) \
+    parts = [
+        f"about {sum(minutes):.0f} min for the {len(minutes)} timed train and run stage(s)"
+        + (f" ({reused} timed while reusing what was made already: longer from nothing cached)" if reused else ""),
+        f"{untimed} not timed yet" + (" (not counted)" if untimed else ""),
+        f"{tables} table stage(s), under a minute each",
+    ]
+    chosen = (
+        f"the {len(stages)} chosen of {pipeline_stages}"
+        if (pipeline_stages or len(stages)) != len(stages)
         else f"all {len(stages)}"
+    )
     return f"total over {chosen} stages: " + "; ".join(parts)
 
 
@@ -276,8 +308,9 @@ def composed(stage: dict, config_name: str, overrides: list[list[str]], hydra_no
     schemas_registered()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return [compose(config_name=config_name, overrides=job, return_hydra_config=hydra_node)
-                    for job in overrides]
+            return [
+                compose(config_name=config_name, overrides=job, return_hydra_config=hydra_node) for job in overrides
+            ]
     except (HydraException, OmegaConfBaseException) as exc:
         raise SpecReproError(f"{describe(stage)}: {one_line(exc)}") from None
 
@@ -288,7 +321,7 @@ def made_already(stage: dict, work_dir: Path, overrides: list[str]) -> str | Non
     from specrepro.training.artifacts import is_complete
 
     command = stage_command(stage, work_dir, work_dir, overrides, "")
-    [cfg] = composed(stage, "train", [command[command.index("train") + 1:]])
+    [cfg] = composed(stage, "train", [command[command.index("train") + 1 :]])
     path = artifact_path(cfg)
     return path.name if is_complete(path) else None
 
@@ -307,7 +340,7 @@ def runs_done(stage: dict, work_dir: Path, overrides: list[str]) -> str:
     from specrepro.tracking import RunRecord
 
     command = stage_command(stage, work_dir, work_dir, overrides, "")
-    arguments = [arg for arg in command[command.index("run") + 1:] if arg != "-m"]
+    arguments = [arg for arg in command[command.index("run") + 1 :] if arg != "-m"]
     parser = OverridesParser.create()
     fixed = [o.input_line for o in parser.parse_overrides(arguments) if not o.is_sweep_override()]
     [base] = composed(stage, "run", [fixed], hydra_node=True)
@@ -337,8 +370,15 @@ def run_stage(command: list[str], work_dir: Path) -> tuple[int, float, list[str]
         return proc.returncode, minutes, sorted(set(reused.read().splitlines()))
 
 
-def reproduce(name: str, results_dir: str = "results", overrides: list[str] = (), dry_run: bool = False,
-              pipelines_dir: Path = PIPELINES_DIR, only: str | None = None, check_done: bool = False) -> None:
+def reproduce(
+    name: str,
+    results_dir: str = "results",
+    overrides: list[str] = (),
+    dry_run: bool = False,
+    pipelines_dir: Path = PIPELINES_DIR,
+    only: str | None = None,
+    check_done: bool = False,
+) -> None:
     """Run (or, with dry_run, list) every stage of one paper's pipeline, or the stage numbers `only` names. A dry
     run reads only the pipeline and its stages.json (no torch: seconds); `check_done` adds what each train and run
     stage has made already, which composes and names every run (its code: the method modules, torch)."""
@@ -350,8 +390,10 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
     measured_path = out_dir / "stages.json"
     measured = read_measured(measured_path)
     print(f"{paper}: {len(stages)} stages; runs in {work_dir}, artifacts in {shared}, tables in {out_dir}")
-    print(f"{total_time([stage for i, stage in enumerate(stages, 1) if i in chosen], measured, len(stages))} "
-          f"({measured_path})")
+    print(
+        f"{total_time([stage for i, stage in enumerate(stages, 1) if i in chosen], measured, len(stages))} "
+        f"({measured_path})"
+    )
     if not dry_run:
         adopt_earlier_artifacts(work_dir / "artifacts", shared)
     for i, stage in enumerate(stages, 1):
@@ -366,19 +408,33 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
         if dry_run:
             continue
         version = checkout_version()  # as the stage starts: a lane outlives a `git pull` beside it
-        returncode, minutes, reused = run_stage(stage_command(stage, work_dir, out_dir, list(overrides), paper_command),
-                                                work_dir)
+        returncode, minutes, reused = run_stage(
+            stage_command(stage, work_dir, out_dir, list(overrides), paper_command), work_dir
+        )
         if returncode != 0:
-            raise SpecReproError(f"{paper}: stage {i} ({describe(stage)}) failed with exit status {returncode}; "
-                                 f"run `specrepro reproduce {name}` again to resume from it")
-        kept_earlier = "table" not in stage and not record_minutes(measured_path, describe(stage), {
-            "minutes": minutes, "reused": reused, "machine": machine_label(device_description(stage_device())),
-            "commit": version["commit"], "dirty": version["dirty"], "date": now(),
-            "command": " ".join(["specrepro reproduce", name, "--stages", str(i), *overrides])})
-        print(f"[{i}/{len(stages)}] done in {minutes:.1f} min"
-              f"{f', found already made: {len(reused)}' if reused else ''}"
-              f"{f' (the estimate in {measured_path} stays the earlier one)' if kept_earlier else ''}",
-              flush=True)
+            raise SpecReproError(
+                f"{paper}: stage {i} ({describe(stage)}) failed with exit status {returncode}; "
+                f"run `specrepro reproduce {name}` again to resume from it"
+            )
+        kept_earlier = "table" not in stage and not record_minutes(
+            measured_path,
+            describe(stage),
+            {
+                "minutes": minutes,
+                "reused": reused,
+                "machine": machine_label(device_description(stage_device())),
+                "commit": version["commit"],
+                "dirty": version["dirty"],
+                "date": now(),
+                "command": " ".join(["specrepro reproduce", name, "--stages", str(i), *overrides]),
+            },
+        )
+        print(
+            f"[{i}/{len(stages)}] done in {minutes:.1f} min"
+            f"{f', found already made: {len(reused)}' if reused else ''}"
+            f"{f' (the estimate in {measured_path} stays the earlier one)' if kept_earlier else ''}",
+            flush=True,
+        )
         if "table" in stage:  # the headlines (of this pipeline and those beside it) follow the tables
             from specrepro.summary import SUMMARY_PAGE, summary_page  # the table code: not imported by a dry run
 
@@ -387,18 +443,29 @@ def reproduce(name: str, results_dir: str = "results", overrides: list[str] = ()
 
 
 def main(args: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="specrepro reproduce",
-                                     description="Train, run and tabulate one paper (or all) from nothing cached.")
+    parser = argparse.ArgumentParser(
+        prog="specrepro reproduce", description="Train, run and tabulate one paper (or all) from nothing cached."
+    )
     parser.add_argument("paper", help=f"a pipeline in {PIPELINES_DIR} (without .yaml), a pipeline file, or all")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides added to every train and run stage")
-    parser.add_argument("--results-dir", default="results", help="runs under <dir>/reproduce/<paper>, artifacts under "
-                                                                 "<dir>/reproduce/artifacts, "
-                                                                 "tables under <dir>/<paper>")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="list the stages, their expected time and what is done already; run nothing")
-    parser.add_argument("--check-done", action="store_true",
-                        help="with --dry-run: also say which artifacts are made and how many runs are done (composes "
-                             "and names every run: a minute or more)")
+    parser.add_argument(
+        "--results-dir",
+        default="results",
+        help="runs under <dir>/reproduce/<paper>, artifacts under "
+        "<dir>/reproduce/artifacts, "
+        "tables under <dir>/<paper>",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the stages, their expected time and what is done already; run nothing",
+    )
+    parser.add_argument(
+        "--check-done",
+        action="store_true",
+        help="with --dry-run: also say which artifacts are made and how many runs are done (composes "
+        "and names every run: a minute or more)",
+    )
     parser.add_argument("--stages", default=None, help="only these stage numbers, e.g. 2-3,9 (see --dry-run)")
     opts = parser.parse_intermixed_args(args)  # options before or after the overrides
     if opts.stages and opts.paper == "all":

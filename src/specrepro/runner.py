@@ -24,8 +24,15 @@ from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import EagerSteps
 from specrepro.errors import SpecReproError
-from specrepro.identity import (code_fingerprint, loaded_weights, records_fingerprint, reference_key, resolved_artifacts,
-                                run_name, setting_key)
+from specrepro.identity import (
+    code_fingerprint,
+    loaded_weights,
+    records_fingerprint,
+    reference_key,
+    resolved_artifacts,
+    run_name,
+    setting_key,
+)
 from specrepro.locks import run_lock
 from specrepro.metrics.divergence import classify_row
 from specrepro.metrics.judge import judge_run
@@ -59,8 +66,15 @@ def run(cfg: DictConfig, group: str | None = None) -> dict:
         return _run_locked(cfg, group, name, records, fingerprint, artifacts, identities)
 
 
-def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fingerprint: str,
-                artifacts: dict[str, Path], identities: dict[str, dict]) -> dict:
+def _run_locked(
+    cfg: DictConfig,
+    group: str | None,
+    name: str,
+    records: list,
+    fingerprint: str,
+    artifacts: dict[str, Path],
+    identities: dict[str, dict],
+) -> dict:
     """`run`, holding the run's lock."""
     record = RunRecord(Path(cfg.results_dir) / "runs" / name)
     if cfg.resume and record.complete:
@@ -91,8 +105,12 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
     if rows:
         note_reused(f"{len(rows)} samples of run {name}")
     elif superseded := decoded_by_other_code(cfg.results_dir, setting, name):
-        log.info("run %s: %d record(s) of this setting were decoded by other code (%s); they are kept, not reused",
-                 name, len(superseded), ", ".join(superseded))
+        log.info(
+            "run %s: %d record(s) of this setting were decoded by other code (%s); they are kept, not reused",
+            name,
+            len(superseded),
+            ", ".join(superseded),
+        )
     todo = [(i, r) for i, r in enumerate(records) if r.id not in done]
     compile_time = 0.0
     if todo:  # untimed: compile every step the run can take, then warm up on the first prompt
@@ -111,8 +129,9 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
     sessions = record.sessions(rows)
     problem = impossible_metrics(metrics)
     if problem:
-        raise SpecReproError(f"method '{cfg.method.name}' produced impossible metrics ({problem}); "
-                             "the run is not recorded as complete")
+        raise SpecReproError(
+            f"method '{cfg.method.name}' produced impossible metrics ({problem}); the run is not recorded as complete"
+        )
     if cfg.dataset.metric == "mt_bench":
         metrics.update(judge_run(cfg, records, rows, loader, record.dir))
     metrics.update(
@@ -130,8 +149,8 @@ def _run_locked(cfg: DictConfig, group: str | None, name: str, records: list, fi
         lossless_method=decoder.lossless,
         # seconds compiling the target's steps (hardware.compile), untimed: up front and for later turns outgrowing
         # them
-        compile_time=compile_time + sum(gen.get("compile_time", 0.0) for row in rows for turns in row["samples"]
-                                        for gen in turns),
+        compile_time=compile_time
+        + sum(gen.get("compile_time", 0.0) for row in rows for turns in row["samples"] for gen in turns),
         artifacts=identities,  # the trained components and local checkpoints it loaded: names, content digests
         training_minutes=training_minutes(artifacts.values(), decoder),
         trained=cost.artifact_metrics(artifacts.values()),  # what its trained components measured when made
@@ -203,13 +222,16 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
             compiled_s = compile_steps_for(length, decoders) if turn and not holds(length, decoders) else 0.0
             seed = sample_seed(cfg, index, s)
             method_first = method_timed_first(cfg.timing.order, index, s, turn)
-            gen, timed_beside = decode_turn(decoder, baselines, ids, sampling, cfg.decoding.max_new_tokens, seed,
-                                            cfg.timing.repeats, method_first)
+            gen, timed_beside = decode_turn(
+                decoder, baselines, ids, sampling, cfg.decoding.max_new_tokens, seed, cfg.timing.repeats, method_first
+            )
             gen = gen.to_dict()
             problem = impossible_generation(gen)
             if problem:
-                raise SpecReproError(f"method '{cfg.method.name}' reported impossible step counts on record "
-                                     f"{record.id} ({problem}); the run is not recorded as complete")
+                raise SpecReproError(
+                    f"method '{cfg.method.name}' reported impossible step counts on record "
+                    f"{record.id} ({problem}); the run is not recorded as complete"
+                )
             gen["prompt_tokens"] = len(ids)
             gen["seed"] = seed
             if compiled_s:
@@ -241,7 +263,8 @@ def check_fits_context(ids: list[int], cfg: DictConfig, target: LoadedModel, rec
     if context is not None and len(ids) + cfg.decoding.max_new_tokens > context:
         raise SpecReproError(
             f"record {record_id}: a {len(ids)}-token prompt plus decoding.max_new_tokens={cfg.decoding.max_new_tokens} "
-            f"exceeds model '{cfg.model.name}''s {context}-token context; shorten the prompt or the budget")
+            f"exceeds model '{cfg.model.name}''s {context}-token context; shorten the prompt or the budget"
+        )
 
 
 def sample_seed(cfg: DictConfig, index: int, sample: int) -> int:
@@ -257,8 +280,16 @@ def method_timed_first(order: str, index: int, sample: int, turn: int) -> bool:
     return order == "alternate" and (index + sample + turn) % 2 == 1
 
 
-def decode_turn(decoder, baselines: dict, ids: list[int], sampling, max_new_tokens: int, seed: int,
-                repeats: int = 1, method_first: bool = False):
+def decode_turn(
+    decoder,
+    baselines: dict,
+    ids: list[int],
+    sampling,
+    max_new_tokens: int,
+    seed: int,
+    repeats: int = 1,
+    method_first: bool = False,
+):
     """One turn decoded by the method, and by the baselines timed beside it: (its Generation, theirs by key).
     The baselines are timed right before the method, or right after it with `method_first`.
     With `repeats` R > 1 every arm decodes the turn R times, in turn, and keeps its fastest timing, the one least
@@ -273,8 +304,10 @@ def decode_turn(decoder, baselines: dict, ids: list[int], sampling, max_new_toke
                 gen = arm.generate(ids, sampling, max_new_tokens, seed)
                 best = fastest.setdefault(key, gen)
                 if gen.token_ids != best.token_ids:
-                    raise SpecReproError(f"the {key} arm decoded one turn differently in two of its timing.repeats "
-                                         "(nondeterministic kernels?): its timings would not be of one decoding")
+                    raise SpecReproError(
+                        f"the {key} arm decoded one turn differently in two of its timing.repeats "
+                        "(nondeterministic kernels?): its timings would not be of one decoding"
+                    )
                 if gen.wall_time < best.wall_time:
                     fastest[key] = gen
         if suspension.resumes() == resumes_before:
@@ -285,7 +318,8 @@ def decode_turn(decoder, baselines: dict, ids: list[int], sampling, max_new_toke
 def holds(length: int, decoders) -> bool:
     """Whether every step a decoder takes, the target's and a draft model's, runs `length` positions compiled."""
     return decoders[0].steps.holds(length) and all(
-        steps.holds(length) for d in decoders for steps, _, _ in d.draft_model_steps)
+        steps.holds(length) for d in decoders for steps, _, _ in d.draft_model_steps
+    )
 
 
 def compile_steps_for(length: int, decoders) -> float:
@@ -296,11 +330,14 @@ def compile_steps_for(length: int, decoders) -> float:
     steps = decoders[0].steps
     if not steps.compiled:
         return 0.0
-    seconds = steps.warm_up(max(d.max_step_width for d in decoders), length,
-                            hidden=any(d.reads_hidden_states for d in decoders),
-                            slices=[piece for d in decoders for piece in d.layer_slices],
-                            variants=[variant for d in decoders for variant in d.step_variants],
-                            calls=[call for d in decoders for call in d.drafter_calls])
+    seconds = steps.warm_up(
+        max(d.max_step_width for d in decoders),
+        length,
+        hidden=any(d.reads_hidden_states for d in decoders),
+        slices=[piece for d in decoders for piece in d.layer_slices],
+        variants=[variant for d in decoders for variant in d.step_variants],
+        calls=[call for d in decoders for call in d.drafter_calls],
+    )
     for draft_steps, width, hidden in (entry for d in decoders for entry in d.draft_model_steps):
         if draft_steps.compiled:
             seconds += draft_steps.warm_up(width, length, hidden=hidden)

@@ -31,24 +31,30 @@ def headline_cells(table_csv: Path, row: list[str], column: str) -> tuple[str, s
     for cells in body:
         if cells[: len(row)] == row:
             paper = f"{column} (paper)"
-            return (cells[header.index(paper)] if paper in header else MISSING_CELL), cells[header.index(f"{column} (here)")]
+            return (cells[header.index(paper)] if paper in header else MISSING_CELL), cells[
+                header.index(f"{column} (here)")
+            ]
     raise SpecReproError(f"{table_csv}: no row {' / '.join(row)}")
 
 
 def origin_text(machines: str, commits: list[str], first: str, last: str) -> str:
-    """"machine; commit; dates" as the summary page shows where a figure was measured."""
+    """ "machine; commit; dates" as the summary page shows where a figure was measured."""
     code = ", ".join(commits) if len(commits) <= 2 else f"{len(commits)} commits"
     return f"{machines}; {code}; {first if last in ('', first) else f'{first} to {last}'}"
 
 
 def footer_origin(table_csv: Path) -> tuple[list[str], str]:
     """(machines, "machine; commit; dates") of a committed table, from its CSV's provenance footer."""
-    footer = dict(line[2:].split(": ", 1) for line in table_csv.read_text().splitlines()
-                  if line.startswith(("# Machine: ", "# Code: ", "# Dates: ")))
+    footer = dict(
+        line[2:].split(": ", 1)
+        for line in table_csv.read_text().splitlines()
+        if line.startswith(("# Machine: ", "# Code: ", "# Dates: "))
+    )
     first, _, last = footer.get("Dates", "unknown").partition(" to ")
     machine = footer.get("Machine", "unknown")
-    return machine.split("; "), origin_text(machine, footer.get("Code", "unknown").split(" (", 1)[0].split(", "),
-                                            first, last)
+    return machine.split("; "), origin_text(
+        machine, footer.get("Code", "unknown").split(" (", 1)[0].split(", "), first, last
+    )
 
 
 def cell_origin(table_csv: Path, row: list[str], column: str, tables_dir: Path = TABLES_DIR) -> tuple[list[str], str]:
@@ -57,8 +63,11 @@ def cell_origin(table_csv: Path, row: list[str], column: str, tables_dir: Path =
     runs where the cell's own cannot be told; the table's footer where no inputs are committed."""
     header, *body = table_rows(table_csv.read_text())
     names = next(set(cells[-1].split(";")) for cells in body if cells[: len(row)] == row)
-    runs = [run for run in local_runs(table_csv.parent) if run.name in names] if (table_csv.parent / "runs").is_dir() \
+    runs = (
+        [run for run in local_runs(table_csv.parent) if run.name in names]
+        if (table_csv.parent / "runs").is_dir()
         else []
+    )
     if not runs:
         return footer_origin(table_csv)
     try:
@@ -69,8 +78,12 @@ def cell_origin(table_csv: Path, row: list[str], column: str, tables_dir: Path =
     except (SpecReproError, StopIteration):
         behind = [None]
     machines, commits, dates = runs_origin(runs if None in behind else behind)
-    return machines or ["unknown"], origin_text("; ".join(machines) or "unknown", commits or ["unknown"],
-                                                dates[0][:10] if dates else "unknown", dates[-1][:10] if dates else "")
+    return machines or ["unknown"], origin_text(
+        "; ".join(machines) or "unknown",
+        commits or ["unknown"],
+        dates[0][:10] if dates else "unknown",
+        dates[-1][:10] if dates else "",
+    )
 
 
 def versus_machines(item: Headline, table_csv: Path, machines: list[str]) -> str:
@@ -82,22 +95,30 @@ def versus_machines(item: Headline, table_csv: Path, machines: list[str]) -> str
     other, _ = cell_origin(other_csv, item.versus.row, item.versus.column or item.column)
     if set(other) == set(machines):
         return ""
-    return (f"; across machines: *{' / '.join(item.row)}* on {' and '.join(machines)}, "
-            f"*{' / '.join(item.versus.row)}* on {' and '.join(other)}")
+    return (
+        f"; across machines: *{' / '.join(item.row)}* on {' and '.join(machines)}, "
+        f"*{' / '.join(item.versus.row)}* on {' and '.join(other)}"
+    )
 
 
-def summary_page(results_dir: str = "results", page_dir: Path | None = None,
-                 pipelines_dir: Path = PIPELINES_DIR) -> str:
+def summary_page(
+    results_dir: str = "results", page_dir: Path | None = None, pipelines_dir: Path = PIPELINES_DIR
+) -> str:
     """The summary page: one row per pipeline headline, its cells copied from the committed tables under
     `results_dir` with their origin, the table linked relative to `page_dir` (default `results_dir`)."""
     page_dir = Path(page_dir or results_dir)
-    lines = ["# What the harness found", "",
-             "Headline cells copied from the committed tables: the paper's figure, ours, and where ours was measured "
-             "(machine; commit; dates of the run behind the cell, from its record), with the claim's status here "
-             "(reproduced, not reproduced, not testable here: a judgment written beside the claim in "
-             "`experiments/reproduce/<paper>.yaml`, argued on the paper's claims page, `<paper>/README.md`). A claim "
-             "that compares its cell with one measured on another machine names the machine of each.", "",
-             "| paper | claim | status | paper | here | measured on | table |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "# What the harness found",
+        "",
+        "Headline cells copied from the committed tables: the paper's figure, ours, and where ours was measured "
+        "(machine; commit; dates of the run behind the cell, from its record), with the claim's status here "
+        "(reproduced, not reproduced, not testable here: a judgment written beside the claim in "
+        "`experiments/reproduce/<paper>.yaml`, argued on the paper's claims page, `<paper>/README.md`). A claim "
+        "that compares its cell with one measured on another machine names the machine of each.",
+        "",
+        "| paper | claim | status | paper | here | measured on | table |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for path in sorted(pipelines_dir.glob("*.yaml")):
         spec = yaml.safe_load(path.read_text())
         for item in read_headlines(path, spec):
@@ -114,8 +135,9 @@ def summary_page(results_dir: str = "results", page_dir: Path | None = None,
 
 
 def main(args: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="specrepro summary",
-                                     description="Copy each pipeline's headline cells from the committed tables.")
+    parser = argparse.ArgumentParser(
+        prog="specrepro summary", description="Copy each pipeline's headline cells from the committed tables."
+    )
     parser.add_argument("--results-dir", default="results", help="where the tables are (<dir>/<paper>/<table>.csv)")
     parser.add_argument("--out", default=None, help=f"the page to write (default <results dir>/{SUMMARY_PAGE})")
     opts = parser.parse_args(args)

@@ -68,6 +68,7 @@ MISSING_CELL = "–"
 
 # ---- the spec's schema (yaml_schema.py: each field's type says what its YAML value may be) ----
 
+
 def _selector(value, where: str) -> dict:
     """Keys to a wanted value or a list of them (strings, numbers, booleans, null)."""
     for key, wanted in mapping(value, where).items():
@@ -209,6 +210,7 @@ def _as_list(value) -> list:
 
 # ---- run records ----
 
+
 @dataclass
 class RunInfo:
     name: str
@@ -232,8 +234,11 @@ def local_runs(*results_dirs: str | Path) -> list[RunInfo]:
             continue
         damage = RunRecord(run.dir).damage() if (run.dir / "generations.jsonl").is_file() else None
         if damage:  # a committed copy holds no generations: its metrics.json is what the tables read
-            log.warning("skipping run %s: %s (`specrepro run` with its config decodes the lost records again)",
-                        run.dir.name, damage)
+            log.warning(
+                "skipping run %s: %s (`specrepro run` with its config decodes the lost records again)",
+                run.dir.name,
+                damage,
+            )
             continue
         finished = (run.metrics.get("provenance") or {}).get("finished_at")
         order = dt.datetime.fromisoformat(finished).timestamp() if isinstance(finished, str) else run.mtime
@@ -284,8 +289,10 @@ def _read_config(path: Path) -> dict:
 def wandb_runs(project: str, entity: str | None, group: str | None) -> list[RunInfo]:
     """Finished runs of a W&B project (optionally one sweep group), through the public API."""
     if wandb_mode(SimpleNamespace(mode=None)) != "online":
-        raise SpecReproError("--source wandb needs W&B online (wandb login or WANDB_API_KEY); "
-                             "use --source local for the records under results/runs")
+        raise SpecReproError(
+            "--source wandb needs W&B online (wandb login or WANDB_API_KEY); "
+            "use --source local for the records under results/runs"
+        )
     import wandb
 
     try:
@@ -350,11 +357,14 @@ def _from_environment(select: dict) -> dict:
 
 
 def _matches(run: RunInfo, select: dict) -> bool:
-    return all(str(_lookup(run, key)) in {str(v) for v in _as_list(wanted)}
-               for key, wanted in _from_environment(select).items())
+    return all(
+        str(_lookup(run, key)) in {str(v) for v in _as_list(wanted)}
+        for key, wanted in _from_environment(select).items()
+    )
 
 
 # ---- the table ----
+
 
 def _format(value, column: Column, scale: float = 1.0, ci95=None) -> str:
     """A cell's text; with `ci95`, a run's half-width of the 95% confidence interval of the value, "1.35x ±0.06x"."""
@@ -401,7 +411,9 @@ def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[l
             behind = cell_runs(spec, row, column, runs)
             values = []
             for run in behind:
-                value = _metric(run.metrics, column.key) if run else None  # a metric; a config flag of that name is not one
+                value = (
+                    _metric(run.metrics, column.key) if run else None
+                )  # a metric; a config flag of that name is not one
                 if run is not None and value is not None and run.name not in used:
                     used.append(run.name)
                 values.append(value)
@@ -428,8 +440,13 @@ def runs_origin(runs: list[RunInfo]) -> tuple[list[str], list[str], list[str]]:
     """(machines, commits, dates) the runs' provenance records name, each sorted without repeats."""
     origins = [run.metrics.get("provenance") or {} for run in runs]
     machines = sorted({machine_label(o["machine"]) for o in origins if o.get("machine")})
-    commits = sorted({o["code"]["commit"][:10] + ("+dirty" if o["code"].get("dirty") else "")
-                      for o in origins if (o.get("code") or {}).get("commit")})
+    commits = sorted(
+        {
+            o["code"]["commit"][:10] + ("+dirty" if o["code"].get("dirty") else "")
+            for o in origins
+            if (o.get("code") or {}).get("commit")
+        }
+    )
     dates = sorted({d for o in origins for d in (o.get("started_at"), o.get("finished_at")) if d})
     return machines, commits, dates
 
@@ -438,13 +455,20 @@ def provenance_footer(runs: list[RunInfo], command: str) -> list[str]:
     """Lines saying where the table's numbers come from: machines, code versions, dates, and how to regenerate."""
     machines, commits, dates = runs_origin(runs)
     origins = [run.metrics.get("provenance") or {} for run in runs]
-    versions = sorted({f"torch {o['versions']['torch']}, transformers {o['versions']['transformers']}"
-                       for o in origins if o.get("versions")})
+    versions = sorted(
+        {
+            f"torch {o['versions']['torch']}, transformers {o['versions']['transformers']}"
+            for o in origins
+            if o.get("versions")
+        }
+    )
     unknown = sum(not o for o in origins)
-    lines = [f"- Machine: {'; '.join(machines) or 'unknown'}",
-             f"- Code: {', '.join(commits) or 'unknown'} ({'; '.join(versions) or 'library versions unknown'})",
-             f"- Dates: {dates[0][:10]} to {dates[-1][:10]}" if dates else "- Dates: unknown",
-             f"- Regenerate: `{command}`"]
+    lines = [
+        f"- Machine: {'; '.join(machines) or 'unknown'}",
+        f"- Code: {', '.join(commits) or 'unknown'} ({'; '.join(versions) or 'library versions unknown'})",
+        f"- Dates: {dates[0][:10]} to {dates[-1][:10]}" if dates else "- Dates: unknown",
+        f"- Regenerate: `{command}`",
+    ]
     if unknown:
         lines.insert(0, f"- {unknown} run(s) predate provenance records (record_version < 2)")
     return lines
@@ -453,12 +477,14 @@ def provenance_footer(runs: list[RunInfo], command: str) -> list[str]:
 def _model_settings(run: RunInfo) -> dict[str, str]:
     """Each string setting of a run's `model` and `method` configs (dotted key -> value): where an artifact
     reference can be."""
+
     def flat(node, prefix: str):
         if isinstance(node, dict):
             for key, value in node.items():
                 yield from flat(value, f"{prefix}.{key}")
         elif isinstance(node, str) and node:
             yield prefix, node
+
     return {key: value for part in ("model", "method") for key, value in flat(run.config.get(part), part)}
 
 
@@ -475,7 +501,8 @@ def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]
     their cells do not come from one model, the same prompts, or one decoder. Runs that load
     trained weights but predate records of them ("Unrecorded weights"), beside runs of the same model that recorded
     an artifact their config names with every setting the recording run's did (`method.draft.id=sps_draft` for
-    `sps_draft-<model>-<hash>`), get a line too: nothing shows they loaded the same contents (other artifacts' weights say nothing)."""
+    `sps_draft-<model>-<hash>`), get a line too: nothing shows they loaded the same contents (other artifacts'
+    weights say nothing)."""
     weights: dict[str, dict[str, list[str]]] = {}  # artifact name -> content digest -> footnote marks
     data: dict[tuple[str, str], dict[str, list[str]]] = {}  # (label, dataset setting) -> records fingerprint -> marks
     unrecorded: list[tuple[str, RunInfo]] = []  # (mark, run) of runs with trained weights and no `artifacts` record
@@ -499,30 +526,60 @@ def mixed_inputs(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]
             code.setdefault(method, {}).setdefault(run.metrics["code_fingerprint"], []).append(mark)
 
     def lines(kind: str, found: list[tuple[str, dict[str, list[str]]]], what: str, why: str) -> list[str]:
-        return [f"- Mixed {kind}: runs {what} {len(by_content)} different contents of {name} ("
-                + "; ".join(f"{' '.join(marks)}: {content}" for content, marks in by_content.items()) + f"): {why}"
-                for name, by_content in found if len(by_content) > 1]
+        return [
+            f"- Mixed {kind}: runs {what} {len(by_content)} different contents of {name} ("
+            + "; ".join(f"{' '.join(marks)}: {content}" for content, marks in by_content.items())
+            + f"): {why}"
+            for name, by_content in found
+            if len(by_content) > 1
+        ]
 
     def same_references(run: RunInfo) -> dict[str, list[str]]:
         """The recorded artifacts (name -> digests) that `run`'s config names with every setting their runs did."""
         settings, model = _model_settings(run), str(run.metrics.get("model"))
-        return {name: digests for (recorded_model, keys), named in recorded.items() if recorded_model == model and keys
-                for name, digests in named.items() if all(_names(settings.get(key, ""), name) for key in keys)}
+        return {
+            name: digests
+            for (recorded_model, keys), named in recorded.items()
+            if recorded_model == model and keys
+            for name, digests in named.items()
+            if all(_names(settings.get(key, ""), name) for key in keys)
+        }
 
     suspects = {mark: named for mark, run in unrecorded if (named := same_references(run))}
     others = {name: digests for named in suspects.values() for name, digests in named.items()}
-    unverified = [f"- Unrecorded weights: runs {' '.join(suspects)} predate records of the "
-                  "weights a run loads (`artifacts` in metrics.json); nothing shows they loaded the contents runs "
-                  "naming the same artifacts recorded ("
-                  + "; ".join(f"{name}: {', '.join(digests)}" for name, digests in others.items()) + ")"
-                  ] if suspects else []
-    return (lines("weights", list(weights.items()), "loaded",
-                  "it was retrained between them; their cells do not come from one model")
-            + unverified
-            + lines("data", [(label, found) for (label, _), found in data.items()], "decoded",
-                    "its records changed between them; their cells do not come from the same prompts")
-            + lines("code", list(code.items()), "decoded with", "it changed between them (a fix, a refactor, "
-                    "another torch or transformers); their cells may not come from one decoder"))
+    unverified = (
+        [
+            f"- Unrecorded weights: runs {' '.join(suspects)} predate records of the "
+            "weights a run loads (`artifacts` in metrics.json); nothing shows they loaded the contents runs "
+            "naming the same artifacts recorded ("
+            + "; ".join(f"{name}: {', '.join(digests)}" for name, digests in others.items())
+            + ")"
+        ]
+        if suspects
+        else []
+    )
+    return (
+        lines(
+            "weights",
+            list(weights.items()),
+            "loaded",
+            "it was retrained between them; their cells do not come from one model",
+        )
+        + unverified
+        + lines(
+            "data",
+            [(label, found) for (label, _), found in data.items()],
+            "decoded",
+            "its records changed between them; their cells do not come from the same prompts",
+        )
+        + lines(
+            "code",
+            list(code.items()),
+            "decoded with",
+            "it changed between them (a fix, a refactor, "
+            "another torch or transformers); their cells may not come from one decoder",
+        )
+    )
 
 
 def runs_by_machine(footnotes: list[str], by_name: dict[str, RunInfo]) -> list[str]:
@@ -582,7 +639,7 @@ KEPT_ORIGIN = "# Kept rows' provenance (that of the table they were kept from): 
 
 def row_label(row: list[str], width: int) -> str:
     """A table row's name in messages: its first (at most two) label cells that say something."""
-    return " / ".join(cell for cell in row[:min(width, 2)] if cell not in ("", "-", MISSING_CELL))
+    return " / ".join(cell for cell in row[: min(width, 2)] if cell not in ("", "-", MISSING_CELL))
 
 
 def emptied_rows(previous: Path, width: int, body: list[list[str]]) -> list[str]:
@@ -594,8 +651,9 @@ def emptied_rows(previous: Path, width: int, body: list[list[str]]) -> list[str]
     return [row_label(row, width) for row in body if row[-1] == MISSING_CELL and tuple(row[:width]) in had_runs]
 
 
-def keep_previous_rows(previous: Path, width: int, header: list[str], body: list[list[str]],
-                       footnotes: list[str]) -> tuple[list[list[str]], list[str], list[str], list[str]]:
+def keep_previous_rows(
+    previous: Path, width: int, header: list[str], body: list[list[str]], footnotes: list[str]
+) -> tuple[list[list[str]], list[str], list[str], list[str]]:
     """(body, footnotes, kept labels, the previous table's provenance): each row of `body` with no run takes
     its cells and runs from the same row (its first `width` label cells) of the `previous` table's CSV, which must
     have the same columns; footnotes are renumbered in row order."""
@@ -616,15 +674,27 @@ def keep_previous_rows(previous: Path, width: int, header: list[str], body: list
     for row, names in zip(body, names_by_row):
         renumbered += [name for name in names if name not in renumbered]
         row[-1] = " ".join(f"[{renumbered.index(name) + 1}]" for name in names) or MISSING_CELL
-    origin = {part for line in lines if line.startswith(("# Machine:", "# Code:", "# Dates:", KEPT_ORIGIN))
-              for part in line.removeprefix(KEPT_ORIGIN).removeprefix("# ").split("; ")}
+    origin = {
+        part
+        for line in lines
+        if line.startswith(("# Machine:", "# Code:", "# Dates:", KEPT_ORIGIN))
+        for part in line.removeprefix(KEPT_ORIGIN).removeprefix("# ").split("; ")
+    }
     return body, renumbered, kept, sorted(origin)
 
 
-def write_table(name: str, results_dir: str | Path | list = "results", source: str = "local",
-                project: str = "specrepro", entity: str | None = None, group: str | None = None,
-                tables_dir: Path = TABLES_DIR, out_dir: str | Path | None = None, command: str | None = None,
-                keep_rows: bool = False) -> Path:
+def write_table(
+    name: str,
+    results_dir: str | Path | list = "results",
+    source: str = "local",
+    project: str = "specrepro",
+    entity: str | None = None,
+    group: str | None = None,
+    tables_dir: Path = TABLES_DIR,
+    out_dir: str | Path | None = None,
+    command: str | None = None,
+    keep_rows: bool = False,
+) -> Path:
     """Regenerate table NAME (or spec file NAME.yaml) from the records in `results_dir` (one or a list) into
     `<out dir>/<NAME>.md` and `.csv` (default out dir: `<first results dir>/<paper>`), with a provenance footer
     naming `command` (default: this table's own), and its inputs into `<out dir>/runs/`; return the .md path.
@@ -646,11 +716,16 @@ def write_table(name: str, results_dir: str | Path | list = "results", source: s
         body, footnotes, kept, origin = keep_previous_rows(csv_path, len(spec.row_header), header, body, footnotes)
     elif csv_path.is_file() and (emptied := emptied_rows(csv_path, len(spec.row_header), body)):
         if not footnotes:  # a mistyped --results-dir must not wipe a committed table and its inputs
-            raise SpecReproError(f"no run in {', '.join(map(str, results_dirs))} fills a cell of {spec.name}: "
-                                 f"not replacing {csv_path.parent}'s table, whose rows have runs "
-                                 "(another --results-dir? --keep-rows keeps rows without runs)")
-        log.warning("%s: rows with runs in the previous table and none here are now empty: %s "
-                    "(--keep-rows keeps them)", md_path, ", ".join(emptied))
+            raise SpecReproError(
+                f"no run in {', '.join(map(str, results_dirs))} fills a cell of {spec.name}: "
+                f"not replacing {csv_path.parent}'s table, whose rows have runs "
+                "(another --results-dir? --keep-rows keeps rows without runs)"
+            )
+        log.warning(
+            "%s: rows with runs in the previous table and none here are now empty: %s (--keep-rows keeps them)",
+            md_path,
+            ", ".join(emptied),
+        )
     by_name = {run.name: run for run in runs}
     command = command or f"specrepro table {name}" + "".join(f" --results-dir {d}" for d in results_dirs)
     fresh = [by_name[n] for n in footnotes if n in by_name]
@@ -662,39 +737,62 @@ def write_table(name: str, results_dir: str | Path | list = "results", source: s
         footer[-1:-1] = mixed
     if kept:
         footer = footer if fresh else footer[-1:]  # no run of its own: only the kept rows' provenance
-        footer[-1:-1] = [f"- Kept rows: {', '.join(kept)} (no run of theirs where this table was regenerated; "
-                         "cells and runs as in the previous table)",
-                         f"- {KEPT_ORIGIN.removeprefix('# ')}{'; '.join(origin)}"]
+        footer[-1:-1] = [
+            f"- Kept rows: {', '.join(kept)} (no run of theirs where this table was regenerated; "
+            "cells and runs as in the previous table)",
+            f"- {KEPT_ORIGIN.removeprefix('# ')}{'; '.join(origin)}",
+        ]
     try:
         atomic_write(md_path, render_markdown(spec, header, body, footnotes, footer))
         atomic_write(csv_path, render_csv(header, body, footnotes, footer))
         write_inputs(out_dir, [by_name[n] for n in footnotes if n in by_name])
         write_plots(spec.plots, md_path.with_suffix(".csv"), spec.row_header, spec.title)
     except OSError as exc:  # read-only (archived) records: the table can go elsewhere
-        raise SpecReproError(f"cannot write the table to {out_dir}: {exc.strerror or exc}; --out-dir DIR writes "
-                             "it elsewhere") from None
+        raise SpecReproError(
+            f"cannot write the table to {out_dir}: {exc.strerror or exc}; --out-dir DIR writes it elsewhere"
+        ) from None
     return md_path
 
 
 def main(args: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="specrepro table", description="Regenerate a paper table from run records.")
     parser.add_argument("name", help=f"a table spec in {TABLES_DIR} (without .yaml), or a spec file path.yaml")
-    parser.add_argument("--results-dir", action="append", default=None,
-                        help="where the run records are (<dir>/runs; repeat it to read several, e.g. new records and "
-                             "a committed table's inputs) and, for the first, where the table goes (default: results)")
-    parser.add_argument("--source", choices=("local", "wandb"), default="local",
-                        help="local run records, or W&B runs through its public API (online only)")
+    parser.add_argument(
+        "--results-dir",
+        action="append",
+        default=None,
+        help="where the run records are (<dir>/runs; repeat it to read several, e.g. new records and "
+        "a committed table's inputs) and, for the first, where the table goes (default: results)",
+    )
+    parser.add_argument(
+        "--source",
+        choices=("local", "wandb"),
+        default="local",
+        help="local run records, or W&B runs through its public API (online only)",
+    )
     parser.add_argument("--project", default="specrepro", help="W&B project (--source wandb)")
     parser.add_argument("--entity", default=None, help="W&B entity (--source wandb; default: yours)")
     parser.add_argument("--group", default=None, help="W&B group, e.g. one sweep (--source wandb)")
     parser.add_argument("--out-dir", default=None, help="where the table goes (default: <results dir>/<paper>)")
     parser.add_argument("--command", default=None, help="the regenerating command the provenance footer names")
-    parser.add_argument("--keep-rows", action="store_true",
-                        help="rows with no run in the results dir keep their cells and runs from the table already in "
-                             "the out dir (e.g. records made on another machine); the footer names them")
+    parser.add_argument(
+        "--keep-rows",
+        action="store_true",
+        help="rows with no run in the results dir keep their cells and runs from the table already in "
+        "the out dir (e.g. records made on another machine); the footer names them",
+    )
     opts = parser.parse_args(args)
-    path = write_table(opts.name, opts.results_dir or ["results"], opts.source, opts.project, opts.entity, opts.group,
-                       out_dir=opts.out_dir, command=opts.command, keep_rows=opts.keep_rows)
+    path = write_table(
+        opts.name,
+        opts.results_dir or ["results"],
+        opts.source,
+        opts.project,
+        opts.entity,
+        opts.group,
+        out_dir=opts.out_dir,
+        command=opts.command,
+        keep_rows=opts.keep_rows,
+    )
     print(path.read_text())
     plots = [path.with_name(f"{path.stem}_{plot.name}.png") for plot in TableSpec.load(opts.name).plots]
     print(f"wrote {path} and {path.with_suffix('.csv')}" + "".join(f", {plot}" for plot in plots))

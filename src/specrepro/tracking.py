@@ -73,12 +73,14 @@ def _json_safe(value):
 def _writing_record(method):
     """A RunRecord method that writes: an OSError (a full disk, a read-only directory) becomes one line naming the
     run's directory."""
+
     @functools.wraps(method)
     def writing(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
         except OSError as exc:
             raise SpecReproError(f"cannot write the run record to {self.dir}: {exc.strerror or exc}") from None
+
     return writing
 
 
@@ -125,8 +127,12 @@ class RunRecord:
         atomic_write(self.generations_path, "".join(json.dumps(r) + "\n" for r in rows))
         atomic_write(self.dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         origin = provenance(cfg.hardware)
-        session = {"started_at": now(), "host": socket.gethostname(), "pid": os.getpid(),
-                   "machine": machine_label(origin["machine"])}
+        session = {
+            "started_at": now(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "machine": machine_label(origin["machine"]),
+        }
         if not rows or not self.provenance_path.is_file():
             started = {"started_at": session["started_at"], **origin, "sessions": []}
         else:
@@ -152,22 +158,35 @@ class RunRecord:
         its paired speedup over the `ar` timed beside it and a digest of its tokens. From the generations, else from
         `turns.jsonl`; SpecReproError for a run not timed against `ar` or a copy without either."""
         if self.generations_path.is_file() and self.complete and (damage := self.damage()):
-            raise SpecReproError(f"{self.dir.name}: {damage}: `specrepro run` with its config decodes the lost "
-                                 "records again")
+            raise SpecReproError(
+                f"{self.dir.name}: {damage}: `specrepro run` with its config decodes the lost records again"
+            )
         if not self.generations_path.is_file():
             if not self.turns_path.is_file():
-                raise SpecReproError(f"{self.dir.name}: holds no per-turn timings (neither generations.jsonl nor "
-                                     f"{self.turns_path.name}: a committed copy made before they were kept)")
+                raise SpecReproError(
+                    f"{self.dir.name}: holds no per-turn timings (neither generations.jsonl nor "
+                    f"{self.turns_path.name}: a committed copy made before they were kept)"
+                )
             return [json.loads(line) for line in self.turns_path.read_text().splitlines()]
         turns = []
         for row in self.rows():
             for sample, gens in enumerate(row["samples"]):
                 for turn, gen in enumerate(gens):
                     if not gen.get("ar_wall_time"):
-                        raise SpecReproError(f"{self.dir.name}: record {row['id']} was not timed against ar "
-                                             "(run it with timing.paired=true)")
-                    turns.append({"id": row["id"], "prompt": config_hash(row["prompts"][0]), "sample": sample,
-                                  "turn": turn, "speedup": paired_ratio(gen), "tokens": config_hash(gen["token_ids"])})
+                        raise SpecReproError(
+                            f"{self.dir.name}: record {row['id']} was not timed against ar "
+                            "(run it with timing.paired=true)"
+                        )
+                    turns.append(
+                        {
+                            "id": row["id"],
+                            "prompt": config_hash(row["prompts"][0]),
+                            "sample": sample,
+                            "turn": turn,
+                            "speedup": paired_ratio(gen),
+                            "tokens": config_hash(gen["token_ids"]),
+                        }
+                    )
         return turns
 
     def damage(self) -> str | None:
@@ -254,8 +273,9 @@ SAMPLE_COLUMNS = ["id", "new_tokens", "tokens_per_s", "accepted", "score"]
 _wandb_unreachable = False  # once the server did not answer, later runs of this process go offline at once
 
 
-def wandb_init(cfg, name: str, run_dir: Path, group: str | None = None, job_type: str = "decode",
-               origin: dict | None = None):
+def wandb_init(
+    cfg, name: str, run_dir: Path, group: str | None = None, job_type: str = "decode", origin: dict | None = None
+):
     """Start a W&B run for this job (None when logger=none); never raises. An online run whose server does not
     answer within `logger.init_timeout` is logged offline instead (said once per process). `origin` is the
     record's provenance (default: this process's)."""
@@ -266,9 +286,17 @@ def wandb_init(cfg, name: str, run_dir: Path, group: str | None = None, job_type
         import wandb
 
         config = OmegaConf.to_container(cfg, resolve=True) | {"provenance": origin or provenance(cfg.hardware)}
-        kwargs = dict(project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group or group,
-                      tags=list(cfg.logger.tags), name=name, job_type=job_type, config=config, dir=str(run_dir),
-                      reinit="finish_previous")
+        kwargs = dict(
+            project=cfg.logger.project,
+            entity=cfg.logger.entity,
+            group=cfg.logger.group or group,
+            tags=list(cfg.logger.tags),
+            name=name,
+            job_type=job_type,
+            config=config,
+            dir=str(run_dir),
+            reinit="finish_previous",
+        )
         mode = wandb_mode(cfg.logger)
         if mode == "online" and not _wandb_unreachable:
             try:
@@ -277,8 +305,11 @@ def wandb_init(cfg, name: str, run_dir: Path, group: str | None = None, job_type
                 return wandb.init(mode=mode, settings=settings, **kwargs)
             except Exception as exc:
                 _wandb_unreachable = True
-                log.warning("W&B did not answer (%s): logging offline under %s; `wandb sync` uploads it later",
-                            type(exc).__name__, run_dir)
+                log.warning(
+                    "W&B did not answer (%s): logging offline under %s; `wandb sync` uploads it later",
+                    type(exc).__name__,
+                    run_dir,
+                )
         return wandb.init(mode="offline" if mode == "online" else mode, **kwargs)
     except Exception as exc:  # W&B must never cost the local record
         log.warning("W&B could not start (%s: %s); results are kept locally in %s", type(exc).__name__, exc, run_dir)
@@ -298,8 +329,12 @@ def log_to_wandb(cfg, record: RunRecord, run_name: str, group: str | None, metri
         for row in rows:
             for gen in (g for sample in row["samples"] for g in sample):
                 rate = len(gen["token_ids"]) / gen["wall_time"] if gen["wall_time"] else None
-                table.add_data(row["id"], len(gen["token_ids"]), rate, json.dumps(gen["accepted"]), json.dumps(row["scores"]))
+                table.add_data(
+                    row["id"], len(gen["token_ids"]), rate, json.dumps(gen["accepted"]), json.dumps(row["scores"])
+                )
         run.log({"samples": table})
         run.finish()
     except Exception as exc:  # W&B must never cost the local record
-        log.warning("W&B logging failed (%s: %s); the local record in %s is complete", type(exc).__name__, exc, record.dir)
+        log.warning(
+            "W&B logging failed (%s: %s); the local record in %s is complete", type(exc).__name__, exc, record.dir
+        )

@@ -101,11 +101,13 @@ def labels(value, where: str) -> list[str]:
 
 def one_of(*allowed: str) -> Callable[[Any, str], str]:
     """A check that a value is one of the `allowed` strings."""
+
     def check(value, where: str) -> str:
         if value not in allowed:
             got = repr(value) if isinstance(value, str) else kind(value)
             raise Invalid(f"{where}: expected one of {', '.join(allowed)}, got {got}")
         return value
+
     return check
 
 
@@ -119,10 +121,16 @@ def build(schema: type, raw, where: str = "top level", **given):
     the spec), each value checked against its field's type; `Invalid` says what does not fit."""
     hints = typing.get_type_hints(schema, include_extras=True)
     fields = [f for f in dataclasses.fields(schema) if f.name not in given]
-    has_default = [f.name for f in fields if f.default is not dataclasses.MISSING
-                   or f.default_factory is not dataclasses.MISSING or "spec_default" in f.metadata]
-    raw = mapping(raw, where, required=tuple(f.name for f in fields if f.name not in has_default),
-                  optional=tuple(has_default))
+    has_default = [
+        f.name
+        for f in fields
+        if f.default is not dataclasses.MISSING
+        or f.default_factory is not dataclasses.MISSING
+        or "spec_default" in f.metadata
+    ]
+    raw = mapping(
+        raw, where, required=tuple(f.name for f in fields if f.name not in has_default), optional=tuple(has_default)
+    )
     values = dict(given)
     for f in fields:
         inner = f.name if where == "top level" else f"{where}.{f.name}"

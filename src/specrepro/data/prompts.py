@@ -15,6 +15,7 @@ Template = Callable[[object, list], str]  # (record, shots as Record dicts) -> u
 
 # ---- templates ----
 
+
 def _article_summary(record, shots) -> str:
     """Draft & Verify (002) code: "Article: ...\\nSummary: ...\\n" per exemplar (newlines removed from its summary)."""
     exemplars = "".join(f"Article: {s['turns'][0]}\nSummary: {_without_newlines(s['reference'])}\n" for s in shots)
@@ -48,8 +49,10 @@ def _humaneval_completion(record, shots) -> str:
 
 def _humaneval_space(record, shots) -> str:
     """SPACE (000) paper, HumanEval-X: an instruction line, then the prompt."""
-    return ("Complete the following python code. Do not give any explanation or testing examples, "
-            f"just complete the code.\n {record.fields['prompt']}")
+    return (
+        "Complete the following python code. Do not give any explanation or testing examples, "
+        f"just complete the code.\n {record.fields['prompt']}"
+    )
 
 
 GSM8K_INSTRUCTION = 'Solve the math problem step by step. Write the final answer on the last line as "#### <number>".'
@@ -59,7 +62,8 @@ def _gsm8k_hash_answer(record, shots) -> str:
     """Harness default (002 and 003 give no GSM8K format): GSM8K's own "#### N" solution convention,
     exemplars from the train file with the <<calculator>> annotations removed."""
     exemplars = "".join(
-        f"Question: {s['turns'][0]}\nAnswer: {re.sub(r'<<[^>]*>>', '', s['fields']['answer'])}\n\n" for s in shots)
+        f"Question: {s['turns'][0]}\nAnswer: {re.sub(r'<<[^>]*>>', '', s['fields']['answer'])}\n\n" for s in shots
+    )
     return f"{GSM8K_INSTRUCTION}\n\n{exemplars}Question: {record.turns[0]}\nAnswer:"
 
 
@@ -71,8 +75,10 @@ def _gsm8k_cllm(record, shots) -> str:
 def _mbpp_tests(record, shots) -> str:
     """MBPP paper (Austin et al. 2021) task + tests prompt; none of 000-004 evaluates MBPP (a CLLM code stand-in)."""
     tests = "\n".join(record.fields["test_list"])
-    return f"You are an expert Python programmer, and here is your task: {record.turns[0]} " \
-           f"Your code should pass these tests:\n\n{tests}\n"
+    return (
+        f"You are an expert Python programmer, and here is your task: {record.turns[0]} "
+        f"Your code should pass these tests:\n\n{tests}\n"
+    )
 
 
 def _pubmedqa_context(record, shots) -> str:
@@ -83,17 +89,22 @@ def _pubmedqa_context(record, shots) -> str:
 
 def _spider_cllm(record, shots) -> str:
     """CLLM (004) eval/spider/speedup.py: instruction + schema + question in "### Instruction/### Response"."""
-    schema = "".join(f"table named {table} with columns {columns}, "
-                     for table, columns in record.fields["schema"].items())
-    instruction = ("Could you translate the following question into SQL. Please only generate SQL, "
-                   f"don't include explanation in the answer. The SQL database has {schema}Question: {record.turns[0]}")
+    schema = "".join(
+        f"table named {table} with columns {columns}, " for table, columns in record.fields["schema"].items()
+    )
+    instruction = (
+        "Could you translate the following question into SQL. Please only generate SQL, "
+        f"don't include explanation in the answer. The SQL database has {schema}Question: {record.turns[0]}"
+    )
     return f"### Instruction:\n{instruction}\n### Response:\n"
 
 
 def _sql_context(record, shots) -> str:
     """Harness format for sql-create-context (SAR, 001, gives none): the CREATE TABLE context, then the question."""
-    return (f"Tables:\n{record.fields['context']}\n\n"
-            f"Write one SQL query that answers this question: {record.turns[0]}\nSQL:")
+    return (
+        f"Tables:\n{record.fields['context']}\n\n"
+        f"Write one SQL query that answers this question: {record.turns[0]}\nSQL:"
+    )
 
 
 def _as_is(record, shots) -> str:
@@ -102,8 +113,12 @@ def _as_is(record, shots) -> str:
 
 
 TEMPLATES: dict[str, dict[str, Template]] = {
-    "xsum": {"article_summary": _article_summary, "eesd": _article_summary_eesd, "space": _space_summary,
-             "summarize": _summarize},
+    "xsum": {
+        "article_summary": _article_summary,
+        "eesd": _article_summary_eesd,
+        "space": _space_summary,
+        "summarize": _summarize,
+    },
     "cnn_dm": {"article_summary": _article_summary, "eesd": _article_summary_eesd},
     "humaneval": {"completion": _humaneval_completion, "space": _humaneval_space},
     "gsm8k": {"hash_answer": _gsm8k_hash_answer, "cllm": _gsm8k_cllm},
@@ -137,6 +152,7 @@ def _template(task: str, template: Optional[str]) -> Template:
 
 # ---- rendering ----
 
+
 def render_prompt(record, tokenizer, cfg, history: Sequence[str] = ()) -> str:
     """The text the model continues for user turn len(history); `history` holds its previous answers.
 
@@ -153,8 +169,11 @@ def prompt_ids(record, tokenizer, cfg, history: Sequence[str] = ()) -> list[int]
     """The token ids of `render_prompt`'s text, the data's text tokenized as text: a special token's string in a
     record or an answer (`<|im_end|>`, `<|im_start|>system`) stays those characters, never a template's turn. Text
     without one tokenizes exactly as the whole rendered prompt does."""
-    specials = sorted({token.content for token in getattr(tokenizer, "added_tokens_decoder", {}).values()
-                       if token.special}, key=len, reverse=True)
+    specials = sorted(
+        {token.content for token in getattr(tokenizer, "added_tokens_decoder", {}).values() if token.special},
+        key=len,
+        reverse=True,
+    )
     literals: list[str] = []
 
     def bracket(match) -> str:
@@ -162,14 +181,17 @@ def prompt_ids(record, tokenizer, cfg, history: Sequence[str] = ()) -> list[int]
         return f"{LITERAL}{len(literals) - 1}{LITERAL}"
 
     pattern = re.compile("|".join(map(re.escape, specials))) if specials else None
-    text = _render(record, tokenizer, cfg, history, lambda content: pattern.sub(bracket, content) if pattern else content)
+    text = _render(
+        record, tokenizer, cfg, history, lambda content: pattern.sub(bracket, content) if pattern else content
+    )
     if not literals:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     ids = []
     for index, piece in enumerate(text.split(LITERAL)):  # template text, a literal's index, template text, ...
         literal = index % 2 == 1
-        ids += tokenizer(literals[int(piece)] if literal else piece, add_special_tokens=False,
-                         split_special_tokens=literal)["input_ids"]
+        ids += tokenizer(
+            literals[int(piece)] if literal else piece, add_special_tokens=False, split_special_tokens=literal
+        )["input_ids"]
     return ids
 
 
@@ -179,7 +201,7 @@ def _render(record, tokenizer, cfg, history: Sequence[str], as_text: Callable[[s
     if turn >= len(record.turns):
         raise SpecReproError(f"record {record.id} has {len(record.turns)} turn(s); {turn} previous answers were given")
     first_turn = _template(cfg.task, cfg.template)(record, record.fields.get("shots", []))
-    user_texts = [as_text(text) for text in (first_turn, *record.turns[1: turn + 1])]
+    user_texts = [as_text(text) for text in (first_turn, *record.turns[1 : turn + 1])]
     history = [as_text(answer) for answer in history]
     if cfg.prompt_style == "completion" and turn == 0:
         return user_texts[0]

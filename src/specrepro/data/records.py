@@ -58,8 +58,13 @@ def load_records(cfg) -> list[Record]:
         random.Random(cfg.seed).shuffle(records)
     if cfg.limit is not None:
         if cfg.limit > len(records):
-            log.warning("dataset '%s': limit %d is more than its %d records; using all %d",
-                        cfg.name, cfg.limit, len(records), len(records))
+            log.warning(
+                "dataset '%s': limit %d is more than its %d records; using all %d",
+                cfg.name,
+                cfg.limit,
+                len(records),
+                len(records),
+            )
         records = records[: cfg.limit]
     return records
 
@@ -70,6 +75,7 @@ def gsm8k_final_answer(solution: str) -> str:
 
 
 # ---- one adapter per row layout: row, index in file -> Record (None = skip the row) ----
+
 
 class NotText(Exception):
     """A row's prompt field holds no text (null, a list, a number): the record cannot be prompted."""
@@ -85,7 +91,9 @@ def _text(row: dict, key: str, value=...) -> str:
 
 
 def _gsm8k(row: dict, index: int) -> Record:
-    return Record(str(index), [_text(row, "question")], gsm8k_final_answer(_text(row, "answer")), {"answer": row["answer"]})
+    return Record(
+        str(index), [_text(row, "question")], gsm8k_final_answer(_text(row, "answer")), {"answer": row["answer"]}
+    )
 
 
 def _humaneval(row: dict, index: int) -> Record:
@@ -97,8 +105,12 @@ def _humaneval(row: dict, index: int) -> Record:
         if call is None:
             raise KeyError("entry_point")
         test, entry_point = test[: call.start()] + "\n", call[1]
-    fields = {"prompt": row["prompt"], "test": test, "entry_point": entry_point,
-              "canonical_solution": row["canonical_solution"]}
+    fields = {
+        "prompt": row["prompt"],
+        "test": test,
+        "entry_point": entry_point,
+        "canonical_solution": row["canonical_solution"],
+    }
     return Record(str(row["task_id"]), [_text(row, "prompt")], row["canonical_solution"], fields)
 
 
@@ -116,13 +128,18 @@ def _question_file(row: dict, index: int) -> Record:
     first = references[0] if references and isinstance(references[0], str) and references[0] else None
     fields = {"category": row.get("category"), "references": references}
     if not isinstance(row["turns"], list) or not row["turns"]:
-        raise NotText(f"field 'turns' is {'null' if row['turns'] is None else repr(row['turns'])[:40]}, not a list of texts")
+        raise NotText(
+            f"field 'turns' is {'null' if row['turns'] is None else repr(row['turns'])[:40]}, not a list of texts"
+        )
     return Record(str(row["question_id"]), [_text(row, "turns", turn) for turn in row["turns"]], first, fields)
 
 
 def _mbpp(row: dict, index: int) -> Record:
-    fields = {"test_list": row["test_list"], "test_setup_code": row.get("test_setup_code", ""),
-              "challenge_test_list": row.get("challenge_test_list", [])}
+    fields = {
+        "test_list": row["test_list"],
+        "test_setup_code": row.get("test_setup_code", ""),
+        "challenge_test_list": row.get("challenge_test_list", []),
+    }
     return Record(str(row["task_id"]), [_text(row, "text")], row["code"], fields)
 
 
@@ -136,8 +153,12 @@ def _spider(row: dict, index: int) -> Record:
 
 
 def _sql_context(row: dict, index: int) -> Record:
-    return Record(str(index), [_text(row, "question")], row["answer"],
-                  {"context": _text(row, "context"), "db_id": row.get("db_id")})
+    return Record(
+        str(index),
+        [_text(row, "question")],
+        row["answer"],
+        {"context": _text(row, "context"), "db_id": row.get("db_id")},
+    )
 
 
 USER_ROLES = {"human", "user"}
@@ -149,8 +170,12 @@ def _conversation(row: dict, index: int) -> Optional[Record]:
     out of the turns (the whole conversation stays in `messages`), and rows without a user turn are skipped."""
     messages = row["conversations"] if "conversations" in row else row["conversation"]
     speakers = [(m.get("from", m.get("role")), m.get("value", m.get("content"))) for m in messages]
-    user_turns = [turn for who, text in speakers if who in USER_ROLES
-                  if (turn := _text(row, "conversations" if "conversations" in row else "conversation", text)).strip()]
+    user_turns = [
+        turn
+        for who, text in speakers
+        if who in USER_ROLES
+        if (turn := _text(row, "conversations" if "conversations" in row else "conversation", text)).strip()
+    ]
     replies = [text for who, text in speakers if who in ASSISTANT_ROLES]
     if not user_turns:
         return None
@@ -165,18 +190,31 @@ def _alpaca(row: dict, index: int) -> Record:
 
 
 ADAPTERS: dict[str, Callable[[dict, int], Optional[Record]]] = {
-    "gsm8k": _gsm8k, "humaneval": _humaneval, "xsum": _xsum, "cnn_dm": _cnn_dm,
-    "mt_bench": _question_file, "spec_bench": _question_file, "mbpp": _mbpp, "pubmedqa": _pubmedqa,
-    "spider": _spider, "sql_context": _sql_context, "sharegpt": _conversation, "alpaca": _alpaca,
+    "gsm8k": _gsm8k,
+    "humaneval": _humaneval,
+    "xsum": _xsum,
+    "cnn_dm": _cnn_dm,
+    "mt_bench": _question_file,
+    "spec_bench": _question_file,
+    "mbpp": _mbpp,
+    "pubmedqa": _pubmedqa,
+    "spider": _spider,
+    "sql_context": _sql_context,
+    "sharegpt": _conversation,
+    "alpaca": _alpaca,
 }
 
 
 # ---- steps of load_records ----
 
+
 def _check_config(cfg) -> None:
     """Reject settings that cannot work, before any file is read."""
-    for key, value, allowed in (("task", cfg.task, TASKS), ("prompt_style", cfg.prompt_style, PROMPT_STYLES),
-                                ("metric", cfg.metric, METRICS)):
+    for key, value, allowed in (
+        ("task", cfg.task, TASKS),
+        ("prompt_style", cfg.prompt_style, PROMPT_STYLES),
+        ("metric", cfg.metric, METRICS),
+    ):
         if value not in allowed:
             raise SpecReproError(f"dataset '{cfg.name}': {key} '{value}' is not one of {', '.join(allowed)}")
     if cfg.limit is not None and cfg.limit <= 0:
@@ -247,7 +285,7 @@ def _split_off_shots(records: list[Record], cfg) -> list[Record]:
     without one, of the evaluated file itself, which then loses them.
     """
     if cfg.shots_path is None:
-        shots, records = records[: cfg.few_shot], records[cfg.few_shot:]
+        shots, records = records[: cfg.few_shot], records[cfg.few_shot :]
     else:
         shots = _read_records(cfg.shots_path, cfg.task, cfg.hf_config, "train")[: cfg.few_shot]
     if len(shots) < cfg.few_shot:

@@ -98,7 +98,8 @@ class Decoder(ABC):
     reads_hidden_states = False  # its target forwards go through `steps.hidden` (or `with_hidden`)
     layer_slices: list = []  # (cache name, layers) it runs through `steps.layers` itself (compiled steps warm them up)
     step_variants: list = []  # (name, state context, reads hidden) of model states it drafts in, one token a step
-    draft_model_steps: list = []  # (steps, widest step, reads hidden) of a draft model's own: warmed up beside the target's
+    # (steps, widest step, reads hidden) of a draft model's own: warmed up beside the target's
+    draft_model_steps: list = []
     drafter_calls: list = []  # (drafter step, inputs) of each input shape its `steps.drafter_step`s take: warmed up too
     code_modules: tuple = ()  # other modules whose code shapes its tokens or timings (identity.py)
 
@@ -108,8 +109,10 @@ class Decoder(ABC):
         self.eos_ids = _eos_ids(model, tokenizer)
         self.steps = steps or target_steps(model)  # how the target's forwards run: eager, or compiled
         if self.steps.compiled and not self.compilable:
-            raise SpecReproError(f"method '{self.name}' does not support hardware.compile (its target's forwards do "
-                                 "not run through the shared steps); run it with hardware.compile=false")
+            raise SpecReproError(
+                f"method '{self.name}' does not support hardware.compile (its target's forwards do "
+                "not run through the shared steps); run it with hardware.compile=false"
+            )
 
     @property
     def max_step_width(self) -> int:
@@ -128,8 +131,10 @@ class Decoder(ABC):
     def memory_extras(self) -> dict[str, float]:
         """`extra_parameters` and `extra_memory_pct` (|theta'| / |theta|, 001's Table 2), logged for every method."""
         extra = self.extra_parameters
-        return {"extra_parameters": extra,
-                "extra_memory_pct": 100.0 * extra / sum(p.numel() for p in self.model.parameters())}
+        return {
+            "extra_parameters": extra,
+            "extra_memory_pct": 100.0 * extra / sum(p.numel() for p in self.model.parameters()),
+        }
 
     @classmethod
     def resolve_artifacts(cls, cfg, target, artifacts_dir) -> dict[str, Path]:

@@ -71,8 +71,15 @@ class AdaptiveDraftExit(DraftLengthController):
     AR_e = accepted / drafted of round e (the official code's definition). No clipping of gamma (none in the paper).
     """
 
-    def __init__(self, k_max: int = 12, gamma0: float = 0.6, alpha: float = 0.9, epsilon: float = 0.01,
-                 beta1: float = 0.5, beta2: float = 0.9):
+    def __init__(
+        self,
+        k_max: int = 12,
+        gamma0: float = 0.6,
+        alpha: float = 0.9,
+        epsilon: float = 0.01,
+        beta1: float = 0.5,
+        beta2: float = 0.9,
+    ):
         self.k_max, self.alpha, self.epsilon, self.beta1, self.beta2 = k_max, alpha, epsilon, beta1, beta2
         self.gamma = gamma0
         self.accept_rate: float | None = None  # AR, reset per generation as in the official code
@@ -91,7 +98,9 @@ class AdaptiveDraftExit(DraftLengthController):
             self.accept_rate = round_rate  # Eq. 2 with beta1 = 0 at e = 1
         else:
             self.accept_rate = self.beta1 * self.accept_rate + (1 - self.beta1) * round_rate  # Eq. 2
-        gamma_tilde = self.gamma + self.epsilon if self.accept_rate <= self.alpha else self.gamma - self.epsilon  # Eq. 3
+        gamma_tilde = (
+            self.gamma + self.epsilon if self.accept_rate <= self.alpha else self.gamma - self.epsilon
+        )  # Eq. 3
         self.gamma = self.beta2 * self.gamma + (1 - self.beta2) * gamma_tilde  # Eq. 4
 
 
@@ -119,8 +128,16 @@ class BetaTS(DraftLengthController):
     more draft token pays for itself (its draft cost in AR steps times the tokens an AR step is worth).
     """
 
-    def __init__(self, alpha0: float, beta0: float, k_max: int, rng, counting: str = "literal_R1",
-                 decision: str = "bernoulli", break_even: float = 0.2):
+    def __init__(
+        self,
+        alpha0: float,
+        beta0: float,
+        k_max: int,
+        rng,
+        counting: str = "literal_R1",
+        decision: str = "bernoulli",
+        break_even: float = 0.2,
+    ):
         if counting not in ("literal_R1", "literal_R2", "clean"):
             raise SpecReproError(f"Beta-TS counting '{counting}' is not one of literal_R1, literal_R2, clean")
         if decision not in ("bernoulli", "break_even"):
@@ -169,8 +186,16 @@ class CaliTS(DraftLengthController):
     theta ~ N(mu, sigma^2) is clipped to [0, 1] before the Bernoulli draw.
     """
 
-    def __init__(self, sigma_m: float, sigma_s: float, theta0: float, k_max: int, rng,
-                 mode: str = "both", theta_update: str = "successes_only"):
+    def __init__(
+        self,
+        sigma_m: float,
+        sigma_s: float,
+        theta0: float,
+        k_max: int,
+        rng,
+        mode: str = "both",
+        theta_update: str = "successes_only",
+    ):
         if mode not in ("both", "model", "sampling"):
             raise SpecReproError(f"Cali-TS mode '{mode}' is not one of both, model, sampling")
         if theta_update not in ("successes_only", "literal"):

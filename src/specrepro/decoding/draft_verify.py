@@ -68,8 +68,9 @@ class DraftVerifyDecoder(Decoder):
         return None
 
     @abstractmethod
-    def propose(self, state, tokens: torch.Tensor, k: int, sampling: Sampling, rng,
-                controller: DraftLengthController) -> Proposal:
+    def propose(
+        self, state, tokens: torch.Tensor, k: int, sampling: Sampling, rng, controller: DraftLengthController
+    ) -> Proposal:
         """Draft up to k tokens (a chain, or a tree of depth <= k) after the committed `tokens` (1, n)."""
 
     def target_forward(self, state, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None) -> TargetOutput:
@@ -91,8 +92,9 @@ class DraftVerifyDecoder(Decoder):
         """The last token, the longest chain the controller allows and the tree's extra siblings."""
         return 1 + self.new_controller().max_length + self.tree_width - 1
 
-    def with_first_siblings(self, drafts: torch.Tensor, q: torch.Tensor | None, first_logits: torch.Tensor,
-                            vocab_ids: torch.Tensor | None) -> Proposal:
+    def with_first_siblings(
+        self, drafts: torch.Tensor, q: torch.Tensor | None, first_logits: torch.Tensor, vocab_ids: torch.Tensor | None
+    ) -> Proposal:
         """The chain `drafts`; with `tree_width` w > 1, plus the w - 1 next-best tokens of the first position's
         draft logits (over `vocab_ids` when the draft vocabulary is reduced) as siblings of its first node."""
         if self.tree_width == 1:
@@ -118,7 +120,9 @@ class DraftVerifyDecoder(Decoder):
             # k drafts + 1 bonus token must fit the budget
             k = max(0, min(controller.next_length(), out.remaining - 1))
             with out.timed("draft"):
-                proposal = self.propose(state, tokens, k, sampling, rng, controller) if k else Proposal(tokens.new_empty(0))
+                proposal = (
+                    self.propose(state, tokens, k, sampling, rng, controller) if k else Proposal(tokens.new_empty(0))
+                )
             drafts, parents = proposal.drafts, proposal.parents
             with out.timed("verify"):
                 verify_input = torch.cat([tokens[:, -1], drafts]).view(1, -1)
@@ -130,8 +134,9 @@ class DraftVerifyDecoder(Decoder):
                     rows = list(range(n_accepted + 1))
                 else:
                     allow, positions = tree_attention(parents, committed - 1)
-                    output = self.target_forward(state, verify_input, cache,
-                                                 tree=(allow.to(self.device), positions.to(self.device)))
+                    output = self.target_forward(
+                        state, verify_input, cache, tree=(allow.to(self.device), positions.to(self.device))
+                    )
                     new_tokens, path = tree_verify(drafts, parents, proposal.q, output.logits[0], sampling, rng)
                     keep_tree_path(cache, committed, path)
                     n_accepted, rows = len(path), [0] + [node + 1 for node in path]

@@ -42,8 +42,9 @@ def full_vocab_logits(vocab_ids: torch.Tensor | None, logits: torch.Tensor, voca
     return full
 
 
-def choose_draft_token(vocab_ids: torch.Tensor | None, logits: torch.Tensor, vocab_size: int, sampling: Sampling,
-                       rng) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+def choose_draft_token(
+    vocab_ids: torch.Tensor | None, logits: torch.Tensor, vocab_size: int, sampling: Sampling, rng
+) -> tuple[torch.Tensor, torch.Tensor | None, float]:
     """One draft token from a head's logits over its draft vocabulary: (token id, q over the target's vocabulary
     or None when greedy, the draft's top-1 probability). Greedy drafting never leaves the V draft logits."""
     top1 = float(logits.float().softmax(-1).max())  # -inf outside the draft vocabulary adds nothing
@@ -53,7 +54,9 @@ def choose_draft_token(vocab_ids: torch.Tensor | None, logits: torch.Tensor, voc
     return sample(q, rng), q, top1
 
 
-def alternatives(vocab_ids: torch.Tensor | None, logits: torch.Tensor, chosen: torch.Tensor, count: int) -> torch.Tensor:
+def alternatives(
+    vocab_ids: torch.Tensor | None, logits: torch.Tensor, chosen: torch.Tensor, count: int
+) -> torch.Tensor:
     """Token ids of the `count` best draft tokens for `logits` other than `chosen`, best first."""
     best = token_ids(vocab_ids, logits.topk(min(count + 1, logits.shape[-1])).indices)
     return best[best != chosen][:count]

@@ -59,8 +59,11 @@ class EagleConfig(MethodConfig):
         self.require(self.top_k >= 1, "top_k", ">= 1")
         self.require(self.total_tokens >= 1, "total_tokens", ">= 1")
         self.require(self.draft_vocab >= 0, "draft_vocab", ">= 0 (0: the whole vocabulary)")
-        self.require(not self.draft_vocab or self.head != "none", "draft_vocab", "0 with head=none (it is chosen when "
-                     "the draft is trained)")
+        self.require(
+            not self.draft_vocab or self.head != "none",
+            "draft_vocab",
+            "0 with head=none (it is chosen when the draft is trained)",
+        )
 
 
 class EagleDraft(nn.Module):
@@ -70,8 +73,12 @@ class EagleDraft(nn.Module):
     def __init__(self, config, draft_vocab_size: int = 0):
         super().__init__()
         H = config.hidden_size
-        self.settings = {"hidden_size": H, "vocab_size": config.vocab_size, "draft_vocab": draft_vocab_size,
-                         "config": config.to_dict()}
+        self.settings = {
+            "hidden_size": H,
+            "vocab_size": config.vocab_size,
+            "draft_vocab": draft_vocab_size,
+            "config": config.to_dict(),
+        }
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or H // self.heads
         self.fc = nn.Linear(2 * H, H)  # FC(concat(f_i, e(t_{i+1}))): 2H -> H
@@ -90,8 +97,13 @@ class EagleDraft(nn.Module):
         if self.vocab_ids is None:
             self.lm_head = [lm_head]
             return self
-        rows = nn.Linear(lm_head.in_features, len(self.vocab_ids), bias=False, device=lm_head.weight.device,
-                         dtype=lm_head.weight.dtype).requires_grad_(False)
+        rows = nn.Linear(
+            lm_head.in_features,
+            len(self.vocab_ids),
+            bias=False,
+            device=lm_head.weight.device,
+            dtype=lm_head.weight.dtype,
+        ).requires_grad_(False)
         with torch.no_grad():
             rows.weight.copy_(lm_head.weight[self.vocab_ids.to(lm_head.weight.device)])
         self.lm_head = [rows]
@@ -103,8 +115,14 @@ class EagleDraft(nn.Module):
             raise SpecReproError("the EAGLE draft scores with the target's LM head: call attach_lm_head first")
         return self.lm_head[0](features.to(self.lm_head[0].weight.dtype))
 
-    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, positions: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None, allow: torch.Tensor | None = None):
+    def forward(
+        self,
+        features: torch.Tensor,
+        token_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        allow: torch.Tensor | None = None,
+    ):
         """Predicted features (B, n, H) of n pairs (f_i, e(t_{i+1})) (B, n, H) each at position `positions` (B, n),
         after `past` keys and values ((B, kv_heads, m, d) each, or None); `allow` (n, m + n) bool says which keys each
         pair sees (None: causal). Returns (predicted features, (keys, values) of these n pairs)."""
@@ -117,8 +135,13 @@ class EagleDraft(nn.Module):
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
         repeat = self.heads // self.kv_heads
-        attended = F.scaled_dot_product_attention(q, keys.repeat_interleave(repeat, 1), values.repeat_interleave(repeat, 1),
-                                                  attn_mask=allow, is_causal=allow is None and past is None)
+        attended = F.scaled_dot_product_attention(
+            q,
+            keys.repeat_interleave(repeat, 1),
+            values.repeat_interleave(repeat, 1),
+            attn_mask=allow,
+            is_causal=allow is None and past is None,
+        )
         h = x + self.o_proj(attended.transpose(1, 2).reshape(B, n, -1))  # the layer without an input norm
         return h + self.mlp(self.post_attention_layernorm(h)), (k, v)
 
@@ -140,8 +163,10 @@ class EagleDraft(nn.Module):
         settings = json.loads((path / DRAFT_FILES[0]).read_text())
         for key in ("hidden_size", "vocab_size"):
             if settings[key] != getattr(target_config, key):
-                raise SpecReproError(f"the EAGLE draft {path.name} was trained for a target with {key} "
-                                     f"{settings[key]}, this target has {getattr(target_config, key)}")
+                raise SpecReproError(
+                    f"the EAGLE draft {path.name} was trained for a target with {key} "
+                    f"{settings[key]}, this target has {getattr(target_config, key)}"
+                )
         draft = cls(type(target_config).from_dict(settings["config"]), settings["draft_vocab"])
         draft.load_state_dict(load_file(str(path / DRAFT_FILES[1])))
         return draft.eval()
@@ -159,9 +184,11 @@ def find_draft(ref: str, artifacts_dir, target, vocab: int) -> Path:
     path = find_matching_artifact(ref, artifacts_dir, target, matches)
     if path is None:
         model_name = target if isinstance(target, str) else target.get("name")
-        raise SpecReproError(f"no EAGLE draft artifact '{ref}' (draft_vocab={vocab}) for model {model_name} under "
-                             f"{artifacts_dir}: train one with `specrepro train method=eagle training=eagle_<N>"
-                             f" method.draft_vocab={vocab}` and this run's model options, or use method.head=none")
+        raise SpecReproError(
+            f"no EAGLE draft artifact '{ref}' (draft_vocab={vocab}) for model {model_name} under "
+            f"{artifacts_dir}: train one with `specrepro train method=eagle training=eagle_<N>"
+            f" method.draft_vocab={vocab}` and this run's model options, or use method.head=none"
+        )
     return path
 
 
@@ -236,12 +263,14 @@ class EagleDecoder(DraftVerifyDecoder):
         # (the last len(rows) committed tokens): their pairs join the draft's cache, and the last pair's output is
         # f^ of the newest token's position, where the next round's drafting starts.
         features = output.hidden["features"][:, rows]
-        next_tokens = tokens[:, -len(rows):]
+        next_tokens = tokens[:, -len(rows) :]
         positions = torch.arange(state.length, state.length + len(rows), device=tokens.device)[None]
         past = None if state.keys is None else (state.keys, state.values)
         allow = None if past is None else torch.ones(len(rows), state.length, dtype=torch.bool, device=tokens.device)
         if allow is not None:
-            allow = torch.cat([allow, torch.ones(len(rows), len(rows), dtype=torch.bool, device=tokens.device).tril()], 1)
+            allow = torch.cat(
+                [allow, torch.ones(len(rows), len(rows), dtype=torch.bool, device=tokens.device).tril()], 1
+            )
         predicted, (k, v) = self.draft(features, self.embed(next_tokens), positions, past, allow)
         state.keys = k if past is None else torch.cat([state.keys, k], 2)
         state.values = v if past is None else torch.cat([state.values, v], 2)

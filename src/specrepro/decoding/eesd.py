@@ -69,13 +69,17 @@ class EESDConfig(MethodConfig):
     cali_mode: str = "both"  # both | model (w/o Sampling-Prediction) | sampling (w/o Model-Prediction)
     theta_update: str = "successes_only"  # successes_only | literal (Eq. 8 as printed)
     control_seed: int = 0  # seeds each generation's Thompson draws
-    tree_width: int = 1  # w > 1: the head's top-w tokens at the first draft position, verified as a tree (beyond the paper)
+    # w > 1: the head's top-w tokens at the first draft position, verified as a tree (beyond the paper)
+    tree_width: int = 1
 
     def __post_init__(self):
         self.require(self.num_layers >= 1, "num_layers", ">= 1")  # and below the target's depth: checked on loading
         self.require(self.draft_vocab >= 0, "draft_vocab", ">= 0 (0: the whole vocabulary)")
-        self.require(not self.draft_vocab or (self.head != "none" and not self.shared_head), "draft_vocab",
-                     "0 without a trained head of its own (head=none or shared_head=true)")
+        self.require(
+            not self.draft_vocab or (self.head != "none" and not self.shared_head),
+            "draft_vocab",
+            "0 without a trained head of its own (head=none or shared_head=true)",
+        )
         self.require_one_of("control", CONTROLS)
         self.require(self.k >= 1, "k", ">= 1")
         self.require(self.k_max >= 1, "k_max", ">= 1")
@@ -107,7 +111,9 @@ class CalibrationPredictor(torch.nn.Module):
     def forward(self, target_hidden: torch.Tensor, draft_hidden: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Logits (..., 2); position holds i >= 1 (capped at 10)."""
         every = torch.einsum("pij,...j->...pi", self.position_maps, target_hidden)  # W^p H^(T) for p = 1..10
-        index = (position.clamp(1, MAX_PREDICTOR_POSITION) - 1)[..., None, None].expand(*every.shape[:-2], 1, every.shape[-1])
+        index = (position.clamp(1, MAX_PREDICTOR_POSITION) - 1)[..., None, None].expand(
+            *every.shape[:-2], 1, every.shape[-1]
+        )
         mapped = every.gather(-2, index).squeeze(-2)
         return self.classifier(torch.cat([mapped, draft_hidden], -1))
 
@@ -129,12 +135,20 @@ class EarlyExitHead(torch.nn.Module):
         """Refuse a head this target cannot have (before any training data is made for it)."""
         depth = target_config.num_hidden_layers
         if not 1 <= num_layers < depth:
-            raise SpecReproError(f"eesd num_layers must be in [1, {depth - 1}] for this {depth}-layer target, got {num_layers}")
+            raise SpecReproError(
+                f"eesd num_layers must be in [1, {depth - 1}] for this {depth}-layer target, got {num_layers}"
+            )
         if shared_head and reduced_vocab:
             raise SpecReproError("eesd draft_vocab needs a trained head of its own: set method.shared_head=false")
 
-    def __init__(self, target: torch.nn.Module, num_layers: int, exit_layer: bool = True, shared_head: bool = False,
-                 draft_vocab_ids: torch.Tensor | None = None):
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        num_layers: int,
+        exit_layer: bool = True,
+        shared_head: bool = False,
+        draft_vocab_ids: torch.Tensor | None = None,
+    ):
         super().__init__()
         self.check_shape(target.config, num_layers, shared_head, draft_vocab_ids is not None)
         self.num_layers, self.shared_head = num_layers, shared_head
@@ -149,8 +163,9 @@ class EarlyExitHead(torch.nn.Module):
         else:  # the target's head rows of the draft vocabulary, as a trainable copy
             full = target.lm_head.weight
             self.register_buffer("vocab_ids", draft_vocab_ids.to(device=full.device, dtype=torch.long))
-            self.lm_head = torch.nn.Linear(full.shape[1], len(self.vocab_ids), bias=False, device=full.device,
-                                           dtype=full.dtype)
+            self.lm_head = torch.nn.Linear(
+                full.shape[1], len(self.vocab_ids), bias=False, device=full.device, dtype=full.dtype
+            )
             with torch.no_grad():
                 self.lm_head.weight.copy_(full[self.vocab_ids])
         self._target = [target]  # not a submodule: the frozen target is neither trained nor saved
@@ -158,8 +173,12 @@ class EarlyExitHead(torch.nn.Module):
 
     @property
     def settings(self) -> dict:
-        return {"num_layers": self.num_layers, "exit_layer": self.layer is not None, "shared_head": self.shared_head,
-                "draft_vocab": 0 if self.vocab_ids is None else len(self.vocab_ids)}
+        return {
+            "num_layers": self.num_layers,
+            "exit_layer": self.layer is not None,
+            "shared_head": self.shared_head,
+            "draft_vocab": 0 if self.vocab_ids is None else len(self.vocab_ids),
+        }
 
     def hidden(self, hidden_n: torch.Tensor, cache=None, steps: EagerSteps | None = None) -> torch.Tensor:
         """Eq. 1 up to the head: RMSNorm(Transformer^e(H^N)) for (B, T, d) layer-N hidden states; `steps`: the
@@ -193,8 +212,13 @@ class EarlyExitHead(torch.nn.Module):
         path = Path(path)
         settings = json.loads((path / "eesd_head.json").read_text())
         vocab = settings.get("draft_vocab", 0)
-        head = cls(target, settings["num_layers"], settings["exit_layer"], settings["shared_head"],
-                   torch.zeros(vocab, dtype=torch.long) if vocab else None)  # ids and rows come from the state dict
+        head = cls(
+            target,
+            settings["num_layers"],
+            settings["exit_layer"],
+            settings["shared_head"],
+            torch.zeros(vocab, dtype=torch.long) if vocab else None,
+        )  # ids and rows come from the state dict
         if settings["calibration"]:
             head.calibration = CalibrationPredictor(target.config.hidden_size)
         # assign: the copies of an offloaded target layer (model.device_map) hold no data until these replace them
@@ -210,8 +234,9 @@ def _copy_module(module: torch.nn.Module) -> torch.nn.Module:
     return clone
 
 
-def first_layers_hidden(target, input_ids: torch.Tensor, num_layers: int, cache=None, tree=None,
-                        steps: EagerSteps | None = None):
+def first_layers_hidden(
+    target, input_ids: torch.Tensor, num_layers: int, cache=None, tree=None, steps: EagerSteps | None = None
+):
     """H^N: the target's residual stream after its first N layers (= output_hidden_states[N]), run by `steps`
     (default: eagerly)."""
     embeds = target.model.embed_tokens(input_ids)
@@ -261,8 +286,10 @@ class EESDDecoder(DraftVerifyDecoder):
     def __init__(self, model, tokenizer, head: EarlyExitHead, cfg: EESDConfig):
         super().__init__(model, tokenizer)
         if cfg.control == "cali_ts" and cfg.cali_mode != "sampling" and head.calibration is None:
-            raise SpecReproError("eesd control=cali_ts needs a head artifact trained with its calibration predictor "
-                                 "(training.calibration.sequences > 0), or method.cali_mode=sampling")
+            raise SpecReproError(
+                "eesd control=cali_ts needs a head artifact trained with its calibration predictor "
+                "(training.calibration.sequences > 0), or method.cali_mode=sampling"
+            )
         self.head, self.cfg, self.tree_width = head, cfg, cfg.tree_width
 
     @property
@@ -274,13 +301,20 @@ class EESDDecoder(DraftVerifyDecoder):
         """The draft's body (layers 0..N-1) and the verification's rest (N..L-1) on the target's cache, and the
         exit layer on its own: what compiled steps warm up."""
         layers, n = list(self.model.model.layers), self.head.num_layers
-        return [("target", layers[:n]), ("target", layers[n:]),
-                *([("exit", [self.head.layer])] if self.head.layer is not None else [])]
+        return [
+            ("target", layers[:n]),
+            ("target", layers[n:]),
+            *([("exit", [self.head.layer])] if self.head.layer is not None else []),
+        ]
 
     @staticmethod
     def head_settings(cfg: EESDConfig) -> dict:
-        return {"num_layers": cfg.num_layers, "exit_layer": cfg.exit_layer, "shared_head": cfg.shared_head,
-                "draft_vocab": cfg.draft_vocab}
+        return {
+            "num_layers": cfg.num_layers,
+            "exit_layer": cfg.exit_layer,
+            "shared_head": cfg.shared_head,
+            "draft_vocab": cfg.draft_vocab,
+        }
 
     @classmethod
     def resolve_artifacts(cls, cfg: EESDConfig, target, artifacts_dir) -> dict[str, Path]:
@@ -307,8 +341,15 @@ class EESDDecoder(DraftVerifyDecoder):
         if cfg.control == "fixed":
             return FixedLength(cfg.k)
         if cfg.control == "beta_ts":
-            return BetaTS(cfg.beta_alpha0, cfg.beta_beta0, cfg.k_max, rng, cfg.beta_counting, cfg.beta_decision,
-                          cfg.beta_break_even)
+            return BetaTS(
+                cfg.beta_alpha0,
+                cfg.beta_beta0,
+                cfg.k_max,
+                rng,
+                cfg.beta_counting,
+                cfg.beta_decision,
+                cfg.beta_break_even,
+            )
         return CaliTS(cfg.sigma_m, cfg.sigma_s, cfg.theta0, cfg.k_max, rng, cfg.cali_mode, cfg.theta_update)
 
     def start(self, prompt_ids, cache, length) -> ExitState:

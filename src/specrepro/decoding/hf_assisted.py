@@ -62,8 +62,11 @@ class HFAssistedDecoder(Decoder):
     def from_config(cls, cfg: HFAssistedConfig, target, ctx) -> "HFAssistedDecoder":
         from specrepro.models.loading import trained_for_target
 
-        assistant = ctx.load_model(trained_for_target(cfg.draft, ctx.artifacts_dir, target.identity)).model \
-            if cfg.mode == "assistant" else None
+        assistant = (
+            ctx.load_model(trained_for_target(cfg.draft, ctx.artifacts_dir, target.identity)).model
+            if cfg.mode == "assistant"
+            else None
+        )
         return cls(target.model, target.tokenizer, cfg, assistant)
 
     def generate_kwargs(self, sampling: Sampling, max_new_tokens: int) -> dict:
@@ -98,7 +101,9 @@ class HFAssistedDecoder(Decoder):
         finally:
             hook.remove()
         if [token for chunk in recorder.chunks for token in chunk] != output[0].tolist():
-            raise SpecReproError("hf_assisted: generate streamed other tokens than it returned; its steps cannot be counted")
+            raise SpecReproError(
+                "hf_assisted: generate streamed other tokens than it returned; its steps cannot be counted"
+            )
         prompt, first, *steps = recorder.chunks
         out.commit(first[:1], prefill=True)
         # HF's first forward is the prefill and, when the prompt already yields drafts, their verification: its first

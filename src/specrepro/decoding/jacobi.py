@@ -115,13 +115,19 @@ class JacobiDecoder(Decoder):
             stationary.append(sum(since < step for since in held_since[:n_fixed]))
             # line 13: z_next beyond i*; a sliding window also keeps the last position's prediction (of the next token)
             new_guesses = logits[n_fixed + 1 : len(guesses) + self.sliding].argmax(-1).tolist()
-            held_since = [since if new == old else step + 1
-                          for new, old, since in zip(new_guesses, guesses[n_fixed + 1 :], held_since[n_fixed + 1 :])]
+            held_since = [
+                since if new == old else step + 1
+                for new, old, since in zip(new_guesses, guesses[n_fixed + 1 :], held_since[n_fixed + 1 :])
+            ]
             held_since += [step + 1] * (len(new_guesses) - len(held_since))
             guesses = new_guesses
             out.commit(tokens, drafted=len(state[0]) - 1)
-        out.gen.extra.update(block_size=self.block_size, fast_forwarded=fast_forwarded, stationary=stationary,
-                             stationary_per_iteration=sum(stationary) / max(len(stationary), 1))
+        out.gen.extra.update(
+            block_size=self.block_size,
+            fast_forwarded=fast_forwarded,
+            stationary=stationary,
+            stationary_per_iteration=sum(stationary) / max(len(stationary), 1),
+        )
 
 
 @register_method(CLLMConfig)

@@ -123,11 +123,16 @@ class Datastore:
         """Load a saved datastore (its arrays memory-mapped); refuse one with tokens outside `vocab_size`."""
         settings = json.loads((Path(directory) / SETTINGS_FILE).read_text())
         if vocab_size is not None and settings.get("vocab_size", 0) > vocab_size:
-            raise SpecReproError(f"the datastore {Path(directory).name} was built for a vocabulary of "
-                                 f"{settings['vocab_size']} tokens, this target has {vocab_size}")
+            raise SpecReproError(
+                f"the datastore {Path(directory).name} was built for a vocabulary of "
+                f"{settings['vocab_size']} tokens, this target has {vocab_size}"
+            )
         # memory-mapped (processes share the pages), as plain arrays: a memmap's indexing costs ten times more
-        return cls(np.asarray(np.load(Path(directory) / TOKENS_FILE, mmap_mode="r")),
-                   np.asarray(np.load(Path(directory) / SUFFIXES_FILE, mmap_mode="r")), settings)
+        return cls(
+            np.asarray(np.load(Path(directory) / TOKENS_FILE, mmap_mode="r")),
+            np.asarray(np.load(Path(directory) / SUFFIXES_FILE, mmap_mode="r")),
+            settings,
+        )
 
     def occurrences(self, pattern: list[int]) -> tuple[int, int]:
         """The range [lo, hi) of the suffix array whose suffixes start with `pattern`."""
@@ -154,8 +159,11 @@ class Datastore:
     def continuations(self, n: int, lo: int, hi: int, matches: int, length: int) -> np.ndarray:
         """(rows, length) the tokens after up to `matches` occurrences of an n-token suffix (suffix-array range lo..hi,
         evenly spaced when more), in suffix-array order; SEPARATOR from a document's end on."""
-        picked = self.suffixes[lo:hi] if hi - lo <= matches else \
-            self.suffixes[np.linspace(lo, hi - 1, matches).astype(np.int64)]
+        picked = (
+            self.suffixes[lo:hi]
+            if hi - lo <= matches
+            else self.suffixes[np.linspace(lo, hi - 1, matches).astype(np.int64)]
+        )
         index = np.minimum(picked.astype(np.int64)[:, None] + n + np.arange(length), len(self.tokens) - 1)
         rows = self.tokens[index]
         ended = np.logical_or.accumulate(rows == SEPARATOR, axis=1)  # the last token is a separator: never past it
@@ -235,8 +243,10 @@ def find_datastore(ref: str, artifacts_dir, target) -> Path:
     path = find_matching_artifact(ref, artifacts_dir, target, lambda p: (p / SETTINGS_FILE).is_file())
     if path is None:
         model_name = target if isinstance(target, str) else target.get("name")
-        raise SpecReproError(f"no REST datastore '{ref}' for model {model_name} under {artifacts_dir}: build one with "
-                             "`specrepro train method=rest` and this run's model options")
+        raise SpecReproError(
+            f"no REST datastore '{ref}' for model {model_name} under {artifacts_dir}: build one with "
+            "`specrepro train method=rest` and this run's model options"
+        )
     return path
 
 
@@ -275,8 +285,9 @@ class RestDecoder(DraftVerifyDecoder):
             rows = self.datastore.continuations(n, lo, hi, self.cfg.matches, min(k, self.cfg.continuation))
             drafts, parents = frequent_trie(rows, self.cfg.tree_nodes)  # Sec. 3.3
         if self.cfg.prompt_lookup:  # beyond the paper: the prompt and the output so far first (pld, SAM-Decoding)
-            chain = lookup_ngram(tokens[0], self.cfg.max_ngram, self.cfg.min_ngram, min(k, self.cfg.continuation),
-                                 latest=True)
+            chain = lookup_ngram(
+                tokens[0], self.cfg.max_ngram, self.cfg.min_ngram, min(k, self.cfg.continuation), latest=True
+            )
             drafts, parents = merge_into_trie(chain.tolist(), drafts, parents, self.cfg.tree_nodes)
         if not drafts:
             return Proposal(tokens.new_empty(0))

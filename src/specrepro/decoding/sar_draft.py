@@ -66,7 +66,8 @@ class SARDraftConfig(MethodConfig):
     shared_lm_head: bool = False  # W_3 into the target's frozen LM head instead of its own 2P x V output
     draft_vocab: int = 0  # V > 0: the output scores only the V most frequent training tokens (set at training)
     head: str = "sar_head"  # trained head artifact (newest matching the variant); "none": untrained random head
-    tree_width: int = 1  # w > 1: the head's top-w tokens at the first draft position, verified as a tree (beyond the paper)
+    # w > 1: the head's top-w tokens at the first draft position, verified as a tree (beyond the paper)
+    tree_width: int = 1
 
     def __post_init__(self):
         self.require_one_of("variant", VARIANTS)
@@ -77,23 +78,45 @@ class SARDraftConfig(MethodConfig):
         self.require(self.proj_size >= 1, "proj_size", ">= 1")
         self.require(self.transformer_layers >= 0, "transformer_layers", ">= 0")
         self.require(self.draft_vocab >= 0, "draft_vocab", ">= 0 (0: the whole vocabulary)")
-        self.require(not self.draft_vocab or self.head != "none", "draft_vocab", "0 with head=none (it is chosen when "
-                     "the head is trained)")
+        self.require(
+            not self.draft_vocab or self.head != "none",
+            "draft_vocab",
+            "0 with head=none (it is chosen when the head is trained)",
+        )
         self.require(self.tree_width >= 1, "tree_width", ">= 1")
 
 
 class DraftHead(nn.Module):
     """h_q + q_0 of one variant; `draft_logits` predicts every next draft token of a prefix at once."""
 
-    def __init__(self, hidden_size: int, vocab_size: int, variant: str = "simplified", k: int = 4,
-                 proj_size: int = 1024, transformer_layers: int = 1, num_heads: int = 4, activation: str = "silu",
-                 shared_lm_head: bool = False, draft_vocab: int = 0):
+    def __init__(
+        self,
+        hidden_size: int,
+        vocab_size: int,
+        variant: str = "simplified",
+        k: int = 4,
+        proj_size: int = 1024,
+        transformer_layers: int = 1,
+        num_heads: int = 4,
+        activation: str = "silu",
+        shared_lm_head: bool = False,
+        draft_vocab: int = 0,
+    ):
         super().__init__()
         if variant not in VARIANTS:
             raise SpecReproError(f"sar_draft variant '{variant}' is not one of {', '.join(VARIANTS)}")
-        self.settings = {"hidden_size": hidden_size, "vocab_size": vocab_size, "variant": variant, "k": k,
-                         "proj_size": proj_size, "transformer_layers": transformer_layers, "num_heads": num_heads,
-                         "activation": activation, "shared_lm_head": shared_lm_head, "draft_vocab": draft_vocab}
+        self.settings = {
+            "hidden_size": hidden_size,
+            "vocab_size": vocab_size,
+            "variant": variant,
+            "k": k,
+            "proj_size": proj_size,
+            "transformer_layers": transformer_layers,
+            "num_heads": num_heads,
+            "activation": activation,
+            "shared_lm_head": shared_lm_head,
+            "draft_vocab": draft_vocab,
+        }
         self.variant, self.k, self.act = variant, k, ACT2FN[activation]
         H, half = hidden_size, hidden_size // 2
         self.target_lm_head: list[nn.Module] = []  # the target's LM head when shared (attach_lm_head); not saved
@@ -119,8 +142,9 @@ class DraftHead(nn.Module):
             hq_size = H
             if transformer_layers > 0:
                 self.positions = nn.Embedding(k, H)
-                layer = nn.TransformerEncoderLayer(H, num_heads, 2 * H, dropout=0.0, activation=F.silu,
-                                                   batch_first=True, norm_first=True)
+                layer = nn.TransformerEncoderLayer(
+                    H, num_heads, 2 * H, dropout=0.0, activation=F.silu, batch_first=True, norm_first=True
+                )
                 self.layers = nn.TransformerEncoder(layer, transformer_layers, enable_nested_tensor=False)
         self.w_p, self.w_q = nn.Linear(H, proj_size), nn.Linear(hq_size, proj_size)
         self.w_3 = nn.Linear(2 * proj_size, out_size)
@@ -128,8 +152,9 @@ class DraftHead(nn.Module):
     def set_draft_vocab(self, vocab_ids: torch.Tensor) -> "DraftHead":
         """The V token ids the output scores (a head built with draft_vocab = V); attach the LM head after this."""
         if self.vocab_ids is None or len(vocab_ids) != len(self.vocab_ids):
-            raise SpecReproError(f"this sar_draft head scores {self.settings['draft_vocab']} draft tokens, "
-                                 f"got {len(vocab_ids)}")
+            raise SpecReproError(
+                f"this sar_draft head scores {self.settings['draft_vocab']} draft tokens, got {len(vocab_ids)}"
+            )
         self.vocab_ids.copy_(vocab_ids)
         return self
 
@@ -140,8 +165,13 @@ class DraftHead(nn.Module):
         elif self.vocab_ids is None:
             self.target_lm_head = [lm_head]
         else:
-            rows = nn.Linear(lm_head.in_features, len(self.vocab_ids), bias=False, device=lm_head.weight.device,
-                             dtype=lm_head.weight.dtype).requires_grad_(False)
+            rows = nn.Linear(
+                lm_head.in_features,
+                len(self.vocab_ids),
+                bias=False,
+                device=lm_head.weight.device,
+                dtype=lm_head.weight.dtype,
+            ).requires_grad_(False)
             with torch.no_grad():
                 rows.weight.copy_(lm_head.weight[self.vocab_ids.to(lm_head.weight.device)])
             self.target_lm_head = [rows]
@@ -208,14 +238,30 @@ class DraftHead(nn.Module):
         return head.eval()
 
 
-def head_for(target: nn.Module, variant: str, k: int, proj_size: int, transformer_layers: int,
-             shared_lm_head: bool = False, vocab_ids: torch.Tensor | None = None) -> DraftHead:
+def head_for(
+    target: nn.Module,
+    variant: str,
+    k: int,
+    proj_size: int,
+    transformer_layers: int,
+    shared_lm_head: bool = False,
+    vocab_ids: torch.Tensor | None = None,
+) -> DraftHead:
     """A fresh head shaped for `target` (its hidden size, vocabulary, heads and activation), scoring the
     draft vocabulary `vocab_ids` when given."""
     config = target.config
-    head = DraftHead(config.hidden_size, config.vocab_size, variant, k, proj_size, transformer_layers,
-                     config.num_attention_heads, getattr(config, "hidden_act", "silu"), shared_lm_head,
-                     0 if vocab_ids is None else len(vocab_ids))
+    head = DraftHead(
+        config.hidden_size,
+        config.vocab_size,
+        variant,
+        k,
+        proj_size,
+        transformer_layers,
+        config.num_attention_heads,
+        getattr(config, "hidden_act", "silu"),
+        shared_lm_head,
+        0 if vocab_ids is None else len(vocab_ids),
+    )
     if vocab_ids is not None:
         head.set_draft_vocab(vocab_ids)
     return head.attach_lm_head(target.lm_head)
@@ -231,18 +277,24 @@ def find_head(ref: str, artifacts_dir, target, variant: str, shared_lm_head: boo
         settings = json.loads(meta.read_text()) if meta.is_file() else {}
         # a joint-mode head belongs to the fine-tuned target saved beside it (config.json): taken only when named
         named = path.name == Path(ref).name
-        return (settings.get("variant") == variant and settings.get("shared_lm_head", False) == shared_lm_head
-                and settings.get("draft_vocab", 0) == vocab and (named or not (path / "config.json").is_file()))
+        return (
+            settings.get("variant") == variant
+            and settings.get("shared_lm_head", False) == shared_lm_head
+            and settings.get("draft_vocab", 0) == vocab
+            and (named or not (path / "config.json").is_file())
+        )
 
     path = find_matching_artifact(ref, artifacts_dir, target, matches)
     if path is not None:
         return path
     model_name = target if isinstance(target, str) else target.get("name")
-    raise SpecReproError(f"no sar_draft head artifact '{ref}' of variant {variant} (shared_lm_head={shared_lm_head}, "
-                         f"draft_vocab={vocab}) for model {model_name} under {artifacts_dir}: "
-                         f"train one with `specrepro train method=sar_draft method.variant={variant} "
-                         f"method.shared_lm_head={shared_lm_head} method.draft_vocab={vocab}` and this run's model "
-                         "options, or use method.head=none")
+    raise SpecReproError(
+        f"no sar_draft head artifact '{ref}' of variant {variant} (shared_lm_head={shared_lm_head}, "
+        f"draft_vocab={vocab}) for model {model_name} under {artifacts_dir}: "
+        f"train one with `specrepro train method=sar_draft method.variant={variant} "
+        f"method.shared_lm_head={shared_lm_head} method.draft_vocab={vocab}` and this run's model "
+        "options, or use method.head=none"
+    )
 
 
 @dataclass
@@ -263,8 +315,9 @@ class SARDraftDecoder(DraftVerifyDecoder):
     def __init__(self, model, tokenizer, head: DraftHead, cfg: SARDraftConfig, steps=None):
         super().__init__(model, tokenizer, steps)
         if not 1 <= cfg.k <= head.k or cfg.k_max > head.k:
-            raise SpecReproError(f"sar_draft needs 1 <= k, k_max <= {head.k} (the head's trained k), got k={cfg.k}, "
-                                 f"k_max={cfg.k_max}")
+            raise SpecReproError(
+                f"sar_draft needs 1 <= k, k_max <= {head.k} (the head's trained k), got k={cfg.k}, k_max={cfg.k_max}"
+            )
         self.head, self.cfg, self.tree_width = head, cfg, cfg.tree_width
         self.compiled_head = self.steps.compiled and cfg.variant not in RECURRENT
         self.next_draft_logits = self.steps.drafter_step(self.draft_logits) if self.compiled_head else self.draft_logits
@@ -284,8 +337,10 @@ class SARDraftDecoder(DraftVerifyDecoder):
         p = next(self.model.parameters())
         hp = torch.zeros(self.model.config.hidden_size, device=p.device, dtype=p.dtype)
         longest = max(self.cfg.k, self.cfg.k_max if self.cfg.controller == "heuristic" else 0)
-        return [(self.next_draft_logits, (hp, torch.zeros(j, dtype=torch.long, device=p.device)))
-                for j in range(1, longest + 1)]
+        return [
+            (self.next_draft_logits, (hp, torch.zeros(j, dtype=torch.long, device=p.device)))
+            for j in range(1, longest + 1)
+        ]
 
     @property
     def extra_parameters(self) -> int:
@@ -295,17 +350,18 @@ class SARDraftDecoder(DraftVerifyDecoder):
     def resolve_artifacts(cls, cfg: SARDraftConfig, target, artifacts_dir) -> dict[str, Path]:
         if cfg.head == "none":
             return {}
-        return {"head": find_head(cfg.head, artifacts_dir, target, cfg.variant, cfg.shared_lm_head,
-                                  cfg.draft_vocab)}
+        return {"head": find_head(cfg.head, artifacts_dir, target, cfg.variant, cfg.shared_lm_head, cfg.draft_vocab)}
 
     @classmethod
     def from_config(cls, cfg: SARDraftConfig, target, ctx) -> "SARDraftDecoder":
         if cfg.head == "none":
-            head = head_for(target.model, cfg.variant, cfg.head_k, cfg.proj_size, cfg.transformer_layers,
-                            cfg.shared_lm_head).eval()
+            head = head_for(
+                target.model, cfg.variant, cfg.head_k, cfg.proj_size, cfg.transformer_layers, cfg.shared_lm_head
+            ).eval()
         else:
-            path = find_head(cfg.head, ctx.artifacts_dir, target.identity, cfg.variant, cfg.shared_lm_head,
-                             cfg.draft_vocab)
+            path = find_head(
+                cfg.head, ctx.artifacts_dir, target.identity, cfg.variant, cfg.shared_lm_head, cfg.draft_vocab
+            )
             head = DraftHead.from_pretrained(path).attach_lm_head(target.model.lm_head)
         p = next(target.model.parameters())
         head = head.to(device=p.device, dtype=p.dtype)
@@ -333,8 +389,9 @@ class SARDraftDecoder(DraftVerifyDecoder):
             logits = self.next_draft_logits(state.hp, prefix)  # Eq. 5
             if j == 1:
                 first_logits = logits
-            token, q, top1 = draft_vocab.choose_draft_token(self.head.vocab_ids, logits, self.head.settings["vocab_size"],
-                                                            sampling, rng)
+            token, q, top1 = draft_vocab.choose_draft_token(
+                self.head.vocab_ids, logits, self.head.settings["vocab_size"], sampling, rng
+            )
             drafts.append(token)
             qs.append(q)
             if j == k or not controller.keep_drafting(top1):

@@ -56,7 +56,8 @@ class SelfSDConfig(MethodConfig):
     beta1: float = 0.5
     beta2: float = 0.9
     carry_gamma: bool = True  # gamma carries over from one generation to the next (official code, Fig. 5)
-    tree_width: int = 1  # w > 1: the draft's top-w tokens at the first draft position, verified as a tree (beyond the paper)
+    # w > 1: the draft's top-w tokens at the first draft position, verified as a tree (beyond the paper)
+    tree_width: int = 1
     draft_vocab: int = 0  # V > 0: the draft scores the V corpus-frequent tokens + the prompt's (beyond the paper)
     draft_vocab_corpus: str = "sharegpt/sharegpt_v3_first1000.json.gz"  # ranks tokens for draft_vocab
 
@@ -102,8 +103,9 @@ def decoder_layers(model) -> torch.nn.ModuleList:
     layers = getattr(getattr(model, "model", None), "layers", None)
     parts = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
     if layers is None or not all(hasattr(layer, part) for layer in layers for part in parts):
-        raise SpecReproError(f"self_sd needs a LLaMA-family model (model.layers[i].{{{', '.join(parts)}}}); "
-                             f"got {type(model).__name__}")
+        raise SpecReproError(
+            f"self_sd needs a LLaMA-family model (model.layers[i].{{{', '.join(parts)}}}); got {type(model).__name__}"
+        )
     return layers
 
 
@@ -176,8 +178,9 @@ class SelfSDDecoder(DraftVerifyDecoder):
     name = "self_sd"
     compilable = True  # its draft steps run as a variant of the target's steps (`step_variants`)
 
-    def __init__(self, model, tokenizer, attn_skip, mlp_skip, cfg: SelfSDConfig,
-                 vocab_ranking: torch.Tensor | None = None):
+    def __init__(
+        self, model, tokenizer, attn_skip, mlp_skip, cfg: SelfSDConfig, vocab_ranking: torch.Tensor | None = None
+    ):
         """`vocab_ranking`: token ids, most frequent first, whose first `cfg.draft_vocab` form the draft vocabulary
         (with the prompt's tokens); by default `cfg.draft_vocab_corpus` ranked with `tokenizer`."""
         super().__init__(model, tokenizer)
@@ -191,7 +194,7 @@ class SelfSDDecoder(DraftVerifyDecoder):
             if tokenizer is None:
                 raise SpecReproError("self_sd draft_vocab needs a tokenizer to rank its corpus' tokens")
             vocab_ranking = draft_vocab.corpus_ranking(tokenizer, cfg.draft_vocab_corpus)
-        self.frequent = vocab_ranking[:cfg.draft_vocab] if cfg.draft_vocab else None
+        self.frequent = vocab_ranking[: cfg.draft_vocab] if cfg.draft_vocab else None
         self.attn_skip, self.mlp_skip = sorted(set(attn_skip)), sorted(set(mlp_skip))
         self.variant = f"skip attention {self.attn_skip} mlp {self.mlp_skip}"  # its drafts' graphs, compiled
         self.cfg = cfg
@@ -202,8 +205,13 @@ class SelfSDDecoder(DraftVerifyDecoder):
     def step_variants(self) -> list:
         """Its draft: the target with the skip set's sub-layers skipped, one token a step (compiled steps warm up its
         graphs, traced with the sub-layers skipped)."""
-        return [(self.variant, partial(skipped_sublayers, self.model, self.attn_skip, self.mlp_skip),
-                 self.frequent is not None)]
+        return [
+            (
+                self.variant,
+                partial(skipped_sublayers, self.model, self.attn_skip, self.mlp_skip),
+                self.frequent is not None,
+            )
+        ]
 
     @classmethod
     def resolve_artifacts(cls, cfg: SelfSDConfig, target, artifacts_dir) -> dict[str, Path]:
@@ -218,14 +226,18 @@ class SelfSDDecoder(DraftVerifyDecoder):
         attn_skip, mlp_skip = list(cfg.attn_skip), list(cfg.mlp_skip)
         if not attn_skip and not mlp_skip:
             if cfg.skip_set is None:
-                raise SpecReproError("self_sd needs a skip set: method.skip_set=<artifact> or "
-                                     "method.attn_skip=[...] method.mlp_skip=[...]")
+                raise SpecReproError(
+                    "self_sd needs a skip set: method.skip_set=<artifact> or "
+                    "method.attn_skip=[...] method.mlp_skip=[...]"
+                )
             from specrepro.models.loading import resolve_artifact
 
             skip_set = SkipSet.from_pretrained(resolve_artifact(cfg.skip_set, ctx.artifacts_dir, target.identity))
             if skip_set.num_layers != len(decoder_layers(target.model)):
-                raise SpecReproError(f"skip set '{cfg.skip_set}' was searched for {skip_set.num_layers} blocks; "
-                                     f"model '{target.name}' has {len(decoder_layers(target.model))}")
+                raise SpecReproError(
+                    f"skip set '{cfg.skip_set}' was searched for {skip_set.num_layers} blocks; "
+                    f"model '{target.name}' has {len(decoder_layers(target.model))}"
+                )
             attn_skip, mlp_skip = skip_set.attn_skip, skip_set.mlp_skip
         return cls(target.model, target.tokenizer, attn_skip, mlp_skip, cfg)
 
@@ -247,8 +259,9 @@ class SelfSDDecoder(DraftVerifyDecoder):
     def draft_logits(self, state: SkipDraft, step_input, position: int) -> torch.Tensor:
         """The skipped-layer draft's last logits: over the whole vocabulary, or over `vocab_ids` (draft_vocab)."""
         if state.draft_head is None:
-            return self.steps(step_input, state.cache, logits_to_keep=1, past=position,
-                              variant=self.variant).logits[0, -1]
+            return self.steps(step_input, state.cache, logits_to_keep=1, past=position, variant=self.variant).logits[
+                0, -1
+            ]
         hidden = self.steps.hidden(step_input, state.cache, past=position, variant=self.variant)
         return state.draft_head(hidden[0, -1])
 
@@ -269,8 +282,9 @@ class SelfSDDecoder(DraftVerifyDecoder):
                 if step == 0:
                     first_logits = logits
                 # Alg. 4: q = the warped draft distribution (zero outside a reduced draft vocabulary)
-                token, q, top1 = draft_vocab.choose_draft_token(state.vocab_ids, logits, self.model.config.vocab_size,
-                                                                sampling, rng)
+                token, q, top1 = draft_vocab.choose_draft_token(
+                    state.vocab_ids, logits, self.model.config.vocab_size, sampling, rng
+                )
                 if q is not None:
                     qs.append(q)
                 drafts.append(token)
@@ -279,9 +293,13 @@ class SelfSDDecoder(DraftVerifyDecoder):
                 if not controller.keep_drafting(top1):
                     break
         crop_cache(state.cache, verified)
-        return self.with_first_siblings(torch.stack(drafts), torch.stack(qs) if qs else None, first_logits,
-                                        state.vocab_ids)
+        return self.with_first_siblings(
+            torch.stack(drafts), torch.stack(qs) if qs else None, first_logits, state.vocab_ids
+        )
 
     def generation_extras(self, state: SkipDraft) -> dict:
-        return {"attn_skipped": len(self.attn_skip), "mlp_skipped": len(self.mlp_skip),  # which set ran
-                "draft_vocab": 0 if state.vocab_ids is None else len(state.vocab_ids)}
+        return {
+            "attn_skipped": len(self.attn_skip),
+            "mlp_skipped": len(self.mlp_skip),  # which set ran
+            "draft_vocab": 0 if state.vocab_ids is None else len(state.vocab_ids),
+        }

@@ -60,7 +60,8 @@ HEAD_BLOCK_ROWS = 16
 class SpaceConfig(MethodConfig):
     name: str = "space"
     k: int = 5  # masks per group = candidates per step (paper default 5; at most the checkpoint's training k)
-    residual_resample: bool = True  # true: exact speculative sampling; false: paper's Alg. 1 (not distribution-preserving)
+    # true: exact speculative sampling; false: paper's Alg. 1 (not distribution-preserving)
+    residual_resample: bool = True
 
     def __post_init__(self):
         self.require(self.k >= 1, "k", ">= 1")  # its upper bound, the checkpoint's training k, is checked on loading
@@ -136,17 +137,21 @@ class SpaceDecoder(Decoder):
             with out.timed("verify"):  # one forward verifies c_1..c_k and drafts from every mask group (Eq. 5-7)
                 real = torch.cat([torch.tensor([anchor], device=device), candidates])  # anchor, c_1..c_k
                 block = torch.cat([real, masks.repeat(1, k + 1)[0]])[None]  # then k masks for each
-                allow = torch.cat([torch.ones(len(self.block_allow), n_cached, dtype=torch.bool, device=device),
-                                   self.block_allow], 1)
+                allow = torch.cat(
+                    [torch.ones(len(self.block_allow), n_cached, dtype=torch.bool, device=device), self.block_allow], 1
+                )
                 hidden = self.steps.hidden(
-                    block, cache, tree=(allow, n_cached + self.block_offsets),
+                    block,
+                    cache,
+                    tree=(allow, n_cached + self.block_offsets),
                     exact_rows=self.real_slots,  # with hardware.row_invariant only these take the one-row path
                 )[0]
                 # the head only where it is needed: the real slots, and every mask slot if one pass is cheaper
                 logits = self.model.lm_head(hidden if self.head_on_block else hidden[: k + 1])
                 target_logits = logits[: k + 1]
-                tokens, n_accepted = speculative_verify(candidates, q, target_logits, sampling, rng,
-                                                        self.residual_resample)
+                tokens, n_accepted = speculative_verify(
+                    candidates, q, target_logits, sampling, rng, self.residual_resample
+                )
             n_cached += n_accepted + 1
             crop_cache(cache, n_cached)  # the anchor and accepted candidates; rejects and masks dropped
             accepted_per_position[:n_accepted] += 1

@@ -42,8 +42,10 @@ class SPSConfig(MethodConfig):
     k: int = 4  # draft length (the controller's start value)
     controller: str = "fixed"  # fixed | heuristic (transformers' +2 / -1 schedule)
     k_max: int = 16  # the heuristic controller's cap
-    tree_width: int = 1  # w > 1: the draft's top-w tokens at the first draft position, verified as a tree (beyond the paper)
-    draft_vocab: int = 0  # V > 0: the draft's LM head scores the V corpus-frequent tokens + the prompt's (beyond the paper)
+    # w > 1: the draft's top-w tokens at the first draft position, verified as a tree (beyond the paper)
+    tree_width: int = 1
+    # V > 0: the draft's LM head scores the V corpus-frequent tokens + the prompt's (beyond the paper)
+    draft_vocab: int = 0
     draft_vocab_corpus: str = "sharegpt/sharegpt_v3_first1000.json.gz"  # ranks tokens for draft_vocab
 
     def __post_init__(self):
@@ -59,8 +61,17 @@ class SPSDecoder(DraftVerifyDecoder):
     name = "sps"
     compilable = True
 
-    def __init__(self, model, tokenizer, draft: torch.nn.Module, k: int, controller: str, k_max: int,
-                 tree_width: int = 1, frequent: torch.Tensor | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        draft: torch.nn.Module,
+        k: int,
+        controller: str,
+        k_max: int,
+        tree_width: int = 1,
+        frequent: torch.Tensor | None = None,
+    ):
         """`frequent`: token ids, most frequent first, that with each prompt's own tokens form the draft
         vocabulary (None: the whole vocabulary)."""
         super().__init__(model, tokenizer)
@@ -99,8 +110,11 @@ class SPSDecoder(DraftVerifyDecoder):
         from specrepro.models.loading import trained_for_target
 
         draft = ctx.load_model(trained_for_target(cfg.draft, ctx.artifacts_dir, target.identity)).model
-        frequent = draft_vocab.corpus_ranking(target.tokenizer, cfg.draft_vocab_corpus)[:cfg.draft_vocab] \
-            if cfg.draft_vocab else None
+        frequent = (
+            draft_vocab.corpus_ranking(target.tokenizer, cfg.draft_vocab_corpus)[: cfg.draft_vocab]
+            if cfg.draft_vocab
+            else None
+        )
         return cls(target.model, target.tokenizer, draft, cfg.k, cfg.controller, cfg.k_max, cfg.tree_width, frequent)
 
     def new_controller(self) -> DraftLengthController:
@@ -125,8 +139,9 @@ class SPSDecoder(DraftVerifyDecoder):
             logits = self.draft_logits(state, step_input)
             if i == 0:
                 first_logits = logits
-            token, q, top1 = draft_vocab.choose_draft_token(state.vocab_ids, logits, self.model.config.vocab_size,
-                                                            sampling, rng)
+            token, q, top1 = draft_vocab.choose_draft_token(
+                state.vocab_ids, logits, self.model.config.vocab_size, sampling, rng
+            )
             drafts.append(token)
             qs.append(q)
             step_input = token.view(1, 1)

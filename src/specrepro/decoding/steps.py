@@ -58,24 +58,40 @@ class EagerSteps:
         """Whether a generation of `length` positions runs without compiling anything new (eager: always)."""
         return True
 
-    def __call__(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None, past: int | None = None,
-                 variant: str | None = None):
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        cache,
+        logits_to_keep: int = 0,
+        tree=None,
+        past: int | None = None,
+        variant: str | None = None,
+    ):
         """One forward appending `input_ids` (1, n) to `cache`; `tree`: (allowed keys, positions) of a token
         tree (`verify.tree_attention`), None for a causal chain. `past`: the length the chain continues, for a
         cache whose first layer holds another (a draft that skips attention layers writes only the others');
         `variant`: the name of a model state the caller has set (`Decoder.step_variants`), which compiled steps
         compile graphs of their own for. Returns the model's output."""
-        return self.model(input_ids, cache=cache, logits_to_keep=logits_to_keep,
-                          **self.mask_inputs(input_ids, tree, past))
+        return self.model(
+            input_ids, cache=cache, logits_to_keep=logits_to_keep, **self.mask_inputs(input_ids, tree, past)
+        )
 
-    def hidden(self, input_ids: torch.Tensor, cache, tree=None, exact_rows: torch.Tensor | None = None,
-               past: int | None = None, variant: str | None = None):
+    def hidden(
+        self,
+        input_ids: torch.Tensor,
+        cache,
+        tree=None,
+        exact_rows: torch.Tensor | None = None,
+        past: int | None = None,
+        variant: str | None = None,
+    ):
         """The same forward without the LM head: the last-layer hidden states after the final norm of every row,
         for a decoder that runs the head only on the rows it reads. `exact_rows`: the rows that must equal a
         one-row step bit for bit under `hardware.row_invariant` (models/attention.py)."""
         rows = {} if exact_rows is None else {"exact_rows": exact_rows}
-        return self.model.model(input_ids, cache=cache, **self.mask_inputs(input_ids, tree, past),
-                                **rows).last_hidden_state
+        return self.model.model(
+            input_ids, cache=cache, **self.mask_inputs(input_ids, tree, past), **rows
+        ).last_hidden_state
 
     def mask_inputs(self, input_ids: torch.Tensor, tree, past: int | None) -> dict:
         """A tree's mask and positions (`tree_inputs`), a chain's positions after `past`, or {} to let the model
@@ -113,8 +129,14 @@ class CompiledSteps(EagerSteps):
 
     compiled = True
 
-    def __init__(self, model: torch.nn.Module, backend: str = "inductor", mode: str | None = None,
-                 widths=DEFAULT_WIDTHS, cache_multiple: int = 64):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        backend: str = "inductor",
+        mode: str | None = None,
+        widths=DEFAULT_WIDTHS,
+        cache_multiple: int = 64,
+    ):
         super().__init__(model)
         self.widths = tuple(sorted(widths))
         # cache lengths round up to a multiple of this. Every step attends the whole cache under a mask: in fp32 on
@@ -130,12 +152,14 @@ class CompiledSteps(EagerSteps):
         self.cudagraphs = mode is not None and "reduce-overhead" in mode
 
     def _forward(self, input_ids, mask, positions, cache):
-        return (self.model(input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=0,
-                           cache=cache).logits,)
+        return (
+            self.model(input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=0, cache=cache).logits,
+        )
 
     def _forward_hidden(self, input_ids, mask, positions, cache):
-        return (self.model.model(input_ids, attention_mask=mask, position_ids=positions,
-                                 cache=cache).last_hidden_state,)
+        return (
+            self.model.model(input_ids, attention_mask=mask, position_ids=positions, cache=cache).last_hidden_state,
+        )
 
     def new_cache(self, length: int, name: str = "target") -> StaticCache:
         """The static cache of that name, emptied. Every cache has one size, reallocated (new graphs) only when
@@ -177,6 +201,7 @@ class CompiledSteps(EagerSteps):
             return apply_layers(self.model, hidden, layers, cache, mask, positions)
         key = tuple(map(id, layers))
         if key not in self.layer_graphs:
+
             def graph(hidden, mask, positions, cache):
                 return (apply_layers(self.model, hidden, layers, cache, mask, positions),)
 
@@ -200,6 +225,7 @@ class CompiledSteps(EagerSteps):
             if self.cudagraphs:
                 torch.compiler.cudagraph_mark_step_begin()
             return graph(*inputs).clone()
+
         return step
 
     def bucket(self, n: int) -> int | None:
@@ -211,8 +237,10 @@ class CompiledSteps(EagerSteps):
         if variant is None:
             return self.forward, self.forward_hidden
         if variant not in self.variant_graphs:
-            self.variant_graphs[variant] = (torch.compile(own_code(self._forward), **self.options),
-                                            torch.compile(own_code(self._forward_hidden), **self.options))
+            self.variant_graphs[variant] = (
+                torch.compile(own_code(self._forward), **self.options),
+                torch.compile(own_code(self._forward_hidden), **self.options),
+            )
         return self.variant_graphs[variant]
 
     def __call__(self, input_ids, cache, logits_to_keep: int = 0, tree=None, past=None, variant=None):
@@ -260,7 +288,7 @@ class CompiledSteps(EagerSteps):
         if tree is not None:
             tree_allow, tree_positions = tree
             allow[:n, : tree_allow.shape[1]] = tree_allow
-            allow[:n, tree_allow.shape[1]:] = False
+            allow[:n, tree_allow.shape[1] :] = False
             positions = torch.cat([tree_positions, past + torch.arange(n, width, device=device)])
         return additive_mask(allow, self.model.dtype), positions[None]
 
@@ -297,7 +325,10 @@ class CompiledSteps(EagerSteps):
                     for _ in range(2):
                         step(torch.zeros(1, 1, dtype=torch.long, device=device), cache, variant=name)
                         crop_cache(cache, 1)
-            for step, inputs in calls:  # a drafter's own graphs, one per input shape, on inference tensors as decoding's
+            for (
+                step,
+                inputs,
+            ) in calls:  # a drafter's own graphs, one per input shape, on inference tensors as decoding's
                 for _ in range(2):
                     step(*(x.clone() for x in inputs))
             for own in self.caches.values():
@@ -309,8 +340,9 @@ def own_code(fn):
     """`fn` (a function or bound method) with a code object of its own: dynamo allows `recompile_limit` graphs
     (one per width) per code object, so each family of graphs (a layer slice, a model state) gets its own."""
     func = getattr(fn, "__func__", fn)
-    copy = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
-                              func.__closure__)
+    copy = types.FunctionType(
+        func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__, func.__closure__
+    )
     return types.MethodType(copy, fn.__self__) if hasattr(fn, "__self__") else copy
 
 
@@ -330,13 +362,25 @@ def run_layers(model, hidden: torch.Tensor, layers, cache, tree=None) -> torch.T
     """
     if tree is not None:
         allow, positions = tree
-        return apply_layers(model, hidden, layers, cache, additive_mask(allow[-hidden.shape[1]:], hidden.dtype),
-                            positions[-hidden.shape[1]:].unsqueeze(0))
+        return apply_layers(
+            model,
+            hidden,
+            layers,
+            cache,
+            additive_mask(allow[-hidden.shape[1] :], hidden.dtype),
+            positions[-hidden.shape[1] :].unsqueeze(0),
+        )
     first = layers[0].self_attn.layer_idx
     past = cache.get_seq_length(first) if cache is not None else 0
     position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device).unsqueeze(0)
-    mask = create_causal_mask(config=model.config, inputs_embeds=hidden, attention_mask=None, cache=cache,
-                              position_ids=position_ids, layer_idx=first)
+    mask = create_causal_mask(
+        config=model.config,
+        inputs_embeds=hidden,
+        attention_mask=None,
+        cache=cache,
+        position_ids=position_ids,
+        layer_idx=first,
+    )
     return apply_layers(model, hidden, layers, cache, mask, position_ids)
 
 
@@ -344,8 +388,14 @@ def apply_layers(model, hidden: torch.Tensor, layers, cache, mask, position_ids)
     """Decoder `layers` on `hidden` with a given attention mask and positions (the loop of LlamaModel.forward)."""
     rope = model.model.rotary_emb(hidden, position_ids=position_ids)
     for layer in layers:
-        hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, cache=cache,
-                       use_cache=cache is not None, position_embeddings=rope)
+        hidden = layer(
+            hidden,
+            attention_mask=mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=cache is not None,
+            position_embeddings=rope,
+        )
     return hidden
 
 

@@ -75,8 +75,9 @@ def tree_template(levels: list[list[int]], candidates: int) -> TreeTemplate:
     previous = [-1]
     for depth, counts in enumerate(levels, start=1):
         if len(counts) != len(previous):
-            raise ValueError(f"level {depth} gives {len(counts)} children counts for the {len(previous)} nodes of "
-                             f"level {depth - 1}")
+            raise ValueError(
+                f"level {depth} gives {len(counts)} children counts for the {len(previous)} nodes of level {depth - 1}"
+            )
         if any(not 0 <= count <= candidates for count in counts):
             raise ValueError(f"level {depth}: every children count must be between 0 and candidates ({candidates})")
         current = []
@@ -92,8 +93,9 @@ def tree_template(levels: list[list[int]], candidates: int) -> TreeTemplate:
     return TreeTemplate(parents, ranks, depths)
 
 
-def draft_tree(matrix: torch.Tensor, last_token: int, template: TreeTemplate,
-               max_depth: int) -> tuple[list[int], list[int]]:
+def draft_tree(
+    matrix: torch.Tensor, last_token: int, template: TreeTemplate, max_depth: int
+) -> tuple[list[int], list[int]]:
     """Fill `template` from the adjacency `matrix` (vocab, k) below `last_token` (draft tokens,
     parents as `tree_attention` reads them). Nodes deeper than `max_depth`, on a row not yet filled (-1), or below
     such a node are left out."""

@@ -125,7 +125,11 @@ def tree_verify(
         p = probs(target_logits[node + 1], sampling)
         for child in children.get(node, []):
             x = int(drafts[child])
-            q = draft_probs[child] if draft_probs is not None else torch.nn.functional.one_hot(drafts[child], p.shape[-1])
+            q = (
+                draft_probs[child]
+                if draft_probs is not None
+                else torch.nn.functional.one_hot(drafts[child], p.shape[-1])
+            )
             if float(torch.rand((), generator=rng, device=p.device)) * float(q[x]) <= float(p[x]) and float(p[x]) > 0:
                 node = child
                 path.append(node)
@@ -148,8 +152,9 @@ def crop_cache(cache, length: int) -> None:
     is clamped where it lives, in one launch for all of them: reading each to the host stalls a GPU once a layer
     (compiled `ar` on the 30-layer embedded model made 32 device-to-host copies a token on an H200).
     """
-    positions = [layer.cumulative_length for layer in cache.layers
-                 if type(layer) is StaticLayer and layer.is_initialized]
+    positions = [
+        layer.cumulative_length for layer in cache.layers if type(layer) is StaticLayer and layer.is_initialized
+    ]
     if positions:
         torch._foreach_clamp_max_(positions, length)
     for layer in cache.layers:

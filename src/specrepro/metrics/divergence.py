@@ -61,8 +61,11 @@ def ar_logits_and_rounding(steps, prompt: list[int], ar_tokens: list[int], width
     """(the fp32 logits `ar` computed for the token after `prompt + ar_tokens`, the largest change of any of them
     when the same position is computed in w-row verifications, w in `widths`: `position_logits`)."""
     one_row = position_logits(steps, prompt, ar_tokens, 1)
-    changes = [float((position_logits(steps, prompt, ar_tokens, width) - one_row).abs().max())
-               for width in widths if width <= len(ar_tokens)]
+    changes = [
+        float((position_logits(steps, prompt, ar_tokens, width) - one_row).abs().max())
+        for width in widths
+        if width <= len(ar_tokens)
+    ]
     return one_row, max(changes, default=0.0)
 
 
@@ -73,14 +76,28 @@ def classify(steps, prompt: list[int], tokens: list[int], ar_tokens: list[int], 
     if position is None:
         return None
     if position >= min(len(tokens), len(ar_tokens)):  # one stopped where the other went on: not a rounding
-        return {"position": position, "token": None, "ar_token": None, "gap": None, "margin": None,
-                "rounding": None, "near_tie": False}
+        return {
+            "position": position,
+            "token": None,
+            "ar_token": None,
+            "gap": None,
+            "margin": None,
+            "rounding": None,
+            "near_tie": False,
+        }
     token, ar_token = tokens[position], ar_tokens[position]
     logits, rounding = ar_logits_and_rounding(steps, prompt, ar_tokens[:position], widths)
     top2 = logits.topk(2).values
     gap = float(logits[ar_token] - logits[token])
-    return {"position": position, "token": token, "ar_token": ar_token, "gap": gap,
-            "margin": float(top2[0] - top2[1]), "rounding": rounding, "near_tie": gap <= rounding}
+    return {
+        "position": position,
+        "token": token,
+        "ar_token": ar_token,
+        "gap": gap,
+        "margin": float(top2[0] - top2[1]),
+        "rounding": rounding,
+        "near_tie": gap <= rounding,
+    }
 
 
 def rounding_widths(max_step_width: int) -> list[int]:
@@ -123,9 +140,14 @@ def near_tie_metrics(gens: list[dict], reference: list[dict]) -> dict[str, float
         divergences.append(gen["divergence"])
     firsts = [d for d in divergences if "after_turn" not in d]
     near_ties = [d for d in firsts if d["near_tie"]]
-    metrics = {"lossless_near_tie": 1 - sum(not d["near_tie"] for d in divergences) / len(gens),
-               "divergences": len(firsts), "divergence_bugs": len(firsts) - len(near_ties)}
+    metrics = {
+        "lossless_near_tie": 1 - sum(not d["near_tie"] for d in divergences) / len(gens),
+        "divergences": len(firsts),
+        "divergence_bugs": len(firsts) - len(near_ties),
+    }
     if near_ties:
-        metrics.update(near_tie_max_gap=max(d["gap"] for d in near_ties),
-                       near_tie_max_rounding=max(d["rounding"] for d in near_ties))
+        metrics.update(
+            near_tie_max_gap=max(d["gap"] for d in near_ties),
+            near_tie_max_rounding=max(d["rounding"] for d in near_ties),
+        )
     return metrics

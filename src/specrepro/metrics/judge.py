@@ -71,8 +71,9 @@ def judge_prompts() -> dict[str, dict]:
     return {p["name"]: p for p in map(json.loads, lines) if p["type"] == "single"}
 
 
-def judge_messages(prompts: dict, category: str, questions: list[str], answers: list[str],
-                   references: list[str], turn: int) -> list[dict]:
+def judge_messages(
+    prompts: dict, category: str, questions: list[str], answers: list[str], references: list[str], turn: int
+) -> list[dict]:
     """The chat messages FastChat sends the judge for `turn` (0 or 1) of one question."""
     with_reference = category in NEED_REF_CATEGORIES
     if with_reference and len(references) < len(questions):
@@ -84,14 +85,22 @@ def judge_messages(prompts: dict, category: str, questions: list[str], answers: 
         if with_reference:
             fields["ref_answer_1"] = references[0]
     else:
-        fields = {"question_1": questions[0], "answer_1": answers[0], "question_2": questions[1], "answer_2": answers[1]}
+        fields = {
+            "question_1": questions[0],
+            "answer_1": answers[0],
+            "question_2": questions[1],
+            "answer_2": answers[1],
+        }
         if with_reference:
             fields.update(ref_answer_1=references[0], ref_answer_2=references[1])
-    return [{"role": "system", "content": prompt["system_prompt"]},
-            {"role": "user", "content": prompt["prompt_template"].format(**fields)}]
+    return [
+        {"role": "system", "content": prompt["system_prompt"]},
+        {"role": "user", "content": prompt["prompt_template"].format(**fields)},
+    ]
 
 
 # ---- backends: messages -> judgment text ----
+
 
 def openai_chat(cfg, sleep: Callable[[float], None] = time.sleep) -> Callable[[list[dict]], str]:
     """Chat completions on an OpenAI-compatible endpoint, with retries and exponential back-off."""
@@ -103,8 +112,9 @@ def openai_chat(cfg, sleep: Callable[[float], None] = time.sleep) -> Callable[[l
     url = cfg.base_url.rstrip("/") + "/chat/completions"
 
     def chat(messages: list[dict]) -> str:
-        body = json.dumps({"model": cfg.model, "messages": messages, "temperature": cfg.temperature,
-                           "max_tokens": cfg.max_new_tokens}).encode()
+        body = json.dumps(
+            {"model": cfg.model, "messages": messages, "temperature": cfg.temperature, "max_tokens": cfg.max_new_tokens}
+        ).encode()
         headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
         for attempt in range(cfg.max_retries + 1):
             try:
@@ -157,12 +167,18 @@ def judge_label(cfg) -> str:
 class CachedJudge:
     """Judgments keyed by a hash of everything that determines them; the backend starts only on a miss."""
 
-    def __init__(self, cfg, cache_dir: Path, backend: Callable[[], Callable[[list[dict]], str]],
-                 weights: dict | None = None):
+    def __init__(
+        self, cfg, cache_dir: Path, backend: Callable[[], Callable[[list[dict]], str]], weights: dict | None = None
+    ):
         self.dir = Path(cache_dir) / judge_label(cfg)
-        self.identity = {"judge": judge_label(cfg), "model": _plain(cfg.model), "base_url": cfg.base_url if cfg.name == "openai" else None,
-                         "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
-                         "force_rating": cfg.force_rating}
+        self.identity = {
+            "judge": judge_label(cfg),
+            "model": _plain(cfg.model),
+            "base_url": cfg.base_url if cfg.name == "openai" else None,
+            "max_new_tokens": cfg.max_new_tokens,
+            "temperature": cfg.temperature,
+            "force_rating": cfg.force_rating,
+        }
         if weights:  # a local judge's checkpoint content (identity.judge_weights); none keeps older keys valid
             self.identity["weights"] = weights
         self._backend, self._chat = backend, None
@@ -204,14 +220,23 @@ def grade(records, rows: list[dict], chat: Callable[[list[dict]], str]) -> tuple
             messages = judge_messages(prompts, category, record.turns, answers, references, turn)
             text = chat(messages)
             free_text = text.split(FORCED_RATING_CUE)[0]
-            judgments.append({"id": record.id, "category": category, "turn": turn + 1, "rating": parse_rating(text),
-                              "forced": FORCED_RATING_CUE in text and parse_rating(free_text) is None,
-                              "judgment": text})
+            judgments.append(
+                {
+                    "id": record.id,
+                    "category": category,
+                    "turn": turn + 1,
+                    "rating": parse_rating(text),
+                    "forced": FORCED_RATING_CUE in text and parse_rating(free_text) is None,
+                    "judgment": text,
+                }
+            )
     rated = [j for j in judgments if j["rating"] is not None]
-    metrics = {"mt_bench_judgments": len(judgments),
-               "mt_bench_unparsed": (len(judgments) - len(rated)) / len(judgments) if judgments else float("nan"),
-               "mt_bench_forced": _mean(float(j["forced"]) for j in judgments),
-               "mt_bench_score": _mean(j["rating"] for j in rated)}
+    metrics = {
+        "mt_bench_judgments": len(judgments),
+        "mt_bench_unparsed": (len(judgments) - len(rated)) / len(judgments) if judgments else float("nan"),
+        "mt_bench_forced": _mean(float(j["forced"]) for j in judgments),
+        "mt_bench_score": _mean(j["rating"] for j in rated),
+    }
     for category in sorted({j["category"] for j in judgments}):
         metrics[f"mt_bench_{category}"] = _mean(j["rating"] for j in rated if j["category"] == category)
     for turn in sorted({j["turn"] for j in judgments}):
@@ -241,6 +266,10 @@ def judge_run(cfg, records, rows: list[dict], loader, run_dir: Path) -> dict:
     judge = CachedJudge(judge_cfg, cache_dir, backend, judge_weights(cfg))
     metrics, judgments = grade(records, rows, judge)
     atomic_write(Path(run_dir) / "judgments.jsonl", "".join(json.dumps(j) + "\n" for j in judgments))
-    log.info("MT-Bench: %d judgments (%d cached), %.0f%% unparsed", len(judgments), judge.hits,
-             100 * metrics["mt_bench_unparsed"])
+    log.info(
+        "MT-Bench: %d judgments (%d cached), %.0f%% unparsed",
+        len(judgments),
+        judge.hits,
+        100 * metrics["mt_bench_unparsed"],
+    )
     return {**metrics, "mt_bench_judge": judge_label(judge_cfg)}

@@ -136,8 +136,9 @@ def task_functions(fields: dict, reference) -> frozenset[str]:
 def _pass_at_k_scores(programs: list[str], fields: dict, reference, timeout_s: float) -> dict[str, float]:
     tests, functions = task_tests(fields), task_functions(fields, reference)
     n = len(programs)
-    n_correct = sum(run_program(program, tests, timeout_s=timeout_s, task_builtins=functions).passed
-                    for program in programs)
+    n_correct = sum(
+        run_program(program, tests, timeout_s=timeout_s, task_builtins=functions).passed for program in programs
+    )
     scores = {"n_correct": n_correct, "n": n, "pass@1": pass_at_k(n, n_correct, 1)}
     if n >= 10:
         scores["pass@10"] = pass_at_k(n, n_correct, 10)

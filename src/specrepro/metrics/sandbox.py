@@ -101,8 +101,12 @@ def run_program(
     """
     if "landlock" not in isolation_layers():
         _warn_unconfined_files()
-    limits = {"timeout_s": timeout_s, "memory_mb": memory_mb, "layers": isolation_layers(),
-              "task_builtins": sorted(task_builtins)}
+    limits = {
+        "timeout_s": timeout_s,
+        "memory_mb": memory_mb,
+        "layers": isolation_layers(),
+        "task_builtins": sorted(task_builtins),
+    }
     workdirs = [tempfile.mkdtemp(prefix=f"specrepro_sandbox_{role}_") for role in _ROLES]
     channel_ends = socket.socketpair()
     output_read, output_write = os.pipe()
@@ -129,8 +133,10 @@ def run_program(
 @functools.lru_cache(maxsize=None)
 def _warn_unconfined_files() -> None:
     """Said once per process: run records name the layers (provenance "sandbox")."""
-    logging.getLogger(__name__).warning("no landlock here (Linux >= 5.13 with it enabled): the pass@k sandbox "
-                                        "cannot keep programs from reading and writing any file this user can")
+    logging.getLogger(__name__).warning(
+        "no landlock here (Linux >= 5.13 with it enabled): the pass@k sandbox "
+        "cannot keep programs from reading and writing any file this user can"
+    )
 
 
 def _start(role, workdir, source, channel_fd, output_fd, limits) -> subprocess.Popen:
@@ -279,8 +285,17 @@ def _landlock_abi() -> int:
 
 
 # Read only, beside the interpreter's own files: shared libraries and the loader's cache, a few devices
-_READABLE_SYSTEM_PATHS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/etc/ld.so.cache",
-                          "/dev/null", "/dev/zero", "/dev/urandom")
+_READABLE_SYSTEM_PATHS = (
+    "/lib",
+    "/lib64",
+    "/usr/lib",
+    "/usr/lib64",
+    "/usr/local/lib",
+    "/etc/ld.so.cache",
+    "/dev/null",
+    "/dev/zero",
+    "/dev/urandom",
+)
 
 
 def _interpreter_paths() -> list[str]:
@@ -288,8 +303,15 @@ def _interpreter_paths() -> list[str]:
     file's directory), the shared libraries (the system's library directories and those of the files it has
     mapped) and its own /proc/<pid> (so /proc/self), not other processes'."""
     here = os.path.dirname(os.path.abspath(__file__))
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path,
-             *_READABLE_SYSTEM_PATHS, f"/proc/{os.getpid()}"}
+    paths = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        *sys.path,
+        *_READABLE_SYSTEM_PATHS,
+        f"/proc/{os.getpid()}",
+    }
     with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
@@ -330,29 +352,61 @@ _CLONE_THREAD = 0x00010000
 _SYS_CLONE, _SYS_CLONE3, _SYS_KILL, _SYS_TGKILL, _SYS_PRLIMIT64 = 56, 435, 62, 234, 302
 _DENIED_SYSCALLS = {
     # new processes and programs (clone is allowed for threads only, below)
-    "fork": 57, "vfork": 58, "execve": 59, "execveat": 322,
+    "fork": 57,
+    "vfork": 58,
+    "execve": 59,
+    "execveat": 322,
     # signals to other processes (kill and tgkill are allowed for our own pid only, below)
-    "tkill": 200, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
-    "pidfd_open": 434, "pidfd_send_signal": 424,
+    "tkill": 200,
+    "rt_sigqueueinfo": 129,
+    "rt_tgsigqueueinfo": 297,
+    "pidfd_open": 434,
+    "pidfd_send_signal": 424,
     # reaching into or re-prioritising other processes
-    "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "process_madvise": 440,
-    "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
-    "sched_setattr": 314, "ioprio_set": 251, "migrate_pages": 256, "move_pages": 279,
+    "ptrace": 101,
+    "process_vm_readv": 310,
+    "process_vm_writev": 311,
+    "process_madvise": 440,
+    "setpriority": 141,
+    "sched_setparam": 142,
+    "sched_setscheduler": 144,
+    "sched_setaffinity": 203,
+    "sched_setattr": 314,
+    "ioprio_set": 251,
+    "migrate_pages": 256,
+    "move_pages": 279,
     # network and io_uring (whose operations bypass seccomp)
-    "socket": 41, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "socket": 41,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
     # metadata changes landlock does not cover; truncate by path predates landlock ABI 3
-    "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452,
-    "chown": 92, "fchown": 93, "lchown": 94, "fchownat": 260,
-    "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "setxattrat": 463,
-    "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199, "removexattrat": 466,
-    "utime": 132, "utimes": 235, "futimesat": 261, "utimensat": 280, "truncate": 76,
+    "chmod": 90,
+    "fchmod": 91,
+    "fchmodat": 268,
+    "fchmodat2": 452,
+    "chown": 92,
+    "fchown": 93,
+    "lchown": 94,
+    "fchownat": 260,
+    "setxattr": 188,
+    "lsetxattr": 189,
+    "fsetxattr": 190,
+    "setxattrat": 463,
+    "removexattr": 197,
+    "lremovexattr": 198,
+    "fremovexattr": 199,
+    "removexattrat": 466,
+    "utime": 132,
+    "utimes": 235,
+    "futimesat": 261,
+    "utimensat": 280,
+    "truncate": 76,
 }
 
 
 class _SockFilter(ctypes.Structure):
-    _fields_ = [
-        ("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)
-    ]
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
 
 
 class _SockFprog(ctypes.Structure):

@@ -113,8 +113,13 @@ def relative_speedup(turns: list[dict], others: list[dict]) -> dict[str, float]:
     decoded to the same tokens (`same_tokens`)."""
     logs = [math.log(t["speedup"] / o["speedup"]) for t, o in zip(turns, others, strict=True)]
     mean, half = fmean(logs), ci95(logs)
-    return {"ratio": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half), "turns": len(logs),
-            "same_tokens": fmean(float(t["tokens"] == o["tokens"]) for t, o in zip(turns, others))}
+    return {
+        "ratio": math.exp(mean),
+        "low": math.exp(mean - half),
+        "high": math.exp(mean + half),
+        "turns": len(logs),
+        "same_tokens": fmean(float(t["tokens"] == o["tokens"]) for t, o in zip(turns, others)),
+    }
 
 
 def paired_speedup(gens: list[dict], baseline: str = "ar") -> dict[str, float]:
@@ -128,8 +133,10 @@ def paired_speedup(gens: list[dict], baseline: str = "ar") -> dict[str, float]:
     if not paired:
         return {f"speedup_paired{suffix}": math.nan, f"speedup_paired{suffix}_ci95": math.nan}
     ratios = [paired_ratio(g, baseline) for g in paired]
-    ar_step_ms = 1000 * _ratio(sum(g[f"{baseline}_wall_time"] - g.get(f"{baseline}_prefill_time", 0.0) for g in paired),
-                               sum(g[f"{baseline}_tokens"] - 1 for g in paired))
+    ar_step_ms = 1000 * _ratio(
+        sum(g[f"{baseline}_wall_time"] - g.get(f"{baseline}_prefill_time", 0.0) for g in paired),
+        sum(g[f"{baseline}_tokens"] - 1 for g in paired),
+    )
     steps = sum(g["steps"] for g in paired)
     return {
         f"speedup_paired{suffix}": fmean(ratios),
@@ -148,8 +155,10 @@ def order_effect(paired: list[dict], ratios: list[float], suffix: str = "") -> d
     if len(first) < 2 or len(second) < 2:
         return {}
     low, high = stats.ttest_ind(second, first, equal_var=False).confidence_interval(0.95)
-    return {f"order_effect_paired{suffix}": math.exp((fmean(second) - fmean(first)) / 2),
-            f"order_effect_paired{suffix}_ci95": (math.exp(high / 2) - math.exp(low / 2)) / 2}
+    return {
+        f"order_effect_paired{suffix}": math.exp((fmean(second) - fmean(first)) / 2),
+        f"order_effect_paired{suffix}_ci95": (math.exp(high / 2) - math.exp(low / 2)) / 2,
+    }
 
 
 def lossless(gens: list[dict], reference: list[dict]) -> float:
@@ -178,8 +187,15 @@ def impossible_generation(gen: dict) -> str | None:
 
 def impossible_metrics(metrics: dict) -> str | None:
     """Why a run's aggregate metrics cannot be true (None when they can)."""
-    bounds = {"accept_rate": (0, 1), "draft_token_share": (0, 1), "hm": (0, 100), "lossless": (0, 1),
-              "lossless_paired": (0, 1), "lossless_eager": (0, 1), "lossless_near_tie": (0, 1)}
+    bounds = {
+        "accept_rate": (0, 1),
+        "draft_token_share": (0, 1),
+        "hm": (0, 100),
+        "lossless": (0, 1),
+        "lossless_paired": (0, 1),
+        "lossless_eager": (0, 1),
+        "lossless_near_tie": (0, 1),
+    }
     for key, (low, high) in bounds.items():
         value = metrics.get(key)
         if value is not None and not math.isnan(value) and not low <= value <= high:

@@ -13,8 +13,10 @@ from specrepro.metrics.speed import lossless, paired_speedup, speed_metrics, spe
 def run_level_extras(gens: list[dict]) -> dict[str, float]:
     """Means of the numbers a decoder reports once per generation in `extra` (sar_draft's extra_memory_pct,
     jacobi's block_size, ...); per-step lists stay in generations.jsonl."""
-    numbers = [{k: v for k, v in g.get("extra", {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-               for g in gens]
+    numbers = [
+        {k: v for k, v in g.get("extra", {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for g in gens
+    ]
     in_every = set.intersection(*map(set, numbers)) if numbers else set()
     return {k: sum(n[k] for n in numbers) / len(numbers) for k in sorted(in_every)}
 
@@ -39,8 +41,10 @@ def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool)
         by_id = {row["id"]: row for row in reference_rows}
         for row in rows:  # later turns follow each run's own (sampled) answers; the first prompt must match
             if by_id[row["id"]]["prompts"][:1] != row["prompts"][:1]:
-                raise SpecReproError(f"the `ar` reference decoded a different prompt for record {row['id']}; "
-                                     "it is not comparable (delete it to re-run it)")
+                raise SpecReproError(
+                    f"the `ar` reference decoded a different prompt for record {row['id']}; "
+                    "it is not comparable (delete it to re-run it)"
+                )
         ref_gens = [g for row in rows for sample in by_id[row["id"]]["samples"] for g in sample]
         metrics.update(speedups(gens, ref_gens))
         if greedy:
@@ -75,9 +79,15 @@ QUALITY_KEYS = ["gsm8k_acc", "rouge_l", "rouge_2", "pass@1", "pass@10", "mt_benc
 
 def results_table(all_metrics: list[dict]) -> str:
     """A plain-text table of runs (only the columns some run has)."""
-    columns = [c for c in TABLE_COLUMNS if any(m.get(c[1]) is not None for m in all_metrics)
-               and (c[1] != "lossless_near_tie" or any(isinstance(m.get("lossless"), float) and m["lossless"] < 1
-                                                        for m in all_metrics))]
+    columns = [
+        c
+        for c in TABLE_COLUMNS
+        if any(m.get(c[1]) is not None for m in all_metrics)
+        and (
+            c[1] != "lossless_near_tie"
+            or any(isinstance(m.get("lossless"), float) and m["lossless"] < 1 for m in all_metrics)
+        )
+    ]
     columns += [(k, k, "{:.3f}") for k in QUALITY_KEYS if any(k in m for m in all_metrics)]
 
     def cell(metrics, key, fmt):
@@ -88,6 +98,8 @@ def results_table(all_metrics: list[dict]) -> str:
 
     grid = [[c[0] for c in columns]] + [[cell(m, key, fmt) for _, key, fmt in columns] for m in all_metrics]
     widths = [max(len(row[i]) for row in grid) for i in range(len(columns))]
-    lines = ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))) for row in grid]
+    lines = [
+        "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))) for row in grid
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -61,12 +61,20 @@ def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
     """One SDPA call as transformers' sdpa attention makes it, with SDPA's own GQA on a CPU whatever the mask
     (module docstring) unless the model was set with `cpu_gqa=False`."""
     if not (_CPU_GQA and query.device.type == "cpu" and getattr(module, "cpu_gqa", True)):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
-                                         is_causal=query.shape[2] > 1 and attention_mask is None and is_causal,
-                                         enable_gqa=key.shape[1] != query.shape[1])
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=query.shape[2] > 1 and attention_mask is None and is_causal,
+        enable_gqa=key.shape[1] != query.shape[1],
+    )
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -140,14 +148,14 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, exact_rows=Non
     if exact_rows is not None:  # the other rows in one call
         batched = attend(module, query, key, value, attention_mask, **kwargs)[0]
     rows = []
-    for i in (range(q_len) if batched is None else exact_rows.tolist()):
+    for i in range(q_len) if batched is None else exact_rows.tolist():
         seen = plan[i]
         if isinstance(seen, int):
             row_keys, row_values = key[:, :, :seen], value[:, :, :seen]
         else:
             index = seen.to(key.device)
             row_keys, row_values = key.index_select(2, index), value.index_select(2, index)
-        out, _ = attend(module, query[:, :, i:i + 1], row_keys, row_values, None, **kwargs)
+        out, _ = attend(module, query[:, :, i : i + 1], row_keys, row_values, None, **kwargs)
         rows.append(out)
     exact = torch.cat(rows, dim=1)
     if batched is None:

@@ -15,8 +15,14 @@ _loaded_models: dict[str, LoadedModel] = {}  # its model, device, dtype and hard
 
 def load_target(cfg: DictConfig, loader: ModelLoader) -> LoadedModel:
     """The run's target model with its hardware's kernels, loaded once while a process uses it (one at a time)."""
-    key = json.dumps([OmegaConf.to_container(cfg.model, resolve=True), str(loader.device), str(loader.dtype),
-                      OmegaConf.to_container(cfg.hardware, resolve=True)])  # the kernels live on the model
+    key = json.dumps(
+        [
+            OmegaConf.to_container(cfg.model, resolve=True),
+            str(loader.device),
+            str(loader.dtype),
+            OmegaConf.to_container(cfg.hardware, resolve=True),
+        ]
+    )  # the kernels live on the model
     if key not in _loaded_models:
         _loaded_models.clear()  # keep one target in memory
         _loaded_models[key] = loader.load_model(cfg.model)

@@ -52,10 +52,15 @@ class PackedLinear(torch.nn.Linear):
 
     def _onednn_applies(self, x: torch.Tensor) -> bool:
         w = self.weight
-        return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype and w.dtype in onednn_dtypes()
-                and not w.is_inference()  # no version counter, so a packed copy could not tell it went stale
-                and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
-                and not torch.is_autocast_enabled("cpu"))
+        return (
+            x.device.type == "cpu"
+            and w.device.type == "cpu"
+            and x.dtype == w.dtype
+            and w.dtype in onednn_dtypes()
+            and not w.is_inference()  # no version counter, so a packed copy could not tell it went stale
+            and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
+            and not torch.is_autocast_enabled("cpu")
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._onednn_applies(x):
@@ -103,7 +108,9 @@ def onednn_dtypes() -> frozenset[torch.dtype]:
     for dtype in _PACKABLE:
         try:
             w, x = torch.randn(8, 4).to(dtype), torch.randn(2, 4).to(dtype)
-            out = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w), None, "none", [], "")
+            out = torch.ops.mkldnn._linear_pointwise(
+                x, torch.ops.mkldnn._reorder_linear_weight(w), None, "none", [], ""
+            )
         except (RuntimeError, AttributeError):
             continue
         if torch.allclose(out.float(), F.linear(x, w).float(), atol=1e-5 if dtype == torch.float32 else 2e-2):
@@ -120,8 +127,11 @@ def warn_if_bf16_is_slow(what: str) -> None:
     """One warning when `what` computes in bfloat16 on a CPU without native bfloat16, where it runs several times
     slower than float32 (a CLLM training step: 75 s in bf16 autocast against 5 s in fp32 on a 2-core AVX2 EPYC)."""
     if not onednn_available(torch.bfloat16):
-        log.warning("%s runs in bfloat16 on a CPU without native bfloat16 (AVX-512 or AVX-NE-CONVERT), several times "
-                    "slower than float32 here", what)
+        log.warning(
+            "%s runs in bfloat16 on a CPU without native bfloat16 (AVX-512 or AVX-NE-CONVERT), several times "
+            "slower than float32 here",
+            what,
+        )
 
 
 def check_kernel(kernel: str, min_rows: int = 1) -> None:
@@ -132,8 +142,9 @@ def check_kernel(kernel: str, min_rows: int = 1) -> None:
         raise SpecReproError(f"hardware.linear_min_rows must be >= 1, got {min_rows}")
 
 
-def set_linear_kernel(model: torch.nn.Module, kernel: str, min_rows: int = 1,
-                      row_invariant: bool = False) -> torch.nn.Module:
+def set_linear_kernel(
+    model: torch.nn.Module, kernel: str, min_rows: int = 1, row_invariant: bool = False
+) -> torch.nn.Module:
     """Make the linear modules inside `model` use `kernel`, in place, and return `model`: "onednn" swaps each
     `nn.Linear` for a `PackedLinear` padding to `min_rows` rows, "torch" swaps them back. `row_invariant`
     computes a one-row input as a row of a two-row product, so that it rounds exactly like a row of a
@@ -145,8 +156,10 @@ def set_linear_kernel(model: torch.nn.Module, kernel: str, min_rows: int = 1,
         kernel = "torch"
     dtypes = {p.dtype for p in model.parameters() if p.device.type == "cpu" and p.dtype in _PACKABLE}
     if kernel == "onednn" and dtypes - onednn_dtypes():
-        log.warning("this CPU has no oneDNN linear for %s (bfloat16 needs AVX-512 or AVX-NE-CONVERT); those layers "
-                    "use torch's", ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes - onednn_dtypes())))
+        log.warning(
+            "this CPU has no oneDNN linear for %s (bfloat16 needs AVX-512 or AVX-NE-CONVERT); those layers use torch's",
+            ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes - onednn_dtypes())),
+        )
     rows = max(min_rows, 2 if row_invariant else 1)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):

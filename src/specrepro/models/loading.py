@@ -139,8 +139,10 @@ def embedded_checkpoint(cache_dir: str | None = None) -> Path:
             _discard(target)
         return _convert_embedded(target)
     except OSError as exc:
-        raise SpecReproError(f"cannot convert the embedded model into {target} ({exc}): point model.cache_dir or "
-                             "$SPECREPRO_CACHE at a writable directory with 600 MB free") from None
+        raise SpecReproError(
+            f"cannot convert the embedded model into {target} ({exc}): point model.cache_dir or "
+            "$SPECREPRO_CACHE at a writable directory with 600 MB free"
+        ) from None
 
 
 def _discard(path: Path) -> None:
@@ -204,9 +206,11 @@ def _from_pretrained(loader, ident: str, **kwargs):
         try:
             return loader.from_pretrained(ident, local_files_only=True, **local, **kwargs)
         except (OSError, ValueError) as exc:
-            raise SpecReproError(f"{what} directory '{ident}' holds no {what} transformers can load "
-                                 f"({one_line(exc)[:200]}): point model.id (or model.tokenizer) at a directory "
-                                 "save_pretrained wrote") from None
+            raise SpecReproError(
+                f"{what} directory '{ident}' holds no {what} transformers can load "
+                f"({one_line(exc)[:200]}): point model.id (or model.tokenizer) at a directory "
+                "save_pretrained wrote"
+            ) from None
     try:
         return loader.from_pretrained(ident, local_files_only=True, **local, **kwargs)
     except OSError:
@@ -215,8 +219,10 @@ def _from_pretrained(loader, ident: str, **kwargs):
     offline = hub_constants.HF_HUB_OFFLINE
     if offline or not hub_reachable():
         why = "HF_HUB_OFFLINE is set" if offline else f"the hub ({hub_constants.ENDPOINT}) is unreachable"
-        raise SpecReproError(f"{what} '{ident}' is not a local directory nor in the local Hugging Face cache "
-                             f"({hub_constants.HF_HUB_CACHE}), and {why}: {fix}")
+        raise SpecReproError(
+            f"{what} '{ident}' is not a local directory nor in the local Hugging Face cache "
+            f"({hub_constants.HF_HUB_CACHE}), and {why}: {fix}"
+        )
     try:
         return loader.from_pretrained(ident, **kwargs)
     except OSError as exc:
@@ -311,18 +317,27 @@ def dispatched(model: torch.nn.Module, where: dict) -> torch.nn.Module:
 
     device_map = where["device_map"]
     if isinstance(device_map, str):
-        device_map = infer_auto_device_map(model, max_memory=where.get("max_memory"),
-                                           no_split_module_classes=model._no_split_modules)
+        device_map = infer_auto_device_map(
+            model, max_memory=where.get("max_memory"), no_split_module_classes=model._no_split_modules
+        )
     return dispatch_model(model, device_map=device_map)
 
 
-def load_model(cfg, device: torch.device, dtype: torch.dtype, artifacts_dir: str | Path = "results/artifacts") -> LoadedModel:
+def load_model(
+    cfg, device: torch.device, dtype: torch.dtype, artifacts_dir: str | Path = "results/artifacts"
+) -> LoadedModel:
     """Load the model a `model/` config names, in eval mode on `device` with `dtype`, or spread over devices by its
     `device_map` (accelerate's big-model inference: its hooks move each layer's inputs to the layer's device)."""
     where = placement(cfg)
-    if where and cfg.source == "artifact" and (resolve_artifact(cfg.id, artifacts_dir) / "adapter_config.json").is_file():
-        raise SpecReproError("model.device_map does not apply to a LoRA artifact (merged in memory); "
-                             "publish the merged model or leave model.device_map unset")
+    if (
+        where
+        and cfg.source == "artifact"
+        and (resolve_artifact(cfg.id, artifacts_dir) / "adapter_config.json").is_file()
+    ):
+        raise SpecReproError(
+            "model.device_map does not apply to a LoRA artifact (merged in memory); "
+            "publish the merged model or leave model.device_map unset"
+        )
     if cfg.source == "random":
         model = random_llama(cfg.random, dtype)
         model = dispatched(model, where) if where else model
@@ -340,8 +355,9 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype, artifacts_dir: str
         tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
     elif cfg.source == "hf":
         if not cfg.id:
-            raise SpecReproError("model.source=hf needs model.id: set it to a hub id or local directory "
-                                 "(model=hf model.id=...)")
+            raise SpecReproError(
+                "model.source=hf needs model.id: set it to a hub id or local directory (model=hf model.id=...)"
+            )
         common = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
         model = _from_pretrained(AutoModelForCausalLM, cfg.id, dtype=dtype, **common, **where)
         tokenizer = load_tokenizer(cfg.tokenizer or cfg.id, cfg)

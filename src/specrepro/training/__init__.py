@@ -30,8 +30,9 @@ def artifact_path(cfg) -> Path:
 
     content = OmegaConf.to_container(cfg, resolve=True)
     training, dtype = content["training"], content["hardware"]["dtype"]
-    key = config_hash({"model": weights_identity(content["model"]), "training": training, "dtype": dtype,
-                       **weights_key(cfg)})
+    key = config_hash(
+        {"model": weights_identity(content["model"]), "training": training, "dtype": dtype, **weights_key(cfg)}
+    )
     return Path(cfg.artifacts_dir) / f"{cfg.training.component}-{cfg.model.name}-{key}"
 
 
@@ -103,9 +104,18 @@ def _train(cfg, state: PartialState, final: Path) -> Path:
     if target.tokenizer is not None:
         target.tokenizer.save_pretrained(staging)
     origin = provenance(cfg.hardware, device) | {"started_at": started_at, "finished_at": now()}
-    publish(staging, final, {"component": cfg.training.component, "target": trained_target(cfg, target),
-                             "metrics": metrics, "history": history,
-                             "config": OmegaConf.to_container(cfg, resolve=True), "provenance": origin})
+    publish(
+        staging,
+        final,
+        {
+            "component": cfg.training.component,
+            "target": trained_target(cfg, target),
+            "metrics": metrics,
+            "history": history,
+            "config": OmegaConf.to_container(cfg, resolve=True),
+            "provenance": origin,
+        },
+    )
     if run is not None:
         run.summary.update(metrics)
         try:

@@ -69,16 +69,20 @@ def target_mismatch(path: Path, target: Target) -> str | None:
     differ = [key for key in expected if key in recorded and recorded[key] != expected[key]]
     if not differ:
         return None
-    return (f"artifact {path.name} was trained for target '{recorded.get('name')}' (its {', '.join(differ)} differ "
-            f"from this run's model '{expected.get('name')}')")
+    return (
+        f"artifact {path.name} was trained for target '{recorded.get('name')}' (its {', '.join(differ)} differ "
+        f"from this run's model '{expected.get('name')}')"
+    )
 
 
 def check_target(path: Path, target: Target) -> Path:
     """`path`, if trained for `target`; else one line saying for which target it was trained."""
     mismatch = target_mismatch(path, target)
     if mismatch:
-        raise SpecReproError(f"{mismatch}: train one for this model with `specrepro train` and this run's model "
-                             "options, or name one trained for it")
+        raise SpecReproError(
+            f"{mismatch}: train one for this model with `specrepro train` and this run's model "
+            "options, or name one trained for it"
+        )
     return path
 
 
@@ -91,8 +95,10 @@ def check_intact(path: Path) -> Path:
     """`path`, if its weights read back whole; else one clear error naming the artifact."""
     bad = unreadable_weights(path)
     if bad is not None:
-        raise SpecReproError(f"artifact {path.name} is damaged ({bad.name} is truncated or unreadable): delete {path} "
-                             "and train it again with the `specrepro train` command that made it")
+        raise SpecReproError(
+            f"artifact {path.name} is damaged ({bad.name} is truncated or unreadable): delete {path} "
+            "and train it again with the `specrepro train` command that made it"
+        )
     return path
 
 
@@ -118,8 +124,13 @@ def newest(pattern: str, matches: list[Path]) -> Path:
     folder where one component was trained twice, e.g. under other overrides): the run record names it too."""
     chosen = max(matches, key=lambda p: (p / METADATA).stat().st_mtime)
     if len(matches) > 1:
-        log.warning("%d trained artifacts match %s in %s; using the newest, %s (name one in full to pin it)",
-                    len(matches), pattern, chosen.parent, chosen.name)
+        log.warning(
+            "%d trained artifacts match %s in %s; using the newest, %s (name one in full to pin it)",
+            len(matches),
+            pattern,
+            chosen.parent,
+            chosen.name,
+        )
     return chosen
 
 
@@ -132,9 +143,11 @@ def refuse_incomplete(ref: str, artifacts_dir: str | Path) -> None:
     """A directory `ref` names that is not a complete artifact is an error."""
     for named in (Path(artifacts_dir) / ref, Path(ref).expanduser()):
         if named.is_dir() and not is_complete(named):
-            raise SpecReproError(f"{named} is an incomplete artifact (a staging directory, or no {METADATA}: its "
-                                 "training did not finish): train it again, or load a plain model directory with "
-                                 "source=hf")
+            raise SpecReproError(
+                f"{named} is an incomplete artifact (a staging directory, or no {METADATA}: its "
+                "training did not finish): train it again, or load a plain model directory with "
+                "source=hf"
+            )
 
 
 def find_artifact(ref: str, artifacts_dir: str | Path, target: Target = None) -> Path | None:
@@ -150,8 +163,9 @@ def find_artifact(ref: str, artifacts_dir: str | Path, target: Target = None) ->
     return None
 
 
-def find_matching_artifact(ref: str, artifacts_dir: str | Path, target: Target,
-                           matches: Callable[[Path], bool]) -> Path | None:
+def find_matching_artifact(
+    ref: str, artifacts_dir: str | Path, target: Target, matches: Callable[[Path], bool]
+) -> Path | None:
     """`ref` itself (name or path) if it matches, else the newest complete `<ref>-<model>-*` that does, of those
     trained for `target` (a model name or identity; `<ref>-*` and any target when None). One named exactly but
     trained for another target is an error."""
@@ -160,8 +174,15 @@ def find_matching_artifact(ref: str, artifacts_dir: str | Path, target: Target,
     named = named_artifact(ref, artifacts_dir)
     if named is not None and matches(named):
         return check_intact(check_target(named, target))
-    found = [p for p in Path(artifacts_dir).glob(pattern) if is_complete(p) and matches(p)
-             and not target_mismatch(p, target)] if "/" not in ref else []
+    found = (
+        [
+            p
+            for p in Path(artifacts_dir).glob(pattern)
+            if is_complete(p) and matches(p) and not target_mismatch(p, target)
+        ]
+        if "/" not in ref
+        else []
+    )
     if found:
         return check_intact(newest(pattern, found))
     refuse_incomplete(ref, artifacts_dir)

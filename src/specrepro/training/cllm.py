@@ -89,8 +89,9 @@ class CLLMTrainingConfig:
 
 
 @torch.inference_mode()
-def jacobi_trajectories(model, prompt_ids: list[int], n: int, max_new_tokens: int, eos_ids: set[int],
-                        rng: random.Random) -> list[dict]:
+def jacobi_trajectories(
+    model, prompt_ids: list[int], n: int, max_new_tokens: int, eos_ids: set[int], rng: random.Random
+) -> list[dict]:
     """One trajectory per n-token block: {prefix_ids, states y^(0..k-1), fixed_point y*} (Alg. 1)."""
     device = next(model.parameters()).device
     cache = DynamicCache(config=model.config)
@@ -117,7 +118,8 @@ def jacobi_trajectories(model, prompt_ids: list[int], n: int, max_new_tokens: in
 
 
 def augment_states(states: list[list[int]], fixed_point: list[int], rng: random.Random) -> list[list[int]]:
-    """Correct floor(#wrong/2) wrong tokens (drawn with replacement, never the first wrong one) in all states but the last."""
+    """Correct floor(#wrong/2) wrong tokens (drawn with replacement, never the first wrong one) in all states but
+    the last."""
     augmented = [list(s) for s in states]
     for state in augmented[:-1]:  # with y* excluded, skipping the last two states of {y^(0), ..., y*}
         wrong = [i for i, (a, b) in enumerate(zip(state, fixed_point)) if a != b]
@@ -158,8 +160,13 @@ def collect_trajectories(cfg, target, work_dir, log_metrics, device):
         for record in load_records(dataset_cfg):
             prompt = prompt_ids(record, tokenizer, dataset_cfg, [])
             answer = reference_response(record)
-            prompts.append((source, prompt[-spec.max_prompt_tokens :],
-                            tokenizer(answer, add_special_tokens=False)["input_ids"] if answer else []))
+            prompts.append(
+                (
+                    source,
+                    prompt[-spec.max_prompt_tokens :],
+                    tokenizer(answer, add_special_tokens=False)["input_ids"] if answer else [],
+                )
+            )
 
     def trajectories(positions: list[int]) -> list[list[dict]]:
         found = []
@@ -167,14 +174,19 @@ def collect_trajectories(cfg, target, work_dir, log_metrics, device):
             rng = random.Random(spec.seed * 1_000_003 + position)
             rows = jacobi_trajectories(model, prompts[position][1], spec.block_size, spec.max_new_tokens, eos_ids, rng)
             for row in rows:
-                row["states"] = augment_states(row["states"], row["fixed_point"], rng) if spec.augment else row["states"]
+                row["states"] = (
+                    augment_states(row["states"], row["fixed_point"], rng) if spec.augment else row["states"]
+                )
             found.append(rows)
         return found
 
     saved = work_dir / f"trajectories{BATCHES_SUFFIX}"  # a collection killed part-way resumes at its prompt
-    per_prompt, earlier_seconds = map_batches([[position] for position in range(len(prompts))], trajectories,
-                                              "Jacobi trajectories", saved)
-    columns = {k: [] for k in ("source", "prompt_index", "prompt_len", "prefix_ids", "states", "fixed_point", "reference_ids")}
+    per_prompt, earlier_seconds = map_batches(
+        [[position] for position in range(len(prompts))], trajectories, "Jacobi trajectories", saved
+    )
+    columns = {
+        k: [] for k in ("source", "prompt_index", "prompt_len", "prefix_ids", "states", "fixed_point", "reference_ids")
+    }
     dropped_prompts = dropped_rows = prompt_index = 0
     for (source, prompt, reference), rows in zip(prompts, per_prompt):
         output = [tok for row in rows for tok in row["fixed_point"]]
@@ -182,9 +194,15 @@ def collect_trajectories(cfg, target, work_dir, log_metrics, device):
             dropped_prompts, dropped_rows = dropped_prompts + 1, dropped_rows + len(rows)
             continue
         for row in rows:
-            for key, value in (("source", source), ("prompt_index", prompt_index), ("prompt_len", len(prompt)),
-                               ("prefix_ids", row["prefix_ids"]), ("states", row["states"]),
-                               ("fixed_point", row["fixed_point"]), ("reference_ids", reference)):
+            for key, value in (
+                ("source", source),
+                ("prompt_index", prompt_index),
+                ("prompt_len", len(prompt)),
+                ("prefix_ids", row["prefix_ids"]),
+                ("states", row["states"]),
+                ("fixed_point", row["fixed_point"]),
+                ("reference_ids", reference),
+            ):
                 columns[key].append(value)
         prompt_index += 1
     if not columns["source"]:
@@ -192,8 +210,11 @@ def collect_trajectories(cfg, target, work_dir, log_metrics, device):
     dataset = Dataset.from_dict(columns)
     iterations = [len(s) for s in columns["states"]]
     metrics = {
-        "prompts": prompt_index, "trajectories": len(dataset), "block_size": spec.block_size,
-        "dropped_prompts_repetition": dropped_prompts, "dropped_trajectories_repetition": dropped_rows,
+        "prompts": prompt_index,
+        "trajectories": len(dataset),
+        "block_size": spec.block_size,
+        "dropped_prompts_repetition": dropped_prompts,
+        "dropped_trajectories_repetition": dropped_rows,
         "mean_iterations_per_block": sum(iterations) / len(iterations),
         "tokens_per_forward": spec.block_size * len(iterations) / max(1, sum(iterations) + len(iterations)),
         "trajectories_by_source": {s: columns["source"].count(s) for s in set(columns["source"])},
@@ -235,7 +256,9 @@ def row_losses(model, row: dict, spec, rng: random.Random, device) -> tuple[torc
     """(consistency loss, AR loss) of one trajectory."""
     loss_cfg, n = spec.loss, spec.block_size
     prefix = row["prefix_ids"][-spec.train_prefix_tokens :]
-    response_start = max(0, row["prompt_len"] - (len(row["prefix_ids"]) - len(prefix)))  # first response token in prefix
+    response_start = max(
+        0, row["prompt_len"] - (len(row["prefix_ids"]) - len(prefix))
+    )  # first response token in prefix
     student_state, target_state = pick_states(row, loss_cfg.consistency, rng)
     block = slice(len(prefix) - 1, len(prefix) - 1 + n)  # logits predicting the block's n tokens
     target_ids = torch.tensor([prefix + target_state], device=device)
@@ -252,8 +275,9 @@ def row_losses(model, row: dict, spec, rng: random.Random, device) -> tuple[torc
             target_ids = torch.tensor([prefix + row["fixed_point"]], device=device)
             target_logits = model(target_ids).logits[0]
         start = max(response_start, 1)
-        ar = F.cross_entropy(target_logits[start - 1 : -1].float(), target_ids[0, start:],
-                             label_smoothing=loss_cfg.label_smoothing)
+        ar = F.cross_entropy(
+            target_logits[start - 1 : -1].float(), target_ids[0, start:], label_smoothing=loss_cfg.label_smoothing
+        )
     elif loss_cfg.ar_target == "gt":
         prompt = row["prefix_ids"][: row["prompt_len"]][-spec.train_prefix_tokens :]
         answer = row["reference_ids"][: spec.train_prefix_tokens]
@@ -275,7 +299,10 @@ def consistency_loss_fn(spec, rows: list[dict], device):
         pairs = [row_losses(model, rows[i], spec, rng, device) for i in batch["indices"]]
         consistency = torch.stack([c for c, _ in pairs]).mean()
         ar = torch.stack([a for _, a in pairs]).mean()
-        return consistency + spec.loss.ar_weight * ar, {"consistency_loss": float(consistency.detach()), "ar_loss": float(ar.detach())}
+        return consistency + spec.loss.ar_weight * ar, {
+            "consistency_loss": float(consistency.detach()),
+            "ar_loss": float(ar.detach()),
+        }
 
     return loss_fn
 
@@ -301,15 +328,21 @@ def jacobi_speed(model, tokenizer, prompts: list[list[int]], block_size: int, ma
             gen = decoder.generate(prompt, Sampling(), max_new_tokens, seed=seed)
             tokens, steps = tokens + sum(gen.accepted), steps + gen.steps
             stationary += sum(gen.extra["stationary"])
-        speed |= {f"tokens_per_iteration{suffix}": tokens / max(steps, 1),
-                  f"stationary_per_iteration{suffix}": stationary / max(steps, 1)}
+        speed |= {
+            f"tokens_per_iteration{suffix}": tokens / max(steps, 1),
+            f"stationary_per_iteration{suffix}": stationary / max(steps, 1),
+        }
     return speed
 
 
 def find_trajectories(ref: str, artifacts_dir, block_size: int) -> Path:
     """The trajectories `ref` names exactly, else the newest complete `<ref>-*` collected with n = `block_size`."""
     path = find_matching_artifact(
-        ref, artifacts_dir, None, lambda p: json.loads((p / METADATA).read_text())["metrics"]["block_size"] == block_size)
+        ref,
+        artifacts_dir,
+        None,
+        lambda p: json.loads((p / METADATA).read_text())["metrics"]["block_size"] == block_size,
+    )
     if path is None:
         raise SpecReproError(
             f"no Jacobi trajectories '{ref}' with block_size {block_size} under {artifacts_dir}: collect them with "
@@ -336,16 +369,28 @@ def train_consistency(cfg, target, work_dir, log_metrics, device):
     else:
         model.requires_grad_(True)
     torch.manual_seed(spec.loop.seed)
-    history = train_loop(model, consistency_loss_fn(spec, rows, device), batches(len(rows), spec.loop), spec.loop,
-                         work_dir, log_metrics, device)
+    history = train_loop(
+        model,
+        consistency_loss_fn(spec, rows, device),
+        batches(len(rows), spec.loop),
+        spec.loop,
+        work_dir,
+        log_metrics,
+        device,
+    )
     if spec.lora.r:
         model = model.merge_and_unload()
     model.requires_grad_(False)
     after = jacobi_speed(model, target.tokenizer, eval_prompts, spec.block_size, spec.eval_tokens)
     metrics = {
-        "trajectories": str(source.parent), "train_trajectories": len(rows), "heldout_prompts": len(eval_prompts),
-        **{f"heldout_{k}_before": v for k, v in before.items()}, **{f"heldout_{k}_after": v for k, v in after.items()},
-        "compute_minutes": cost.minutes(cost.loop_seconds(history), None if trajectory_minutes is None else trajectory_minutes * 60),
+        "trajectories": str(source.parent),
+        "train_trajectories": len(rows),
+        "heldout_prompts": len(eval_prompts),
+        **{f"heldout_{k}_before": v for k, v in before.items()},
+        **{f"heldout_{k}_after": v for k, v in after.items()},
+        "compute_minutes": cost.minutes(
+            cost.loop_seconds(history), None if trajectory_minutes is None else trajectory_minutes * 60
+        ),
     }
     return model, metrics, history
 

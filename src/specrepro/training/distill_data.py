@@ -50,14 +50,26 @@ def prompt_texts(prompt_sets: dict, tokenizer) -> list[tuple[str, str, list[int]
     texts = []
     for name, dataset_cfg in prompt_sets.items():
         for record in load_records(dataset_cfg):
-            texts.append((name, render_prompt(record, tokenizer, dataset_cfg, []),
-                          prompt_ids(record, tokenizer, dataset_cfg, [])))
+            texts.append(
+                (
+                    name,
+                    render_prompt(record, tokenizer, dataset_cfg, []),
+                    prompt_ids(record, tokenizer, dataset_cfg, []),
+                )
+            )
     return texts
 
 
 @torch.inference_mode()
-def generate_continuations(model, tokenizer, prompts: list[tuple[str, list[int]]], max_new_tokens: int, batch_size: int,
-                           max_prompt_tokens: int, saved_in: Path | None = None):
+def generate_continuations(
+    model,
+    tokenizer,
+    prompts: list[tuple[str, list[int]]],
+    max_new_tokens: int,
+    batch_size: int,
+    max_prompt_tokens: int,
+    saved_in: Path | None = None,
+):
     """Greedy continuations of `prompts` (text, ids): (prompt ids, continuation ids) per prompt, padding removed;
     and the seconds of the batches loaded from `saved_in` (`shards.map_batches`)."""
     texts = [text for text, _ in prompts]
@@ -71,8 +83,16 @@ def generate_continuations(model, tokenizer, prompts: list[tuple[str, list[int]]
         width = max(len(ids) for ids in encoded)
         input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in encoded], device=device)
         attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
-        output = model.generate(input_ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=False,
-                                pad_token_id=pad_id, temperature=None, top_p=None, top_k=None)
+        output = model.generate(
+            input_ids,
+            attention_mask=attention,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad_id,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+        )
         pairs = []
         for ids, row in zip(encoded, output[:, width:].tolist()):
             stops = [i for i, tok in enumerate(row) if tok in stop_ids]
@@ -94,9 +114,21 @@ def distill_cache_dir(cfg, kind: str, prompt_sets, tokens: int, max_prompt_token
     target (its config, and its weights where they are an artifact or a checkpoint), the prompt sets, the lengths
     and the dtype that computed them (`dtype`, default the run's) only, so every trainer asking for the same ones
     shares them."""
-    key = config_hash(OmegaConf.to_container(OmegaConf.create({
-        "model": weights_identity(cfg.model), "prompts": prompt_sets, "tokens": tokens, "max_prompt_tokens": max_prompt_tokens,
-        "dtype": dtype or cfg.hardware.dtype, **weights_key(cfg)}), resolve=True))
+    key = config_hash(
+        OmegaConf.to_container(
+            OmegaConf.create(
+                {
+                    "model": weights_identity(cfg.model),
+                    "prompts": prompt_sets,
+                    "tokens": tokens,
+                    "max_prompt_tokens": max_prompt_tokens,
+                    "dtype": dtype or cfg.hardware.dtype,
+                    **weights_key(cfg),
+                }
+            ),
+            resolve=True,
+        )
+    )
     return Path(cfg.artifacts_dir) / ".work" / f"{kind}-{key}"
 
 
@@ -109,8 +141,15 @@ def teacher_copy(model, dtype: str = ""):
     return model if cast is None or cast == next(model.parameters()).dtype else copy.deepcopy(model).to(cast)
 
 
-def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_size: int, max_prompt_tokens: int,
-                         cache_dir: Path, dtype: str = "") -> Dataset:
+def continuation_dataset(
+    target,
+    prompt_sets: dict,
+    max_new_tokens: int,
+    batch_size: int,
+    max_prompt_tokens: int,
+    cache_dir: Path,
+    dtype: str = "",
+) -> Dataset:
     """Rows {source, prompt_ids, continuation_ids}; generated once (by a copy of the target cast to `dtype`
     when that differs from the target's own), then loaded from `cache_dir`; a generation killed part-way resumes
     at its batch."""
@@ -121,29 +160,43 @@ def continuation_dataset(target, prompt_sets: dict, max_new_tokens: int, batch_s
             return load_from_disk(str(cache_dir))
         clock = suspension.clock()
         sources_and_texts = prompt_texts(prompt_sets, target.tokenizer)
-        pairs, earlier_seconds = generate_continuations(teacher_copy(target.model, dtype), target.tokenizer,
-                                                        [(t, ids) for _, t, ids in sources_and_texts], max_new_tokens,
-                                                        batch_size, max_prompt_tokens, saved)
-        dataset = Dataset.from_dict({
-            "source": [s for s, _, _ in sources_and_texts],
-            "prompt_ids": [p for p, _ in pairs],
-            "continuation_ids": [c for _, c in pairs],
-        })
+        pairs, earlier_seconds = generate_continuations(
+            teacher_copy(target.model, dtype),
+            target.tokenizer,
+            [(t, ids) for _, t, ids in sources_and_texts],
+            max_new_tokens,
+            batch_size,
+            max_prompt_tokens,
+            saved,
+        )
+        dataset = Dataset.from_dict(
+            {
+                "source": [s for s, _, _ in sources_and_texts],
+                "prompt_ids": [p for p, _ in pairs],
+                "continuation_ids": [c for _, c in pairs],
+            }
+        )
 
         def write() -> None:
             staging = cache_dir.with_name(f".{cache_dir.name}.staging")
             dataset.save_to_disk(str(staging))
             cost.record(staging, suspension.clock() - clock + earlier_seconds)
-            (staging / "settings.json").write_text(json.dumps(OmegaConf.to_container(OmegaConf.create(
-                {"max_new_tokens": max_new_tokens, "prompt_sets": list(prompt_sets)}))))
+            (staging / "settings.json").write_text(
+                json.dumps(
+                    OmegaConf.to_container(
+                        OmegaConf.create({"max_new_tokens": max_new_tokens, "prompt_sets": list(prompt_sets)})
+                    )
+                )
+            )
             staging.rename(cache_dir)
 
         write_once(write)
         return load_from_disk(str(cache_dir))
 
 
-def reference_rows(datasets: dict, tokenizer, max_prompt_tokens: int, response_tokens: int,
-                   end_token: int | None = None) -> list[dict]:
+def reference_rows(
+    datasets: dict, tokenizer, max_prompt_tokens: int, response_tokens: int, end_token: int | None = None
+) -> list[dict]:
     """Rows {source, prompt_ids, continuation_ids}: each record's own reference response after its prompt.
 
     `end_token` (e.g. the chat's end-of-turn id) is appended before truncation, so a model fine-tuned on the
@@ -162,8 +215,9 @@ def reference_rows(datasets: dict, tokenizer, max_prompt_tokens: int, response_t
 
 
 @torch.inference_mode()
-def target_argmax_labels(model, rows: list[tuple[list[int], list[int]]], batch_size: int,
-                         saved_in: Path | None = None) -> tuple[list[list[int]], float]:
+def target_argmax_labels(
+    model, rows: list[tuple[list[int], list[int]]], batch_size: int, saved_in: Path | None = None
+) -> tuple[list[list[int]], float]:
     """The target's greedy prediction at every response position, teacher-forced on (prompt, response) pairs; and
     the seconds of the batches loaded from `saved_in` (`shards.map_batches`)."""
     device = next(model.parameters()).device
@@ -177,15 +231,28 @@ def target_argmax_labels(model, rows: list[tuple[list[int], list[int]]], batch_s
             attention[i, : len(prompt) + len(response)] = 1
         hidden = model.model(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
         # position t predicts token t + 1: the positions from the prompt's last token to the response's last but one
-        return [model.lm_head(hidden[i, len(prompt) - 1 : len(prompt) + len(response) - 1]).argmax(-1).tolist()
-                for i, (prompt, response) in enumerate(batch)]
+        return [
+            model.lm_head(hidden[i, len(prompt) - 1 : len(prompt) + len(response) - 1]).argmax(-1).tolist()
+            for i, (prompt, response) in enumerate(batch)
+        ]
 
-    return map_batches([rows[start : start + batch_size] for start in range(0, len(rows), batch_size)], label_batch,
-                       "target labels", saved_in)
+    return map_batches(
+        [rows[start : start + batch_size] for start in range(0, len(rows), batch_size)],
+        label_batch,
+        "target labels",
+        saved_in,
+    )
 
 
-def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int, batch_size: int,
-                            max_prompt_tokens: int, cache_dir: Path, dtype: str = "") -> Dataset:
+def teacher_labeled_dataset(
+    target,
+    prompt_sets: dict,
+    max_response_tokens: int,
+    batch_size: int,
+    max_prompt_tokens: int,
+    cache_dir: Path,
+    dtype: str = "",
+) -> Dataset:
     """Rows {source, prompt_ids, continuation_ids, label_ids}: human responses labelled with the target's argmax
     (of a copy cast to `dtype`, when given).
 
@@ -210,8 +277,14 @@ def teacher_labeled_dataset(target, prompt_sets: dict, max_response_tokens: int,
                 sources.append(name)
                 pairs.append((prompt[-max_prompt_tokens:], response_ids))
         labels, earlier_seconds = target_argmax_labels(teacher_copy(target.model, dtype), pairs, batch_size, saved)
-        dataset = Dataset.from_dict({"source": sources, "prompt_ids": [p for p, _ in pairs],
-                                     "continuation_ids": [r for _, r in pairs], "label_ids": labels})
+        dataset = Dataset.from_dict(
+            {
+                "source": sources,
+                "prompt_ids": [p for p, _ in pairs],
+                "continuation_ids": [r for _, r in pairs],
+                "label_ids": labels,
+            }
+        )
 
         def write() -> None:
             staging = cache_dir.with_name(f".{cache_dir.name}.staging")
@@ -240,10 +313,17 @@ def frequent_tokens(rows: list[dict], size: int, vocab_size: int) -> torch.Tenso
 def hidden_cache_dir(cfg, rows: list[dict], prompt_tokens: int, autocast: bool) -> Path:
     """`<artifacts_dir>/.work/hidden-<hash>`: the target's hidden states depend on the target, the rows' tokens, the
     prompt context and the precision of the forward only."""
-    digest = hashlib.sha256(json.dumps([[r["prompt_ids"][-prompt_tokens:], r["continuation_ids"]] for r in rows])
-                            .encode()).hexdigest()
-    key = config_hash({"model": weights_identity(cfg.model), "rows": digest,
-                       "dtype": "bf16_autocast" if autocast else cfg.hardware.dtype, **weights_key(cfg)})
+    digest = hashlib.sha256(
+        json.dumps([[r["prompt_ids"][-prompt_tokens:], r["continuation_ids"]] for r in rows]).encode()
+    ).hexdigest()
+    key = config_hash(
+        {
+            "model": weights_identity(cfg.model),
+            "rows": digest,
+            "dtype": "bf16_autocast" if autocast else cfg.hardware.dtype,
+            **weights_key(cfg),
+        }
+    )
     return Path(cfg.artifacts_dir) / ".work" / f"hidden-{key}"
 
 
@@ -263,8 +343,9 @@ def continuation_hidden(model, rows: list[dict], prompt_tokens: int) -> list[tor
 
 
 @torch.no_grad()
-def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size: int, autocast: bool,
-                         cache_dir: Path) -> list[torch.Tensor]:
+def target_hidden_states(
+    model, rows: list[dict], prompt_tokens: int, batch_size: int, autocast: bool, cache_dir: Path
+) -> list[torch.Tensor]:
     """`continuation_hidden` of every row under bf16 autocast when `autocast`, stored in the forward's dtype (bf16
     under autocast).
 
@@ -280,8 +361,10 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
             return list(torch.split(stored["hidden"], stored["lengths"].tolist()))
         clock = suspension.clock()
         device = next(model.parameters()).device
-        order = sorted(range(len(rows)),
-                       key=lambda i: len(rows[i]["prompt_ids"][-prompt_tokens:]) + len(rows[i]["continuation_ids"]))
+        order = sorted(
+            range(len(rows)),
+            key=lambda i: len(rows[i]["prompt_ids"][-prompt_tokens:]) + len(rows[i]["continuation_ids"]),
+        )
 
         def hidden_batch(indices: list[int]) -> list[torch.Tensor]:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -296,8 +379,10 @@ def target_hidden_states(model, rows: list[dict], prompt_tokens: int, batch_size
         def write() -> None:
             staging = cache_dir.with_name(f".{cache_dir.name}.staging")
             staging.mkdir(parents=True, exist_ok=True)
-            save_file({"hidden": torch.cat(by_row).contiguous(), "lengths": torch.tensor([len(h) for h in by_row])},
-                      str(staging / path.name))
+            save_file(
+                {"hidden": torch.cat(by_row).contiguous(), "lengths": torch.tensor([len(h) for h in by_row])},
+                str(staging / path.name),
+            )
             cost.record(staging, suspension.clock() - clock + earlier_seconds)
             shutil.rmtree(cache_dir, ignore_errors=True)
             staging.rename(cache_dir)
@@ -322,15 +407,20 @@ def pack_batch(rows: list[dict], pad_id: int, device, prompt_tokens: int | None 
         attention[i, : len(seq)] = 1
         labels[i, len(prompt) - 1 : len(seq) - 1] = torch.tensor(row.get("label_ids") or row["continuation_ids"])
         target_mask[i, len(prompt) - 1 : len(seq) - 1] = True
-    return {"input_ids": ids.to(device), "attention_mask": attention.to(device), "labels": labels.to(device),
-            "target_mask": target_mask.to(device)}
+    return {
+        "input_ids": ids.to(device),
+        "attention_mask": attention.to(device),
+        "labels": labels.to(device),
+        "target_mask": target_mask.to(device),
+    }
 
 
 def batches(rows: list[dict], loop: LoopConfig, pad_id: int, device, prompt_tokens: int | None):
     """batch_for_step(step, micro) for the shared training loop: the packed rows of that micro-batch."""
 
     def batch_for_step(step: int, micro: int) -> dict:
-        return pack_batch([rows[i] for i in micro_batch_indices(step, micro, len(rows), loop)], pad_id, device,
-                          prompt_tokens)
+        return pack_batch(
+            [rows[i] for i in micro_batch_indices(step, micro, len(rows), loop)], pad_id, device, prompt_tokens
+        )
 
     return batch_for_step

@@ -45,9 +45,11 @@ def conversation_tokens(messages: list[dict], tokenizer, max_tokens: int) -> tup
         shown = [{"role": m["role"], "content": m["content"][:MESSAGE_CHARS]} for m in messages[:end]]
         text = tokenizer.apply_chat_template(shown, tokenize=False)
         if not text.startswith(rendered):
-            raise SpecReproError("the chat template renders a conversation's prefix differently from the whole; "
-                                 "EAGLE's data needs a template that only appends each message")
-        piece = tokenizer(text[len(rendered):], add_special_tokens=False)["input_ids"]
+            raise SpecReproError(
+                "the chat template renders a conversation's prefix differently from the whole; "
+                "EAGLE's data needs a template that only appends each message"
+            )
+        piece = tokenizer(text[len(rendered) :], add_special_tokens=False)["input_ids"]
         ids += piece
         mask += [message["role"] == "assistant"] * len(piece)
         rendered = text
@@ -73,10 +75,18 @@ def conversation_rows(conversations, tokenizer, max_tokens: int) -> list[dict]:
 def features_dir(cfg, conversations, max_tokens: int, autocast: bool) -> Path:
     """`<artifacts_dir>/.work/eagle-features-<hash>`: one file per sequence, shared by every budget (the
     conversation set's `limit` is left out of the key)."""
-    data = {k: v for k, v in OmegaConf.to_container(OmegaConf.create(conversations), resolve=True).items()
-            if k != "limit"}
-    key = config_hash({"model": weights_identity(cfg.model), "conversations": data, "max_tokens": max_tokens,
-                       "dtype": "bf16_autocast" if autocast else cfg.hardware.dtype, **weights_key(cfg)})
+    data = {
+        k: v for k, v in OmegaConf.to_container(OmegaConf.create(conversations), resolve=True).items() if k != "limit"
+    }
+    key = config_hash(
+        {
+            "model": weights_identity(cfg.model),
+            "conversations": data,
+            "max_tokens": max_tokens,
+            "dtype": "bf16_autocast" if autocast else cfg.hardware.dtype,
+            **weights_key(cfg),
+        }
+    )
     return Path(cfg.artifacts_dir) / ".work" / f"eagle-features-{key}"
 
 

@@ -76,8 +76,9 @@ def eagle_terms(draft: EagleDraft, predicted: torch.Tensor, batch: dict):
 
 
 @torch.no_grad()
-def heldout_agreement(draft: EagleDraft, embed: nn.Module, rows: list[dict], features: list[torch.Tensor],
-                      depths: int) -> list[float]:
+def heldout_agreement(
+    draft: EagleDraft, embed: nn.Module, rows: list[dict], features: list[torch.Tensor], depths: int
+) -> list[float]:
     """Top-1 agreement with the target at draft depths 0 .. depths - 1 on held-out conversations: depth d reads
     the draft's own depth d - 1 predictions as its input features (f^_i in place of f_i at every position, the
     context too: a simplification of drafting, where the context keeps the target's features)."""
@@ -102,16 +103,26 @@ def train_eagle_head(cfg, target, work_dir, log_metrics, device):
     model.requires_grad_(False)
     rows = conversation_rows(spec.conversations, target.tokenizer, spec.max_tokens)
     if len(rows) <= spec.heldout_sequences:
-        raise SpecReproError(f"EAGLE training needs more than training.heldout_sequences={spec.heldout_sequences} "
-                             f"conversations; training.conversations gives {len(rows)}")
+        raise SpecReproError(
+            f"EAGLE training needs more than training.heldout_sequences={spec.heldout_sequences} "
+            f"conversations; training.conversations gives {len(rows)}"
+        )
     autocast = spec.loop.bf16_autocast
-    features, feature_seconds = target_features(model, rows, autocast,
-                                                features_dir(cfg, spec.conversations, spec.max_tokens, autocast))
+    features, feature_seconds = target_features(
+        model, rows, autocast, features_dir(cfg, spec.conversations, spec.max_tokens, autocast)
+    )
     held, train_rows = rows[: spec.heldout_sequences], rows[spec.heldout_sequences :]
     held_features, train_features = features[: spec.heldout_sequences], features[spec.heldout_sequences :]
     torch.manual_seed(spec.loop.seed)
-    vocab_ids = frequent_tokens([{"prompt_ids": [], "continuation_ids": r["ids"]} for r in train_rows],
-                                spec.draft_vocab, model.config.vocab_size) if spec.draft_vocab else None
+    vocab_ids = (
+        frequent_tokens(
+            [{"prompt_ids": [], "continuation_ids": r["ids"]} for r in train_rows],
+            spec.draft_vocab,
+            model.config.vocab_size,
+        )
+        if spec.draft_vocab
+        else None
+    )
     draft = EagleDraft(model.config, spec.draft_vocab)
     if vocab_ids is not None:
         draft.vocab_ids.copy_(vocab_ids)
@@ -133,8 +144,10 @@ def train_eagle_head(cfg, target, work_dir, log_metrics, device):
         predicted = draft_pass(module, embed, batch, batch["features"][:, :-1].float() + batch["noise"])
         loss_reg, loss_cls, hits, n = eagle_terms(module, predicted, batch)
         return loss_reg + spec.w_cls * loss_cls, {  # Eq. 5
-            "loss_reg": float(loss_reg.detach()), "loss_cls": float(loss_cls.detach()),
-            "top1_depth0": float(hits / n.clamp(min=1))}
+            "loss_reg": float(loss_reg.detach()),
+            "loss_cls": float(loss_cls.detach()),
+            "top1_depth0": float(hits / n.clamp(min=1)),
+        }
 
     history = train_loop(draft, loss_fn, batch_for_step, spec.loop, work_dir / "draft", log_metrics, device)
     draft.eval()

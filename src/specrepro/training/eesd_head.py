@@ -31,8 +31,15 @@ from specrepro.decoding import draft_vocab
 from specrepro.decoding.eesd import MAX_PREDICTOR_POSITION, CalibrationPredictor, EarlyExitHead, first_layers_hidden
 from specrepro.registry import register_component
 from specrepro.training import cost
-from specrepro.training.distill_data import (batches, continuation_dataset, distill_cache_dir, frequent_tokens, pack_batch,
-                                              reference_rows, teacher_labeled_dataset)
+from specrepro.training.distill_data import (
+    batches,
+    continuation_dataset,
+    distill_cache_dir,
+    frequent_tokens,
+    pack_batch,
+    reference_rows,
+    teacher_labeled_dataset,
+)
 from specrepro.training.loop import LoopConfig, train_loop
 
 
@@ -68,8 +75,11 @@ class EESDHeadTrainingConfig:
 def plain_rows(spec, tokenizer, limit: int) -> list[dict]:
     """Rows {prompt_ids, continuation_ids} whose continuation is a dataset's own reference response."""
     datasets = {name: spec.prompts[name] for name in spec.plain_from}
-    rows = [row for row in reference_rows(datasets, tokenizer, spec.max_prompt_tokens, spec.continuation_tokens)
-            if len(row["continuation_ids"]) >= 8]
+    rows = [
+        row
+        for row in reference_rows(datasets, tokenizer, spec.max_prompt_tokens, spec.continuation_tokens)
+        if len(row["continuation_ids"]) >= 8
+    ]
     random.Random(spec.loop.seed).shuffle(rows)
     return rows[:limit]
 
@@ -91,7 +101,9 @@ def head_logits(head: EarlyExitHead, target, batch: dict) -> tuple[torch.Tensor,
 def top1_agreement(head, target, rows, pad_id, device, prompt_tokens, batch_size: int = 8) -> float:
     hits = total = 0
     for start in range(0, len(rows), batch_size):
-        logits, labels = head_logits(head, target, pack_batch(rows[start : start + batch_size], pad_id, device, prompt_tokens))
+        logits, labels = head_logits(
+            head, target, pack_batch(rows[start : start + batch_size], pad_id, device, prompt_tokens)
+        )
         hits += int((head.token_ids(logits.argmax(-1)) == labels).sum())
         total += labels.numel()
     return hits / max(total, 1)
@@ -120,8 +132,12 @@ def calibration_examples(head, target, rows, pad_id, device, prompt_tokens, batc
                     draft_hidden.append(drafted[row, t + i])
                     positions.append(i)
                     labels.append(int(alive))
-    return {"target_hidden": torch.stack(target_hidden), "draft_hidden": torch.stack(draft_hidden),
-            "position": torch.tensor(positions, device=device), "label": torch.tensor(labels, device=device)}
+    return {
+        "target_hidden": torch.stack(target_hidden),
+        "draft_hidden": torch.stack(draft_hidden),
+        "position": torch.tensor(positions, device=device),
+        "label": torch.tensor(labels, device=device),
+    }
 
 
 def train_calibration(examples: dict, hidden_size: int, loop: LoopConfig, work_dir, log_metrics, device):
@@ -131,8 +147,13 @@ def train_calibration(examples: dict, hidden_size: int, loop: LoopConfig, work_d
     heldout, train = order[:n_heldout], order[n_heldout:]
 
     def batch_for_step(step: int, micro: int) -> dict:
-        picked = train[torch.randint(len(train), (loop.batch_size,), generator=torch.Generator().manual_seed(
-            loop.seed * 100003 + step * loop.grad_accum + micro)).to(device)]
+        picked = train[
+            torch.randint(
+                len(train),
+                (loop.batch_size,),
+                generator=torch.Generator().manual_seed(loop.seed * 100003 + step * loop.grad_accum + micro),
+            ).to(device)
+        ]
         return {k: v[picked] for k, v in examples.items()}
 
     def loss_fn(model, batch):
@@ -142,14 +163,21 @@ def train_calibration(examples: dict, hidden_size: int, loop: LoopConfig, work_d
     def accuracy(model) -> float:
         with torch.no_grad():
             held = {k: v[heldout] for k, v in examples.items()}
-            return float((model(held["target_hidden"], held["draft_hidden"], held["position"]).argmax(-1)
-                          == held["label"]).float().mean())
+            return float(
+                (model(held["target_hidden"], held["draft_hidden"], held["position"]).argmax(-1) == held["label"])
+                .float()
+                .mean()
+            )
 
     predictor = CalibrationPredictor(hidden_size).to(device)
     before = accuracy(predictor)
     history = train_loop(predictor, loss_fn, batch_for_step, loop, work_dir, log_metrics, device)
-    metrics = {"calibration_examples": n, "calibration_positive_rate": float(examples["label"].float().mean()),
-               "calibration_heldout_accuracy_before": before, "calibration_heldout_accuracy_after": accuracy(predictor)}
+    metrics = {
+        "calibration_examples": n,
+        "calibration_positive_rate": float(examples["label"].float().mean()),
+        "calibration_heldout_accuracy_before": before,
+        "calibration_heldout_accuracy_after": accuracy(predictor),
+    }
     return predictor.eval(), metrics, history
 
 
@@ -160,10 +188,18 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     EarlyExitHead.check_shape(model.config, spec.num_layers, spec.shared_head, bool(spec.draft_vocab))  # before data
     for p in model.parameters():
         p.requires_grad_(False)
-    cache = distill_cache_dir(cfg, "continuations", spec.prompts, spec.continuation_tokens, spec.max_prompt_tokens,
-                              spec.teacher_dtype)
-    data = continuation_dataset(target, spec.prompts, spec.continuation_tokens, spec.generation_batch_size,
-                                spec.max_prompt_tokens, cache, spec.teacher_dtype)
+    cache = distill_cache_dir(
+        cfg, "continuations", spec.prompts, spec.continuation_tokens, spec.max_prompt_tokens, spec.teacher_dtype
+    )
+    data = continuation_dataset(
+        target,
+        spec.prompts,
+        spec.continuation_tokens,
+        spec.generation_batch_size,
+        spec.max_prompt_tokens,
+        cache,
+        spec.teacher_dtype,
+    )
     generated = [row for row in data if row["continuation_ids"]]
     random.Random(spec.loop.seed).shuffle(generated)
     n_heldout = max(1, int(len(generated) * spec.heldout_fraction))
@@ -171,13 +207,33 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     plain = plain_rows(spec, target.tokenizer, spec.plain_rows) if spec.plain_from else []
     labeled, caches = [], [cache]
     if spec.labeled:  # off-policy: human responses with the target's argmax as labels (a forward, not a generation)
-        caches.append(distill_cache_dir(cfg, "labels", spec.labeled, spec.labeled_response_tokens,
-                                        spec.labeled_prompt_tokens, spec.teacher_dtype))
-        labeled = [row for row in teacher_labeled_dataset(
-            target, spec.labeled, spec.labeled_response_tokens, spec.generation_batch_size, spec.labeled_prompt_tokens,
-            caches[-1], spec.teacher_dtype) if row["continuation_ids"]]
+        caches.append(
+            distill_cache_dir(
+                cfg,
+                "labels",
+                spec.labeled,
+                spec.labeled_response_tokens,
+                spec.labeled_prompt_tokens,
+                spec.teacher_dtype,
+            )
+        )
+        labeled = [
+            row
+            for row in teacher_labeled_dataset(
+                target,
+                spec.labeled,
+                spec.labeled_response_tokens,
+                spec.generation_batch_size,
+                spec.labeled_prompt_tokens,
+                caches[-1],
+                spec.teacher_dtype,
+            )
+            if row["continuation_ids"]
+        ]
     train_rows = generated + plain + labeled
-    pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
+    pad_id = (
+        target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
+    )
 
     vocab_ids = frequent_tokens(train_rows, spec.draft_vocab, model.config.vocab_size) if spec.draft_vocab else None
     head = EarlyExitHead(model, spec.num_layers, spec.exit_layer, spec.shared_head, vocab_ids).to(device)
@@ -190,8 +246,15 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
         loss = F.cross_entropy(logits.float(), head.draft_index(labels), ignore_index=draft_vocab.MISSING)
         return loss, {"top1_agreement": agreement}
 
-    history = train_loop(head, loss_fn, batches(train_rows, spec.loop, pad_id, device, spec.train_prompt_tokens),
-                         spec.loop, work_dir / "head", log_metrics, device)
+    history = train_loop(
+        head,
+        loss_fn,
+        batches(train_rows, spec.loop, pad_id, device, spec.train_prompt_tokens),
+        spec.loop,
+        work_dir / "head",
+        log_metrics,
+        device,
+    )
     head.eval()
     after = top1_agreement(head, model, heldout, pad_id, device, spec.train_prompt_tokens)
     metrics = {
@@ -209,11 +272,17 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
         held = torch.tensor([t for row in heldout for t in row["continuation_ids"]], device=device)
         metrics["heldout_draft_vocab_coverage"] = float((head.draft_index(held) >= 0).float().mean())
     if spec.calibration.sequences > 0:
-        examples = calibration_examples(head, model, generated[: spec.calibration.sequences], pad_id, device,
-                                        spec.train_prompt_tokens)
+        examples = calibration_examples(
+            head, model, generated[: spec.calibration.sequences], pad_id, device, spec.train_prompt_tokens
+        )
         head.calibration, cal_metrics, cal_history = train_calibration(
-            examples, model.config.hidden_size, spec.calibration.loop, work_dir / "calibration",
-            lambda m, step: log_metrics({f"calibration/{k}": v for k, v in m.items()}, spec.loop.steps + step), device)
+            examples,
+            model.config.hidden_size,
+            spec.calibration.loop,
+            work_dir / "calibration",
+            lambda m, step: log_metrics({f"calibration/{k}": v for k, v in m.items()}, spec.loop.steps + step),
+            device,
+        )
         metrics.update(cal_metrics)
         seconds.append(cost.loop_seconds(cal_history))
         history += [{"calibration": True, **h} for h in cal_history]

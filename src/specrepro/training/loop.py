@@ -70,8 +70,9 @@ def micro_batch_indices(step: int, micro: int, n_rows: int, cfg: LoopConfig) -> 
     takes every N-th of its rows, so the global batch is the same whatever N is, and a resume may change N."""
     state = PartialState()
     if cfg.batch_size % state.num_processes:
-        raise SpecReproError(f"training.loop.batch_size={cfg.batch_size} does not split over "
-                             f"{state.num_processes} processes")
+        raise SpecReproError(
+            f"training.loop.batch_size={cfg.batch_size} does not split over {state.num_processes} processes"
+        )
     position = (step * cfg.grad_accum + micro) * cfg.batch_size
     epoch, offset = divmod(position, n_rows)
     order = list(range(n_rows))
@@ -175,8 +176,9 @@ def train_loop(
     sharded = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
     # FSDP and DeepSpeed rewrite the module they wrap: they train a copy, whose weights come back at the end
     trained = _LossModule(copy.deepcopy(model) if sharded else model, loss_fn)
-    optimizer = torch.optim.AdamW([p for p in trained.parameters() if p.requires_grad], lr=cfg.lr,
-                                  weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [p for p in trained.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))  # one step per optimizer step
     trained, optimizer = accelerator.prepare(trained, optimizer)
     progress = _Progress()
@@ -189,8 +191,14 @@ def train_loop(
     start, resumed_seconds, clock = progress.step, progress.seconds, suspension.clock()
     torch.manual_seed(cfg.seed + start)
     trained.train()
-    bar = tqdm(range(start, cfg.steps), desc="train", unit="step", initial=start, total=cfg.steps,
-               disable=not accelerator.is_main_process)
+    bar = tqdm(
+        range(start, cfg.steps),
+        desc="train",
+        unit="step",
+        initial=start,
+        total=cfg.steps,
+        disable=not accelerator.is_main_process,
+    )
     for step in bar:
         logs: dict[str, float] = {}
         for micro in range(cfg.grad_accum):
@@ -201,8 +209,10 @@ def train_loop(
                 accelerator.backward(loss / cfg.grad_accum)
             for key, value in {"loss": loss.detach(), **extra}.items():
                 logs[key] = logs.get(key, 0.0) + float(value) / cfg.grad_accum
-        logs = {key: float(accelerator.reduce(torch.tensor(value, device=accelerator.device), "mean"))
-                for key, value in logs.items()}
+        logs = {
+            key: float(accelerator.reduce(torch.tensor(value, device=accelerator.device), "mean"))
+            for key, value in logs.items()
+        }
         grad_norm = accelerator.clip_grad_norm_(trained.parameters(), cfg.max_grad_norm)
         optimizer.step()
         scheduler.step()

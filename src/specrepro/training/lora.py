@@ -21,5 +21,7 @@ def with_lora(model: torch.nn.Module, cfg: LoRAConfig, **options) -> torch.nn.Mo
     peft `LoraConfig` fields."""
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(model, LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                                            target_modules=TARGET_MODULES, **options))
+    return get_peft_model(
+        model,
+        LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=TARGET_MODULES, **options),
+    )

@@ -47,10 +47,14 @@ def corpus_documents(spec) -> list[tuple[str, str]]:
         for record in load_records(spec.conversations):
             messages = record.fields.get("messages")
             if messages is None:
-                raise SpecReproError(f"dataset '{spec.conversations.name}' has no whole conversations (task sharegpt "
-                                     "has them)")
-            documents += [(f"{spec.conversations.name} {record.id}", m["content"][:MESSAGE_CHARS])
-                          for m in messages if m["role"] in spec.roles and m["content"].strip()]
+                raise SpecReproError(
+                    f"dataset '{spec.conversations.name}' has no whole conversations (task sharegpt has them)"
+                )
+            documents += [
+                (f"{spec.conversations.name} {record.id}", m["content"][:MESSAGE_CHARS])
+                for m in messages
+                if m["role"] in spec.roles and m["content"].strip()
+            ]
     for name, dataset in spec.responses.items():
         for record in load_records(dataset):
             answer = reference_response(record)
@@ -65,14 +69,18 @@ def refuse_leaderboard_text(spec, documents: list[tuple[str, str]]) -> None:
     sets = ([spec.conversations] if spec.conversations is not None else []) + list(spec.responses.values())
     for dataset in sets:
         if dataset.path == spec.leaderboard.path:
-            raise SpecReproError(f"the REST datastore's corpus '{dataset.name}' is the leaderboard's own questions "
-                                 f"({dataset.path}): build it from other text")
+            raise SpecReproError(
+                f"the REST datastore's corpus '{dataset.name}' is the leaderboard's own questions "
+                f"({dataset.path}): build it from other text"
+            )
     known = every_passage(load_records(spec.leaderboard))
     for origin, text in documents:
         if quotes(text, known):
-            raise SpecReproError(f"the REST datastore's corpus shares a passage with a {spec.leaderboard.name} "
-                                 f"question ({origin}): leave that record out (its dataset's ids_path) and build it "
-                                 "again")
+            raise SpecReproError(
+                f"the REST datastore's corpus shares a passage with a {spec.leaderboard.name} "
+                f"question ({origin}): leave that record out (its dataset's ids_path) and build it "
+                "again"
+            )
 
 
 @register_component("rest_datastore", schema=RestDatastoreConfig)

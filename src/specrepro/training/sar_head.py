@@ -35,8 +35,15 @@ from specrepro.decoding.sar_draft import DraftHead, head_for
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
 from specrepro.training import cost
-from specrepro.training.distill_data import (continuation_dataset, continuation_hidden, distill_cache_dir, frequent_tokens,
-                                              hidden_cache_dir, reference_rows, target_hidden_states)
+from specrepro.training.distill_data import (
+    continuation_dataset,
+    continuation_hidden,
+    distill_cache_dir,
+    frequent_tokens,
+    hidden_cache_dir,
+    reference_rows,
+    target_hidden_states,
+)
 from specrepro.training.loop import LoopConfig, micro_batch_indices, train_loop
 from specrepro.training.lora import LoRAConfig, with_lora
 
@@ -64,8 +71,9 @@ class SARHeadTrainingConfig:
     loop: LoopConfig = field(default_factory=LoopConfig)
 
 
-def anchor_batch(rows: list[dict], hidden: list[torch.Tensor], k: int, anchors: int,
-                 generator: torch.Generator | None = None) -> dict:
+def anchor_batch(
+    rows: list[dict], hidden: list[torch.Tensor], k: int, anchors: int, generator: torch.Generator | None = None
+) -> dict:
     """Up to `anchors` random anchors of `rows` (convention A): for the position t that predicted continuation
     token i, h_p[t] (the row's cached hidden state i), the draft inputs x[t+1..t+k] = continuation[i..i+k-1] and
     their targets x[t+j+1] = continuation[i+j], j = 1..k, valid where that is still a continuation token."""
@@ -95,8 +103,11 @@ def sar_terms(head: DraftHead, target, batch: dict, train_target: bool = False):
     logits = head.draft_logits(hp, emb)  # (N, k, V), V: the draft vocabulary
     vocab, vocab_size = head.vocab_ids, head.settings["vocab_size"]
     # mean over anchors and depths (1/k sum_j); tokens outside a reduced draft vocabulary carry no loss
-    loss_q = F.cross_entropy(logits[valid].float(), draft_vocab.draft_index(vocab, targets[valid], vocab_size),
-                             ignore_index=draft_vocab.MISSING)
+    loss_q = F.cross_entropy(
+        logits[valid].float(),
+        draft_vocab.draft_index(vocab, targets[valid], vocab_size),
+        ignore_index=draft_vocab.MISSING,
+    )
     with torch.set_grad_enabled(train_target):  # the target's own next-token NLL at the anchors: h_p[t] predicts x[t+1]
         loss_p = F.cross_entropy(target.lm_head(hp.to(target.lm_head.weight.dtype)).float(), inputs[:, 0])
     hits = ((draft_vocab.token_ids(vocab, logits.argmax(-1)) == targets) & valid).sum(0)
@@ -109,7 +120,9 @@ def heldout_accuracy(head, target, rows, hidden, spec) -> list[float]:
     hits = total = 0
     generator = torch.Generator().manual_seed(0)
     for start in range(0, len(rows), 4):
-        batch = anchor_batch(rows[start : start + 4], hidden[start : start + 4], head.k, spec.anchors_per_batch, generator)
+        batch = anchor_batch(
+            rows[start : start + 4], hidden[start : start + 4], head.k, spec.anchors_per_batch, generator
+        )
         *_, h, n = sar_terms(head, target, batch)
         hits, total = hits + h, total + n
     return [round(float(a), 4) for a in (hits / total.clamp(min=1))] if len(rows) else []
@@ -137,17 +150,34 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
     if not 0 < spec.lam <= 1:
         raise SpecReproError(f"sar_draft training needs 0 < lam <= 1 (1: target frozen; < 1: joint), got {spec.lam}")
     if joint and spec.joint_lora.r <= 0:
-        raise SpecReproError(f"sar_draft joint training (lam = {spec.lam} < 1) trains the target through LoRA: "
-                             "set training.joint_lora.r > 0 (Table 4: 16 on GSM8K)")
+        raise SpecReproError(
+            f"sar_draft joint training (lam = {spec.lam} < 1) trains the target through LoRA: "
+            "set training.joint_lora.r > 0 (Table 4: 16 on GSM8K)"
+        )
     for p in model.parameters():
         p.requires_grad_(False)
     rows = reference_rows(spec.references, target.tokenizer, spec.max_prompt_tokens, spec.response_tokens)
     caches = []
     if spec.continuations:
-        caches.append(distill_cache_dir(cfg, "continuations", spec.continuations, spec.response_tokens,
-                                        spec.max_prompt_tokens, spec.teacher_dtype))
-        generated = continuation_dataset(target, spec.continuations, spec.response_tokens, spec.generation_batch_size,
-                                         spec.max_prompt_tokens, caches[0], spec.teacher_dtype)
+        caches.append(
+            distill_cache_dir(
+                cfg,
+                "continuations",
+                spec.continuations,
+                spec.response_tokens,
+                spec.max_prompt_tokens,
+                spec.teacher_dtype,
+            )
+        )
+        generated = continuation_dataset(
+            target,
+            spec.continuations,
+            spec.response_tokens,
+            spec.generation_batch_size,
+            spec.max_prompt_tokens,
+            caches[0],
+            spec.teacher_dtype,
+        )
         rows += [{"prompt_ids": r["prompt_ids"], "continuation_ids": r["continuation_ids"]} for r in generated]
     rows = [r for r in rows if len(r["continuation_ids"]) > spec.head_k]
     if not rows:
@@ -158,21 +188,26 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
     autocast = spec.loop.bf16_autocast
     if not joint:  # h_p of every row, once: a training step is the head's own forward and backward
         caches.append(hidden_cache_dir(cfg, rows, spec.train_prompt_tokens, autocast))
-        hidden = target_hidden_states(model, rows, spec.train_prompt_tokens, spec.generation_batch_size, autocast,
-                                      caches[-1])
+        hidden = target_hidden_states(
+            model, rows, spec.train_prompt_tokens, spec.generation_batch_size, autocast, caches[-1]
+        )
         train_hidden = hidden[n_heldout:] or hidden
 
     def heldout_hidden() -> list[torch.Tensor]:
         if not joint:
             return hidden[:n_heldout]
         with torch.no_grad():  # joint mode: the target changes every step, so h_p comes from a live forward
-            return [h for i in range(0, len(heldout), 4)
-                    for h in continuation_hidden(model, heldout[i : i + 4], spec.train_prompt_tokens)]
+            return [
+                h
+                for i in range(0, len(heldout), 4)
+                for h in continuation_hidden(model, heldout[i : i + 4], spec.train_prompt_tokens)
+            ]
 
     torch.manual_seed(spec.loop.seed)
     vocab_ids = frequent_tokens(train_rows, spec.draft_vocab, model.config.vocab_size) if spec.draft_vocab else None
-    head = head_for(model, spec.variant, spec.head_k, spec.proj_size, spec.transformer_layers,
-                    spec.shared_lm_head, vocab_ids).to(device)
+    head = head_for(
+        model, spec.variant, spec.head_k, spec.proj_size, spec.transformer_layers, spec.shared_lm_head, vocab_ids
+    ).to(device)
     before = heldout_accuracy(head, model, heldout, heldout_hidden(), spec)
     trained: nn.Module = head
     if joint:
@@ -182,16 +217,24 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
         picked = micro_batch_indices(step, micro, len(train_rows), spec.loop)
         if joint:
             return {"rows": [train_rows[i] for i in picked]}
-        return anchor_batch([train_rows[i] for i in picked], [train_hidden[i] for i in picked], head.k,
-                            spec.anchors_per_batch)
+        return anchor_batch(
+            [train_rows[i] for i in picked], [train_hidden[i] for i in picked], head.k, spec.anchors_per_batch
+        )
 
     def loss_fn(module, batch):
         if joint:  # LoRA injected into `model` in place: its forward is the adapted target's
-            batch = anchor_batch(batch["rows"], continuation_hidden(model, batch["rows"], spec.train_prompt_tokens),
-                                 head.k, spec.anchors_per_batch)
+            batch = anchor_batch(
+                batch["rows"],
+                continuation_hidden(model, batch["rows"], spec.train_prompt_tokens),
+                head.k,
+                spec.anchors_per_batch,
+            )
         loss_p, loss_q, hits, total = sar_terms(head, model, batch, train_target=joint)
         return (1 - spec.lam) * loss_p + spec.lam * loss_q, {  # Eq. 8 (as a loss to minimise)
-            "loss_p": float(loss_p), "loss_q": float(loss_q.detach()), "top1_depth1": float(hits[0] / total[0].clamp(min=1))}
+            "loss_p": float(loss_p),
+            "loss_q": float(loss_q.detach()),
+            "top1_depth1": float(hits[0] / total[0].clamp(min=1)),
+        }
 
     history = train_loop(trained, loss_fn, batch_for_step, spec.loop, work_dir / "head", log_metrics, device)
     if joint:

@@ -74,9 +74,9 @@ def dev_prompts(spec: SelfSDSearchConfig, tokenizer) -> list[list[int]]:
     """Token ids of the last `dev_records` records of every prompt set."""
     prompts = []
     for dataset_cfg in spec.prompts.values():
-        for record in load_records(dataset_cfg)[-spec.dev_records:]:
+        for record in load_records(dataset_cfg)[-spec.dev_records :]:
             ids = prompt_ids(record, tokenizer, dataset_cfg, [])
-            prompts.append(ids[-spec.max_prompt_tokens:] if spec.max_prompt_tokens else ids)
+            prompts.append(ids[-spec.max_prompt_tokens :] if spec.max_prompt_tokens else ids)
     return prompts
 
 
@@ -138,7 +138,7 @@ def recheck(history: list[dict], spec: SelfSDSearchConfig, evaluate) -> dict:
             seen.add(key)
             candidates.append(row)
     rows = []
-    for row in tqdm(candidates[:spec.recheck_top], desc="self_sd skip-set recheck", unit="set"):
+    for row in tqdm(candidates[: spec.recheck_top], desc="self_sd skip-set recheck", unit="set"):
         again = [evaluate(row["attn_skip"], row["mlp_skip"])[0] for _ in range(spec.recheck_repeats)]
         values = [row["objective"], *again]
         rows.append(row | {"rechecks": values, "objective": sum(values) / len(values)})
@@ -171,8 +171,10 @@ def train_self_sd_skip_set(cfg, target, work_dir, log_metrics, device):
     if spec.objective not in ("tokens_per_s", "paired_speedup"):
         raise SpecReproError(f"self_sd search objective '{spec.objective}' is not one of tokens_per_s, paired_speedup")
     if spec.recheck_top < 0 or spec.recheck_repeats < 1:
-        raise SpecReproError(f"self_sd search needs recheck_top >= 0 and recheck_repeats >= 1, "
-                             f"got {spec.recheck_top} and {spec.recheck_repeats}")
+        raise SpecReproError(
+            f"self_sd search needs recheck_top >= 0 and recheck_repeats >= 1, "
+            f"got {spec.recheck_top} and {spec.recheck_repeats}"
+        )
     num_layers = len(decoder_layers(target.model))
     prompts = dev_prompts(spec, target.tokenizer)
     prefills: dict = {}
@@ -188,8 +190,14 @@ def train_self_sd_skip_set(cfg, target, work_dir, log_metrics, device):
         return (tps / ar_now if ar_now else tps), stats
 
     bounds = {f"x{i:03d}": (0.0, 1.0) for i in range(2 * num_layers)}
-    optimizer = BayesianOptimization(f=None, pbounds=bounds, acquisition_function=restart_limited_ucb(spec.kappa, spec.acq_restarts),
-                                     random_state=spec.seed, verbose=0, allow_duplicate_points=True)
+    optimizer = BayesianOptimization(
+        f=None,
+        pbounds=bounds,
+        acquisition_function=restart_limited_ucb(spec.kappa, spec.acq_restarts),
+        random_state=spec.seed,
+        verbose=0,
+        allow_duplicate_points=True,
+    )
     optimizer.set_gp_params(alpha=spec.gp_alpha)
     uniform = np.random.RandomState(spec.seed)
     # untimed: fills the prefill cache, warms kernels up
@@ -212,31 +220,53 @@ def train_self_sd_skip_set(cfg, target, work_dir, log_metrics, device):
         if spec.search == "bayes":
             seen = params if spec.gp_inputs == "relaxed" else {k: float(v > spec.threshold) for k, v in params.items()}
             optimizer.register(params=seen, target=value)
-        row = {"iteration": iteration, "objective": value, **stats,
-               "speedup_vs_ar": stats.get("ar_tokens_per_s") and stats["tokens_per_s"] / stats["ar_tokens_per_s"],
-               "n_attn_skipped": len(attn), "n_mlp_skipped": len(mlp), "attn_skip": attn, "mlp_skip": mlp,
-               "elapsed_s": suspension.clock() - start}
+        row = {
+            "iteration": iteration,
+            "objective": value,
+            **stats,
+            "speedup_vs_ar": stats.get("ar_tokens_per_s") and stats["tokens_per_s"] / stats["ar_tokens_per_s"],
+            "n_attn_skipped": len(attn),
+            "n_mlp_skipped": len(mlp),
+            "attn_skip": attn,
+            "mlp_skip": mlp,
+            "elapsed_s": suspension.clock() - start,
+        }
         if row["speedup_vs_ar"] is None:  # tokens_per_s objective: against ar's throughput at the start
             row["speedup_vs_ar"] = stats["tokens_per_s"] / ar_tps
         history.append(row)
         if best is None or value > best["objective"]:
             best = row
-        log_metrics({k: v for k, v in row.items() if not isinstance(v, list)} | {"best_objective": best["objective"]},
-                    iteration)
+        log_metrics(
+            {k: v for k, v in row.items() if not isinstance(v, list)} | {"best_objective": best["objective"]}, iteration
+        )
         bar.set_postfix(objective=f"{value:.2f}", best=f"{best['objective']:.2f}")
     if spec.recheck_top:
         best = recheck(history, spec, evaluate)
 
     metrics = {
-        "search": spec.search, "objective": spec.objective, "iterations": spec.iterations, "dev_prompts": len(prompts),
-        "ar_tokens_per_s": ar_tps, "best_objective": best["objective"], "best_tokens_per_s": best["tokens_per_s"],
-        "best_speedup_vs_ar": best["speedup_vs_ar"], "best_iteration": best["iteration"],
-        "best_accept_rate": best["accept_rate"], "best_mat": best["mat"], "best_rechecks": best.get("rechecks", []),
-        "n_attn_skipped": best["n_attn_skipped"], "n_mlp_skipped": best["n_mlp_skipped"],
+        "search": spec.search,
+        "objective": spec.objective,
+        "iterations": spec.iterations,
+        "dev_prompts": len(prompts),
+        "ar_tokens_per_s": ar_tps,
+        "best_objective": best["objective"],
+        "best_tokens_per_s": best["tokens_per_s"],
+        "best_speedup_vs_ar": best["speedup_vs_ar"],
+        "best_iteration": best["iteration"],
+        "best_accept_rate": best["accept_rate"],
+        "best_mat": best["mat"],
+        "best_rechecks": best.get("rechecks", []),
+        "n_attn_skipped": best["n_attn_skipped"],
+        "n_mlp_skipped": best["n_mlp_skipped"],
         "search_seconds": suspension.clock() - start,
         "compute_minutes": (suspension.clock() - start) / 60,
     }
-    info = {"search": spec.search, "metrics": metrics,
-            "history": [{k: row[k] for k in ("iteration", "objective", "tokens_per_s", "speedup_vs_ar", "accept_rate")}
-                        for row in history]}
+    info = {
+        "search": spec.search,
+        "metrics": metrics,
+        "history": [
+            {k: row[k] for k in ("iteration", "objective", "tokens_per_s", "speedup_vs_ar", "accept_rate")}
+            for row in history
+        ],
+    }
     return SkipSet(best["attn_skip"], best["mlp_skip"], num_layers, info), metrics, history

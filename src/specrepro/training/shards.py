@@ -31,8 +31,9 @@ Item, Result = TypeVar("Item"), TypeVar("Result")
 BATCHES_SUFFIX = ".batches"  # a folder of saved batches
 
 
-def map_batches(batches: list[Item], fn: Callable[[Item], list[Result]], desc: str,
-                saved_in: Path | None = None) -> tuple[list[Result], float]:
+def map_batches(
+    batches: list[Item], fn: Callable[[Item], list[Result]], desc: str, saved_in: Path | None = None
+) -> tuple[list[Result], float]:
     """`fn(batch)` (a list of results) of every batch, this process running every N-th; the concatenated
     results of all batches, in batch order, in every process. With `saved_in`, each batch's results are saved
     there as it finishes and a saved batch is loaded instead of run again. Also returns the seconds this

@@ -85,13 +85,14 @@ def add_mask_token(model, tokenizer, std: Optional[float]) -> int:
     std = std if std is not None else getattr(model.config, "initializer_range", 0.02)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for matrix in {id(m): m for m in (model.get_input_embeddings().weight, model.get_output_embeddings().weight)}.values():
+        for matrix in {
+            id(m): m for m in (model.get_input_embeddings().weight, model.get_output_embeddings().weight)
+        }.values():
             matrix[mask_id] = torch.randn(matrix.shape[1], generator=generator).to(matrix) * std
     return mask_id
 
 
-def sar_sample(prompt: list[int], response: list[int], k: int, p_ar: float, mask_id: int,
-               rng: random.Random) -> dict:
+def sar_sample(prompt: list[int], response: list[int], k: int, p_ar: float, mask_id: int, rng: random.Random) -> dict:
     """One training sample {input_ids, labels, is_mask}: plain AR with probability p_ar, else the SAR layout (Eq. 2)."""
     if rng.random() < p_ar or len(response) < k + 1:
         ids, labels, n_masks = prompt + response, [IGNORE] * len(prompt) + response, 0
@@ -104,8 +105,9 @@ def sar_sample(prompt: list[int], response: list[int], k: int, p_ar: float, mask
     return {"input_ids": ids, "labels": labels, "is_mask": is_mask}
 
 
-def grouped_sample(prompt: list[int], response: list[int], k: int, groups: int, p_ar: float, mask_id: int,
-                   rng: random.Random) -> dict:
+def grouped_sample(
+    prompt: list[int], response: list[int], k: int, groups: int, p_ar: float, mask_id: int, rng: random.Random
+) -> dict:
     """X + Y with its AR labels plus, with probability 1 - p_ar, up to `groups` decoder-layout mask groups.
 
     Group anchors are distinct response indices a in [-1, N - k - 2] (-1: the last prompt token, as after
@@ -128,15 +130,23 @@ def grouped_sample(prompt: list[int], response: list[int], k: int, groups: int, 
         anchor.append(n_real - 1), group.append(len(chosen))
     labels = [IGNORE] + targets[:-1]
     is_mask = [a >= 0 for a in anchor]
-    return {"input_ids": ids, "labels": labels, "is_mask": is_mask, "anchor": anchor, "group": group,
-            "position_ids": positions}
+    return {
+        "input_ids": ids,
+        "labels": labels,
+        "is_mask": is_mask,
+        "anchor": anchor,
+        "group": group,
+        "position_ids": positions,
+    }
 
 
 def build_samples(rows: list[dict], spec: SpaceSFTConfig, mask_id: int) -> list[dict]:
     rng = random.Random(spec.seed)
     if spec.groups:
-        return [grouped_sample(r["prompt_ids"], r["continuation_ids"], spec.k, spec.groups, spec.p_ar, mask_id, rng)
-                for r in rows]
+        return [
+            grouped_sample(r["prompt_ids"], r["continuation_ids"], spec.k, spec.groups, spec.p_ar, mask_id, rng)
+            for r in rows
+        ]
     return [sar_sample(r["prompt_ids"], r["continuation_ids"], spec.k, spec.p_ar, mask_id, rng) for r in rows]
 
 
@@ -147,7 +157,9 @@ def grouped_attention(sample: dict, width: int) -> torch.Tensor:
     n, index = len(anchor), torch.arange(len(anchor))
     real = anchor < 0
     sees_real = real[None, :] & (index[None, :] <= torch.where(real, index, anchor)[:, None])
-    same_group = ~real[:, None] & ~real[None, :] & (group[:, None] == group[None, :]) & (index[None, :] <= index[:, None])
+    same_group = (
+        ~real[:, None] & ~real[None, :] & (group[:, None] == group[None, :]) & (index[None, :] <= index[:, None])
+    )
     allow = torch.eye(width, dtype=torch.bool)
     allow[:n, :n] = sees_real | same_group
     return allow
@@ -175,8 +187,15 @@ def pad_batch(samples: list[dict], pad_id: int, device) -> dict:
 
 def sar_sft_loss(model, batch: dict, mask_loss_weight: float) -> tuple[torch.Tensor, dict]:
     """Token-mean cross-entropy of position t predicting label t + 1 (right padding is never attended)."""
-    logits = model(input_ids=batch["input_ids"], position_ids=batch.get("position_ids"),
-                   attention_mask=batch.get("attention_mask")).logits[:, :-1].float()
+    logits = (
+        model(
+            input_ids=batch["input_ids"],
+            position_ids=batch.get("position_ids"),
+            attention_mask=batch.get("attention_mask"),
+        )
+        .logits[:, :-1]
+        .float()
+    )
     labels, from_mask = batch["labels"][:, 1:], batch["is_mask"][:, :-1]
     token_loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE, reduction="none")
     labelled = labels != IGNORE
@@ -212,10 +231,17 @@ def train_space_sft(cfg, target, work_dir, log_metrics, device):
     rows = reference_rows(spec.data, tokenizer, spec.max_prompt_tokens, spec.max_response_tokens, end_of_turn)
     caches = []
     if spec.continuations:  # the base model's own answers, generated before [M] exists (cached, shared with EESD)
-        cache = distill_cache_dir(cfg, "continuations", spec.continuations, spec.continuation_tokens,
-                                  spec.max_prompt_tokens)
-        generated = continuation_dataset(target, spec.continuations, spec.continuation_tokens,
-                                         spec.generation_batch_size, spec.max_prompt_tokens, cache)
+        cache = distill_cache_dir(
+            cfg, "continuations", spec.continuations, spec.continuation_tokens, spec.max_prompt_tokens
+        )
+        generated = continuation_dataset(
+            target,
+            spec.continuations,
+            spec.continuation_tokens,
+            spec.generation_batch_size,
+            spec.max_prompt_tokens,
+            cache,
+        )
         caches.append(cache)
         rows += [{**row, "source": f"{row['source']}_self"} for row in generated]
     mask_id = add_mask_token(model, tokenizer, spec.mask_init_std)
@@ -230,28 +256,50 @@ def train_space_sft(cfg, target, work_dir, log_metrics, device):
     before = heldout_mat(model, tokenizer, eval_prompts, spec.k, spec.eval_tokens)
     if spec.lora.r:
         # the new [M] row must learn too (and an untied head's row, so the adapter restores it)
-        model = with_lora(model, spec.lora, trainable_token_indices={
-            "embed_tokens": [mask_id], **({} if model.config.tie_word_embeddings else {"lm_head": [mask_id]})})
+        model = with_lora(
+            model,
+            spec.lora,
+            trainable_token_indices={
+                "embed_tokens": [mask_id],
+                **({} if model.config.tie_word_embeddings else {"lm_head": [mask_id]}),
+            },
+        )
     else:
         model.requires_grad_(True)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_of_turn
 
     def batch_for_step(step: int, micro: int) -> dict:
-        return pad_batch([samples[i] for i in micro_batch_indices(step, micro, len(samples), spec.loop)], pad_id, device)
+        return pad_batch(
+            [samples[i] for i in micro_batch_indices(step, micro, len(samples), spec.loop)], pad_id, device
+        )
 
     torch.manual_seed(spec.loop.seed)
-    history = train_loop(model, lambda m, batch: sar_sft_loss(m, batch, spec.mask_loss_weight), batch_for_step,
-                         spec.loop, work_dir, log_metrics, device)
+    history = train_loop(
+        model,
+        lambda m, batch: sar_sft_loss(m, batch, spec.mask_loss_weight),
+        batch_for_step,
+        spec.loop,
+        work_dir,
+        log_metrics,
+        device,
+    )
     model.requires_grad_(False).eval()
     # with LoRA the adapter is what gets saved (merged when loaded); the base model with the adapter
     # layers injected runs the decoder
-    after = heldout_mat(model.get_base_model() if spec.lora.r else model, tokenizer, eval_prompts, spec.k,
-                        spec.eval_tokens)
+    after = heldout_mat(
+        model.get_base_model() if spec.lora.r else model, tokenizer, eval_prompts, spec.k, spec.eval_tokens
+    )
     n_sar = sum(any(s["is_mask"]) for s in samples)
     metrics = {
-        "mask_token_id": mask_id, "k": spec.k, "p_ar": spec.p_ar, "train_samples": len(samples), "sar_samples": n_sar,
-        "train_tokens_per_epoch": sum(len(s["input_ids"]) for s in samples), "heldout_prompts": len(eval_prompts),
-        "heldout_mat_before": before, "heldout_mat_after": after,
+        "mask_token_id": mask_id,
+        "k": spec.k,
+        "p_ar": spec.p_ar,
+        "train_samples": len(samples),
+        "sar_samples": n_sar,
+        "train_tokens_per_epoch": sum(len(s["input_ids"]) for s in samples),
+        "heldout_prompts": len(eval_prompts),
+        "heldout_mat_before": before,
+        "heldout_mat_after": after,
         "groups": spec.groups,
         "compute_minutes": cost.minutes(cost.loop_seconds(history), *map(cost.recorded, caches)),
         "samples_by_source": {src: sum(r["source"] == src for r in rows) for src in {r["source"] for r in rows}},

@@ -21,8 +21,13 @@ from specrepro.data.config import DatasetConfig
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
 from specrepro.training import cost
-from specrepro.training.distill_data import (batches, continuation_dataset, distill_cache_dir, pack_batch,
-                                              teacher_labeled_dataset)
+from specrepro.training.distill_data import (
+    batches,
+    continuation_dataset,
+    distill_cache_dir,
+    pack_batch,
+    teacher_labeled_dataset,
+)
 from specrepro.training.loop import LoopConfig, train_loop
 
 
@@ -57,21 +62,33 @@ def build_draft(target, arch: DraftArchConfig) -> LlamaForCausalLM:
     """A LLaMA of the given shape sharing the target's vocabulary and special tokens."""
     tc = target.config
     if arch.hidden_size % arch.num_heads or arch.num_heads % arch.num_kv_heads:
-        raise SpecReproError(f"training.draft: hidden_size={arch.hidden_size} must split into "
-                             f"num_heads={arch.num_heads} heads, and those into "
-                             f"num_kv_heads={arch.num_kv_heads} groups")
+        raise SpecReproError(
+            f"training.draft: hidden_size={arch.hidden_size} must split into "
+            f"num_heads={arch.num_heads} heads, and those into "
+            f"num_kv_heads={arch.num_kv_heads} groups"
+        )
     config = LlamaConfig(
-        vocab_size=tc.vocab_size, hidden_size=arch.hidden_size, intermediate_size=arch.intermediate_size,
-        num_hidden_layers=arch.num_layers, num_attention_heads=arch.num_heads, num_key_value_heads=arch.num_kv_heads,
-        max_position_embeddings=tc.max_position_embeddings, rope_parameters=getattr(tc, "rope_parameters", None),
-        rms_norm_eps=tc.rms_norm_eps, tie_word_embeddings=True,
-        bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id, pad_token_id=getattr(tc, "pad_token_id", None),
+        vocab_size=tc.vocab_size,
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_heads,
+        num_key_value_heads=arch.num_kv_heads,
+        max_position_embeddings=tc.max_position_embeddings,
+        rope_parameters=getattr(tc, "rope_parameters", None),
+        rms_norm_eps=tc.rms_norm_eps,
+        tie_word_embeddings=True,
+        bos_token_id=tc.bos_token_id,
+        eos_token_id=tc.eos_token_id,
+        pad_token_id=getattr(tc, "pad_token_id", None),
     )
     draft = LlamaForCausalLM(config)
     if arch.init == "pca" and arch.hidden_size > tc.hidden_size:
-        raise SpecReproError(f"training.draft.hidden_size={arch.hidden_size} is wider than the target's "
-                             f"({tc.hidden_size}): init=pca projects the target's embedding onto fewer directions; "
-                             f"use a smaller width or training.draft.init=random")
+        raise SpecReproError(
+            f"training.draft.hidden_size={arch.hidden_size} is wider than the target's "
+            f"({tc.hidden_size}): init=pca projects the target's embedding onto fewer directions; "
+            f"use a smaller width or training.draft.init=random"
+        )
     if arch.init == "pca":
         embedding = target.get_input_embeddings().weight.detach().float()
         centered = embedding - embedding.mean(0, keepdim=True)
@@ -103,8 +120,12 @@ def loss_fn_for(kind: str, teacher=None):
         else:
             with torch.no_grad():
                 teacher_logits, _ = predicted_logits(teacher, batch)
-            loss = F.kl_div(logits.float().log_softmax(-1), teacher_logits.float().log_softmax(-1), log_target=True,
-                            reduction="batchmean")
+            loss = F.kl_div(
+                logits.float().log_softmax(-1),
+                teacher_logits.float().log_softmax(-1),
+                log_target=True,
+                reduction="batchmean",
+            )
         return loss, {"top1_agreement": float((logits.argmax(-1) == labels).float().mean())}
 
     return loss_fn
@@ -115,7 +136,9 @@ def top1_agreement(model, rows: list[dict], pad_id: int, device, prompt_tokens: 
     """Share of held-out continuation tokens where the model's argmax equals the target's token."""
     hits = total = 0
     for start in range(0, len(rows), batch_size):
-        logits, labels = predicted_logits(model, pack_batch(rows[start : start + batch_size], pad_id, device, prompt_tokens))
+        logits, labels = predicted_logits(
+            model, pack_batch(rows[start : start + batch_size], pad_id, device, prompt_tokens)
+        )
         hits += int((logits.argmax(-1) == labels).sum())
         total += labels.numel()
     return hits / max(total, 1)
@@ -128,8 +151,9 @@ def train_sps_draft(cfg, target, work_dir, log_metrics, device):
     torch.manual_seed(spec.loop.seed)
     draft = build_draft(target.model, spec.draft).to(device)  # first: an impossible shape fails before any data
     caches = [distill_cache_dir(cfg, "continuations", spec.prompts, spec.continuation_tokens, spec.max_prompt_tokens)]
-    on_policy = continuation_dataset(target, spec.prompts, spec.continuation_tokens, spec.generation_batch_size,
-                                     spec.max_prompt_tokens, caches[0])
+    on_policy = continuation_dataset(
+        target, spec.prompts, spec.continuation_tokens, spec.generation_batch_size, spec.max_prompt_tokens, caches[0]
+    )
     # greedy continuations are the target's own argmax: their labels are the tokens themselves (pack_batch)
     rows = [row for row in on_policy if row["continuation_ids"]]
     random.Random(spec.loop.seed).shuffle(rows)
@@ -137,17 +161,33 @@ def train_sps_draft(cfg, target, work_dir, log_metrics, device):
     n_heldout = max(1, int(len(rows) * spec.heldout_fraction))
     heldout, train_rows = rows[:n_heldout], rows[n_heldout:]
     if spec.labeled:
-        caches.append(distill_cache_dir(cfg, "labels", spec.labeled, spec.labeled_response_tokens,
-                                        spec.labeled_prompt_tokens))
-        off_policy = teacher_labeled_dataset(target, spec.labeled, spec.labeled_response_tokens,
-                                             spec.generation_batch_size, spec.labeled_prompt_tokens, caches[-1])
+        caches.append(
+            distill_cache_dir(cfg, "labels", spec.labeled, spec.labeled_response_tokens, spec.labeled_prompt_tokens)
+        )
+        off_policy = teacher_labeled_dataset(
+            target,
+            spec.labeled,
+            spec.labeled_response_tokens,
+            spec.generation_batch_size,
+            spec.labeled_prompt_tokens,
+            caches[-1],
+        )
         train_rows += [row for row in off_policy if row["continuation_ids"]]
-    pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
+    pad_id = (
+        target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
+    )
 
     before = top1_agreement(draft, heldout, pad_id, device, spec.train_prompt_tokens)
     teacher = target.model if spec.loss == "kl" else None
-    history = train_loop(draft, loss_fn_for(spec.loss, teacher), batches(train_rows, spec.loop, pad_id, device, spec.train_prompt_tokens),
-                         spec.loop, work_dir, log_metrics, device)
+    history = train_loop(
+        draft,
+        loss_fn_for(spec.loss, teacher),
+        batches(train_rows, spec.loop, pad_id, device, spec.train_prompt_tokens),
+        spec.loop,
+        work_dir,
+        log_metrics,
+        device,
+    )
     after = top1_agreement(draft, heldout, pad_id, device, spec.train_prompt_tokens)
     metrics = {
         "heldout_top1_agreement_before": before,
@@ -155,7 +195,9 @@ def train_sps_draft(cfg, target, work_dir, log_metrics, device):
         "train_sequences": len(train_rows),
         "heldout_sequences": len(heldout),
         "train_tokens": sum(len(r["continuation_ids"]) for r in train_rows),
-        "train_sequences_by_source": {s: sum(r["source"] == s for r in train_rows) for s in {r["source"] for r in train_rows}},
+        "train_sequences_by_source": {
+            s: sum(r["source"] == s for r in train_rows) for s in {r["source"] for r in train_rows}
+        },
         "draft_parameters": sum(p.numel() for p in draft.parameters()),
         "target_parameters": sum(p.numel() for p in target.model.parameters()),
         "compute_minutes": cost.minutes(cost.loop_seconds(history), *map(cost.recorded, caches)),
