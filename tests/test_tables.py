@@ -28,6 +28,7 @@ from specrepro.tables import (
     TableSpec,
     _mark_ranges,
     _matches,
+    _selector,
     build_table,
     local_runs,
     render_csv,
@@ -146,6 +147,14 @@ def test_a_null_in_a_selector_list_matches_records_without_the_key():
     sliding = RunInfo("sliding", {"method": "jacobi"}, {"method": {"block_size": 4, "sliding": True}}, 2.0)
     select = yaml.safe_load("{method.block_size: 4, method.sliding: [false, null]}")
     assert [r.name for r in (older, block, sliding) if _matches(r, select)] == ["older", "block"]
+
+
+def test_a_list_valued_setting_is_selected_by_a_list_inside_the_list():
+    """A skip set is a list: `[[8, 9]]` wants that list, and `[8, 9]` would want either number."""
+    early_exit = RunInfo("early", {"method": "self_sd"}, {"method": {"attn_skip": [8, 9]}}, 0.0)
+    searched = RunInfo("searched", {"method": "self_sd"}, {"method": {"attn_skip": [3, 9]}}, 1.0)
+    select = yaml.safe_load("{method.attn_skip: [[8, 9]]}")
+    assert [r.name for r in (early_exit, searched) if _matches(r, _selector(select, "row"))] == ["early"]
 
 
 def test_a_selector_can_name_the_machine_a_record_was_timed_on():

@@ -70,10 +70,11 @@ MISSING_CELL = "–"
 
 
 def _selector(value, where: str) -> dict:
-    """Keys to a wanted value or a list of them (strings, numbers, booleans, null)."""
+    """Keys to a wanted value or a list of them (strings, numbers, booleans, null); a wanted list value, such as
+    a skip set, is written inside a list: `method.attn_skip: [[8, 9]]`."""
     for key, wanted in mapping(value, where).items():
         for one in wanted if isinstance(wanted, list) else [wanted]:
-            if isinstance(one, (dict, list)):
+            if isinstance(one, dict) or (isinstance(one, list) and any(isinstance(v, (dict, list)) for v in one)):
                 raise Invalid(f"{where}: {key}: expected a value or a list of values, got {kind(one)}")
     return value
 
