@@ -406,6 +406,21 @@ MALFORMED = {
         ('fmt: "{:.2f}"}\n', 'fmt: "{:.2f}"}\nplots: [{name: m, kind: bars, columns: [MTA]}]\n'),
         "plots[0].columns: no column labelled 'MTA'",
     ),
+    "target of a column the trend does not plot": (
+        (
+            'fmt: "{:.2f}"}\n',
+            'fmt: "{:.2f}"}\nplots: [{name: m, kind: trend, x: MAT, columns: [MAT], '
+            "targets: {N: {csv: b.csv, row: pld}}}]\n",
+        ),
+        "plots[0].targets: 'N' is not a column this trend plots",
+    ),
+    "target without its row": (
+        (
+            'fmt: "{:.2f}"}\n',
+            'fmt: "{:.2f}"}\nplots: [{name: m, kind: trend, x: MAT, columns: [MAT], targets: {MAT: {csv: b.csv}}}]\n',
+        ),
+        "expected {csv: <a table's CSV>, row: <its row's label>}",
+    ),
     "plot of no kind": (
         ('fmt: "{:.2f}"}\n', 'fmt: "{:.2f}"}\nplots: [{name: m, kind: pie, columns: [MAT]}]\n'),
         "plots[0].kind: expected one of bars, scatter, trend, got 'pie'",
@@ -832,3 +847,37 @@ def test_a_trend_plot_fits_log_x_and_extrapolates_with_the_lines_interval(tmp_pa
     assert [p.name for p in written] == ["t_curve.md", "t_curve.png"]
     page = written[0].read_text()
     assert "| MAT | 3 | +0.2 (+0.2 to +0.2) | 1.9 (1.9 to 1.9) |" in page and "- Machine: test" in page
+
+
+def test_a_trend_gives_the_budget_at_which_its_line_reaches_another_tables_cell(tmp_path, monkeypatch):
+    """`targets` reads a row's cell from another committed CSV and solves the fitted line (and each edge of its band)
+    for it: the earliest and the latest budget the fit allows around the line's own."""
+    from specrepro.plots import log_linear_fit, reaching
+
+    exact = log_linear_fit([10, 100, 1000], [1.0, 1.5, 2.0])  # y = 0.5 + 0.5 log10(x): 2.5 at 10,000
+    line, early, late = reaching(exact, 2.5, 10)
+    assert line == pytest.approx(10_000, rel=1e-6) and early == pytest.approx(line) and late == pytest.approx(line)
+    noisy = log_linear_fit([10, 100, 1000, 10_000], [1.0, 1.6, 1.9, 2.6])
+    line, early, late = reaching(noisy, 3.5, 10)
+    assert early < line < late and noisy["predict"](line)[0] == pytest.approx(3.5)
+    assert reaching(noisy, 0.5, 10) == [10, 10, 10]  # reached before the first budget
+    assert reaching(log_linear_fit([10, 100, 1000], [2.0, 1.5, 1.0]), 3.0, 10)[0] is None  # a falling line never does
+
+    monkeypatch.chdir(tmp_path)
+    Path("board.csv").write_text("Method,Mean speedup (here)\nar,1.00x\npld,2.00x ±0.10x\n")
+    runs = [
+        RunInfo(f"h{n}", {"speedup_paired": s, "trained": {"head": {"n": n}}}, {"method": {"head": f"h{n}"}}, 0.0)
+        for n, s in ((10, 1.0), (100, 1.25), (1000, 1.5))
+    ]
+    columns = [Column("Conversations", "trained.head.n", fmt="{:.0f}"), Column("Mean speedup", "speedup_paired")]
+    rows = [Row([f"h{n}"], {"method.head": f"h{n}"}) for n in (10, 100, 1000)]
+    targets = {"Mean speedup": {"csv": "board.csv", "row": "pld"}}
+    plot = Plot("curve", "trend", x="Conversations", columns=["Mean speedup"], targets=targets)
+    spec = TableSpec("t", "p", "title", "", ["Budget"], rows, columns, plots=[plot])
+    path = tmp_path / "t.csv"
+    path.write_text(render_csv(*build_table(spec, runs), ["- Machine: test"]))
+    page = write_plots(spec.plots, path, ["Budget"], spec.title)[0].read_text()
+    assert "| Mean speedup | 2 (pld, board.csv) | 100,000 (100,000 to 100,000) |" in page
+    plot.targets = {"Mean speedup": {"csv": "board.csv", "row": "eagle"}}
+    with pytest.raises(SpecReproError, match="has no row 'eagle'"):
+        write_plots(spec.plots, path, ["Budget"], spec.title)

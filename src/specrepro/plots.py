@@ -11,7 +11,9 @@ the committed numbers (notebooks/analysis.ipynb draws the same ones from the sam
 
 `bars`: one group per column, one bar per row; `scatter`: one point per row; `trend`: one panel per column of `columns`
 against `x` on a log axis, with the least-squares line y = a + b log10(x), the 95% confidence band of that line, and
-its value at each `extrapolate` x (95% interval), also written as `<table>_<plot>.md` with the table's provenance.
+its value at each `extrapolate` x (95% interval), also written as `<table>_<plot>.md` with the table's provenance;
+`targets: {Mean speedup: {csv: results/specbench/spec_bench.csv, row: pld}}` reads that row's cell of the same column
+from another committed table, draws it, and gives the x at which the line (and each edge of its band) reaches it.
 Every row has a colour of its own (and a scatter point a marker of its own), named in a legend beside the axes: no
 two rows look alike and no label covers another. A row is named by its label cells (`label_cells: N`: the first N
 only). Rows without a number are left out (and named in the figure's caption line).
@@ -26,7 +28,9 @@ from pathlib import Path
 
 import matplotlib
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
+
+from specrepro.errors import SpecReproError
 
 matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt  # noqa: E402
@@ -136,9 +140,60 @@ def log_linear_fit(xs: list[float], ys: list[float]) -> dict | None:
     }
 
 
+def target_cell(column: str, source: dict) -> float:
+    """The number in another committed table's CSV (`source["csv"]`, from the directory the command runs in) at the
+    row whose first label cell is `source["row"]` and the "(here)" column labelled `column`."""
+    path = Path(source["csv"])
+    if not path.is_file():
+        raise SpecReproError(f"a trend's target table {path} does not exist (paths are from the repository root)")
+    rows = table_rows(path.read_text())
+    header, body = rows[0], rows[1:]
+    if f"{column} (here)" not in header:
+        raise SpecReproError(f"a trend's target table {path} has no column '{column}'")
+    index = header.index(f"{column} (here)")
+    for row in body:
+        if row and row[0] == source["row"]:
+            value = number(row[index])
+            if value is None:
+                raise SpecReproError(f"a trend's target cell {path}: {source['row']} / {column} holds no number")
+            return value
+    raise SpecReproError(f"a trend's target table {path} has no row '{source['row']}'")
+
+
+def reaching(fit: dict, target: float, start: float, decades: float = 40.0) -> list[float | None]:
+    """The x at which the fitted line reaches `target`, and at which the upper and the lower edge of its 95% band
+    first do (the earliest and the latest x the fit allows), searched from `start` up; None where one never does
+    within `decades` (the line falls, or its band widens faster than it rises)."""
+    grid = np.linspace(math.log10(start), math.log10(start) + decades, 4001)
+    found = []
+    for edge in (0, 1, -1):
+
+        def gap(u: float, edge=edge) -> float:
+            value, half = fit["predict"](10**u)
+            return value + edge * half - target
+
+        gaps = [gap(u) for u in grid]
+        if gaps[0] >= 0:
+            found.append(start)
+            continue
+        crossing = next((i for i in range(1, len(grid)) if gaps[i] >= 0), None)
+        found.append(None if crossing is None else 10 ** optimize.brentq(gap, grid[crossing - 1], grid[crossing]))
+    return found
+
+
+def _budget(x: float | None, start: float) -> str:
+    """An x the fit reaches a target at, to two significant figures ("never" past the search, "<= " the start)."""
+    if x is None:
+        return "never"
+    rounded = float(f"{x:.2g}")
+    return f"<= {start:,.0f}" if x <= start else f"{rounded:,.0f}"
+
+
 def draw_trend(plot, here: dict[str, list], title: str) -> tuple[plt.Figure, list[str]]:
     """A trend plot (one panel per column of `columns`) and the lines of its fit's page."""
     columns, extrapolate = plot.columns, plot.extrapolate or {}
+    targets = {column: target_cell(column, source) for column, source in (plot.targets or {}).items()}
+    reached = []
     figure, panels = plt.subplots(1, len(columns), figsize=(4.2 * len(columns) + 1, 4.2), squeeze=False)
     lines = [
         "| Quantity | points | slope per 10x (95% CI) | " + " | ".join(f"at {k} (95% CI)" for k in extrapolate) + " |",
@@ -185,9 +240,27 @@ def draw_trend(plot, here: dict[str, list], title: str) -> tuple[plt.Figure, lis
         )
         if plot.reference is not None:
             axes.axhline(plot.reference, color="black", linewidth=0.8, linestyle="--")
+        if column in targets:
+            source, value = plot.targets[column], targets[column]
+            axes.axhline(value, color="tab:red", linewidth=0.8, linestyle=":", label=f"target: {source['row']}")
+            start = min(x for x, _ in points)
+            line, early, late = reaching(fit, value, start)
+            reached.append(
+                f"| {column} | {value:.3g} ({source['row']}, {source['csv']}) | {_budget(line, start)} "
+                f"({_budget(early, start)} to {_budget(late, start)}) |"
+            )
     panels[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.suptitle(textwrap.fill(title, 150), fontsize=9)
     figure.tight_layout()
+    if reached:
+        lines += [
+            "",
+            f"Where the line reaches a target, in {plot.x.lower()} (95% CI: where its band's upper and lower edge do):",
+            "",
+            f"| Quantity | target | {plot.x.lower()} (95% CI) |",
+            "|---|---|---|",
+            *reached,
+        ]
     return figure, lines
 
 

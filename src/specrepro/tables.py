@@ -89,6 +89,14 @@ def _paper_numbers(value, where: str) -> dict:
     return numbers
 
 
+def _targets(value, where: str) -> dict:
+    """A trend's column -> {csv: another table's CSV, row: its row's first label cell}."""
+    for column, source in mapping(value, where).items():
+        if sorted(mapping(source, f"{where}: {column}")) != ["csv", "row"]:
+            raise Invalid(f"{where}: {column}: expected {{csv: <a table's CSV>, row: <its row's label>}}")
+    return value
+
+
 def _positive_numbers(value, where: str) -> dict:
     """Names to positive numbers (a trend's `extrapolate`)."""
     for key, number in mapping(value, where).items():
@@ -149,6 +157,7 @@ class Plot:
     reference: float | None = None  # a dashed line at this value
     label_cells: int | None = None  # a row is named by its first N label cells (default: all)
     extrapolate: Annotated[dict, _positive_numbers] | None = None  # a trend's line at these named x values
+    targets: Annotated[dict, _targets] | None = None  # column -> {csv, row}: where a trend's line reaches that cell
     note: str | None = None  # a trend's page says this above its fit
 
     def check(self, where: str, spec: "TableSpec") -> None:
@@ -160,6 +169,9 @@ class Plot:
                     raise Invalid(f"{where}.{key}: no column labelled '{name}'")
         if self.label_cells is not None and self.label_cells < 1:
             raise Invalid(f"{where}.label_cells: expected a positive integer, got {self.label_cells!r}")
+        for name in self.targets or {}:
+            if self.kind != "trend" or name not in self.columns:
+                raise Invalid(f"{where}.targets: '{name}' is not a column this trend plots")
 
 
 @dataclass
