@@ -30,6 +30,7 @@ from specrepro.tables import (
     _matches,
     _selector,
     build_table,
+    cell_runs,
     local_runs,
     render_csv,
     write_table,
@@ -425,6 +426,10 @@ MALFORMED = {
         ('fmt: "{:.2f}"}\n', 'fmt: "{:.2f}"}\nplots: [{name: m, kind: pie, columns: [MAT]}]\n'),
         "plots[0].kind: expected one of bars, scatter, trend, got 'pie'",
     ),
+    "unknown experiment": (
+        ("paper: small\n", "paper: small\nexperiment: sar_tabel2\n"),
+        "experiment: no experiment 'sar_tabel2' (",
+    ),
 }
 
 
@@ -463,6 +468,57 @@ def test_a_malformed_spec_is_one_line_naming_file_and_fault(variant, tmp_path):
     message = str(raised.value)
     assert message.startswith(f"invalid table spec {path}: ") and expected in message
     assert "\n" not in message
+
+
+SMALL_EXPERIMENT = """\
+# @package _global_
+defaults:
+  - override /method: pld_wide
+  - override /dataset: gsm8k
+  - override /judge: local
+method:
+  num_pred_tokens: 4
+dataset:
+  limit: 5
+  category: qa
+  cut_at: ["Question:"]
+timing:
+  paired: true
+reference_nll: true
+hydra:
+  sweeper:
+    params:
+      dataset: gsm8k,cnn_dm
+      dataset.category: qa,rag
+"""
+
+
+def test_a_spec_naming_an_experiment_selects_the_runs_it_makes(tmp_path):
+    """`experiment: NAME` selects what conf/experiment/NAME.yaml fixes: each scalar it sets in a group and the name
+    each overridden option's runs record (pld_wide extends pld); not what its sweeper varies, a top-level flag (the
+    metric of that name would be read) or a list; the spec's own `select` adds keys and overrides the experiment's."""
+    conf = tmp_path / "conf"
+    for path, text in {
+        "experiment/small.yaml": SMALL_EXPERIMENT,
+        "method/pld_wide.yaml": "defaults: [pld, _self_]\nnum_pred_tokens: 8\n",
+        "method/pld.yaml": "defaults: [/method_schema_pld@_here_, _self_]\n",
+        "dataset/gsm8k.yaml": "defaults: [/dataset_schema@_here_, _self_]\nname: gsm8k\n",
+    }.items():
+        (conf / path).parent.mkdir(parents=True, exist_ok=True)
+        (conf / path).write_text(text)
+    write_spec(tmp_path, ("paper: small\n", "paper: small\nexperiment: small\nselect: {method.num_pred_tokens: 2}\n"))
+
+    spec = TableSpec.load("small", tmp_path, conf_dir=conf)
+    assert spec.select == {"method": "pld", "method.num_pred_tokens": 2, "dataset.limit": 5, "timing.paired": True}
+
+    def run(name: str, method: str, paired: bool, **method_settings) -> RunInfo:
+        config = {"method": method_settings, "dataset": {"limit": 5}, "timing": {"paired": paired}}
+        return RunInfo(name, {"method": method, "mat": 2.0}, config, order=len(name))
+
+    runs = [run("pld", "pld", True, num_pred_tokens=2), run("pld-unpaired", "pld", False, num_pred_tokens=2)]
+    runs.append(run("ar", "ar", True))
+    ar_row = Row(["ar"], select={"method": "ar", "method.num_pred_tokens": None})  # rows override it as before
+    assert [cell_runs(spec, row, spec.columns[0], runs)[0].name for row in (Row(["pld"]), ar_row)] == ["pld", "ar"]
 
 
 def test_an_unknown_spec_name_lists_the_known_ones(tmp_path):

@@ -6,7 +6,8 @@ A table spec is a small YAML file, `experiments/tables/<NAME>.yaml` (see the one
     paper: eesd                      # output goes to <results dir>/<paper>/<NAME>.md and .csv
     title: "Table 1: GSM8K and XSum"
     source: "EESD (Liu et al., 2024), Table 1 (LLaMA-2-13B rows)"   # the paper and table the numbers come from
-    select: {model: smollm2_135m}    # every cell's runs match this
+    experiment: eesd_main            # optional: every cell's runs have what conf/experiment/eesd_main.yaml fixes
+    select: {model: smollm2_135m}    # ... and match this (its keys add to the experiment's or override them)
     row_header: [Method]             # the row label columns
     rows:                            # label(s) + selector; paper numbers per column label
       - {label: [Vanilla SD], select: {method: sps}, paper: {GSM8K HM: 82.49, GSM8K Speedup: 1.19}}
@@ -20,6 +21,8 @@ paper, title, rows (each with a label) and columns (each with a label and a key)
 here, a value of the wrong type or a paper number for no column makes the spec invalid (one line naming the place).
 The schema is the dataclasses TableSpec, Row, Column and Plot below: their fields' types say what a spec may hold
 (yaml_schema.py reads a spec into them), their `check` methods what one field says about another.
+`experiment` names the experiment whose runs the table shows (`experiment_selector`): what it fixes for every
+run it makes is the base of the table's selector, so the spec restates none of it.
 A selector maps keys to wanted values (a list = any of them; null = a record without the key); a key is a
 metrics.json key (method, model, dataset, decoding, ...) or a dotted path in the run's config.yaml
 (method.num_pred_tokens, dataset.limit, ...). A value written "${NAME}" or "${NAME:-default}" comes from the
@@ -63,6 +66,8 @@ from specrepro.yaml_schema import Invalid, Label, Labels, build, kind, mapping, 
 log = logging.getLogger(__name__)
 
 TABLES_DIR = Path(files("specrepro.table_specs"))  # experiments/tables/ in a source checkout
+CONF_DIR = Path(files("specrepro.conf"))  # conf/ in a source checkout: its experiment/ holds the experiments
+RECORDED_GROUPS = ("model", "method", "dataset", "decoding")  # config groups whose option metrics.json names
 MISSING_CELL = "–"
 
 
@@ -183,9 +188,10 @@ class TableSpec:
     row_header: Labels = optional(["Row"])
     rows: list[Row]
     columns: list[Column]
-    select: Selector = field(default_factory=dict)
+    select: Selector = field(default_factory=dict)  # once loaded: over the experiment's selector
     note: str = ""
     plots: list[Plot] = field(default_factory=list)
+    experiment: str | None = None  # conf/experiment/<name>.yaml: its runs are the table's (`experiment_selector`)
 
     @property
     def has_paper_numbers(self) -> bool:
@@ -193,21 +199,25 @@ class TableSpec:
         return any(row.paper for row in self.rows)
 
     @classmethod
-    def load(cls, name: str, tables_dir: Path = TABLES_DIR) -> "TableSpec":
-        """Spec NAME from `tables_dir`, or the spec file NAME if it ends in .yaml; SpecReproError if it is malformed."""
+    def load(cls, name: str, tables_dir: Path = TABLES_DIR, conf_dir: Path = CONF_DIR) -> "TableSpec":
+        """Spec NAME from `tables_dir`, or the spec file NAME if it ends in .yaml, its experiment from `conf_dir`;
+        SpecReproError if it is malformed."""
         path = Path(name) if name.endswith((".yaml", ".yml")) else tables_dir / f"{name}.yaml"
         if not path.is_file():
             known = ", ".join(sorted(p.stem for p in tables_dir.glob("*.yaml"))) or "none"
             raise SpecReproError(f"no table spec '{name}' ({path} does not exist; known: {known})")
         try:
-            return cls.from_yaml(path.stem, yaml.safe_load(path.read_text()))
+            return cls.from_yaml(path.stem, yaml.safe_load(path.read_text()), conf_dir)
         except (OSError, UnicodeDecodeError, yaml.YAMLError, Invalid) as exc:
             raise SpecReproError(f"invalid table spec {path}: {one_line(exc)}") from None
 
     @classmethod
-    def from_yaml(cls, name: str, raw) -> "TableSpec":
-        """The spec from its parsed YAML, checked against the schema (module docstring); Invalid says what is wrong."""
+    def from_yaml(cls, name: str, raw, conf_dir: Path = CONF_DIR) -> "TableSpec":
+        """The spec from its parsed YAML, checked against the schema (module docstring), its `select` over its
+        experiment's selector; Invalid says what is wrong."""
         spec = build(cls, raw, name=name)
+        if spec.experiment is not None:
+            spec.select = {**experiment_selector(spec.experiment, conf_dir), **spec.select}
         for i, column in enumerate(spec.columns):
             column.check(f"columns[{i}]")
         for i, row in enumerate(spec.rows):
@@ -219,6 +229,57 @@ class TableSpec:
 
 def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def experiment_selector(name: str, conf_dir: Path = CONF_DIR) -> dict:
+    """What experiment NAME (`<conf dir>/experiment/<NAME>.yaml`) fixes for every run it makes, as a selector:
+    each scalar it sets in a group (dotted: `method.k`; a top-level one, `reference_nll: true`, would be read as
+    the metric of that name) and, for each group of RECORDED_GROUPS it overrides, the name a run of that option
+    records (`override /dataset: gsm8k_cllm` -> `dataset: gsm8k`); not what its sweeper varies between runs
+    (`hydra.sweeper.params`) nor anything else under `hydra`. Invalid if there is no such experiment."""
+    path = conf_dir / "experiment" / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml"))) or "none"
+        raise Invalid(f"experiment: no experiment '{name}' ({path} does not exist; known: {known})")
+    raw = mapping(yaml.safe_load(path.read_text()), f"experiment: {path}")
+    select = {}
+    for default in raw.get("defaults") or []:
+        for key, option in default.items() if isinstance(default, dict) else ():
+            group = key.removeprefix("override /")
+            if group in RECORDED_GROUPS:
+                select[group] = _option_name(conf_dir, group, option)
+    groups = {key: value for key, value in raw.items() if isinstance(value, dict) and key not in ("defaults", "hydra")}
+    select.update(_scalar_leaves(groups))
+    swept = ((raw.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    return {key: value for key, value in select.items() if key not in swept}
+
+
+def _scalar_leaves(node: dict, prefix: str = "") -> dict:
+    """Each scalar in nested mappings by its dotted key (`{method: {k: 2}}` -> `{method.k: 2}`); lists left out."""
+    leaves = {}
+    for key, value in node.items():
+        if isinstance(value, dict):
+            leaves.update(_scalar_leaves(value, f"{prefix}{key}."))
+        elif not isinstance(value, list):
+            leaves[f"{prefix}{key}"] = value
+    return leaves
+
+
+def _option_name(conf_dir: Path, group: str, option: str) -> str:
+    """The name a run of `group`'s `option` records: the option's `name`, else that of the option it extends
+    (`defaults: [gsm8k, _self_]`), else its method schema's (`/method_schema_<name>@_here_`)."""
+    path = conf_dir / group / f"{option}.yaml"
+    if not path.is_file():
+        raise Invalid(f"experiment: overrides /{group} with '{option}', but {path} does not exist")
+    raw = mapping(yaml.safe_load(path.read_text()), f"experiment: {path}")
+    if "name" in raw:
+        return raw["name"]
+    for parent in raw.get("defaults") or []:
+        if isinstance(parent, str) and parent.startswith(f"/{group}_schema_"):
+            return parent.removeprefix(f"/{group}_schema_").removesuffix("@_here_")
+        if isinstance(parent, str) and parent != "_self_" and not parent.startswith("/"):
+            return _option_name(conf_dir, group, parent)
+    raise Invalid(f"experiment: {path} names no {group} (no `name`, no option or schema it extends)")
 
 
 # ---- run records ----
