@@ -146,14 +146,11 @@ def target_cell(column: str, source: dict) -> float:
     path = Path(source["csv"])
     if not path.is_file():
         raise SpecReproError(f"a trend's target table {path} does not exist (paths are from the repository root)")
-    rows = table_rows(path.read_text())
-    header, body = rows[0], rows[1:]
-    if f"{column} (here)" not in header:
+    labels, here = read_here(path, ["row"])
+    if column not in here:
         raise SpecReproError(f"a trend's target table {path} has no column '{column}'")
-    index = header.index(f"{column} (here)")
-    for row in body:
-        if row and row[0] == source["row"]:
-            value = number(row[index])
+    for cells, value in zip(labels, here[column]):
+        if cells[0] == source["row"]:
             if value is None:
                 raise SpecReproError(f"a trend's target cell {path}: {source['row']} / {column} holds no number")
             return value
