@@ -235,15 +235,14 @@ def test_eagle_training_killed_part_way_resumes_to_the_same_draft(tmp_path, monk
         torch.testing.assert_close(a, b)
 
 
-def test_the_learning_curve_pins_each_budget_to_the_head_its_preset_trains():
-    """The scaling pipeline and table name each budget's head in full (several heads share the prefix eagle_head):
-    those names must be what the pipeline's own train stages make, or a budget's runs would load another head."""
+def learning_curve_heads(curve: str) -> tuple[list[str], list[str], list[str]]:
+    """The head names a learning-curve pipeline's train stages make, its run stages decode and its table selects."""
     from specrepro.reproduce import load_pipeline
     from specrepro.tables import TableSpec
     from specrepro.training import artifact_path
     from tests.test_config import compose_run
 
-    _, stages = load_pipeline("eagle_scaling")
+    _, stages = load_pipeline(curve)
     trained = [artifact_path(compose_run(*stage["train"], config="train")).name for stage in stages if "train" in stage]
     decoded = [
         arg.removeprefix("method.head=")
@@ -252,9 +251,22 @@ def test_the_learning_curve_pins_each_budget_to_the_head_its_preset_trains():
         for arg in stage["run"]
         if arg.startswith("method.head=")
     ]
-    tabled = [row.select["method.head"] for row in TableSpec.load("eagle_scaling").rows]
+    return trained, decoded, [row.select["method.head"] for row in TableSpec.load(curve).rows]
+
+
+@pytest.mark.parametrize("curve", ["eagle_scaling", "sar_scaling"])
+def test_the_learning_curve_pins_each_budget_to_the_head_its_preset_trains(curve):
+    """The scaling pipelines and tables name each budget's head in full (several heads share a prefix): those names
+    must be what the pipeline's own train stages make, or a budget's runs would load another head."""
+    trained, decoded, tabled = learning_curve_heads(curve)
     assert len(trained) == 6 and decoded == trained and tabled == trained
-    _, leaderboard = load_pipeline("spec_bench")  # the leaderboard decodes the largest budget's head
+
+
+def test_the_leaderboard_decodes_the_largest_eagle_budget():
+    from specrepro.reproduce import load_pipeline
+
+    trained, _, _ = learning_curve_heads("eagle_scaling")
+    _, leaderboard = load_pipeline("spec_bench")
     largest = [
         arg.removeprefix("method.head=")
         for stage in leaderboard

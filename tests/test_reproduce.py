@@ -326,12 +326,17 @@ def test_a_component_two_pipelines_train_is_trained_alike():
                 ).append(f"{paper}: {describe(stage)}")
 
     def pinned(names: dict, method: str) -> bool:
-        """Several artifacts for one setting on purpose (a learning curve's budgets): every run of the method
-        names one of them in full, so none can pick up another by its prefix."""
-        name = json.loads(method)["name"]
-        uses = [args for args in runs if any(a.startswith(f"method={name}") for a in args)]
-        heads = {a.split("=", 1)[1] for args in uses for a in args if a.startswith("method.head=")}
-        return all(any(a.startswith("method.head=") for a in args) for args in uses) and set(names) <= heads
+        """Several artifacts for one setting on purpose (a learning curve's budgets): each is decoded by name, and no
+        run of the method can pick one up by its prefix (its head, named or the method's default, is one of them in
+        full or the prefix of none)."""
+        settings = json.loads(method)
+        uses = [args for args in runs if any(a.startswith(f"method={settings['name']}") for a in args)]
+        heads = {
+            next((a.split("=", 1)[1] for a in args if a.startswith("method.head=")), settings.get("head"))
+            for args in uses
+        }
+        by_prefix = [head for head in heads if head not in names and any(n.startswith(f"{head}-") for n in names)]
+        return set(names) <= heads and not by_prefix
 
     assert not {key: names for key, names in made.items() if len(names) > 1 and not pinned(names, key[2])}
     shared = [

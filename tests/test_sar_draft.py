@@ -119,6 +119,23 @@ def test_cached_training_hidden_states_and_anchors_follow_convention_a(tmp_path)
     assert len(anchor_batch(rows, hidden, 3, 4)["hp"]) == 4
 
 
+def test_a_conversations_anchors_and_targets_stay_inside_its_assistant_turns():
+    """A conversation row masks its user turns: an anchor needs an assistant token as its depth-1 target, deeper
+    targets outside the mask are not valid, and the target's own top-1 rides along for held-out agreement."""
+    ids = [10, 11, 12, 13, 14, 15, 16, 17]
+    mask = [False, False, True, True, True, False, True, True]
+    row = {"prompt_ids": [], "continuation_ids": ids, "loss_mask": mask, "target_top1": [i + 100 for i in ids]}
+    hidden = [torch.arange(8.0)[:, None].expand(8, 4)]
+    batch = anchor_batch([row], hidden, 2, 1000)
+    # anchor i reads x[i..i+1] and predicts x[i+1..i+2]: i = 1, 2, 3 (targets 12-14), 5 and 6 (targets 16, 17)
+    assert batch["hp"][:, 0].tolist() == [1, 2, 3, 5, 6]
+    assert batch["inputs"].tolist() == [[11, 12], [12, 13], [13, 14], [15, 16], [16, 17]]
+    assert batch["valid"].tolist() == [[True, True], [True, True], [True, False], [True, True], [True, False]]
+    assert batch["target_top1"].tolist() == [[112, 113], [113, 114], [114, 115], [116, 117], [117, 0]]
+    unmasked = anchor_batch([{"prompt_ids": [], "continuation_ids": ids}], hidden, 2, 1000)
+    assert len(unmasked["hp"]) == 7 and "target_top1" not in unmasked
+
+
 def test_simplified_prefix_states_are_the_alpha_weighted_means():
     head = DraftHead(8, 16, "simplified", k=3, proj_size=4)
     with torch.no_grad():
@@ -328,3 +345,51 @@ def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_p
         check=False,
     )
     assert out.returncode == 2 and "no sar_draft head artifact" in out.stderr
+
+
+def test_a_head_on_conversations_reads_eagles_features_and_agrees_with_the_targets_top1(tmp_path):
+    """The learning curve's SAR heads train on EAGLE's conversations: h_p is EAGLE's cached feature (one folder for
+    both drafters), and held-out agreement compares with the target's own top-1, as EAGLE's does."""
+    from hydra import compose, initialize_config_dir
+
+    from specrepro.cli import CONF_DIR
+    from specrepro.config import register_configs
+    from specrepro.models import ModelLoader
+    from specrepro.training.eagle_data import conversation_rows, features_dir
+    from specrepro.training.sar_head import conversation_data, train_sar_head
+
+    register_configs()
+    data = [
+        "model=tiny_random",
+        "logger=none",
+        "hardware.threads=1",
+        f"artifacts_dir={tmp_path}",
+        "training.conversations.path=sharegpt/sharegpt_v3_first1000.json.gz",
+        "training.conversations.ids_path=null",
+        "training.conversations.limit=8",
+        "training.max_tokens=40",
+        "training.heldout_sequences=2",
+        "training.loop.bf16_autocast=false",
+    ]
+    loop = ["training.loop.steps=2", "training.loop.batch_size=2", "training.loop.log_every=1"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(
+            "train",
+            overrides=["method=sar_draft_tree", "method.proj_size=16", "training=sar_draft_sharegpt", *data, *loop],
+        )
+        eagle = compose("train", overrides=["method=eagle", "training=eagle", *data])
+    spec = cfg.training
+    folder = features_dir(cfg, spec.conversations, spec.max_tokens, False)
+    assert folder == features_dir(eagle, eagle.training.conversations, eagle.training.max_tokens, False)
+    target = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir).load_model(cfg.model)
+    rows, hidden, n_heldout, _ = conversation_data(cfg, target, spec)
+    assert n_heldout == 2 and len(rows) > 2 and "target_top1" not in rows[2]
+    (first, *_) = conversation_rows(spec.conversations, target.tokenizer, spec.max_tokens)
+    with torch.no_grad():
+        out = target.model(torch.tensor([first["ids"]]), output_hidden_states=True)
+    assert rows[0]["continuation_ids"] == first["ids"][1:] and rows[0]["loss_mask"] == first["loss_mask"][1:]
+    assert torch.allclose(hidden[0], out.hidden_states[-1][0, :-1], atol=1e-5)  # the feature that predicts each token
+    assert rows[0]["target_top1"] == out.logits[0, :-1].argmax(-1).tolist()
+    head, metrics, history = train_sar_head(cfg, target, tmp_path / "work", lambda *a: None, torch.device("cpu"))
+    assert len(history) == 2 and metrics["heldout_top1_against"] == "the target's top-1"
+    assert metrics["train_sequences"] == len(rows) - 2 and metrics["compute_minutes"] > 0

@@ -15,7 +15,10 @@ anchors. The artifact then holds the merged target (a full model: `model.source=
 
 Data (the paper trains on ground truth, not distillation): the bundled datasets' reference responses after
 their prompts (GSM8K train solutions and Spider train SQL by default). Optionally the target's own greedy
-continuations of prompt sets (`continuations`), which a frozen, not fine-tuned target accepts more often.
+continuations of prompt sets (`continuations`), which a frozen, not fine-tuned target accepts more often. Or
+(component sar_head_sharegpt, the learning curve's) whole ShareGPT conversations, EAGLE's data: the loss on the
+assistant tokens, h_p read from the features EAGLE's trainer caches for the same conversations (one prefill each,
+shared by both drafters and every budget), and held-out agreement measured against the target's own top-1.
 The head uses the target's frozen input embeddings e(.), which are neither trained nor saved.
 """
 
@@ -35,6 +38,7 @@ from specrepro.decoding.sar_draft import DraftHead, head_for
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
 from specrepro.training import cost
+from specrepro.training.eagle_data import conversation_rows, features_dir, target_features
 from specrepro.training.distill_data import (
     continuation_dataset,
     continuation_hidden,
@@ -71,30 +75,50 @@ class SARHeadTrainingConfig:
     loop: LoopConfig = field(default_factory=LoopConfig)
 
 
+@dataclass
+class SARConversationTrainingConfig(SARHeadTrainingConfig):
+    """The separate-mode head on whole conversations (conf/training/sar_draft_sharegpt.yaml) in place of
+    `references` and `continuations`, with EAGLE's conversation set, cut and held-out set (training/eagle_head.py)."""
+
+    component: str = "sar_head_sharegpt"
+    conversations: DatasetConfig = field(default_factory=DatasetConfig)  # whole conversations (task sharegpt)
+    heldout_sequences: int = 50  # the first conversations of the shuffled set, as EAGLE's
+    max_tokens: int = 512  # a conversation is cut here
+
+
 def anchor_batch(
     rows: list[dict], hidden: list[torch.Tensor], k: int, anchors: int, generator: torch.Generator | None = None
 ) -> dict:
     """Up to `anchors` random anchors of `rows` (convention A): for the position t that predicted continuation
     token i, h_p[t] (the row's cached hidden state i), the draft inputs x[t+1..t+k] = continuation[i..i+k-1] and
-    their targets x[t+j+1] = continuation[i+j], j = 1..k, valid where that is still a continuation token."""
-    hp, windows, valid = [], [], []
+    their targets x[t+j+1] = continuation[i+j], j = 1..k, valid where that is still a continuation token (and,
+    where a row has a `loss_mask`, a masked one: an anchor needs a valid depth-1 target). A row's `target_top1`
+    (the target's own top-1 at each token) comes along as the batch's `target_top1`."""
+    parts: dict[str, list] = {"hp": [], "windows": [], "valid": [], "target_top1": []}
     steps = torch.arange(k + 1)
     for row, states in zip(rows, hidden):
         n = len(row["continuation_ids"])
-        window = torch.arange(n - 1)[:, None] + steps  # anchors with at least a depth-1 target
-        windows.append(torch.tensor(row["continuation_ids"] + [0] * k)[window])
-        valid.append(window[:, 1:] < n)
-        hp.append(states[: n - 1])
-    hp, windows, valid = torch.cat(hp), torch.cat(windows), torch.cat(valid)
-    if len(hp) > anchors:
-        keep = torch.randperm(len(hp), generator=generator)[:anchors]
-        hp, windows, valid = hp[keep], windows[keep], valid[keep]
-    return {"hp": hp, "inputs": windows[:, :k], "targets": windows[:, 1:], "valid": valid}
+        window = torch.arange(n - 1)[:, None] + steps
+        mask = torch.tensor(list(row.get("loss_mask", [True] * n)) + [False] * k)
+        valid = (window[:, 1:] < n) & mask[window[:, 1:]]
+        kept = valid[:, 0]
+        parts["hp"].append(states[: n - 1][kept])
+        parts["windows"].append(torch.tensor(row["continuation_ids"] + [0] * k)[window][kept])
+        parts["valid"].append(valid[kept])
+        if "target_top1" in row:
+            parts["target_top1"].append(torch.tensor(row["target_top1"] + [0] * k)[window[:, 1:]][kept])
+    batch = {name: torch.cat(tensors) for name, tensors in parts.items() if tensors}
+    if len(batch["hp"]) > anchors:
+        keep = torch.randperm(len(batch["hp"]), generator=generator)[:anchors]
+        batch = {name: tensor[keep] for name, tensor in batch.items()}
+    windows = batch.pop("windows")
+    return {**batch, "inputs": windows[:, :k], "targets": windows[:, 1:]}
 
 
 def sar_terms(head: DraftHead, target, batch: dict, train_target: bool = False):
-    """Eq. 8's two NLL terms at a batch of anchors (`anchor_batch`), and the draft's top-1 hits per depth j; the
-    p-term carries a gradient only when `train_target` (joint mode)."""
+    """Eq. 8's two NLL terms at a batch of anchors (`anchor_batch`), and the draft's top-1 hits per depth j (against
+    the batch's `target_top1` where it has one, else the targets); the p-term carries a gradient only when
+    `train_target` (joint mode)."""
     device = next(head.parameters()).device
     hp, inputs, targets, valid = (batch[name].to(device) for name in ("hp", "inputs", "targets", "valid"))
     hp = hp.to(next(head.parameters()).dtype)
@@ -110,13 +134,15 @@ def sar_terms(head: DraftHead, target, batch: dict, train_target: bool = False):
     )
     with torch.set_grad_enabled(train_target):  # the target's own next-token NLL at the anchors: h_p[t] predicts x[t+1]
         loss_p = F.cross_entropy(target.lm_head(hp.to(target.lm_head.weight.dtype)).float(), inputs[:, 0])
-    hits = ((draft_vocab.token_ids(vocab, logits.argmax(-1)) == targets) & valid).sum(0)
+    reference = batch["target_top1"].to(device) if "target_top1" in batch else targets
+    hits = ((draft_vocab.token_ids(vocab, logits.argmax(-1)) == reference) & valid).sum(0)
     return loss_p, loss_q, hits, valid.sum(0)
 
 
 @torch.no_grad()
 def heldout_accuracy(head, target, rows, hidden, spec) -> list[float]:
-    """Teacher-forced top-1 accuracy of draft depth j = 1..k on held-out rows (fixed anchors)."""
+    """Teacher-forced top-1 accuracy of draft depth j = 1..k on held-out rows (fixed anchors), against the rows'
+    `target_top1` where they have one."""
     hits = total = 0
     generator = torch.Generator().manual_seed(0)
     for start in range(0, len(rows), 4):
@@ -141,21 +167,9 @@ class JointSAR(nn.Module):
         self.head.save_pretrained(path)
 
 
-@register_component("sar_head", "sar_head_general", schema=SARHeadTrainingConfig)
-def train_sar_head(cfg, target, work_dir, log_metrics, device):
-    """Train one SAR-family head, on the frozen target or jointly with LoRA on it; returns (head or JointSAR, metrics,
-    history)."""
-    spec, model = cfg.training, target.model
-    joint = spec.lam < 1
-    if not 0 < spec.lam <= 1:
-        raise SpecReproError(f"sar_draft training needs 0 < lam <= 1 (1: target frozen; < 1: joint), got {spec.lam}")
-    if joint and spec.joint_lora.r <= 0:
-        raise SpecReproError(
-            f"sar_draft joint training (lam = {spec.lam} < 1) trains the target through LoRA: "
-            "set training.joint_lora.r > 0 (Table 4: 16 on GSM8K)"
-        )
-    for p in model.parameters():
-        p.requires_grad_(False)
+def task_data(cfg, target, spec, joint: bool):
+    """Rows of the reference responses (and the target's continuations), shuffled; their h_p (None in joint mode,
+    where the target changes every step); the held-out count; and the seconds the data took."""
     rows = reference_rows(spec.references, target.tokenizer, spec.max_prompt_tokens, spec.response_tokens)
     caches = []
     if spec.continuations:
@@ -183,14 +197,70 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
     if not rows:
         raise SpecReproError("sar_draft training found no responses longer than head_k tokens in its data")
     random.Random(spec.loop.seed).shuffle(rows)
-    n_heldout = max(1, int(len(rows) * spec.heldout_fraction))
-    heldout, train_rows = rows[:n_heldout], rows[n_heldout:] or rows
-    autocast = spec.loop.bf16_autocast
-    if not joint:  # h_p of every row, once: a training step is the head's own forward and backward
-        caches.append(hidden_cache_dir(cfg, rows, spec.train_prompt_tokens, autocast))
+    hidden = None
+    if not joint:
+        caches.append(hidden_cache_dir(cfg, rows, spec.train_prompt_tokens, spec.loop.bf16_autocast))
         hidden = target_hidden_states(
-            model, rows, spec.train_prompt_tokens, spec.generation_batch_size, autocast, caches[-1]
+            target.model,
+            rows,
+            spec.train_prompt_tokens,
+            spec.generation_batch_size,
+            spec.loop.bf16_autocast,
+            caches[-1],
         )
+    n_heldout = max(1, int(len(rows) * spec.heldout_fraction))
+    return rows, hidden, n_heldout, [cost.recorded(cache) for cache in caches]
+
+
+def conversation_data(cfg, target, spec):
+    """Rows of whole conversations (EAGLE's): a conversation's ids[1:] as its continuation, masked to the assistant
+    tokens, and its h_p = EAGLE's cached features less the last (the feature at ids[i] predicts ids[i + 1]); the
+    held-out rows (the first `heldout_sequences`) carry the target's own top-1 at each token."""
+    model, autocast = target.model, spec.loop.bf16_autocast
+    conversations = conversation_rows(spec.conversations, target.tokenizer, spec.max_tokens)
+    if len(conversations) <= spec.heldout_sequences:
+        raise SpecReproError(
+            f"sar_draft training needs more than training.heldout_sequences={spec.heldout_sequences} "
+            f"conversations; training.conversations gives {len(conversations)}"
+        )
+    features, seconds = target_features(
+        model, conversations, autocast, features_dir(cfg, spec.conversations, spec.max_tokens, autocast)
+    )
+    rows = [
+        {"prompt_ids": [], "continuation_ids": c["ids"][1:], "loss_mask": c["loss_mask"][1:]} for c in conversations
+    ]
+    hidden = [f[:-1] for f in features]
+    with torch.no_grad():
+        for row, states in zip(rows[: spec.heldout_sequences], hidden):
+            row["target_top1"] = model.lm_head(states.to(model.lm_head.weight.dtype)).argmax(-1).tolist()
+    return rows, hidden, spec.heldout_sequences, [seconds]
+
+
+@register_component("sar_head", "sar_head_general", schema=SARHeadTrainingConfig)
+@register_component("sar_head_sharegpt", schema=SARConversationTrainingConfig)
+def train_sar_head(cfg, target, work_dir, log_metrics, device):
+    """Train one SAR-family head, on the frozen target or jointly with LoRA on it; returns (head or JointSAR, metrics,
+    history)."""
+    spec, model = cfg.training, target.model
+    joint = spec.lam < 1
+    if not 0 < spec.lam <= 1:
+        raise SpecReproError(f"sar_draft training needs 0 < lam <= 1 (1: target frozen; < 1: joint), got {spec.lam}")
+    if joint and spec.joint_lora.r <= 0:
+        raise SpecReproError(
+            f"sar_draft joint training (lam = {spec.lam} < 1) trains the target through LoRA: "
+            "set training.joint_lora.r > 0 (Table 4: 16 on GSM8K)"
+        )
+    on_conversations = "conversations" in spec
+    if joint and on_conversations:
+        raise SpecReproError("sar_draft trains on conversations with the target frozen only: set training.lam=1")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if on_conversations:
+        rows, hidden, n_heldout, data_seconds = conversation_data(cfg, target, spec)
+    else:
+        rows, hidden, n_heldout, data_seconds = task_data(cfg, target, spec, joint)
+    heldout, train_rows = rows[:n_heldout], rows[n_heldout:] or rows
+    if not joint:
         train_hidden = hidden[n_heldout:] or hidden
 
     def heldout_hidden() -> list[torch.Tensor]:
@@ -253,7 +323,9 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
         "heldout_top1_by_depth_before": before,
         "heldout_top1_by_depth_after": heldout_accuracy(head, model, heldout, heldout_hidden(), spec),
         "train_sequences": len(train_rows),
+        "train_tokens": sum(len(r["continuation_ids"]) for r in train_rows),
         "heldout_sequences": len(heldout),
-        "compute_minutes": cost.minutes(cost.loop_seconds(history), *map(cost.recorded, caches)),
+        "heldout_top1_against": "the target's top-1" if on_conversations else "the data's tokens",
+        "compute_minutes": cost.minutes(cost.loop_seconds(history), *data_seconds),
     }
     return trained, metrics, history
