@@ -172,6 +172,30 @@ def test_a_selector_can_name_the_machine_a_record_was_timed_on():
     assert [r.name for r in runs if _matches(r, select)] == ["xeon"]
 
 
+def test_a_cell_whose_runs_differ_in_a_method_option_is_refused_not_filled_by_the_newest():
+    """An ablation run (Cali-TS with one half switched off) also matches a row that leaves the option open: the
+    newest run would put the ablation's number in the full method's cell. Re-runs of one setting stay fine."""
+
+    def cali(name: str, order: float, mode: str | None) -> RunInfo:
+        method = {"control": "cali_ts", **({"cali_mode": mode} if mode else {})}
+        return RunInfo(name, {"speedup_paired": order}, {"method": method}, order)
+
+    spec = TableSpec(
+        "t",
+        "p",
+        "title",
+        "",
+        ["Control"],
+        [Row(label=["Cali-TS"], select={"method.control": "cali_ts"})],
+        [Column("speedup", "speedup_paired")],
+    )
+    assert build_table(spec, [cali("old", 1.0, None), cali("rerun", 2.0, "both")])[1][0][1] == "2.00"
+    with pytest.raises(SpecReproError, match="differ in method.cali_mode"):
+        build_table(spec, [cali("both", 1.0, "both"), cali("ablation", 2.0, "sampling")])
+    spec.rows[0].select["method.cali_mode"] = ["both", None]
+    assert build_table(spec, [cali("both", 1.0, "both"), cali("ablation", 2.0, "sampling")])[1][0][1] == "1.00"
+
+
 def test_a_newer_compiled_run_fills_only_the_cells_that_ask_for_compiled_steps():
     """A compiled run's speedup is over compiled `ar`: it never takes an eager cell's place (runs made before the
     option existed count as eager), and fills a column that selects `hardware.compile: true`."""

@@ -465,7 +465,24 @@ def cell_runs(spec: TableSpec, row: Row, column: Column, runs: list[RunInfo]) ->
         select = {**EAGER, **spec.select, **row.select, **column.select, **extra}
         candidates = [r for r in runs if _matches(r, select)]
         found.append(max(candidates, key=lambda r: (r.order, r.name)) if candidates else None)
+        if found[-1] is not None:
+            refuse_other_settings(found[-1], candidates, row, column)
     return found
+
+
+def refuse_other_settings(chosen: RunInfo, candidates: list[RunInfo], row: Row, column: Column) -> None:
+    """A cell shows the newest of its matching runs, so these must be runs of one method setting (re-runs): one
+    whose method option differs (an ablation's run matching a row that leaves the option open) would put another
+    setting's number in the cell without a word."""
+    mine = chosen.config.get("method") or {}
+    for other in candidates:
+        theirs = other.config.get("method") or {}
+        differ = sorted(k for k in mine.keys() & theirs.keys() if str(mine[k]) != str(theirs[k]))
+        if differ:
+            raise SpecReproError(
+                f"row {' / '.join(map(str, row.label))}, column {column.label}: runs {chosen.name} and {other.name} "
+                f"both match but differ in method.{', method.'.join(differ)}: select the value the row means"
+            )
 
 
 def build_table(spec: TableSpec, runs: list[RunInfo]) -> tuple[list[str], list[list[str]], list[str]]:
