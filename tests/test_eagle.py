@@ -181,34 +181,37 @@ def test_a_truncated_package_json_keeps_its_complete_records(tmp_path):
     assert complete_list_items(tmp_path / "whole.json.gz") == whole
 
 
-def test_eagle_training_killed_part_way_resumes_to_the_same_draft(tmp_path, monkeypatch):
-    from hydra import compose, initialize_config_dir
-
-    from specrepro.cli import CONF_DIR
-    from specrepro.config import register_configs
-    from specrepro.models import ModelLoader
-    from specrepro.training import eagle_head
-
-    register_configs()
-    overrides = [
-        "method=eagle",
-        "training=eagle",
+def tiny_conversations(tmp_path, limit: int, max_tokens: int) -> list[str]:
+    """Training overrides for a conversation-trained draft on the tiny random LLaMA: the bundled ShareGPT sample's
+    first `limit` conversations, cut at `max_tokens`, two held out, artifacts under `tmp_path`."""
+    return [
         "model=tiny_random",
         "logger=none",
         "hardware.threads=1",
         f"artifacts_dir={tmp_path}",
         "training.conversations.path=sharegpt/sharegpt_v3_first1000.json.gz",
         "training.conversations.ids_path=null",
-        "training.conversations.limit=10",
-        "training.max_tokens=48",
+        f"training.conversations.limit={limit}",
+        f"training.max_tokens={max_tokens}",
         "training.heldout_sequences=2",
+    ]
+
+
+def test_eagle_training_killed_part_way_resumes_to_the_same_draft(tmp_path, monkeypatch):
+    from specrepro.models import ModelLoader
+    from specrepro.training import eagle_head
+    from tests.test_config import compose_run
+
+    cfg = compose_run(
+        "method=eagle",
+        "training=eagle",
+        *tiny_conversations(tmp_path, 10, 48),
         "training.loop.steps=4",
         "training.loop.checkpoint_every=2",
         "training.loop.log_every=1",
         "training.loop.batch_size=2",
-    ]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=overrides)
+        config="train",
+    )
     target = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir).load_model(cfg.model)
     straight, metrics, history = eagle_head.train_eagle_head(
         cfg, target, tmp_path / "straight", lambda *a: None, torch.device("cpu")

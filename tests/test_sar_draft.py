@@ -350,34 +350,18 @@ def test_training_through_the_cli_publishes_a_head_that_decodes_losslessly(tmp_p
 def test_a_head_on_conversations_reads_eagles_features_and_agrees_with_the_targets_top1(tmp_path):
     """The learning curve's SAR heads train on EAGLE's conversations: h_p is EAGLE's cached feature (one folder for
     both drafters), and held-out agreement compares with the target's own top-1, as EAGLE's does."""
-    from hydra import compose, initialize_config_dir
-
-    from specrepro.cli import CONF_DIR
-    from specrepro.config import register_configs
     from specrepro.models import ModelLoader
     from specrepro.training.eagle_data import conversation_rows, features_dir
     from specrepro.training.sar_head import conversation_data, train_sar_head
+    from tests.test_config import compose_run
+    from tests.test_eagle import tiny_conversations
 
-    register_configs()
-    data = [
-        "model=tiny_random",
-        "logger=none",
-        "hardware.threads=1",
-        f"artifacts_dir={tmp_path}",
-        "training.conversations.path=sharegpt/sharegpt_v3_first1000.json.gz",
-        "training.conversations.ids_path=null",
-        "training.conversations.limit=8",
-        "training.max_tokens=40",
-        "training.heldout_sequences=2",
-        "training.loop.bf16_autocast=false",
-    ]
+    data = [*tiny_conversations(tmp_path, 8, 40), "training.loop.bf16_autocast=false"]
     loop = ["training.loop.steps=2", "training.loop.batch_size=2", "training.loop.log_every=1"]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            "train",
-            overrides=["method=sar_draft_tree", "method.proj_size=16", "training=sar_draft_sharegpt", *data, *loop],
-        )
-        eagle = compose("train", overrides=["method=eagle", "training=eagle", *data])
+    cfg = compose_run(
+        "method=sar_draft_tree", "method.proj_size=16", "training=sar_draft_sharegpt", *data, *loop, config="train"
+    )
+    eagle = compose_run("method=eagle", "training=eagle", *data, config="train")
     spec = cfg.training
     folder = features_dir(cfg, spec.conversations, spec.max_tokens, False)
     assert folder == features_dir(eagle, eagle.training.conversations, eagle.training.max_tokens, False)
