@@ -111,6 +111,21 @@ def target_features(model, rows: list[dict], autocast: bool, folder: Path) -> tu
     return [item["hidden"] for item in done], earlier + new_seconds
 
 
+def conversation_features(cfg, target, spec, trainer: str) -> tuple[list[dict], list[torch.Tensor], float]:
+    """A recipe's conversation rows (more than its `heldout_sequences`: `trainer` names the recipe in the error),
+    the frozen target's features of each (the folder every budget and both drafters share) and their seconds."""
+    rows = conversation_rows(spec.conversations, target.tokenizer, spec.max_tokens)
+    if len(rows) <= spec.heldout_sequences:
+        raise SpecReproError(
+            f"{trainer} training needs more than training.heldout_sequences={spec.heldout_sequences} "
+            f"conversations; training.conversations gives {len(rows)}"
+        )
+    autocast = spec.loop.bf16_autocast
+    folder = features_dir(cfg, spec.conversations, spec.max_tokens, autocast)
+    features, seconds = target_features(target.model, rows, autocast, folder)
+    return rows, features, seconds
+
+
 def main(overrides: list[str]) -> None:
     """Compute the features a training recipe's conversations need (`specrepro train` would, before training)."""
     from hydra import compose, initialize_config_dir
@@ -122,11 +137,9 @@ def main(overrides: list[str]) -> None:
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["method=ar", "logger=none", *overrides])
-    spec = cfg.training
     target = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir).load_model(cfg.model)
-    rows = conversation_rows(spec.conversations, target.tokenizer, spec.max_tokens)
-    folder = features_dir(cfg, spec.conversations, spec.max_tokens, spec.loop.bf16_autocast)
-    _, seconds = target_features(target.model, rows, spec.loop.bf16_autocast, folder)
+    rows, _, seconds = conversation_features(cfg, target, cfg.training, "EAGLE")
+    folder = features_dir(cfg, cfg.training.conversations, cfg.training.max_tokens, cfg.training.loop.bf16_autocast)
     print(f"{len(rows)} sequences' features in {folder} ({seconds / 60:.1f} compute minutes)")
 
 

@@ -16,11 +16,10 @@ from torch import nn
 
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding.eagle import EagleDraft
-from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
 from specrepro.training import cost
 from specrepro.training.distill_data import frequent_tokens
-from specrepro.training.eagle_data import conversation_rows, features_dir, target_features
+from specrepro.training.eagle_data import conversation_features
 from specrepro.training.loop import LoopConfig, micro_batch_indices, train_loop
 
 
@@ -101,16 +100,7 @@ def train_eagle_head(cfg, target, work_dir, log_metrics, device):
     """Train an EAGLE draft on the frozen target's cached features; returns (draft, metrics, history)."""
     spec, model = cfg.training, target.model
     model.requires_grad_(False)
-    rows = conversation_rows(spec.conversations, target.tokenizer, spec.max_tokens)
-    if len(rows) <= spec.heldout_sequences:
-        raise SpecReproError(
-            f"EAGLE training needs more than training.heldout_sequences={spec.heldout_sequences} "
-            f"conversations; training.conversations gives {len(rows)}"
-        )
-    autocast = spec.loop.bf16_autocast
-    features, feature_seconds = target_features(
-        model, rows, autocast, features_dir(cfg, spec.conversations, spec.max_tokens, autocast)
-    )
+    rows, features, feature_seconds = conversation_features(cfg, target, spec, "EAGLE")
     held, train_rows = rows[: spec.heldout_sequences], rows[spec.heldout_sequences :]
     held_features, train_features = features[: spec.heldout_sequences], features[spec.heldout_sequences :]
     torch.manual_seed(spec.loop.seed)

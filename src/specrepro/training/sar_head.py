@@ -38,7 +38,6 @@ from specrepro.decoding.sar_draft import DraftHead, head_for
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
 from specrepro.training import cost
-from specrepro.training.eagle_data import conversation_rows, features_dir, target_features
 from specrepro.training.distill_data import (
     continuation_dataset,
     continuation_hidden,
@@ -48,6 +47,7 @@ from specrepro.training.distill_data import (
     reference_rows,
     target_hidden_states,
 )
+from specrepro.training.eagle_data import conversation_features
 from specrepro.training.loop import LoopConfig, micro_batch_indices, train_loop
 from specrepro.training.lora import LoRAConfig, with_lora
 
@@ -198,7 +198,7 @@ def task_data(cfg, target, spec, joint: bool):
         raise SpecReproError("sar_draft training found no responses longer than head_k tokens in its data")
     random.Random(spec.loop.seed).shuffle(rows)
     hidden = None
-    if not joint:
+    if not joint:  # h_p of every row, once: a training step is the head's own forward and backward
         caches.append(hidden_cache_dir(cfg, rows, spec.train_prompt_tokens, spec.loop.bf16_autocast))
         hidden = target_hidden_states(
             target.model,
@@ -216,16 +216,8 @@ def conversation_data(cfg, target, spec):
     """Rows of whole conversations (EAGLE's): a conversation's ids[1:] as its continuation, masked to the assistant
     tokens, and its h_p = EAGLE's cached features less the last (the feature at ids[i] predicts ids[i + 1]); the
     held-out rows (the first `heldout_sequences`) carry the target's own top-1 at each token."""
-    model, autocast = target.model, spec.loop.bf16_autocast
-    conversations = conversation_rows(spec.conversations, target.tokenizer, spec.max_tokens)
-    if len(conversations) <= spec.heldout_sequences:
-        raise SpecReproError(
-            f"sar_draft training needs more than training.heldout_sequences={spec.heldout_sequences} "
-            f"conversations; training.conversations gives {len(conversations)}"
-        )
-    features, seconds = target_features(
-        model, conversations, autocast, features_dir(cfg, spec.conversations, spec.max_tokens, autocast)
-    )
+    model = target.model
+    conversations, features, seconds = conversation_features(cfg, target, spec, "sar_draft")
     rows = [
         {"prompt_ids": [], "continuation_ids": c["ids"][1:], "loss_mask": c["loss_mask"][1:]} for c in conversations
     ]
