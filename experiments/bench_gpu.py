@@ -231,9 +231,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument(
         "--widths",
-        default="1,16",
-        help="hardware.compile_widths: compiled step widths (a "
-        "narrow step pads up to the next; on a CPU that costs: give 1,2,4,8,16 for K-token drafters)",
+        default="1,4,16",
+        help="hardware.compile_widths: compiled step widths (a narrow step pads up to the next; on a CPU that "
+        "costs: give 1,2,4,8,16 for K-token drafters; an EAGLE tree's padded rows must fit the widest)",
     )
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--markdown", default=None, help="also write them as a results page")

@@ -62,7 +62,7 @@ bench() {  # bench NAME SUFFIX [bench_gpu.py options]: its pages go to results/g
 
 # the bench's methods beside ar and pld: METHODS always (jacobi needs nothing trained), TRAINED_METHODS where their
 # artifacts were carried (results/gpu/README.md's trained drafters); a --methods option given here overrides METHODS
-trained="sar_draft method.draft_vocab=4096 method.k=2;self_sd_tree;eesd method.draft_vocab=4096;eesd_tree_break_even"
+trained="sar_draft method.draft_vocab=4096 method.k=2;self_sd_tree;eesd method.draft_vocab=4096;eesd_tree_break_even;eagle_tree_small"
 methods=(--methods "${METHODS-jacobi}" --trained-methods "${TRAINED_METHODS-$trained}")
 bench bench_bf16 bf16 "${methods[@]}" "$@"
 step tests_cuda "${TESTS_S:-200}" "$python" -m pytest -x -q -p no:cacheprovider tests/test_cuda.py

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.eagle import EagleConfig, EagleDecoder, EagleDraft
 from specrepro.decoding.eesd import EarlyExitHead, EESDConfig, EESDDecoder
 from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
 from specrepro.decoding.jacobi import JacobiDecoder
@@ -72,8 +73,18 @@ def compiled_decoders(model, draft):
         "eesd_beta_ts": eesd(k_max=6),  # round lengths drawn every round: every width up to 7
         "eesd_tree": eesd(control="fixed", k=2, tree_width=3),
         "eesd_without_exit_layer": eesd(exit_layer=False, control="fixed", k=3),
+        "eagle": eagle_decoder(model, depth=3, top_k=1, total_tokens=3),  # a chain
+        "eagle_tree": eagle_decoder(model),  # EAGLE-2's dynamic tree; its draft layer on a static cache of its own
         **self_sd_decoders(model),
     }
+
+
+def eagle_decoder(model, steps=None, **cfg) -> EagleDecoder:
+    """EAGLE with a random draft (a dynamic tree of 3 levels, top-4, 10 nodes unless `cfg` says otherwise)."""
+    torch.manual_seed(0)
+    draft = EagleDraft(model.config).to(model.device).eval().attach_lm_head(model.lm_head)
+    cfg = EagleConfig(**{"depth": 3, "top_k": 4, "total_tokens": 10, "head": "none", **cfg})
+    return EagleDecoder(model, None, draft, cfg, steps)
 
 
 def sar_decoder(model, variant: str, steps=None, **cfg) -> SARDraftDecoder:
@@ -120,6 +131,8 @@ COMPILABLE = [
     "self_sd",
     "self_sd_tree",
     "self_sd_draft_vocab",
+    "eagle",
+    "eagle_tree",
 ]
 
 
@@ -194,6 +207,7 @@ WARMED = {  # decoders whose compiled steps include graphs beyond the widths: EE
     "eesd_and_self_sd": lambda model: [warmed_eesd(model), self_sd_decoders(model)["self_sd"]],  # one warm-up
     "sps_compiled_draft": lambda model: [sps_with_compiled_draft(model, tree_width=3, draft_vocab=True)],
     "sar_draft_head": lambda model: [sar_decoder(model, "simplified", k=2, controller="heuristic", k_max=4)],
+    "eagle": lambda model: [eagle_decoder(model, depth=3, top_k=2, total_tokens=5)],
 }
 
 
@@ -219,14 +233,25 @@ def test_a_warmed_up_decoder_compiles_nothing_while_it_decodes(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["self_sd", "self_sd_tree", "self_sd_draft_vocab", "eesd", "eesd_beta_ts", "eesd_tree", "eesd_without_exit_layer"],
+    [
+        "self_sd",
+        "self_sd_tree",
+        "self_sd_draft_vocab",
+        "eesd",
+        "eesd_beta_ts",
+        "eesd_tree",
+        "eesd_without_exit_layer",
+        "eagle",
+        "eagle_tree",
+    ],
 )
 def test_a_compiled_draft_drafts_what_the_eager_one_does(compiled_target, name):
     """Output equal to `ar` holds whatever a draft proposes; equal rounds show that the compiled draft computes what
     the eager one does: Draft & Verify's graphs skip the skip set's sub-layers (traced inside `skipped_sublayers`),
     not run the whole target; EESD's layer slices and exit layer, on static caches, see the eager draft's rows and
     positions (a static cache's `get_seq_length` is its live write position: kept uncopied, it was rolled back
-    under EESD, whose exit layer then read the wrong rows, losslessly)."""
+    under EESD, whose exit layer then read the wrong rows, losslessly); EAGLE's draft layer, padded on a static cache
+    whose expanded rows each round rolls back, grows the eager draft's trees."""
     draft = torch_llama(vocab_size=64, seed=2, num_layers=1)  # sps's, unused here
     compiled, eager = (compiled_decoders(compiled_target, draft)[name] for _ in range(2))
     eager.steps = EagerSteps(compiled_target)
@@ -369,3 +394,11 @@ def test_compile_refuses_kernels_it_cannot_capture(tmp_path):
     assert proc.returncode != 0
     assert "hardware.compile=true compiles torch's own kernels" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_eagle_refuses_compiled_rounds_wider_than_the_static_cache_spares(compiled_target):
+    """A dynamic tree's expanded rows follow the committed pairs on the draft's static cache, which spares the
+    widest bucket: a tree that would write past it is refused in one line, not written out of bounds."""
+    with pytest.raises(SpecReproError, match="writes up to 56 draft rows a round"):
+        eagle_decoder(compiled_target, depth=6, top_k=10, total_tokens=60)
+    assert eagle_decoder(compiled_target, EagerSteps(compiled_target), depth=6, top_k=10).cfg.depth == 6

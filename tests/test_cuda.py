@@ -20,6 +20,7 @@ from specrepro.models.kernels import set_linear_kernel
 from specrepro.models.loading import dispatched
 from specrepro.runner import compile_steps_for
 from tests.conftest import tiny_llama
+from tests.test_compiled import eagle_decoder
 from tests.test_decoding import decoders, prompts
 from tests.test_lossless_sampling import exact_distribution, p_value
 
@@ -38,6 +39,7 @@ def test_greedy_decoders_equal_ar_on_cuda():
         "eesd": EESDDecoder(target, None, head, EESDConfig(num_layers=2, control="fixed", k=3)),
         "jacobi": JacobiDecoder(target, block_size=6),
         "space_untrained_masks": SpaceDecoder(target, None, mask_id=0, k=3),
+        "eagle": eagle_decoder(target),
     }
     for name, decoder in found.items():
         for prompt in prompts():
@@ -57,9 +59,9 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
     target = set_linear_kernel(tiny_llama(vocab_size=64, seed=1, num_layers=4, logit_scale=3.0), "torch").to(CUDA)
     draft = set_linear_kernel(tiny_llama(vocab_size=64, seed=2, num_layers=1), "torch").to(CUDA)
     compiled_draft = set_linear_kernel(tiny_llama(vocab_size=64, seed=2, num_layers=1), "torch").to(CUDA)
-    draft_steps = CompiledSteps(compiled_draft, backend="inductor", mode="reduce-overhead", widths=[1, 16])
+    draft_steps = CompiledSteps(compiled_draft, backend="inductor", mode="reduce-overhead", widths=[1, 4, 16])
     setattr(compiled_draft, STEPS_ATTRIBUTE, draft_steps)  # sps's draft on steps of its own
-    steps = CompiledSteps(target, backend="inductor", mode="reduce-overhead", widths=[1, 16])
+    steps = CompiledSteps(target, backend="inductor", mode="reduce-overhead", widths=[1, 4, 16])
     setattr(target, STEPS_ATTRIBUTE, steps)
     eager_ar = ARDecoder(target, steps=EagerSteps(target))
     head = head_for(target, "block", 4, 16, 1, False).to(CUDA).eval()
@@ -80,6 +82,7 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
             EESDConfig(num_layers=2, control="fixed", k=3, tree_width=2),
         ),
         "self_sd": SelfSDDecoder(target, None, [1, 3], [0, 2], SelfSDConfig(control="adaptive", k=5)),
+        "eagle": eagle_decoder(target),  # its draft layer compiled on a static cache of its own
     }
     compile_steps_for(80, list(compiled.values()))  # as the runner does: widths, slices, states, draft and head steps
     for name, decoder in compiled.items():

@@ -11,6 +11,7 @@ import torch
 
 from specrepro.decoding import draft_verify
 from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.draft_verify import TargetOutput
 from specrepro.decoding.eagle import EagleConfig, EagleDecoder, EagleDraft, TreeNode, dynamic_tree, rerank
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import tree_attention
@@ -114,7 +115,7 @@ def test_the_draft_cache_holds_exactly_the_committed_pairs_after_every_round(sha
         "after_verify",
         lambda self, state, tokens, output, rows: (
             after(self, state, tokens, output, rows),
-            seen.append((tokens.clone(), state.keys.clone(), state.feature)),
+            seen.append((tokens.clone(), state.cache.layers[0].keys.clone(), state.length, state.feature)),
         ),
     )
     paths = []
@@ -127,14 +128,34 @@ def test_the_draft_cache_holds_exactly_the_committed_pairs_after_every_round(sha
     prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(5))
     decoder.generate(prompt, GREEDY, 40)
     assert any(path and path != list(range(len(path))) for path in paths)  # a side branch was accepted
-    for tokens, keys, feature in seen:  # rebuilt from scratch: the target's features of every committed pair
+    for tokens, keys, length, feature in seen:  # rebuilt from scratch: the target's features of every committed pair
+        n = tokens.shape[1] - 1
         with torch.no_grad():
             features = sharp.model(input_ids=tokens[:, :-1]).last_hidden_state
-            positions = torch.arange(tokens.shape[1] - 1)[None]
-            predicted, (k, _) = decoder.draft(features, decoder.embed(tokens[:, 1:]), positions)
-        assert keys.shape[2] == tokens.shape[1] - 1
-        torch.testing.assert_close(keys, k, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(feature, predicted[:, -1], atol=1e-4, rtol=1e-4)
+            fresh = decoder.start(None, None, 0)
+            after(decoder, fresh, tokens, TargetOutput(None, hidden={"features": features}), list(range(n)))
+            teacher_forced = decoder.draft(features, decoder.embed(tokens[:, 1:]), torch.arange(n)[None])
+        assert length == keys.shape[2] == n
+        torch.testing.assert_close(keys, fresh.cache.layers[0].keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(feature, fresh.feature, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(feature, teacher_forced[:, -1], atol=1e-4, rtol=1e-4)  # training's pass
+
+
+def test_a_draft_saved_before_the_layer_was_transformers_own_loads_to_the_same_draft(tmp_path, sharp):
+    """Drafts trained before the draft layer became transformers' LlamaDecoderLayer saved its weights at the top
+    level (`q_proj.weight`, `mlp.up_proj.weight`, ...): they load into the same weights, so every committed EAGLE
+    head keeps its content digest and its predictions."""
+    from safetensors.torch import load_file, save_file
+
+    draft = eagle(sharp).draft
+    draft.save_pretrained(tmp_path)
+    weights = load_file(str(tmp_path / "eagle_draft.safetensors"))
+    legacy = {k.removeprefix("layer.self_attn.").removeprefix("layer."): v for k, v in weights.items()}
+    assert "q_proj.weight" in legacy and "mlp.up_proj.weight" in legacy and len(legacy) == len(weights)
+    save_file(legacy, str(tmp_path / "eagle_draft.safetensors"))
+    loaded = EagleDraft.from_pretrained(tmp_path, sharp.config)
+    for name, tensor in draft.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
 
 
 def test_a_draft_for_another_target_is_refused(tmp_path, sharp):

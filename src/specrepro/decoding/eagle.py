@@ -9,7 +9,9 @@ transformers returns it). The draft (section 4.1, Fig. 6) reads the features adv
                                                              features are already post-norm),
 and runs autoregressively on its own predicted features. Its KV cache holds one row per committed position, made
 from the target's true features (each verification supplies them); the rows drafted during a round live only in
-that round (`propose`), so rolling back to the accepted path is keeping the committed rows.
+that round (`propose`), so rolling back to the accepted path is keeping the committed rows. The decoder layer is
+transformers' own, run through the target's steps (`steps.layers`) on a cache of its own: under `hardware.compile`
+the draft layer is compiled per padded width on a static cache, as the target's verification is.
 
 EAGLE-2 ("Faster Inference of Language Models with Dynamic Draft Trees", section 4): the draft's confidence
 approximates the acceptance rate, so a node's value is the product of the draft probabilities along its path
@@ -28,21 +30,23 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.controllers import FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.verify import additive_mask, crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.registry import MethodConfig, register_method
 
 DRAFT_FILES = ("eagle_draft.json", "eagle_draft.safetensors")
+DRAFT_CACHE = "eagle_draft"  # the name of the draft layer's cache among the steps' caches
 
 
 @dataclass
@@ -67,8 +71,8 @@ class EagleConfig(MethodConfig):
 
 
 class EagleDraft(nn.Module):
-    """FC + one LLaMA decoder layer over (feature, next-token embedding) pairs; the target's LM head (or its
-    draft-vocabulary rows) is attached, frozen and not saved."""
+    """FC + one LLaMA decoder layer (transformers', without its input norm) over (feature, next-token embedding)
+    pairs; the target's LM head (or its draft-vocabulary rows) is attached, frozen and not saved."""
 
     def __init__(self, config, draft_vocab_size: int = 0):
         super().__init__()
@@ -79,18 +83,15 @@ class EagleDraft(nn.Module):
             "draft_vocab": draft_vocab_size,
             "config": config.to_dict(),
         }
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or H // self.heads
+        config = type(config).from_dict(self.settings["config"])
+        config._attn_implementation = "sdpa"
         self.fc = nn.Linear(2 * H, H)  # FC(concat(f_i, e(t_{i+1}))): 2H -> H
-        self.q_proj = nn.Linear(H, self.heads * self.head_dim, bias=config.attention_bias)
-        self.k_proj = nn.Linear(H, self.kv_heads * self.head_dim, bias=config.attention_bias)
-        self.v_proj = nn.Linear(H, self.kv_heads * self.head_dim, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, H, bias=config.attention_bias)
-        self.post_attention_layernorm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
-        self.mlp = LlamaMLP(config)
+        self.layer = LlamaDecoderLayer(config, layer_idx=0)  # index 0 of the draft's own cache
+        self.layer.input_layernorm = nn.Identity()  # the authors' draft layer has no input norm
         self.rotary = LlamaRotaryEmbedding(config)
         self.register_buffer("vocab_ids", torch.arange(draft_vocab_size) if draft_vocab_size else None)
         self.lm_head: list[nn.Module] = []  # the target's (frozen, shared): `attach_lm_head`
+        self.register_load_state_dict_pre_hook(_layer_keys)
 
     def attach_lm_head(self, lm_head: nn.Module) -> "EagleDraft":
         """Score with the target's LM head, or its draft-vocabulary rows."""
@@ -115,35 +116,17 @@ class EagleDraft(nn.Module):
             raise SpecReproError("the EAGLE draft scores with the target's LM head: call attach_lm_head first")
         return self.lm_head[0](features.to(self.lm_head[0].weight.dtype))
 
-    def forward(
-        self,
-        features: torch.Tensor,
-        token_embeds: torch.Tensor,
-        positions: torch.Tensor,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
-        allow: torch.Tensor | None = None,
-    ):
-        """Predicted features (B, n, H) of n pairs (f_i, e(t_{i+1})) (B, n, H) each at position `positions` (B, n),
-        after `past` keys and values ((B, kv_heads, m, d) each, or None); `allow` (n, m + n) bool says which keys each
-        pair sees (None: causal). Returns (predicted features, (keys, values) of these n pairs)."""
-        x = self.fc(torch.cat([features, token_embeds], -1).to(self.fc.weight.dtype))
-        B, n, _ = x.shape
-        q = self.q_proj(x).view(B, n, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = self.rotary(x, positions)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
-        repeat = self.heads // self.kv_heads
-        attended = F.scaled_dot_product_attention(
-            q,
-            keys.repeat_interleave(repeat, 1),
-            values.repeat_interleave(repeat, 1),
-            attn_mask=allow,
-            is_causal=allow is None and past is None,
-        )
-        h = x + self.o_proj(attended.transpose(1, 2).reshape(B, n, -1))  # the layer without an input norm
-        return h + self.mlp(self.post_attention_layernorm(h)), (k, v)
+    def layer_input(self, features: torch.Tensor, token_embeds: torch.Tensor) -> torch.Tensor:
+        """FC(concat(f_i, e(t_{i+1}))) of (B, n, H) pairs: the decoder layer's input."""
+        return self.fc(torch.cat([features, token_embeds], -1).to(self.fc.weight.dtype))
+
+    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Predicted features (B, n, H) of n pairs (f_i, e(t_{i+1})) (B, n, H) each at `positions` (B, n), each pair
+        seeing itself and the pairs before it, without a cache: training's teacher-forced pass."""
+        x = self.layer_input(features, token_embeds)
+        n = x.shape[1]
+        causal = additive_mask(torch.ones(n, n, dtype=torch.bool, device=x.device).tril(), x.dtype)
+        return self.layer(x, attention_mask=causal, position_embeddings=self.rotary(x, positions))
 
     def num_parameters(self) -> int:
         """Trained parameters, plus the frozen copy of the target's rows a reduced vocabulary keeps."""
@@ -172,6 +155,19 @@ class EagleDraft(nn.Module):
         return draft.eval()
 
 
+LAYER_KEYS = ("q_proj.", "k_proj.", "v_proj.", "o_proj.")  # saved before the layer was transformers' own
+
+
+def _layer_keys(module, state_dict, prefix, *args) -> None:
+    """Load a draft saved with the layer's weights at the top level (every draft trained before 2026-12-05)."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        name = key[len(prefix) :]
+        if name.startswith(LAYER_KEYS):
+            state_dict[f"{prefix}layer.self_attn.{name}"] = state_dict.pop(key)
+        elif name.startswith(("mlp.", "post_attention_layernorm.")):
+            state_dict[f"{prefix}layer.{name}"] = state_dict.pop(key)
+
+
 def find_draft(ref: str, artifacts_dir, target, vocab: int) -> Path:
     """The newest complete `<ref>` / `<ref>-<model>-*` artifact trained for `target` (a model's name or identity)
     holding an EAGLE draft of draft vocabulary `vocab`."""
@@ -194,16 +190,13 @@ def find_draft(ref: str, artifacts_dir, target, vocab: int) -> Path:
 
 @dataclass
 class DraftCache:
-    """One generation's draft state: keys and values of the committed pairs (f_i, t_{i+1}) and the draft's
-    predicted feature after the last of them (f^ of the newest committed token's position)."""
+    """One generation's draft state: the draft layer's cache, whose first `length` rows are the committed pairs
+    (f_i, t_{i+1}) (a round's expanded nodes follow them until the round ends), and the draft's predicted feature
+    after the last pair (f^ of the newest committed token's position)."""
 
-    keys: torch.Tensor | None = None
-    values: torch.Tensor | None = None
+    cache: Any
+    length: int = 0
     feature: torch.Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
 
 
 @dataclass
@@ -219,10 +212,24 @@ class EagleDecoder(DraftVerifyDecoder):
     name = "eagle"
     reads_hidden_states = True
     lossless = True
+    compilable = True  # the target's steps and the draft layer (`steps.layers`) compile; FC and scoring run eagerly
 
     def __init__(self, model, tokenizer, draft: EagleDraft, cfg: EagleConfig, steps=None):
         super().__init__(model, tokenizer, steps)
         self.draft, self.cfg = draft, cfg
+        if self.steps.compiled:  # a round's expanded rows follow the committed pairs, its last level padded
+            rows = (cfg.depth - 2) * cfg.top_k + (self.steps.bucket(cfg.top_k) or cfg.top_k)
+            if rows > self.steps.widths[-1]:
+                raise SpecReproError(
+                    f"eagle with depth {cfg.depth} and top_k {cfg.top_k} writes up to {rows} draft rows a round "
+                    f"past the committed ones, more than the static cache's spare {self.steps.widths[-1]}: add a "
+                    "wider hardware.compile_widths entry, or run with hardware.compile=false"
+                )
+
+    @property
+    def layer_slices(self) -> list[tuple[str, list]]:
+        """The draft's decoder layer, on its own cache: what compiled steps warm up."""
+        return [(DRAFT_CACHE, [self.draft.layer])]
 
     @classmethod
     def resolve_artifacts(cls, cfg: EagleConfig, target, artifacts_dir) -> dict[str, Path]:
@@ -251,7 +258,7 @@ class EagleDecoder(DraftVerifyDecoder):
         return FixedLength(self.cfg.depth)
 
     def start(self, prompt_ids, cache, length) -> DraftCache:
-        return DraftCache()
+        return DraftCache(self.steps.new_cache(length, DRAFT_CACHE))
 
     def target_forward(self, state, input_ids, cache, logits_to_keep: int = 0, tree=None) -> TargetOutput:
         """The target's forward, keeping its last-layer (post-norm) hidden states: the features f."""
@@ -262,19 +269,18 @@ class EagleDecoder(DraftVerifyDecoder):
         # The kept rows hold the true features f_i of the positions whose next tokens t_{i+1} are now committed
         # (the last len(rows) committed tokens): their pairs join the draft's cache, and the last pair's output is
         # f^ of the newest token's position, where the next round's drafting starts.
-        features = output.hidden["features"][:, rows]
-        next_tokens = tokens[:, -len(rows) :]
-        positions = torch.arange(state.length, state.length + len(rows), device=tokens.device)[None]
-        past = None if state.keys is None else (state.keys, state.values)
-        allow = None if past is None else torch.ones(len(rows), state.length, dtype=torch.bool, device=tokens.device)
-        if allow is not None:
-            allow = torch.cat(
-                [allow, torch.ones(len(rows), len(rows), dtype=torch.bool, device=tokens.device).tril()], 1
-            )
-        predicted, (k, v) = self.draft(features, self.embed(next_tokens), positions, past, allow)
-        state.keys = k if past is None else torch.cat([state.keys, k], 2)
-        state.values = v if past is None else torch.cat([state.values, v], 2)
+        n, device = len(rows), tokens.device
+        allow = torch.ones(n, state.length + n, dtype=torch.bool, device=device).tril(state.length)
+        positions = torch.arange(state.length, state.length + n, device=device)
+        predicted = self.draft_step(state, output.hidden["features"][:, rows], tokens[:, -n:], allow, positions)
+        state.length += n
         state.feature = predicted[:, -1]
+
+    def draft_step(self, state: DraftCache, features, tokens, allow, positions) -> torch.Tensor:
+        """The draft's predicted features (1, n, H) of n pairs (features (1, n, H), next tokens (1, n)) appended to
+        its cache, each pair at `positions` (n,) seeing the cache rows and pairs `allow` (n, cache rows + n) says."""
+        x = self.draft.layer_input(features, self.embed(tokens))
+        return self.steps.layers([self.draft.layer], x, state.cache, (allow, positions))
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(tokens)
@@ -305,14 +311,13 @@ def dynamic_tree(decoder: EagleDecoder, state: DraftCache, depth: int, top_k: in
     logp, ids = top_children(decoder, state.feature, top_k)
     nodes = [TreeNode(int(t), float(v), -1, 1) for v, t in zip(logp[0].exp().tolist(), ids[0].tolist())]
     level = list(range(len(nodes)))
-    expanded: list[int] = []  # nodes run through the draft so far: the rows of `keys` / `values` after the cache
-    keys, values, features_of = state.keys, state.values, {-1: state.feature[0]}
+    expanded: list[int] = []  # nodes run through the draft this round: its cache's rows after the committed pairs
+    features_of = {-1: state.feature[0]}
+    device = state.feature.device
     for _ in range(depth - 1):
         chosen = sorted(level, key=lambda i: -nodes[i].value)[:top_k]  # the top-k of the newest level by value
-        parents = [nodes[i].parent for i in chosen]
-        features = torch.stack([features_of[p] for p in parents])[None]
-        positions = torch.tensor([state.length + nodes[i].depth - 1 for i in chosen], device=features.device)[None]
-        allow = torch.zeros(len(chosen), keys.shape[2] + len(chosen), dtype=torch.bool, device=features.device)
+        rows = state.length + len(expanded)
+        allow = torch.zeros(len(chosen), rows + len(chosen), dtype=torch.bool, device=device)
         allow[:, : state.length] = True
         row_of = {node: state.length + r for r, node in enumerate(expanded)}
         for r, node in enumerate(chosen):  # a node sees the committed pairs, its expanded ancestors and itself
@@ -320,10 +325,11 @@ def dynamic_tree(decoder: EagleDecoder, state: DraftCache, depth: int, top_k: in
             while ancestor >= 0:
                 allow[r, row_of[ancestor]] = True
                 ancestor = nodes[ancestor].parent
-            allow[r, keys.shape[2] + r] = True
-        tokens = torch.tensor([[nodes[i].token for i in chosen]], device=features.device)
-        predicted, (k, v) = decoder.draft(features, decoder.embed(tokens), positions, (keys, values), allow)
-        keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
+            allow[r, rows + r] = True
+        features = torch.stack([features_of[nodes[i].parent] for i in chosen])[None]
+        tokens = torch.tensor([[nodes[i].token for i in chosen]], device=device)
+        positions = torch.tensor([state.length + nodes[i].depth - 1 for i in chosen], device=device)
+        predicted = decoder.draft_step(state, features, tokens, allow, positions)
         expanded += chosen
         logp, ids = top_children(decoder, predicted[0], top_k)
         level = []
@@ -332,6 +338,7 @@ def dynamic_tree(decoder: EagleDecoder, state: DraftCache, depth: int, top_k: in
             for p, t in zip(logp[r].exp().tolist(), ids[r].tolist()):
                 level.append(len(nodes))
                 nodes.append(TreeNode(int(t), nodes[node].value * p, node, nodes[node].depth + 1))  # Eq. 1
+    crop_cache(state.cache, state.length)  # the expanded nodes' rows live only in this round
     return nodes
 
 

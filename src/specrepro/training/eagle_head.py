@@ -57,7 +57,7 @@ def draft_pass(draft: EagleDraft, embed: nn.Module, batch: dict, inputs: torch.T
     positions = torch.arange(ids.shape[1] - 1, device=ids.device)[None].expand(ids.shape[0], -1)
     with torch.no_grad():
         token_embeds = embed(ids[:, 1:])
-    return draft(f_in.to(draft.fc.weight.dtype), token_embeds, positions)[0]
+    return draft(f_in.to(draft.fc.weight.dtype), token_embeds, positions)
 
 
 def eagle_terms(draft: EagleDraft, predicted: torch.Tensor, batch: dict):
