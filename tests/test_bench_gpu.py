@@ -345,3 +345,39 @@ def test_profile_steps_runs_on_a_cpu(tmp_path):
     assert figures["ar_compiled_c64_cache_len"] < figures["ar_compiled_c512_cache_len"]
     for arm in ("ar_compiled_c64", "ar_compiled_c512", "generate_compiled"):
         assert figures[arm]["tokens"] == 4 and figures[arm]["unprofiled_ms_per_token"] > 0
+
+
+def test_gpu_leaderboard_runs_its_rows_within_the_budget_and_packs_their_runs(tmp_path):
+    """experiments/gpu_leaderboard.sh on the CPU (a tiny random LLaMA, one question a category): a row whose artifact
+    was not carried fails in its one line and the next row runs; the runs come back as one archive that unpacks where
+    the leaderboard reads them; with too little of the budget left, a row is skipped and said so."""
+    script = Path(__file__).parents[1] / "experiments" / "gpu_leaderboard.sh"
+    tiny = "model=tiny_random decoding.max_new_tokens=4 timing.warmup_tokens=2 hardware.threads=1 dataset.limit=1"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHON": sys.executable,
+        "HARDWARE": "default",
+        "RESULTS": str(tmp_path / "results"),
+        "ROWS": f"method=eagle_tree_small {tiny};method=pld {tiny}",
+        "WANDB_MODE": "offline",
+    }
+
+    def leaderboard(out: str, **budget: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(script), str(tmp_path / out)], env=env | budget, capture_output=True, text=True
+        )
+
+    proc = leaderboard("out")
+    assert proc.returncode == 1, proc.stderr
+    log = (tmp_path / "out" / "gpu_leaderboard.log").read_text()
+    assert "no EAGLE draft artifact 'eagle_head'" in log and "Traceback" not in log
+    assert "'method=eagle_tree_small" in proc.stderr and "exited with 1" in proc.stderr
+    with tarfile.open(tmp_path / "out" / "specbench_gpu_runs.tar.gz") as archive:
+        runs = {Path(name).parts[1] for name in archive.getnames() if name.endswith("metrics.json")}
+    assert sorted(runs) == sorted(p.name for p in (tmp_path / "results" / "runs").iterdir())
+    assert len(runs) == 12 and {name.split("-")[1] for name in runs} == {"ar", "pld"}  # six categories each
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_leaderboard.log", "specbench_gpu_runs.tar.gz"]
+    skipped = leaderboard("skipped", BUDGET_S="40", PACK_S="30")
+    assert skipped.returncode == 1
+    assert re.search(r"'method=pld .*' skipped: 1?\d s left", skipped.stderr)
+    assert "no run was written" in skipped.stderr

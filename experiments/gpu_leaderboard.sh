@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The Spec-Bench leaderboard's GPU columns, on a lent machine after experiments/gpu_setup.sh: each row of ROWS runs as
+# `specrepro run -m +experiment=spec_bench hardware=$HARDWARE <row>` into results/specbench (the runs the leaderboard
+# reads), in order, each under what is left of BUDGET_S (540: one call of a lent machine) less PACK_S (30), and a
+# row with less than MIN_S (60) left is skipped and said so. A row whose artifacts were not carried stops at once
+# with its one-line error and the next row goes on. Then the run folders this call wrote to are packed into
+# OUT_DIR/specbench_gpu_runs.tar.gz (one file: a call returns at most eight) beside OUT_DIR/gpu_leaderboard.log.
+# A run cut off at the limit keeps its finished samples: the next call with the same ROWS resumes it.
+# Usage: bash experiments/gpu_leaderboard.sh OUT_DIR
+# HARDWARE: cuda_bf16_compiled (default: the compiled columns, over compiled and over eager `ar`) or cuda_bf16 (the
+# eager ones). ROWS: rows separated by ';', each a method and its overrides as the leaderboard's stages run it
+# (experiments/reproduce/spec_bench.yaml); the default puts the training-free rows first, then the trained ones
+# whose artifacts experiments/gpu_carry.sh can carry (results/gpu/README.md). PYTHON picks the interpreter, RESULTS
+# the results directory (results/specbench).
+# Here, after the call: tar -xzf specbench_gpu_runs.tar.gz -C results/specbench, then the table's regenerating
+# command (results/specbench/spec_bench.md's footer) fills the GPU columns and names the card.
+set -uo pipefail
+out=${1:?usage: bash experiments/gpu_leaderboard.sh OUT_DIR}
+python=${PYTHON:-python3}
+hardware=${HARDWARE:-cuda_bf16_compiled}
+results=${RESULTS:-results/specbench}
+default_rows="method=pld;method=token_recycling_small;method=lookahead_small;method=jacobi;method=rest_pld"
+default_rows+=";method=eagle_tree_small method.head=eagle_head-smollm2_135m-2e89ec14"
+default_rows+=";method=sar_draft method.draft_vocab=4096 method.k=2;method=eesd method.draft_vocab=4096"
+default_rows+=";method=self_sd_tree"
+IFS=';' read -r -a rows <<< "${ROWS:-$default_rows}"
+mkdir -p "$out" "$results/runs"
+log="$out/gpu_leaderboard.log"
+: > "$log"
+started="$out/.started"
+touch "$started"
+deadline=$(( SECONDS + ${BUDGET_S:-540} - ${PACK_S:-30} ))
+failed=0
+for row in "${rows[@]}"; do
+  left=$(( deadline - SECONDS ))
+  if (( left < ${MIN_S:-60} )); then
+    echo "gpu_leaderboard: '$row' skipped: $left s left" | tee -a "$log" >&2
+    failed=1
+    continue
+  fi
+  echo "gpu_leaderboard: '$row' (at most $left s)" | tee -a "$log" >&2
+  # shellcheck disable=SC2086  # a row is its overrides, split on spaces
+  timeout "$left" "$python" -m specrepro.cli run -m +experiment=spec_bench "hardware=$hardware" $row \
+    "results_dir=$results" logger=none >> "$log" 2>&1
+  rc=$?
+  [ "$rc" -eq 0 ] || { echo "gpu_leaderboard: '$row' exited with $rc (124: past the budget)" | tee -a "$log" >&2; failed=1; }
+done
+# the run folders any file of which this call wrote (a resumed run counts)
+mapfile -t written < <(find "$results/runs" -mindepth 2 -type f -newer "$started" -printf '%P\n' | cut -d/ -f1 | sort -u)
+rm -f "$started"
+if (( ${#written[@]} )); then
+  tar -C "$results" -czf "$out/specbench_gpu_runs.tar.gz" "${written[@]/#/runs/}"
+  echo "gpu_leaderboard: packed ${#written[@]} run(s) into $out/specbench_gpu_runs.tar.gz" | tee -a "$log" >&2
+else
+  echo "gpu_leaderboard: no run was written" | tee -a "$log" >&2
+  failed=1
+fi
+exit $failed
