@@ -317,7 +317,7 @@ def dynamic_tree(decoder: EagleDecoder, state: DraftCache, depth: int, top_k: in
     for _ in range(depth - 1):
         chosen = sorted(level, key=lambda i: -nodes[i].value)[:top_k]  # the top-k of the newest level by value
         rows = state.length + len(expanded)
-        allow = torch.zeros(len(chosen), rows + len(chosen), dtype=torch.bool, device=device)
+        allow = torch.zeros(len(chosen), rows + len(chosen), dtype=torch.bool)  # built on the host, copied once
         allow[:, : state.length] = True
         row_of = {node: state.length + r for r, node in enumerate(expanded)}
         for r, node in enumerate(chosen):  # a node sees the committed pairs, its expanded ancestors and itself
@@ -326,6 +326,7 @@ def dynamic_tree(decoder: EagleDecoder, state: DraftCache, depth: int, top_k: in
                 allow[r, row_of[ancestor]] = True
                 ancestor = nodes[ancestor].parent
             allow[r, rows + r] = True
+        allow = allow.to(device)
         features = torch.stack([features_of[nodes[i].parent] for i in chosen])[None]
         tokens = torch.tensor([[nodes[i].token for i in chosen]], device=device)
         positions = torch.tensor([state.length + nodes[i].depth - 1 for i in chosen], device=device)
