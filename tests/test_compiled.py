@@ -82,7 +82,7 @@ def compiled_decoders(model, draft):
 def eagle_decoder(model, steps=None, **cfg) -> EagleDecoder:
     """EAGLE with a random draft (a dynamic tree of 3 levels, top-4, 10 nodes unless `cfg` says otherwise)."""
     torch.manual_seed(0)
-    draft = EagleDraft(model.config).to(model.device).eval().attach_lm_head(model.lm_head)
+    draft = EagleDraft(model.config).to(model.device, model.dtype).eval().attach_lm_head(model.lm_head)
     cfg = EagleConfig(**{"depth": 3, "top_k": 4, "total_tokens": 10, "head": "none", **cfg})
     return EagleDecoder(model, None, draft, cfg, steps)
 

@@ -138,7 +138,7 @@ def test_every_bf16_divergence_from_ar_on_cuda_is_a_near_tie():
     target = tiny_llama(vocab_size=64, seed=1, num_layers=4, logit_scale=3.0).to(CUDA, torch.bfloat16)
     draft = tiny_llama(vocab_size=64, seed=2, num_layers=1).to(CUDA, torch.bfloat16)
     ours = {name: d for name, d in decoders(target, draft).items() if not name.startswith("hf_")}  # not transformers'
-    found = ours | {"jacobi": JacobiDecoder(target, block_size=6)}
+    found = ours | {"jacobi": JacobiDecoder(target, block_size=6), "eagle": eagle_decoder(target)}
     ar, steps = ARDecoder(target), EagerSteps(target)
     for name, decoder in found.items():
         for prompt in prompts():
