@@ -88,7 +88,7 @@ class EagleDraft(nn.Module):
         self.fc = nn.Linear(2 * H, H)  # FC(concat(f_i, e(t_{i+1}))): 2H -> H
         self.layer = LlamaDecoderLayer(config, layer_idx=0)  # index 0 of the draft's own cache
         self.layer.input_layernorm = nn.Identity()  # the authors' draft layer has no input norm
-        self.rotary = LlamaRotaryEmbedding(config)
+        self.rotary = LlamaRotaryEmbedding(config)  # training's; decoding uses the target's (steps.layers), same config
         self.register_buffer("vocab_ids", torch.arange(draft_vocab_size) if draft_vocab_size else None)
         self.lm_head: list[nn.Module] = []  # the target's (frozen, shared): `attach_lm_head`
         self.register_load_state_dict_pre_hook(_layer_keys)
