@@ -34,6 +34,14 @@ def greedy_beside_ar(decoder, ar, prompts, budgets=(1, 6, 40), stop_at_eos=True)
             yield generation
 
 
+def host_reads(decoder, prompt, budget: int) -> int:
+    """How many times a greedy generation read a tensor's value to the host by `int()`, `.item()` or `bool()` (each
+    a sync on a GPU; the CPU profiler sees them as `aten::_local_scalar_dense`)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        decoder.generate(prompt, Sampling(), budget)
+    return sum(event.count for event in prof.key_averages() if event.key == "aten::_local_scalar_dense")
+
+
 def tiny_llama(vocab_size: int = 64, seed: int = 0, num_layers: int = 2, logit_scale: float = 1.0):
     """A tiny random LLaMA; logit_scale > 1 sharpens its next-token distributions. Its linears are oneDNN's, the
     default of `hardware.linear_kernel`, so that in-process tests run what users run (on this model only)."""

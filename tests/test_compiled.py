@@ -26,7 +26,7 @@ from specrepro.decoding.steps import STEPS_ATTRIBUTE, CompiledSteps, EagerSteps
 from specrepro.decoding.verify import tree_attention
 from specrepro.errors import SpecReproError
 from specrepro.models.kernels import set_linear_kernel
-from tests.conftest import tiny_llama
+from tests.conftest import host_reads, tiny_llama
 from tests.test_decoding import prompts
 from tests.test_runner import FAST, run_dirs, specrepro
 
@@ -57,6 +57,7 @@ def compiled_decoders(model, draft):
 
     return {
         "ar": ARDecoder(model),
+        "ar_chunked": ARDecoder(model, sync_every=8),  # reads its tokens every 8 steps, as on a GPU
         "pld": PLDDecoder(model, None, PLDConfig()),
         "pld_heuristic": PLDDecoder(model, None, PLDConfig(controller="heuristic")),  # widths past 16 run eagerly
         "sps": SPSDecoder(model, None, draft, 4, "fixed", 16),
@@ -112,6 +113,7 @@ def self_sd_decoders(model):
 MASK = 63  # SPACE's mask token on the tiny target (untrained: its drafts are poor, its output still ar's)
 COMPILABLE = [
     "ar",
+    "ar_chunked",
     "pld",
     "pld_heuristic",
     "sps",
@@ -145,6 +147,14 @@ def test_compiled_greedy_output_equals_eager_ar(compiled_target, name):
     for prompt in prompts():
         reference = eager_ar.generate(prompt, GREEDY, 40).token_ids
         assert decoder.generate(prompt, GREEDY, 40).token_ids == reference
+
+
+def test_compiled_ar_steps_read_nothing_back_to_the_host(compiled_target):
+    """A compiled step continues the position the caller gives it: nothing in a chunk of `ar`'s steps reads the
+    device (on a GPU, the host queues them while earlier ones run)."""
+    decoder = ARDecoder(compiled_target, sync_every=8)
+    decoder.eos_ids = set()
+    assert host_reads(decoder, prompts()[0], 9) == host_reads(decoder, prompts()[0], 41)
 
 
 def test_compiled_sampling_draws_what_eager_sampling_draws(compiled_target):

@@ -3,10 +3,12 @@ output equals `ar`'s on the GPU, and speculative sampling on the GPU preserves t
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
-from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.ar import ASYNC_SYNC_EVERY, ARDecoder
 from specrepro.decoding.eesd import CalibrationPredictor, EarlyExitHead, EESDConfig, EESDDecoder
 from specrepro.decoding.jacobi import JacobiDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
@@ -91,6 +93,30 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
                 decoder.generate(prompt, Sampling(), 40).token_ids
                 == eager_ar.generate(prompt, Sampling(), 40).token_ids
             ), name
+
+
+def test_compiled_ar_reads_the_device_once_a_chunk_on_cuda():
+    """On a GPU `ar` reads its tokens once every `ASYNC_SYNC_EVERY` steps and nothing between those reads waits on
+    the device (CUDA's sync debug mode warns at each wait): 32 more tokens cost 4 more waits."""
+    target = set_linear_kernel(tiny_llama(vocab_size=64, seed=1, num_layers=4), "torch").to(CUDA)
+    setattr(target, STEPS_ATTRIBUTE, CompiledSteps(target, backend="inductor", mode="reduce-overhead", widths=[1, 4]))
+    decoder = ARDecoder(target)
+    decoder.eos_ids = set()
+    assert decoder.sync_every == ASYNC_SYNC_EVERY
+    compile_steps_for(80, [decoder])
+
+    def waits(budget: int) -> int:
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                decoder.generate(prompts()[0], Sampling(), budget)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return sum("synchronizing" in str(warning.message) for warning in caught)
+
+    waits(9)  # anything done once per process
+    assert waits(1 + 5 * ASYNC_SYNC_EVERY) - waits(1 + ASYNC_SYNC_EVERY) == 4
 
 
 # layers 2 and 3 offloaded to the CPU, named by their parts: accelerate hooks the modules a map names, and self_sd

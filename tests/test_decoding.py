@@ -17,6 +17,7 @@ from specrepro.decoding.pld import PLDConfig, PLDDecoder, lookup_ngram
 from specrepro.decoding.sampling import Sampling, warp_logits
 from specrepro.decoding.sps import SPSDecoder
 from specrepro.decoding.verify import crop_cache, greedy_verify, keep_tree_path, tree_attention, tree_verify
+from tests.conftest import host_reads
 
 GREEDY = Sampling()
 
@@ -136,6 +137,34 @@ def test_budget_and_eos_stop_generation(target):
         assert gen.token_ids == reference[: reference.index(eos) + 1]
         decoder.eos_ids = set()
         assert len(decoder.generate(prompt, GREEDY, 7).token_ids) == 7
+
+
+@pytest.mark.parametrize("sync_every", [3, 8])
+def test_ar_reading_its_tokens_in_chunks_decodes_the_same(target, sync_every):
+    """`ar` on a GPU reads its tokens every `sync_every` steps: the same tokens, steps and acceptances as reading
+    each, at every budget and at an EOS inside a chunk (the chunk's later steps are thrown away); sampling too."""
+    prompt = prompts()[0]
+    unbounded = ARDecoder(target)
+    unbounded.eos_ids = set()
+    tokens = unbounded.generate(prompt, GREEDY, 40).token_ids
+    for eos_ids in (set(), {tokens[0]}, {tokens[10]}):
+        for budget in (1, 6, 7, 40):
+            each, chunked = ARDecoder(target), ARDecoder(target, sync_every=sync_every)
+            each.eos_ids = chunked.eos_ids = eos_ids
+            reference, generation = each.generate(prompt, GREEDY, budget), chunked.generate(prompt, GREEDY, budget)
+            assert generation.token_ids == reference.token_ids
+            assert (generation.steps, generation.accepted) == (reference.steps, reference.accepted)
+    sampling = Sampling(do_sample=True, temperature=1.0)
+    each, chunked = (ARDecoder(target, sync_every=k).generate(prompt, sampling, 40, seed=3) for k in (1, sync_every))
+    assert chunked.token_ids == each.token_ids
+
+
+def test_ar_steps_read_nothing_back_to_the_host(target):
+    """Between its reads of a chunk's tokens, `ar`'s steps never wait on the device: a longer generation makes no
+    more `int()`/`.item()` reads than a short one (the chunks are read with one `.tolist()` each)."""
+    decoder = ARDecoder(target, sync_every=8)
+    decoder.eos_ids = set()
+    assert host_reads(decoder, prompts()[0], 9) == host_reads(decoder, prompts()[0], 41)
 
 
 def test_max_new_tokens_must_be_positive(target):

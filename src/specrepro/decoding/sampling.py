@@ -57,8 +57,14 @@ def sample(distribution: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
     return torch.multinomial(flat, 1, generator=rng).view(distribution.shape[:-1])
 
 
-def next_token(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator) -> int:
-    """Pick the next token from the logits of one position: argmax when greedy, else a warped sample."""
+def pick_token(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator) -> torch.Tensor:
+    """The next token from the logits of one position, as a 0-d tensor on their device (read it without a host
+    sync later): argmax when greedy, else a warped sample."""
     if sampling.greedy:
-        return int(logits.argmax(-1))
-    return int(sample(warp_logits(logits, sampling).softmax(-1), rng))
+        return logits.argmax(-1)
+    return sample(warp_logits(logits, sampling).softmax(-1), rng)
+
+
+def next_token(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator) -> int:
+    """`pick_token`, read to the host."""
+    return int(pick_token(logits, sampling, rng))

@@ -269,7 +269,8 @@ class CompiledSteps(EagerSteps):
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         outputs = tuple(out[:, :n].clone() for out in forward(ids, mask, positions, cache))  # CUDA graphs reuse theirs
-        crop_cache(cache, past + n)  # the padding rows are not part of the sequence
+        if width > n:  # the padding rows are not part of the sequence
+            crop_cache(cache, past + n)
         return outputs
 
     def padded_inputs(self, input_ids, past: int, width: int, tree):
