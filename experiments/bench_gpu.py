@@ -4,6 +4,8 @@ Arms, interleaved per prompt in one process (greedy, the same GSM8K prompts):
 - `ar_eager`: our `ar` on a DynamicCache in eager PyTorch, with torch's own linears as every arm here (CPU runs
   elsewhere default to `hardware.linear_kernel=onednn`);
 - `ar_compiled`: our `ar` with `hardware.compile` (static cache, torch.compile, CUDA graphs; decoding/steps.py);
+- with `--input-guards`, `ar_compiled_input_guards`: the same on steps of its own that check only their input
+  guards (`hardware.compile_guards=inputs`): what dynamo's other guards cost a step;
 - `generate_eager` / `generate_compiled`: transformers' `generate` on the model as a user loads it, plain and
   with `cache_implementation="static"` (transformers then compiles its forward itself);
 - `pld_eager` / `pld_compiled`: prompt lookup on eager and on compiled steps;
@@ -50,7 +52,7 @@ from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.base import device_sync
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
-from specrepro.decoding.steps import EagerSteps
+from specrepro.decoding.steps import CompiledSteps, EagerSteps
 from specrepro.errors import SpecReproError
 from specrepro.identity import artifact_identities, model_weights
 from specrepro.metrics.divergence import classify, rounding_widths
@@ -131,6 +133,11 @@ def markdown(figures: dict) -> str:
     over_eager = {
         "ar_eager": 1.0,
         "ar_compiled": figures["ar_compiled_over_eager"],
+        **(
+            {"ar_compiled_input_guards": figures["ar_compiled_input_guards_over_eager"]}
+            if "ar_compiled_input_guards_over_eager" in figures
+            else {}
+        ),
         **{arm: row["over_ar_eager"] for arm, row in speculative.items()},
     }
     lines = [
@@ -172,6 +179,14 @@ def markdown(figures: dict) -> str:
         "",
         f"- Our compiled `ar` over transformers' static-cache compiled `generate` (paired):"
         f" {figures['ar_compiled_over_generate_compiled']:.2f}x.",
+        *(
+            [
+                "- Compiled `ar` checking only its input guards (`hardware.compile_guards=inputs`) over compiled `ar`"
+                f" checking all of dynamo's (paired): {figures['ar_compiled_input_guards_over_ar_compiled']:.2f}x."
+            ]
+            if "ar_compiled_input_guards_over_ar_compiled" in figures
+            else []
+        ),
         f"- Weight-reading bound: {figures['bound_tok_per_s']:.0f} tok/s ({figures['weight_mb']:.0f} MB of weights at"
         f" a measured {figures['copy_bandwidth_gb_s']:.0f} GB/s copy bandwidth).",
         f"- Seconds compiling (`ours`: every compiled step width, untimed) or in each arm's untimed first call:"
@@ -235,6 +250,11 @@ def main() -> None:
         help="hardware.compile_widths: compiled step widths (a narrow step pads up to the next; on a CPU that "
         "costs: give 1,2,4,8,16 for K-token drafters; an EAGLE tree's padded rows must fit the widest)",
     )
+    parser.add_argument(
+        "--input-guards",
+        action="store_true",
+        help="also time compiled `ar` checking only its input guards (hardware.compile_guards=inputs)",
+    )
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--markdown", default=None, help="also write them as a results page")
     parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's own)")
@@ -288,6 +308,10 @@ def main() -> None:
         "pld_eager": PLDDecoder(model, target.tokenizer, PLDConfig(), steps=eager),
         "pld_compiled": PLDDecoder(model, target.tokenizer, PLDConfig()),
     }
+    if args.input_guards:
+        mode = decoders["ar_compiled"].steps.mode  # the loader's: CUDA graphs on a GPU
+        guarded = CompiledSteps(model, args.backend, mode, hardware.compile_widths, guards="inputs")
+        decoders["ar_compiled_input_guards"] = ARDecoder(model, target.tokenizer, steps=guarded)
     user_loaded = LoadedModel(stock, target.tokenizer, target.name)
     trained, method_specs, _ = method_arms(args.methods, target, user_loaded, loader)
     if_trained, if_trained_specs, untrained = method_arms(
@@ -370,6 +394,14 @@ def main() -> None:
             "weight_mb": weight_bytes / 1e6,
             "ar_compiled_over_eager": paired("ar_compiled", "ar_eager"),
             "ar_compiled_over_generate_compiled": paired("ar_compiled", "generate_compiled"),
+            **(
+                {
+                    "ar_compiled_input_guards_over_eager": paired("ar_compiled_input_guards", "ar_eager"),
+                    "ar_compiled_input_guards_over_ar_compiled": paired("ar_compiled_input_guards", "ar_compiled"),
+                }
+                if "ar_compiled_input_guards" in decoders
+                else {}
+            ),
             # every speculative arm: paired speedup over eager ar (and, when compiled, over compiled ar) and its MAT
             "speculative": {
                 arm: {

@@ -2,7 +2,8 @@
 # The GPU checks in one command, on a machine with a CUDA card, sized to one call of a lent machine. Most wanted
 # first, each under a time limit and all together under BUDGET_S, each writing what it measured as soon as it has it
 # (the bench after every timed prompt, so a bench cut short still returns the prompts it timed):
-#   1. experiments/bench_gpu.py at the setting of results/gpu/ (5 prompts x 256 new tokens), bf16;
+#   1. experiments/bench_gpu.py at the setting of results/gpu/ (5 prompts x 256 new tokens), bf16, with compiled `ar`
+#      checking only its input guards beside it (--input-guards);
 #   2. tests/test_cuda.py: every decoder's greedy output equals ar's on the GPU, compiled steps included;
 #   3. the bench again in fp32.
 # Usage: bash experiments/gpu_check.sh OUT_DIR [bench_gpu.py options, e.g. --model llama2_7b_chat]
@@ -64,7 +65,7 @@ bench() {  # bench NAME SUFFIX [bench_gpu.py options]: its pages go to results/g
 # artifacts were carried (results/gpu/README.md's trained drafters); a --methods option given here overrides METHODS
 trained="sar_draft method.draft_vocab=4096 method.k=2;self_sd_tree;eesd method.draft_vocab=4096;eesd_tree_break_even;eagle_tree_small"
 methods=(--methods "${METHODS-jacobi}" --trained-methods "${TRAINED_METHODS-$trained}")
-bench bench_bf16 bf16 "${methods[@]}" "$@"
+bench bench_bf16 bf16 --input-guards "${methods[@]}" "$@"
 step tests_cuda "${TESTS_S:-200}" "$python" -m pytest -x -q -p no:cacheprovider tests/test_cuda.py
 bench bench_fp32 fp32 --dtype float32 "${methods[@]}" "$@"
 exit $failed

@@ -44,6 +44,7 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
             str(tmp_path),
             "--max-new-tokens",
             "8",
+            "--input-guards",
             "--json",
             str(out),
             "--markdown",
@@ -57,6 +58,7 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     arms = {
         "ar_eager",
         "ar_compiled",
+        "ar_compiled_input_guards",
         "pld_eager",
         "pld_compiled",
         "jacobi_eager",
@@ -73,6 +75,7 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     # compiled drafts commit what eager ones do, round for round (EESD's exit layer once did not)
     assert all(figures["speculative"][f"{arm}_compiled"]["rounds_as_eager"] == 2 for arm in ("pld", "jacobi", "eesd1"))
     assert figures["ar_compiled_over_eager"] > 0 and figures["bound_tok_per_s"] > 0
+    assert figures["ar_compiled_input_guards_over_ar_compiled"] > 0
     assert "bench_gpu.py" in figures["provenance"]["command"]  # quoted as a shell takes it back
     assert "--methods 'jacobi;eesd1=eesd method.head=none method.num_layers=1'" in figures["provenance"]["command"]
     assert figures["methods"] == {
@@ -93,6 +96,7 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     page = (tmp_path / "bench.md").read_text()
     assert page == markdown(figures) and "| `eesd1_compiled` |" in page and figures["date"] in page
     assert "- `eesd1`: `eesd1=eesd method.head=none method.num_layers=1`, nothing trained" in page
+    assert "- Compiled `ar` checking only its input guards (`hardware.compile_guards=inputs`) over compiled" in page
     # Beta-TS drafts up to k_max = 16 tokens: a 17-row verify is past the widest bucket (16), so it runs eagerly
     assert figures["eager_wide_steps"] == {"eesd1_compiled": 17}
     assert "run eagerly: `eesd1_compiled` (up to 17 rows)" in page

@@ -47,6 +47,16 @@ def compiled_target():
     return model
 
 
+@pytest.fixture(scope="module")
+def input_guarded_target():
+    """The same, its steps checking only their input, cache and global-state guards (`hardware.compile_guards`)."""
+    model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
+    steps = CompiledSteps(model, backend="aot_eager", widths=[1, 4, 16], guards="inputs")
+    steps.warm_up(max_width=65, length=80, hidden=True)
+    setattr(model, STEPS_ATTRIBUTE, steps)
+    return model
+
+
 def compiled_decoders(model, draft):
     def sar(tree_width, variant="block"):  # its target steps return hidden states too (`steps.with_hidden`)
         return sar_decoder(model, variant, tree_width=tree_width)
@@ -147,6 +157,19 @@ def test_compiled_greedy_output_equals_eager_ar(compiled_target, name):
     for prompt in prompts():
         reference = eager_ar.generate(prompt, GREEDY, 40).token_ids
         assert decoder.generate(prompt, GREEDY, 40).token_ids == reference
+
+
+@pytest.mark.parametrize(
+    "name", ["ar_chunked", "pld", "sps", "sar_draft_tree", "jacobi", "space", "eesd_tree", "self_sd_tree", "eagle_tree"]
+)
+def test_steps_checking_only_input_guards_equal_eager_ar(input_guarded_target, name):
+    """With the model's own guards dropped, each family of graphs still runs the graph it traced: the target's
+    widths, a layer slice on its cache or the draft's own, a model state (self_sd), a draft head's step."""
+    draft = torch_llama(vocab_size=64, seed=2, num_layers=1)
+    decoder = compiled_decoders(input_guarded_target, draft)[name]
+    eager_ar = ARDecoder(input_guarded_target, steps=EagerSteps(input_guarded_target))
+    for prompt in prompts():
+        assert decoder.generate(prompt, GREEDY, 40).token_ids == eager_ar.generate(prompt, GREEDY, 40).token_ids
 
 
 def test_compiled_ar_steps_read_nothing_back_to_the_host(compiled_target):
@@ -345,15 +368,18 @@ def test_a_compiled_run_reports_speedups_over_compiled_and_eager_ar(tmp_path):
     assert f"{pld['speedup_paired']:.2f}x ±{pld['speedup_paired_ci95']:.2f}x" in out.stdout  # the printed table
 
 
-def test_a_generation_past_the_static_cache_is_compiled_for_before_it_is_timed():
+@pytest.mark.parametrize("guards", ["all", "inputs"])
+def test_a_generation_past_the_static_cache_is_compiled_for_before_it_is_timed(guards):
     """A later turn's prompt holds earlier answers and can outgrow the caches sized up front: `holds` says so, and
-    `compile_steps_for` that length (the runner calls it untimed) leaves nothing to compile while it decodes."""
+    `compile_steps_for` that length (the runner calls it untimed) leaves nothing to compile while it decodes. With
+    only the input guards checked, the grown cache's shapes still pick new graphs."""
     from torch._dynamo.utils import counters
 
     from specrepro.runner import compile_steps_for, holds
 
     model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
-    setattr(model, STEPS_ATTRIBUTE, CompiledSteps(model, backend="aot_eager", widths=[1, 2], cache_multiple=16))
+    steps = CompiledSteps(model, backend="aot_eager", widths=[1, 2], cache_multiple=16, guards=guards)
+    setattr(model, STEPS_ATTRIBUTE, steps)
     decoder = ARDecoder(model)
     assert not holds(20, [decoder])  # nothing compiled yet
     compile_steps_for(20, [decoder])

@@ -121,6 +121,7 @@ class LoggerConfig:
 # torch.compile's backends that compiled steps take (decoding/steps.py's BACKENDS, kept here so that checking a
 # config needs no torch; tests/test_config.py keeps the two equal)
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager", "cudagraphs")
+COMPILE_GUARDS = ("all", "inputs")
 
 
 @dataclass
@@ -144,6 +145,10 @@ class HardwareConfig:
     compile_backend: str = "inductor"  # inductor | aot_eager | eager | cudagraphs (torch.compile's backend)
     compile_mode: Optional[str] = None  # torch.compile's mode; null = reduce-overhead (CUDA graphs) on CUDA
     compile_widths: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])  # steps are padded up to one
+    # which of dynamo's guards a compiled step checks on every call: all | inputs (those on its input tensors, the
+    # caches' and the global state, not those on the model's modules and weights, which decoding never changes after
+    # warm-up: what they cost, results/cpu/compiled_guards.md)
+    compile_guards: str = "all"
 
     def __post_init__(self) -> None:
         check_threads(self.threads)
@@ -155,6 +160,10 @@ class HardwareConfig:
             raise SpecReproError(
                 "hardware.compile=true compiles torch's own kernels: it needs hardware.linear_kernel=torch "
                 "and hardware.row_invariant=false (hardware=cuda_bf16_compiled sets them)"
+            )
+        if self.compile_guards not in COMPILE_GUARDS:
+            raise SpecReproError(
+                f"hardware.compile_guards must be one of {', '.join(COMPILE_GUARDS)}, got {self.compile_guards}"
             )
         if not self.compile_widths or min(self.compile_widths) < 1:
             raise SpecReproError(f"hardware.compile_widths must be positive widths, got {list(self.compile_widths)}")

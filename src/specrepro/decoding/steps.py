@@ -33,6 +33,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specrepro.decoding.verify import additive_mask, crop_cache
+from specrepro.errors import SpecReproError
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,7 @@ class CompiledSteps(EagerSteps):
         mode: str | None = None,
         widths=DEFAULT_WIDTHS,
         cache_multiple: int = 64,
+        guards: str = "all",
     ):
         super().__init__(model)
         self.widths = tuple(sorted(widths))
@@ -144,12 +146,16 @@ class CompiledSteps(EagerSteps):
         self.cache_multiple = cache_multiple
         self.caches: dict[str, StaticCache] = {}  # the target's, and any a drafter keeps for layers of its own
         self.cache_len = 0
-        self.options = dict(backend=backend, fullgraph=True, dynamic=False, **({"mode": mode} if mode else {}))
-        self.forward = torch.compile(self._forward, **self.options)
-        self.forward_hidden = torch.compile(self._forward_hidden, **self.options)
+        self.backend, self.mode, self.guards = backend, mode, guards
+        self.forward = self.compile(self._forward)
+        self.forward_hidden = self.compile(self._forward_hidden)
         self.variant_graphs: dict[str, tuple] = {}  # a model state's name -> its (forward, forward_hidden)
         self.layer_graphs: dict[tuple[int, ...], tuple] = {}  # a layer slice's ids -> (its layers, its graph)
         self.cudagraphs = mode is not None and "reduce-overhead" in mode
+
+    def compile(self, fn):
+        """`fn` under torch.compile with these steps' backend, mode and guards (`compile_options`)."""
+        return torch.compile(fn, **compile_options(self.backend, self.mode, self.guards))
 
     def _forward(self, input_ids, mask, positions, cache):
         return (
@@ -205,7 +211,7 @@ class CompiledSteps(EagerSteps):
             def graph(hidden, mask, positions, cache):
                 return (apply_layers(self.model, hidden, layers, cache, mask, positions),)
 
-            self.layer_graphs[key] = (layers, torch.compile(own_code(graph), **self.options))
+            self.layer_graphs[key] = (layers, self.compile(own_code(graph)))
         mask, positions = self.padded_mask(past, n, width, tree, hidden.device)
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
@@ -219,7 +225,7 @@ class CompiledSteps(EagerSteps):
         """`fn` compiled on a code object of its own (a graph per input shape: a draft head's prefix lengths), under
         CUDA graphs on a GPU; its output is cloned, as CUDA graphs reuse theirs. Warm it up through
         `Decoder.drafter_calls`."""
-        graph = torch.compile(own_code(fn), **self.options)
+        graph = self.compile(own_code(fn))
 
         def step(*inputs: torch.Tensor) -> torch.Tensor:
             if self.cudagraphs:
@@ -238,8 +244,8 @@ class CompiledSteps(EagerSteps):
             return self.forward, self.forward_hidden
         if variant not in self.variant_graphs:
             self.variant_graphs[variant] = (
-                torch.compile(own_code(self._forward), **self.options),
-                torch.compile(own_code(self._forward_hidden), **self.options),
+                self.compile(own_code(self._forward)),
+                self.compile(own_code(self._forward_hidden)),
             )
         return self.variant_graphs[variant]
 
@@ -337,6 +343,47 @@ class CompiledSteps(EagerSteps):
         return time.perf_counter() - start
 
 
+# the guards `hardware.compile_guards=inputs` keeps beside those on non-parameter tensors: the global state's
+GLOBAL_STATE_GUARDS = {
+    "GLOBAL_STATE",
+    "GRAD_MODE",
+    "DETERMINISTIC_ALGORITHMS",
+    "TORCH_FUNCTION_STATE",
+    "DEFAULT_DEVICE",
+    "AUTOGRAD_SAVED_TENSORS_HOOKS",
+    "SHAPE_ENV",
+}
+
+
+def input_guards(entries) -> list[bool]:
+    """A dynamo guard filter: keep the guards on the tensors a step is called with (its inputs and the caches:
+    shapes, dtypes, devices) and on the global state; drop those on the model's modules, attributes and weights,
+    which cost most of a call's guard time and which decoding never changes after warm-up. A grown cache still
+    fails its shape guards and compiles anew, and a model state a drafter sets has graphs of its own (`graphs`)."""
+    return [
+        entry.guard_type in GLOBAL_STATE_GUARDS
+        or (entry.guard_type == "TENSOR_MATCH" and not isinstance(entry.value, torch.nn.Parameter))
+        for entry in entries
+    ]
+
+
+def compile_options(backend: str, mode: str | None, guards: str) -> dict:
+    """torch.compile's arguments for a step: whole graphs of static shapes, in `mode`, checking `guards` (all, or
+    `input_guards`: a guard filter goes in `options`, which torch.compile takes instead of `mode`, so the mode's
+    own options go with it). A fresh dict each call: torch.compile takes the filter out of the one it is given."""
+    options = dict(backend=backend, fullgraph=True, dynamic=False)
+    if guards == "all":
+        return options | ({"mode": mode} if mode else {})
+    if mode and backend != "inductor":
+        raise SpecReproError(
+            f"hardware.compile_guards={guards} takes no hardware.compile_mode with backend {backend}: "
+            "use the inductor backend or hardware.compile_guards=all"
+        )
+    from torch._inductor import list_mode_options
+
+    return options | {"options": {**(list_mode_options(mode) if mode else {}), "guard_filter_fn": input_guards}}
+
+
 def own_code(fn):
     """`fn` (a function or bound method) with a code object of its own: dynamo allows `recompile_limit` graphs
     (one per width) per code object, so each family of graphs (a layer slice, a model state) gets its own."""
@@ -408,4 +455,7 @@ def target_steps(model: torch.nn.Module) -> EagerSteps:
 def compile_steps(model: torch.nn.Module, hardware) -> None:
     """Attach compiled steps for `hardware.compile` to `model` (and to no other model)."""
     mode = hardware.compile_mode or ("reduce-overhead" if next(model.parameters()).device.type == "cuda" else None)
-    setattr(model, STEPS_ATTRIBUTE, CompiledSteps(model, hardware.compile_backend, mode, hardware.compile_widths))
+    steps = CompiledSteps(
+        model, hardware.compile_backend, mode, hardware.compile_widths, guards=hardware.compile_guards
+    )
+    setattr(model, STEPS_ATTRIBUTE, steps)
