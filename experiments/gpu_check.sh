@@ -5,12 +5,16 @@
 #   1. experiments/bench_gpu.py at the setting of results/gpu/ (5 prompts x 256 new tokens), bf16, with compiled `ar`
 #      checking only its input guards beside it (--input-guards);
 #   2. tests/test_cuda.py: every decoder's greedy output equals ar's on the GPU, compiled steps included;
-#   3. the bench again in fp32.
+#   3. experiments/profile_steps.py in bf16 (128 tokens, with --input-guards): compiled `ar`'s wall against kernel
+#      milliseconds per token, to results/gpu/profile_steps_<card>_bf16.json;
+#   4. the bench again in fp32.
 # Usage: bash experiments/gpu_check.sh OUT_DIR [bench_gpu.py options, e.g. --model llama2_7b_chat]
-# Writes results/gpu/bench_gpu_<card>_<dtype>.json and .md, copied to OUT_DIR, and OUT_DIR/gpu_check.log (nvidia-smi,
-# then each step's output): five files, within the eight a lent machine's call returns. Seconds: BUDGET_S (540) for all steps,
-# LONG_S (330) a bench, TESTS_S (200) the tests, MIN_S (60): a step with less left is skipped and said so.
-# STEPS names the steps to run (default: bench_bf16 tests_cuda bench_fp32); PYTHON picks the interpreter; METHODS and
+# Writes results/gpu/bench_gpu_<card>_<dtype>.json and .md and the profile's JSON, copied to OUT_DIR, and
+# OUT_DIR/gpu_check.log (nvidia-smi, then each step's output): six files, within the eight a lent machine's call
+# returns. Seconds: BUDGET_S (540) for all steps, LONG_S (330) a bench, TESTS_S (200) the tests, PROFILE_S (150) the
+# profile, MIN_S (60): a step with less left is skipped and said so. All four take more than one call: split them,
+# STEPS="bench_bf16 tests_cuda" then STEPS="profile_bf16 bench_fp32".
+# STEPS names the steps to run (default: bench_bf16 tests_cuda profile_bf16 bench_fp32); PYTHON picks the interpreter; METHODS and
 # TRAINED_METHODS the bench's methods beside ar and pld (below).
 # On a checkout copied without .git, SPECREPRO_COMMIT names its commit (experiments/gpu_carry.sh writes it down).
 set -uo pipefail
@@ -25,7 +29,7 @@ carried_commit="$(dirname "$0")/../.gpucarry/1/commit"
 log="$out/gpu_check.log"
 nvidia-smi > "$log" 2>&1 || true
 failed=0
-steps=" ${STEPS:-bench_bf16 tests_cuda bench_fp32} "
+steps=" ${STEPS:-bench_bf16 tests_cuda profile_bf16 bench_fp32} "
 deadline=$(( SECONDS + ${BUDGET_S:-540} ))
 
 step() {  # step NAME LIMIT COMMAND...: run one check (when STEPS names it) under its limit and the budget left
@@ -47,18 +51,26 @@ step() {  # step NAME LIMIT COMMAND...: run one check (when STEPS names it) unde
   [ "$rc" -eq 0 ] || { echo "gpu_check: $name exited with $rc (124: past its limit)" | tee -a "$log" >&2; failed=1; }
 }
 
-bench() {  # bench NAME SUFFIX [bench_gpu.py options]: its pages go to results/gpu/, where they are committed and which
-  # their regenerating command names (not a lent machine's OUT_DIR), then to OUT_DIR if this step wrote them
-  local name=$1 page="results/gpu/bench_gpu_${card}_$2"
-  shift 2
+written() {  # written NAME LIMIT FILES COMMAND...: a step whose FILES (space-separated) go to results/gpu/, where they
+  # are committed and which their regenerating command names (not a lent machine's OUT_DIR), then to OUT_DIR if this
+  # step wrote them
+  local name=$1 limit=$2 files=$3
+  shift 3
   [[ $steps == *" $name "* ]] || return 0
   mkdir -p results/gpu && touch "$out/.started"
-  step "$name" "${LONG_S:-330}" "$python" experiments/bench_gpu.py --json "$page.json" --markdown "$page.md" "$@"
+  step "$name" "$limit" "$@"
   local file
-  for file in "$page.json" "$page.md"; do
+  for file in $files; do
     [ "$file" -nt "$out/.started" ] && [ "$(realpath "$out")" != "$(realpath results/gpu)" ] && cp "$file" "$out"/
   done
   rm -f "$out/.started"
+}
+
+bench() {  # bench NAME SUFFIX [bench_gpu.py options]: its JSON and page
+  local name=$1 page="results/gpu/bench_gpu_${card}_$2"
+  shift 2
+  written "$name" "${LONG_S:-330}" "$page.json $page.md" \
+    "$python" experiments/bench_gpu.py --json "$page.json" --markdown "$page.md" "$@"
 }
 
 # the bench's methods beside ar and pld: METHODS always (jacobi needs nothing trained), TRAINED_METHODS where their
@@ -67,5 +79,8 @@ trained="sar_draft method.draft_vocab=4096 method.k=2;self_sd_tree;eesd method.d
 methods=(--methods "${METHODS-jacobi}" --trained-methods "${TRAINED_METHODS-$trained}")
 bench bench_bf16 bf16 --input-guards "${methods[@]}" "$@"
 step tests_cuda "${TESTS_S:-200}" "$python" -m pytest -x -q -p no:cacheprovider tests/test_cuda.py
+profile="results/gpu/profile_steps_${card}_bf16.json"
+written profile_bf16 "${PROFILE_S:-150}" "$profile" \
+  "$python" experiments/profile_steps.py --dtype bfloat16 --tokens 128 --input-guards --json "$profile"
 bench bench_fp32 fp32 --dtype float32 "${methods[@]}" "$@"
 exit $failed

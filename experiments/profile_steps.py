@@ -1,12 +1,13 @@
 """Where a decoded token's time goes: our compiled `ar` against transformers' static-cache compiled `generate`.
 
-For each arm (our compiled `ar` with its static cache rounded up to each of `--cache-multiples`, and transformers'
-`generate`), one warmed-up greedy generation of `--tokens` new tokens on the longest of bench_gpu.py's five GSM8K
+For each arm (our compiled `ar` with its static cache rounded up to each of `--cache-multiples`, with `--input-guards`
+each also checking only its input guards (`hardware.compile_guards=inputs`), and transformers' `generate`), one
+warmed-up greedy generation of `--tokens` new tokens on the longest of bench_gpu.py's five GSM8K
 prompts (our cache sized as that bench sizes it): wall milliseconds per token unprofiled, and under torch.profiler
 wall and device (kernel) milliseconds per token, host-side aten operators per token and the costliest kernels.
 Wall well above kernel time says the arm waits on the host (launches, syncs, Python); kernel time near wall says
 the graph's own kernels bound it, and the table says which.
-Run: python experiments/profile_steps.py [--dtype float32] [--tokens 256] [--json out.json]
+Run: python experiments/profile_steps.py [--dtype float32] [--tokens 256] [--input-guards] [--json out.json]
 (`--device cpu --backend aot_eager` checks the script on a CPU.)
 """
 
@@ -70,8 +71,13 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument(
         "--cache-multiples",
-        default="64,512",
+        default="64",
         help="our arms' static cache lengths round up to these multiples (one arm each, ar_compiled_c<N>)",
+    )
+    parser.add_argument(
+        "--input-guards",
+        action="store_true",
+        help="each also checking only its input guards (ar_compiled_c<N>_input_guards)",
     )
     parser.add_argument("--model", default="smollm2_135m", help="a model preset with overrides, as bench_gpu.py takes")
     parser.add_argument("--json", default=None)
@@ -91,13 +97,15 @@ def main() -> None:
     stock = load_model(model_cfg, loader.device, loader.dtype).model
     ids = max(gsm8k_prompts(target.tokenizer, 5, few_shot=1), key=len)
     mode = "reduce-overhead" if loader.device.type == "cuda" else None
+    guards = {"": "all", **({"_input_guards": "inputs"} if args.input_guards else {})}
     decoders = {
-        f"ar_compiled_c{multiple}": ARDecoder(
+        f"ar_compiled_c{multiple}{suffix}": ARDecoder(
             target.model,
             target.tokenizer,
-            steps=CompiledSteps(target.model, args.backend, mode, hardware.compile_widths, int(multiple)),
+            steps=CompiledSteps(target.model, args.backend, mode, hardware.compile_widths, int(multiple), checked),
         )
         for multiple in args.cache_multiples.split(",")
+        for suffix, checked in guards.items()
     }
     eos = sorted(next(iter(decoders.values())).eos_ids)
 

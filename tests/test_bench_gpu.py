@@ -216,6 +216,7 @@ def test_gpu_check_keeps_its_steps_within_one_budget_and_returns_one_log(tmp_pat
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert "gpu_check: bench_bf16 (at most 2 s)" in log and "gpu_check: bench_bf16 exited with 124" in log
     assert re.search(r"gpu_check: tests_cuda \(at most [23] s\)", log)  # what the budget left, not its 200 s
+    assert re.search(r"gpu_check: profile_bf16 skipped: [01] s of BUDGET_S left", log)
     assert re.search(r"gpu_check: bench_fp32 skipped: [01] s of BUDGET_S left", log)
     assert "ran: experiments/bench_gpu.py --json" in log and "ran: -m pytest" in log
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["gpu_check.log"]
@@ -322,7 +323,8 @@ def test_gpu_check_pages_name_the_path_they_are_committed_at_and_never_return_a_
 
 def test_profile_steps_runs_on_a_cpu(tmp_path):
     """experiments/profile_steps.py, as a lent GPU would run it, on a tiny random LLaMA: one arm per cache multiple
-    and transformers' compiled `generate`, each with its tokens, times and cache length."""
+    (each also checking only its input guards) and transformers' compiled `generate`, each with its tokens, times
+    and cache length."""
     script = BENCH.parent / "profile_steps.py"
     out = tmp_path / "profile.json"
     proc = subprocess.run(
@@ -337,6 +339,9 @@ def test_profile_steps_runs_on_a_cpu(tmp_path):
             "4",
             "--model",
             "tiny_random model.random.num_layers=2",
+            "--cache-multiples",
+            "64,512",
+            "--input-guards",
             "--json",
             str(out),
         ],
@@ -347,7 +352,7 @@ def test_profile_steps_runs_on_a_cpu(tmp_path):
     figures = json.loads(out.read_text())
     assert figures["ar_compiled_c512_cache_len"] % 512 == 0 and figures["ar_compiled_c64_cache_len"] % 64 == 0
     assert figures["ar_compiled_c64_cache_len"] < figures["ar_compiled_c512_cache_len"]
-    for arm in ("ar_compiled_c64", "ar_compiled_c512", "generate_compiled"):
+    for arm in ("ar_compiled_c64", "ar_compiled_c512", "ar_compiled_c64_input_guards", "generate_compiled"):
         assert figures[arm]["tokens"] == 4 and figures[arm]["unprofiled_ms_per_token"] > 0
 
 
