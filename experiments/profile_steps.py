@@ -6,7 +6,7 @@ warmed-up greedy generation of `--tokens` new tokens on the longest of bench_gpu
 prompts (our cache sized as that bench sizes it): wall milliseconds per token unprofiled, and under torch.profiler
 wall and device (kernel) milliseconds per token, host-side aten operators per token and the costliest kernels.
 Wall well above kernel time says the arm waits on the host (launches, syncs, Python); kernel time near wall says
-the graph's own kernels bound it, and the table says which.
+the graph's own kernels bound it: `wall_over_kernel`, the unprofiled wall over the kernel time, says which.
 Run: python experiments/profile_steps.py [--dtype float32] [--tokens 256] [--input-guards] [--json out.json]
 (`--device cpu --backend aot_eager` checks the script on a CPU.)
 """
@@ -133,11 +133,15 @@ def main() -> None:
         produced = fn()
         device_sync(loader.device)
         unprofiled = 1e3 * (time.perf_counter() - start) / produced
-        figures[name] = profiled(fn, loader.device, args.tokens, args.top) | {"unprofiled_ms_per_token": unprofiled}
-        arm = figures[name]
+        arm = figures[name] = profiled(fn, loader.device, args.tokens, args.top)
+        arm["unprofiled_ms_per_token"] = unprofiled
+        # the unprofiled wall over the kernels' time: 1.0 when the kernels bound a token (the profiler adds host time)
+        arm["wall_over_kernel"] = unprofiled / arm["kernel_ms_per_token"] if arm["kernel_ms_per_token"] else None
         print(
             f"{name}: {unprofiled:.3f} ms/token unprofiled; profiled: {arm['wall_ms_per_token']:.3f} wall, "
-            f"{arm['kernel_ms_per_token']:.3f} kernel, "
+            f"{arm['kernel_ms_per_token']:.3f} kernel"
+            + (f" (unprofiled wall {arm['wall_over_kernel']:.2f}x kernel)" if arm["wall_over_kernel"] else "")
+            + ", "
             f"{arm['aten_ops_per_token']:.1f} aten ops/token on the host ({arm['tokens']} tokens)",
             flush=True,
         )

@@ -354,6 +354,7 @@ def test_profile_steps_runs_on_a_cpu(tmp_path):
     assert figures["ar_compiled_c64_cache_len"] < figures["ar_compiled_c512_cache_len"]
     for arm in ("ar_compiled_c64", "ar_compiled_c512", "ar_compiled_c64_input_guards", "generate_compiled"):
         assert figures[arm]["tokens"] == 4 and figures[arm]["unprofiled_ms_per_token"] > 0
+        assert figures[arm]["wall_over_kernel"] is None  # no kernel time on a CPU
 
 
 def test_gpu_leaderboard_runs_its_rows_within_the_budget_and_packs_their_runs(tmp_path):
