@@ -392,6 +392,25 @@ def test_a_generation_past_the_static_cache_is_compiled_for_before_it_is_timed(g
     assert ours == ARDecoder(model, steps=EagerSteps(model)).generate(prompt, GREEDY, 8).token_ids
 
 
+def test_compile_steps_for_compiles_every_steps_object_its_decoders_run_on():
+    """A bench's arm on steps of its own (other guards) is compiled with the rest, not in its first timed call."""
+    from torch._dynamo.utils import counters
+
+    from specrepro.runner import compile_steps_for, holds
+
+    model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
+    setattr(model, STEPS_ATTRIBUTE, CompiledSteps(model, backend="aot_eager", widths=[1, 2]))
+    guarded = CompiledSteps(model, backend="aot_eager", widths=[1, 2], guards="inputs")
+    decoders = [ARDecoder(model), ARDecoder(model, steps=guarded), ARDecoder(model, steps=EagerSteps(model))]
+    assert not holds(40, decoders)
+    compile_steps_for(40, decoders)
+    assert holds(40, decoders)
+    compiled = counters["stats"]["unique_graphs"]
+    for decoder in decoders:
+        decoder.generate(prompts()[0], GREEDY, 8)
+    assert counters["stats"]["unique_graphs"] == compiled
+
+
 def test_a_compiled_two_turn_run_compiles_for_a_second_turn_that_outgrows_its_caches_untimed(tmp_path):
     """The tiny random model's first answer re-tokenizes longer than it was decoded, so the second turn outgrows the
     caches sized up front: the reference `ar` run compiles for it before timing it and adds that to compile_time;

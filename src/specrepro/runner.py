@@ -317,7 +317,7 @@ def decode_turn(
 
 def holds(length: int, decoders) -> bool:
     """Whether every step a decoder takes, the target's and a draft model's, runs `length` positions compiled."""
-    return decoders[0].steps.holds(length) and all(
+    return all(d.steps.holds(length) for d in decoders) and all(
         steps.holds(length) for d in decoders for steps, _, _ in d.draft_model_steps
     )
 
@@ -326,22 +326,23 @@ def compile_steps_for(length: int, decoders) -> float:
     """With `hardware.compile`: size the static caches for `length` positions (the longest prompt any turn can
     have, its earlier answers at the budget, plus the budget) and compile every step width the decoders can take,
     the target's and a draft model's, and their drafters' own steps (a draft head's), outside the timed region;
-    returns the seconds it took."""
-    steps = decoders[0].steps
-    if not steps.compiled:
-        return 0.0
-    seconds = steps.warm_up(
-        max(d.max_step_width for d in decoders),
-        length,
-        hidden=any(d.reads_hidden_states for d in decoders),
-        slices=[piece for d in decoders for piece in d.layer_slices],
-        variants=[variant for d in decoders for variant in d.step_variants],
-        calls=[call for d in decoders for call in d.drafter_calls],
-    )
+    returns the seconds it took. Decoders on steps of their own (a bench's arm) get theirs compiled too."""
+    seconds = 0.0
+    for steps in {id(d.steps): d.steps for d in decoders if d.steps.compiled}.values():
+        on_these = [d for d in decoders if d.steps is steps]
+        seconds += steps.warm_up(
+            max(d.max_step_width for d in on_these),
+            length,
+            hidden=any(d.reads_hidden_states for d in on_these),
+            slices=[piece for d in on_these for piece in d.layer_slices],
+            variants=[variant for d in on_these for variant in d.step_variants],
+            calls=[call for d in on_these for call in d.drafter_calls],
+        )
     for draft_steps, width, hidden in (entry for d in decoders for entry in d.draft_model_steps):
         if draft_steps.compiled:
             seconds += draft_steps.warm_up(width, length, hidden=hidden)
-    log.info("compiled the steps in %.1f s", seconds)
+    if seconds:
+        log.info("compiled the steps in %.1f s", seconds)
     return seconds
 
 
