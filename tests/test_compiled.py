@@ -180,6 +180,17 @@ def test_compiled_ar_steps_read_nothing_back_to_the_host(compiled_target):
     assert host_reads(decoder, prompts()[0], 9) == host_reads(decoder, prompts()[0], 41)
 
 
+@pytest.mark.parametrize("name", ["sps", "sar_draft"])
+def test_a_fixed_length_draft_reads_the_device_once_a_round(compiled_target, name):
+    """A chain drafter under a fixed-length controller drafts without reading the device (each draft token feeds
+    the next where it is, no controller reads its top-1 probability, each step is given its cache position) and
+    verifies with one read of how many drafts were accepted: on a GPU the host queues a round's steps."""
+    decoder = compiled_decoders(compiled_target, torch_llama(vocab_size=64, seed=2, num_layers=1))[name]
+    decoder.eos_ids = set()
+    short, long = (decoder.generate(prompts()[0], GREEDY, budget).steps for budget in (9, 41))
+    assert host_reads(decoder, prompts()[0], 41) - host_reads(decoder, prompts()[0], 9) == long - short
+
+
 def test_compiled_sampling_draws_what_eager_sampling_draws(compiled_target):
     """Same seed, same logits: speculative sampling on compiled steps emits eager sampling's tokens, so the
     target-distribution tests of eager sps carry over."""

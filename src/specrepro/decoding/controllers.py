@@ -2,13 +2,16 @@
 
 A controller answers `next_length()` before drafting, may stop a draft early via `keep_drafting(p_top1)`,
 and learns from `update(drafted, accepted)`. Draft & Verify's confidence threshold and EESD's Thompson
-sampling plug in here too.
+sampling plug in here too. `p_top1` is a 0-d tensor on the draft's device: only a controller that decides by it
+reads it to the host (a wait on a GPU), so the others draft without waiting.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+
+import torch
 
 from specrepro.errors import SpecReproError
 
@@ -25,8 +28,8 @@ class DraftLengthController(ABC):
         """The most tokens `next_length` can ever return (what a compiled verification must fit)."""
         return self.next_length()
 
-    def keep_drafting(self, top1_prob: float) -> bool:
-        """Called after each draft token with its top-1 probability; False ends this draft early."""
+    def keep_drafting(self, top1_prob: torch.Tensor) -> bool:
+        """Called after each draft token with its top-1 probability (0-d); False ends this draft early."""
         return True
 
     def update(self, drafted: int, accepted: int) -> None:
@@ -87,8 +90,8 @@ class AdaptiveDraftExit(DraftLengthController):
     def next_length(self) -> int:
         return self.k_max
 
-    def keep_drafting(self, top1_prob: float) -> bool:
-        return top1_prob >= self.gamma
+    def keep_drafting(self, top1_prob: torch.Tensor) -> bool:
+        return float(top1_prob) >= self.gamma
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted == 0:  # nothing was drafted (the budget's last token): no acceptance to learn from
@@ -156,7 +159,7 @@ class BetaTS(DraftLengthController):
         chain = math.floor(math.log(self.break_even) / math.log(theta)) if theta > 0 else 0  # theta^k >= break_even
         return max(1, min(self.k_max, chain))
 
-    def keep_drafting(self, top1_prob: float) -> bool:
+    def keep_drafting(self, top1_prob: torch.Tensor) -> bool:
         if self.decision == "break_even":  # the round's length was chosen with its draw
             return True
         theta = self.rng.beta(self.alpha, self.beta)  # re-drawn at every draft step (Alg. 2, line 8)
@@ -220,7 +223,7 @@ class CaliTS(DraftLengthController):
         mu = vs / (self.n * vm + vs) * prior + self.n * vm / (self.n * vm + vs) * self.theta_hat  # Eq. 6
         return mu, vm * vs / (vs + self.n * vm)  # Eq. 7
 
-    def keep_drafting(self, top1_prob: float, theta_model: float | None = None) -> bool:
+    def keep_drafting(self, top1_prob: torch.Tensor, theta_model: float | None = None) -> bool:
         mu, var = self.posterior(theta_model)
         theta = min(max(self.rng.normal(mu, var**0.5), 0.0), 1.0)
         return bool(self.rng.random() < theta)

@@ -73,11 +73,14 @@ class DraftVerifyDecoder(Decoder):
     ) -> Proposal:
         """Draft up to k tokens (a chain, or a tree of depth <= k) after the committed `tokens` (1, n)."""
 
-    def target_forward(self, state, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None) -> TargetOutput:
+    def target_forward(
+        self, state, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None, past: int | None = None
+    ) -> TargetOutput:
         """One target forward on the shared cache (the prefill, then each verification). `tree`: (allowed keys,
-        position ids) of a tree verification (`verify.tree_attention`), None for a causal chain. Drafters that
-        read hidden states override it to return them too."""
-        return TargetOutput(self.steps(input_ids, cache, logits_to_keep, tree).logits)
+        position ids) of a tree verification (`verify.tree_attention`), None for a causal chain; `past`: the
+        positions the cache holds, which a verification knows (compiled steps then need not read them back from
+        the device). Drafters that read hidden states override it to return them too."""
+        return TargetOutput(self.steps(input_ids, cache, logits_to_keep, tree, past=past).logits)
 
     def after_verify(self, state, tokens: torch.Tensor, output: TargetOutput, rows: list[int]) -> None:
         """After the prefill and each verification: `tokens` (1, n) are committed, `rows` the indices of
@@ -128,15 +131,14 @@ class DraftVerifyDecoder(Decoder):
                 verify_input = torch.cat([tokens[:, -1], drafts]).view(1, -1)
                 committed = tokens.shape[1]
                 if parents is None:
-                    output = self.target_forward(state, verify_input, cache)
+                    output = self.target_forward(state, verify_input, cache, past=committed - 1)
                     new_tokens, n_accepted = speculative_verify(drafts, proposal.q, output.logits[0], sampling, rng)
                     crop_cache(cache, committed + n_accepted)
                     rows = list(range(n_accepted + 1))
                 else:
                     allow, positions = tree_attention(parents, committed - 1)
-                    output = self.target_forward(
-                        state, verify_input, cache, tree=(allow.to(self.device), positions.to(self.device))
-                    )
+                    tree = (allow.to(self.device), positions.to(self.device))
+                    output = self.target_forward(state, verify_input, cache, tree=tree, past=committed - 1)
                     new_tokens, path = tree_verify(drafts, parents, proposal.q, output.logits[0], sampling, rng)
                     keep_tree_path(cache, committed, path)
                     n_accepted, rows = len(path), [0] + [node + 1 for node in path]

@@ -44,10 +44,11 @@ def full_vocab_logits(vocab_ids: torch.Tensor | None, logits: torch.Tensor, voca
 
 def choose_draft_token(
     vocab_ids: torch.Tensor | None, logits: torch.Tensor, vocab_size: int, sampling: Sampling, rng
-) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """One draft token from a head's logits over its draft vocabulary: (token id, q over the target's vocabulary
-    or None when greedy, the draft's top-1 probability). Greedy drafting never leaves the V draft logits."""
-    top1 = float(logits.float().softmax(-1).max())  # -inf outside the draft vocabulary adds nothing
+    or None when greedy, the draft's top-1 probability), each on the logits' device, read by no one here.
+    Greedy drafting never leaves the V draft logits."""
+    top1 = logits.float().softmax(-1).max()  # -inf outside the draft vocabulary adds nothing
     if sampling.greedy:
         return token_ids(vocab_ids, logits.argmax(-1)), None, top1
     q = probs(full_vocab_logits(vocab_ids, logits, vocab_size), sampling)

@@ -260,9 +260,9 @@ class EagleDecoder(DraftVerifyDecoder):
     def start(self, prompt_ids, cache, length) -> DraftCache:
         return DraftCache(self.steps.new_cache(length, DRAFT_CACHE))
 
-    def target_forward(self, state, input_ids, cache, logits_to_keep: int = 0, tree=None) -> TargetOutput:
+    def target_forward(self, state, input_ids, cache, logits_to_keep: int = 0, tree=None, past=None) -> TargetOutput:
         """The target's forward, keeping its last-layer (post-norm) hidden states: the features f."""
-        logits, hidden = self.steps.with_hidden(input_ids, cache, logits_to_keep, tree)
+        logits, hidden = self.steps.with_hidden(input_ids, cache, logits_to_keep, tree, past)
         return TargetOutput(logits, hidden={"features": hidden})
 
     def after_verify(self, state: DraftCache, tokens, output, rows) -> None:

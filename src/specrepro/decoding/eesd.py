@@ -197,7 +197,9 @@ class EarlyExitHead(torch.nn.Module):
     def draft_index(self, tokens: torch.Tensor) -> torch.Tensor:
         return draft_vocab.draft_index(self.vocab_ids, tokens, self.vocab_size)
 
-    def choose(self, logits: torch.Tensor, sampling: Sampling, rng) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+    def choose(
+        self, logits: torch.Tensor, sampling: Sampling, rng
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """The draft token for the head's `logits`, its q (None when greedy) and top-1 probability."""
         return draft_vocab.choose_draft_token(self.vocab_ids, logits, self.vocab_size, sampling, rng)
 
@@ -357,8 +359,11 @@ class EESDDecoder(DraftVerifyDecoder):
         exit_cache = self.steps.new_cache(length, "exit")
         return ExitState(cache, exit_cache, p.new_empty(1, 0, self.model.config.hidden_size))
 
-    def target_forward(self, state: ExitState, input_ids, cache, logits_to_keep: int = 0, tree=None) -> TargetOutput:
-        """The full target on [last token, drafts], reusing the layer 0..N-1 rows the draft already computed."""
+    def target_forward(
+        self, state: ExitState, input_ids, cache, logits_to_keep: int = 0, tree=None, past=None
+    ) -> TargetOutput:
+        """The full target on [last token, drafts], reusing the layer 0..N-1 rows the draft already computed (its
+        first layers hold more than `past` positions then: it reads each layer's own)."""
         n = self.head.num_layers
         verify_start = int(cache.get_seq_length(n))  # a static cache's is its live write position: copy it
         reused = int(cache.get_seq_length(0)) - verify_start  # inputs the draft already ran through layers < N

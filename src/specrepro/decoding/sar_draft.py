@@ -370,9 +370,9 @@ class SARDraftDecoder(DraftVerifyDecoder):
     def new_controller(self) -> DraftLengthController:
         return build_controller(self.cfg.controller, self.cfg.k, self.cfg.k_max)
 
-    def target_forward(self, state, input_ids, cache, logits_to_keep: int = 0, tree=None) -> TargetOutput:
+    def target_forward(self, state, input_ids, cache, logits_to_keep: int = 0, tree=None, past=None) -> TargetOutput:
         """The target's forward, keeping its last-layer (post-norm) hidden states for h_p."""
-        logits, hidden = self.steps.with_hidden(input_ids, cache, logits_to_keep, tree)
+        logits, hidden = self.steps.with_hidden(input_ids, cache, logits_to_keep, tree, past)
         return TargetOutput(logits, hidden={"final": hidden})
 
     def start(self, prompt_ids, cache, length) -> HeadInput:

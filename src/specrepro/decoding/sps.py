@@ -126,17 +126,19 @@ class SPSDecoder(DraftVerifyDecoder):
             state.vocab_ids, state.head = draft_vocab.prompt_head(self.draft.lm_head, self.frequent, prompt_ids)
         return state
 
-    def draft_logits(self, state: DraftCache, step_input) -> torch.Tensor:
-        """The draft's last logits: over the whole vocabulary, or over the prompt's draft vocabulary."""
+    def draft_logits(self, state: DraftCache, step_input, past: int) -> torch.Tensor:
+        """The draft's last logits after `past` cached positions (passed, not read back from a static cache): over
+        the whole vocabulary, or over the prompt's draft vocabulary."""
         if state.head is None:
-            return self.draft_steps(step_input, state.cache, logits_to_keep=1).logits[0, -1]
-        return state.head(self.draft_steps.hidden(step_input, state.cache)[0, -1])
+            return self.draft_steps(step_input, state.cache, logits_to_keep=1, past=past).logits[0, -1]
+        return state.head(self.draft_steps.hidden(step_input, state.cache, past=past)[0, -1])
 
     def propose(self, state: DraftCache, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
-        step_input = tokens[:, state.cached :]
+        step_input, past = tokens[:, state.cached :], state.cached
         drafts, qs = [], []
         for i in range(k):
-            logits = self.draft_logits(state, step_input)
+            logits = self.draft_logits(state, step_input, past)
+            past += step_input.shape[1]
             if i == 0:
                 first_logits = logits
             token, q, top1 = draft_vocab.choose_draft_token(

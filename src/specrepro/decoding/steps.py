@@ -101,10 +101,10 @@ class EagerSteps:
             return self.tree_inputs(tree)
         return {"position_ids": torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]}
 
-    def with_hidden(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None):
+    def with_hidden(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None, past: int | None = None):
         """The forward returning (logits, last-layer hidden states after the final norm) of every row: what
-        drafters conditioned on the target's hidden state read."""
-        hidden = self.hidden(input_ids, cache, tree)
+        drafters conditioned on the target's hidden state read. `past` as in `__call__`."""
+        hidden = self.hidden(input_ids, cache, tree, past=past)
         return self.model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden), hidden
 
     def layers(self, layers: Sequence[torch.nn.Module], hidden: torch.Tensor, cache, tree=None) -> torch.Tensor:

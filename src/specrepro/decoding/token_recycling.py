@@ -163,8 +163,10 @@ class TokenRecyclingDecoder(DraftVerifyDecoder):
     def start(self, prompt_ids, cache, length) -> RecyclingState:
         return RecyclingState(self.shared_matrix if self.cfg.persist else self.empty_matrix())
 
-    def target_forward(self, state: RecyclingState, input_ids, cache, logits_to_keep=0, tree=None) -> TargetOutput:
-        output = super().target_forward(state, input_ids, cache, logits_to_keep, tree)
+    def target_forward(
+        self, state: RecyclingState, input_ids, cache, logits_to_keep=0, tree=None, past=None
+    ) -> TargetOutput:
+        output = super().target_forward(state, input_ids, cache, logits_to_keep, tree, past)
         recycle(state.matrix, input_ids[0], output.logits[0])
         return output
 

@@ -87,9 +87,9 @@ class PrefilledSelfSD(SelfSDDecoder):
         super().__init__(*args, **kwargs)
         self.prefills = prefills
 
-    def target_forward(self, state, input_ids, cache, logits_to_keep=0, tree=None) -> TargetOutput:
+    def target_forward(self, state, input_ids, cache, logits_to_keep=0, tree=None, past=None) -> TargetOutput:
         if cache.get_seq_length() > 0:
-            return super().target_forward(state, input_ids, cache, logits_to_keep, tree)
+            return super().target_forward(state, input_ids, cache, logits_to_keep, tree, past)
         key = tuple(input_ids[0].tolist())
         if key not in self.prefills:
             logits = super().target_forward(state, input_ids, cache, logits_to_keep).logits
