@@ -3,9 +3,9 @@
 # first, each under a time limit and all together under BUDGET_S, each writing what it measured as soon as it has it
 # (the bench after every timed prompt, so a bench cut short still returns the prompts it timed):
 #   1. experiments/bench_gpu.py at the setting of results/gpu/ (5 prompts x 256 new tokens), bf16, with compiled `ar`
-#      checking only its input guards beside it (--input-guards);
+#      checking only the guards that tell its graphs apart beside it (--differentiating-guards);
 #   2. tests/test_cuda.py: every decoder's greedy output equals ar's on the GPU, compiled steps included;
-#   3. experiments/profile_steps.py in bf16 (128 tokens, with --input-guards): compiled `ar`'s wall against kernel
+#   3. experiments/profile_steps.py in bf16 (128 tokens, with --differentiating-guards): compiled `ar`'s wall against kernel
 #      milliseconds per token, to results/gpu/profile_steps_<card>_bf16.json;
 #   4. the bench again in fp32.
 # Usage: bash experiments/gpu_check.sh OUT_DIR [bench_gpu.py options, e.g. --model llama2_7b_chat]
@@ -77,10 +77,10 @@ bench() {  # bench NAME SUFFIX [bench_gpu.py options]: its JSON and page
 # artifacts were carried (results/gpu/README.md's trained drafters); a --methods option given here overrides METHODS
 trained="sar_draft method.draft_vocab=4096 method.k=2;self_sd_tree;eesd method.draft_vocab=4096;eesd_tree_break_even;eagle_tree_small"
 methods=(--methods "${METHODS-jacobi}" --trained-methods "${TRAINED_METHODS-$trained}")
-bench bench_bf16 bf16 --input-guards "${methods[@]}" "$@"
+bench bench_bf16 bf16 --differentiating-guards "${methods[@]}" "$@"
 step tests_cuda "${TESTS_S:-200}" "$python" -m pytest -x -q -p no:cacheprovider tests/test_cuda.py
 profile="results/gpu/profile_steps_${card}_bf16.json"
 written profile_bf16 "${PROFILE_S:-150}" "$profile" \
-  "$python" experiments/profile_steps.py --dtype bfloat16 --tokens 128 --input-guards --json "$profile"
+  "$python" experiments/profile_steps.py --dtype bfloat16 --tokens 128 --differentiating-guards --json "$profile"
 bench bench_fp32 fp32 --dtype float32 "${methods[@]}" "$@"
 exit $failed

@@ -1,13 +1,14 @@
 """Where a decoded token's time goes: our compiled `ar` against transformers' static-cache compiled `generate`.
 
-For each arm (our compiled `ar` with its static cache rounded up to each of `--cache-multiples`, with `--input-guards`
-each also checking only its input guards (`hardware.compile_guards=inputs`), and transformers' `generate`), one
-warmed-up greedy generation of `--tokens` new tokens on the longest of bench_gpu.py's five GSM8K
-prompts (our cache sized as that bench sizes it): wall milliseconds per token unprofiled, and under torch.profiler
-wall and device (kernel) milliseconds per token, host-side aten operators per token and the costliest kernels.
+For each arm (our compiled `ar` with its static cache rounded up to each of `--cache-multiples`, with
+`--differentiating-guards` each also checking only the guards that tell its graphs apart
+(`hardware.compile_guards=differentiating`), and transformers' `generate`), one warmed-up greedy generation of
+`--tokens` new tokens on the longest of bench_gpu.py's five GSM8K prompts (our cache sized as that bench sizes it):
+wall milliseconds per token unprofiled, and under torch.profiler wall and device (kernel) milliseconds per token,
+host-side aten operators per token and the costliest kernels.
 Wall well above kernel time says the arm waits on the host (launches, syncs, Python); kernel time near wall says
 the graph's own kernels bound it: `wall_over_kernel`, the unprofiled wall over the kernel time, says which.
-Run: python experiments/profile_steps.py [--dtype float32] [--tokens 256] [--input-guards] [--json out.json]
+Run: python experiments/profile_steps.py [--dtype float32] [--tokens 256] [--differentiating-guards] [--json out.json]
 (`--device cpu --backend aot_eager` checks the script on a CPU.)
 """
 
@@ -75,9 +76,9 @@ def main() -> None:
         help="our arms' static cache lengths round up to these multiples (one arm each, ar_compiled_c<N>)",
     )
     parser.add_argument(
-        "--input-guards",
+        "--differentiating-guards",
         action="store_true",
-        help="each also checking only its input guards (ar_compiled_c<N>_input_guards)",
+        help="each also checking only the guards that tell its graphs apart (ar_compiled_c<N>_differentiating_guards)",
     )
     parser.add_argument("--model", default="smollm2_135m", help="a model preset with overrides, as bench_gpu.py takes")
     parser.add_argument("--json", default=None)
@@ -97,7 +98,7 @@ def main() -> None:
     stock = load_model(model_cfg, loader.device, loader.dtype).model
     ids = max(gsm8k_prompts(target.tokenizer, 5, few_shot=1), key=len)
     mode = "reduce-overhead" if loader.device.type == "cuda" else None
-    guards = {"": "all", **({"_input_guards": "inputs"} if args.input_guards else {})}
+    guards = {"": "all", **({"_differentiating_guards": "differentiating"} if args.differentiating_guards else {})}
     decoders = {
         f"ar_compiled_c{multiple}{suffix}": ARDecoder(
             target.model,

@@ -44,7 +44,7 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
             str(tmp_path),
             "--max-new-tokens",
             "8",
-            "--input-guards",
+            "--differentiating-guards",
             "--json",
             str(out),
             "--markdown",
@@ -58,7 +58,7 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     arms = {
         "ar_eager",
         "ar_compiled",
-        "ar_compiled_input_guards",
+        "ar_compiled_differentiating_guards",
         "pld_eager",
         "pld_compiled",
         "jacobi_eager",
@@ -75,7 +75,7 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     # compiled drafts commit what eager ones do, round for round (EESD's exit layer once did not)
     assert all(figures["speculative"][f"{arm}_compiled"]["rounds_as_eager"] == 2 for arm in ("pld", "jacobi", "eesd1"))
     assert figures["ar_compiled_over_eager"] > 0 and figures["bound_tok_per_s"] > 0
-    assert figures["ar_compiled_input_guards_over_ar_compiled"] > 0
+    assert figures["ar_compiled_differentiating_guards_over_ar_compiled"] > 0
     assert "bench_gpu.py" in figures["provenance"]["command"]  # quoted as a shell takes it back
     assert "--methods 'jacobi;eesd1=eesd method.head=none method.num_layers=1'" in figures["provenance"]["command"]
     assert figures["methods"] == {
@@ -96,7 +96,10 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     page = (tmp_path / "bench.md").read_text()
     assert page == markdown(figures) and "| `eesd1_compiled` |" in page and figures["date"] in page
     assert "- `eesd1`: `eesd1=eesd method.head=none method.num_layers=1`, nothing trained" in page
-    assert "- Compiled `ar` checking only its input guards (`hardware.compile_guards=inputs`) over compiled" in page
+    assert (
+        "- Compiled `ar` checking after warm-up only the guards that tell its graphs apart"
+        " (`hardware.compile_guards=differentiating`) over compiled" in page
+    )
     # Beta-TS drafts up to k_max = 16 tokens: a 17-row verify is past the widest bucket (16), so it runs eagerly
     assert figures["eager_wide_steps"] == {"eesd1_compiled": 17}
     assert "run eagerly: `eesd1_compiled` (up to 17 rows)" in page
@@ -323,8 +326,8 @@ def test_gpu_check_pages_name_the_path_they_are_committed_at_and_never_return_a_
 
 def test_profile_steps_runs_on_a_cpu(tmp_path):
     """experiments/profile_steps.py, as a lent GPU would run it, on a tiny random LLaMA: one arm per cache multiple
-    (each also checking only its input guards) and transformers' compiled `generate`, each with its tokens, times
-    and cache length."""
+    (each also checking only the guards that tell its graphs apart) and transformers' compiled `generate`, each
+    with its tokens, times and cache length."""
     script = BENCH.parent / "profile_steps.py"
     out = tmp_path / "profile.json"
     proc = subprocess.run(
@@ -341,7 +344,7 @@ def test_profile_steps_runs_on_a_cpu(tmp_path):
             "tiny_random model.random.num_layers=2",
             "--cache-multiples",
             "64,512",
-            "--input-guards",
+            "--differentiating-guards",
             "--json",
             str(out),
         ],
@@ -352,7 +355,7 @@ def test_profile_steps_runs_on_a_cpu(tmp_path):
     figures = json.loads(out.read_text())
     assert figures["ar_compiled_c512_cache_len"] % 512 == 0 and figures["ar_compiled_c64_cache_len"] % 64 == 0
     assert figures["ar_compiled_c64_cache_len"] < figures["ar_compiled_c512_cache_len"]
-    for arm in ("ar_compiled_c64", "ar_compiled_c512", "ar_compiled_c64_input_guards", "generate_compiled"):
+    for arm in ("ar_compiled_c64", "ar_compiled_c512", "ar_compiled_c64_differentiating_guards", "generate_compiled"):
         assert figures[arm]["tokens"] == 4 and figures[arm]["unprofiled_ms_per_token"] > 0
         assert figures[arm]["wall_over_kernel"] is None  # no kernel time on a CPU
 

@@ -48,10 +48,11 @@ def compiled_target():
 
 
 @pytest.fixture(scope="module")
-def input_guarded_target():
-    """The same, its steps checking only their input, cache and global-state guards (`hardware.compile_guards`)."""
+def differentiating_target():
+    """The same, its steps checking after warm-up only the guards that tell their graphs apart
+    (`hardware.compile_guards=differentiating`)."""
     model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
-    steps = CompiledSteps(model, backend="aot_eager", widths=[1, 4, 16], guards="inputs")
+    steps = CompiledSteps(model, backend="aot_eager", widths=[1, 4, 16], guards="differentiating")
     steps.warm_up(max_width=65, length=80, hidden=True)
     setattr(model, STEPS_ATTRIBUTE, steps)
     return model
@@ -162,14 +163,33 @@ def test_compiled_greedy_output_equals_eager_ar(compiled_target, name):
 @pytest.mark.parametrize(
     "name", ["ar_chunked", "pld", "sps", "sar_draft_tree", "jacobi", "space", "eesd_tree", "self_sd_tree", "eagle_tree"]
 )
-def test_steps_checking_only_input_guards_equal_eager_ar(input_guarded_target, name):
-    """With the model's own guards dropped, each family of graphs still runs the graph it traced: the target's
-    widths, a layer slice on its cache or the draft's own, a model state (self_sd), a draft head's step."""
+def test_steps_checking_only_differentiating_guards_equal_eager_ar(differentiating_target, name):
+    """With only the guards that tell a code object's graphs apart checked, each family of graphs still runs the
+    graph it traced: the target's widths, a layer slice on its cache or the draft's own, a model state (self_sd), a
+    draft head's step."""
+    from specrepro.runner import compile_steps_for
+
     draft = torch_llama(vocab_size=64, seed=2, num_layers=1)
-    decoder = compiled_decoders(input_guarded_target, draft)[name]
-    eager_ar = ARDecoder(input_guarded_target, steps=EagerSteps(input_guarded_target))
+    decoder = compiled_decoders(differentiating_target, draft)[name]
+    compile_steps_for(80, [decoder])  # as the runner does: its slices, states and head steps too, or they would raise
+    eager_ar = ARDecoder(differentiating_target, steps=EagerSteps(differentiating_target))
     for prompt in prompts():
         assert decoder.generate(prompt, GREEDY, 40).token_ids == eager_ar.generate(prompt, GREEDY, 40).token_ids
+
+
+def test_differentiating_guards_refuse_a_graph_warm_up_did_not_compile():
+    """Checking only the guards that tell its graphs apart, a step that warm-up did not compile raises rather than
+    run a graph traced for other inputs (or compile inside a timed region): a width, the hidden-state forward."""
+    model = torch_llama(vocab_size=64, seed=1, num_layers=2)
+    steps = CompiledSteps(model, backend="aot_eager", widths=[1, 2], guards="differentiating")
+    steps.warm_up(max_width=1, length=40)
+    cache = steps.new_cache(40)
+    with torch.inference_mode():
+        steps(torch.tensor([[1, 2, 3]]), cache)  # the prefill, eager
+        steps(torch.tensor([[4]]), cache)  # width 1: compiled
+        for step in (lambda: steps(torch.tensor([[5, 6]]), cache), lambda: steps.hidden(torch.tensor([[5]]), cache)):
+            with pytest.raises(RuntimeError, match="Recompilation triggered with skip_guard_eval_unsafe"):
+                step()
 
 
 def test_compiled_ar_steps_read_nothing_back_to_the_host(compiled_target):
@@ -379,11 +399,11 @@ def test_a_compiled_run_reports_speedups_over_compiled_and_eager_ar(tmp_path):
     assert f"{pld['speedup_paired']:.2f}x ±{pld['speedup_paired_ci95']:.2f}x" in out.stdout  # the printed table
 
 
-@pytest.mark.parametrize("guards", ["all", "inputs"])
+@pytest.mark.parametrize("guards", ["all", "differentiating"])
 def test_a_generation_past_the_static_cache_is_compiled_for_before_it_is_timed(guards):
     """A later turn's prompt holds earlier answers and can outgrow the caches sized up front: `holds` says so, and
     `compile_steps_for` that length (the runner calls it untimed) leaves nothing to compile while it decodes. With
-    only the input guards checked, the grown cache's shapes still pick new graphs."""
+    only the guards that tell its graphs apart checked, the grown cache's shapes still pick new graphs."""
     from torch._dynamo.utils import counters
 
     from specrepro.runner import compile_steps_for, holds
@@ -411,7 +431,7 @@ def test_compile_steps_for_compiles_every_steps_object_its_decoders_run_on():
 
     model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
     setattr(model, STEPS_ATTRIBUTE, CompiledSteps(model, backend="aot_eager", widths=[1, 2]))
-    guarded = CompiledSteps(model, backend="aot_eager", widths=[1, 2], guards="inputs")
+    guarded = CompiledSteps(model, backend="aot_eager", widths=[1, 2], guards="differentiating")
     decoders = [ARDecoder(model), ARDecoder(model, steps=guarded), ARDecoder(model, steps=EagerSteps(model))]
     assert not holds(40, decoders)
     compile_steps_for(40, decoders)

@@ -257,7 +257,7 @@ def test_the_data_a_run_decodes_is_part_of_its_name_and_reference():
             "hardware.compile_backend must be one of inductor, aot_eager, eager, cudagraphs",
         ),
         ("hardware.compile_widths=[0,4]", "hardware.compile_widths must be positive widths, got [0, 4]"),
-        ("hardware.compile_guards=none", "hardware.compile_guards must be one of all, inputs, got none"),
+        ("hardware.compile_guards=none", "hardware.compile_guards must be one of all, differentiating, got none"),
     ],
 )
 def test_the_schemas_refuse_bad_values_in_one_line(override, message):

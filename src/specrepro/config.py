@@ -121,7 +121,7 @@ class LoggerConfig:
 # torch.compile's backends that compiled steps take (decoding/steps.py's BACKENDS, kept here so that checking a
 # config needs no torch; tests/test_config.py keeps the two equal)
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager", "cudagraphs")
-COMPILE_GUARDS = ("all", "inputs")
+COMPILE_GUARDS = ("all", "differentiating")
 
 
 @dataclass
@@ -145,9 +145,9 @@ class HardwareConfig:
     compile_backend: str = "inductor"  # inductor | aot_eager | eager | cudagraphs (torch.compile's backend)
     compile_mode: Optional[str] = None  # torch.compile's mode; null = reduce-overhead (CUDA graphs) on CUDA
     compile_widths: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])  # steps are padded up to one
-    # which of dynamo's guards a compiled step checks on every call: all | inputs (those on its input tensors, the
-    # caches' and the global state, not those on the model's modules and weights, which decoding never changes after
-    # warm-up: what they cost, results/cpu/compiled_guards.md)
+    # which of dynamo's guards a compiled step checks on every call after warm-up: all | differentiating (only those
+    # that tell its graphs apart: torch's skip_guard_eval_unsafe stance; a call needing a new graph raises; what the
+    # others cost: results/cpu/compiled_guards.md)
     compile_guards: str = "all"
 
     def __post_init__(self) -> None:

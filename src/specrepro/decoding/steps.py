@@ -33,7 +33,6 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specrepro.decoding.verify import additive_mask, crop_cache
-from specrepro.errors import SpecReproError
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +145,9 @@ class CompiledSteps(EagerSteps):
         self.cache_multiple = cache_multiple
         self.caches: dict[str, StaticCache] = {}  # the target's, and any a drafter keeps for layers of its own
         self.cache_len = 0
-        self.backend, self.mode, self.guards = backend, mode, guards
+        self.options = dict(backend=backend, fullgraph=True, dynamic=False, **({"mode": mode} if mode else {}))
+        self.mode, self.guards = mode, guards
+        self.warmed = False  # every graph a decoding step takes is compiled (`warm_up`)
         self.forward = self.compile(self._forward)
         self.forward_hidden = self.compile(self._forward_hidden)
         self.variant_graphs: dict[str, tuple] = {}  # a model state's name -> its (forward, forward_hidden)
@@ -154,8 +155,20 @@ class CompiledSteps(EagerSteps):
         self.cudagraphs = mode is not None and "reduce-overhead" in mode
 
     def compile(self, fn):
-        """`fn` under torch.compile with these steps' backend, mode and guards (`compile_options`)."""
-        return torch.compile(fn, **compile_options(self.backend, self.mode, self.guards))
+        """`fn` under torch.compile with these steps' options. With `guards="differentiating"`, once `warm_up` has
+        compiled its graphs a call checks only the guards that tell them apart (torch's `skip_guard_eval_unsafe`
+        stance), and a call that would need a graph of its own raises instead of compiling one."""
+        graph = torch.compile(fn, **self.options)
+        if self.guards == "all":
+            return graph
+
+        def call(*inputs):
+            if not self.warmed:
+                return graph(*inputs)
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                return graph(*inputs)
+
+        return call
 
     def _forward(self, input_ids, mask, positions, cache):
         return (
@@ -175,6 +188,7 @@ class CompiledSteps(EagerSteps):
             if self.caches:
                 log.warning("the static cache grows past %d positions: its graphs are compiled again", self.cache_len)
             self.cache_len, self.caches = self.cache_multiple * -(-needed // self.cache_multiple), {}
+            self.warmed = False
         if name in self.caches:
             crop_cache(self.caches[name], 0)  # a write-position reset: stale rows stay masked until overwritten
         else:  # its layers are allocated when first written: a drafter's one-layer cache holds one
@@ -306,6 +320,7 @@ class CompiledSteps(EagerSteps):
         `calls`, that step on those inputs) on caches of `length` positions, outside any timed region; returns
         the seconds it took (the record's `compile_time`)."""
         start = time.perf_counter()
+        self.warmed = False
         cache = self.new_cache(length)
         device = next(self.model.parameters()).device
         largest = self.bucket(max_width) or self.widths[-1]  # wider steps run uncompiled
@@ -340,48 +355,8 @@ class CompiledSteps(EagerSteps):
                     step(*(x.clone() for x in inputs))
             for own in self.caches.values():
                 crop_cache(own, 0)
+        self.warmed = True
         return time.perf_counter() - start
-
-
-# the guards `hardware.compile_guards=inputs` keeps beside those on non-parameter tensors: the global state's
-GLOBAL_STATE_GUARDS = {
-    "GLOBAL_STATE",
-    "GRAD_MODE",
-    "DETERMINISTIC_ALGORITHMS",
-    "TORCH_FUNCTION_STATE",
-    "DEFAULT_DEVICE",
-    "AUTOGRAD_SAVED_TENSORS_HOOKS",
-    "SHAPE_ENV",
-}
-
-
-def input_guards(entries) -> list[bool]:
-    """A dynamo guard filter: keep the guards on the tensors a step is called with (its inputs and the caches:
-    shapes, dtypes, devices) and on the global state; drop those on the model's modules, attributes and weights,
-    which cost most of a call's guard time and which decoding never changes after warm-up. A grown cache still
-    fails its shape guards and compiles anew, and a model state a drafter sets has graphs of its own (`graphs`)."""
-    return [
-        entry.guard_type in GLOBAL_STATE_GUARDS
-        or (entry.guard_type == "TENSOR_MATCH" and not isinstance(entry.value, torch.nn.Parameter))
-        for entry in entries
-    ]
-
-
-def compile_options(backend: str, mode: str | None, guards: str) -> dict:
-    """torch.compile's arguments for a step: whole graphs of static shapes, in `mode`, checking `guards` (all, or
-    `input_guards`: a guard filter goes in `options`, which torch.compile takes instead of `mode`, so the mode's
-    own options go with it). A fresh dict each call: torch.compile takes the filter out of the one it is given."""
-    options = dict(backend=backend, fullgraph=True, dynamic=False)
-    if guards == "all":
-        return options | ({"mode": mode} if mode else {})
-    if mode and backend != "inductor":
-        raise SpecReproError(
-            f"hardware.compile_guards={guards} takes no hardware.compile_mode with backend {backend}: "
-            "use the inductor backend or hardware.compile_guards=all"
-        )
-    from torch._inductor import list_mode_options
-
-    return options | {"options": {**(list_mode_options(mode) if mode else {}), "guard_filter_fn": input_guards}}
 
 
 def own_code(fn):
