@@ -95,6 +95,27 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
             ), name
 
 
+def test_differentiating_guards_with_cuda_graphs_equal_eager_ar_on_cuda():
+    """`hardware.compile_guards=differentiating` under inductor and CUDA graphs: the target's widths, a draft
+    layer on its own cache (eagle) and a head's step (sar_draft) after the runner's warm-up."""
+    target = set_linear_kernel(tiny_llama(vocab_size=64, seed=1, num_layers=4, logit_scale=3.0), "torch").to(CUDA)
+    steps = CompiledSteps(target, "inductor", "reduce-overhead", [1, 4, 16], guards="differentiating")
+    setattr(target, STEPS_ATTRIBUTE, steps)
+    eager_ar = ARDecoder(target, steps=EagerSteps(target))
+    head = head_for(target, "block", 4, 16, 1, False).to(CUDA).eval()
+    compiled = {
+        "ar": ARDecoder(target),
+        "pld": PLDDecoder(target, None, PLDConfig()),
+        "sar_draft": SARDraftDecoder(target, None, head, SARDraftConfig(variant="block", k=3, k_max=4, tree_width=4)),
+        "eagle": eagle_decoder(target),
+    }
+    compile_steps_for(80, list(compiled.values()))
+    for name, decoder in compiled.items():
+        for prompt in prompts():
+            reference = eager_ar.generate(prompt, Sampling(), 40).token_ids
+            assert decoder.generate(prompt, Sampling(), 40).token_ids == reference, name
+
+
 def test_compiled_ar_reads_the_device_once_a_chunk_on_cuda():
     """On a GPU `ar` reads its tokens once every `ASYNC_SYNC_EVERY` steps and nothing between those reads waits on
     the device (CUDA's sync debug mode warns at each wait): two chunks of 8 and 1 steps wait as often as two of 8
