@@ -442,6 +442,19 @@ def test_compile_steps_for_compiles_every_steps_object_its_decoders_run_on():
     assert counters["stats"]["unique_graphs"] == compiled
 
 
+def test_steps_of_differently_shaped_models_each_keep_their_own_recompile_limit():
+    """Dynamo allows `recompile_limit` (8) graphs per code object, and a graph traced for one model serves another of
+    its shape: three depths of model alive at once (a target, a draft model, earlier tests' fixtures in one process)
+    at three widths each need nine, so each steps object compiles on code objects of its own."""
+    models = [torch_llama(vocab_size=64, seed=1, num_layers=depth) for depth in (1, 2, 3)]
+    steps = [CompiledSteps(model, backend="aot_eager", widths=[1, 2, 4]) for model in models]
+    for each in steps:
+        each.warm_up(max_width=4, length=24)
+    for model, each in zip(models, steps):
+        reference = ARDecoder(model, steps=EagerSteps(model)).generate(prompts()[0], GREEDY, 4).token_ids
+        assert ARDecoder(model, steps=each).generate(prompts()[0], GREEDY, 4).token_ids == reference
+
+
 def test_a_compiled_two_turn_run_compiles_for_a_second_turn_that_outgrows_its_caches_untimed(tmp_path):
     """The tiny random model's first answer re-tokenizes longer than it was decoded, so the second turn outgrows the
     caches sized up front: the reference `ar` run compiles for it before timing it and adds that to compile_time;

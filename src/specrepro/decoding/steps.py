@@ -148,8 +148,10 @@ class CompiledSteps(EagerSteps):
         self.options = dict(backend=backend, fullgraph=True, dynamic=False, **({"mode": mode} if mode else {}))
         self.mode, self.guards = mode, guards
         self.warmed = False  # every graph a decoding step takes is compiled (`warm_up`)
-        self.forward = self.compile(self._forward)
-        self.forward_hidden = self.compile(self._forward_hidden)
+        # code objects of these steps' own: dynamo counts its recompile limit per code object, and another steps
+        # object (a draft model's, a bench arm's) compiles its widths too
+        self.forward = self.compile(own_code(self._forward))
+        self.forward_hidden = self.compile(own_code(self._forward_hidden))
         self.variant_graphs: dict[str, tuple] = {}  # a model state's name -> its (forward, forward_hidden)
         self.layer_graphs: dict[tuple[int, ...], tuple] = {}  # a layer slice's ids -> (its layers, its graph)
         self.cudagraphs = mode is not None and "reduce-overhead" in mode
