@@ -177,6 +177,19 @@ def test_steps_checking_only_differentiating_guards_equal_eager_ar(differentiati
         assert decoder.generate(prompt, GREEDY, 40).token_ids == eager_ar.generate(prompt, GREEDY, 40).token_ids
 
 
+def test_the_hardware_config_picks_the_guards_the_loaded_steps_check():
+    from specrepro.config import HardwareConfig
+    from specrepro.decoding.steps import compile_steps
+
+    for guards in ("all", "differentiating"):
+        model = torch_llama(vocab_size=64, seed=1, num_layers=1)
+        hardware = HardwareConfig(
+            compile=True, compile_backend="aot_eager", linear_kernel="torch", compile_guards=guards
+        )
+        compile_steps(model, hardware)
+        assert getattr(model, STEPS_ATTRIBUTE).guards == guards
+
+
 def test_differentiating_guards_refuse_a_graph_warm_up_did_not_compile():
     """Checking only the guards that tell its graphs apart, a step that warm-up did not compile raises rather than
     run a graph traced for other inputs (or compile inside a timed region): a width, the hidden-state forward."""
