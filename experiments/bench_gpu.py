@@ -7,6 +7,9 @@ Arms, interleaved per prompt in one process (greedy, the same GSM8K prompts):
 - with `--differentiating-guards`, `ar_compiled_differentiating_guards`: the same on steps of its own that, after
   warm-up, check only the guards that tell their graphs apart (`hardware.compile_guards=differentiating`): what
   dynamo's other guards cost a step;
+- with `--freezing`, `ar_compiled_frozen`: the same on steps of its own whose graphs take the weights as constants
+  (`hardware.compile_freezing=true`: q/k/v and gate/up each one matmul; on a CPU, prepacked weights); the
+  figures give the memory each compiled arm's graphs hold (device memory on a GPU, resident memory on a CPU);
 - `generate_eager` / `generate_compiled`: transformers' `generate` on the model as a user loads it, plain and
   with `cache_implementation="static"` (transformers then compiles its forward itself);
 - `pld_eager` / `pld_compiled`: prompt lookup on eager and on compiled steps;
@@ -42,6 +45,7 @@ from dataclasses import asdict
 from pathlib import Path
 from statistics import fmean
 
+import psutil
 import torch
 from common import composed, gsm8k_prompts, provenance_lines, run_script, timed_generate
 from tqdm import tqdm
@@ -63,6 +67,29 @@ from specrepro.runner import compile_steps_for
 from specrepro.tracking import atomic_write
 
 GENERATE_ARMS = ("generate_eager", "generate_compiled")
+# compiled `ar` on steps of its own with one compile setting changed: arm -> (its flag, its steps' keywords, the
+# setting)
+AR_SETTINGS = {
+    "ar_compiled_differentiating_guards": (
+        "differentiating_guards",
+        {"guards": "differentiating"},
+        "checking after warm-up only the guards that tell its graphs apart (`hardware.compile_guards=differentiating`)"
+        " over compiled `ar` checking all of dynamo's",
+    ),
+    "ar_compiled_frozen": (
+        "freezing",
+        {"freezing": True},
+        "on weights folded into its graphs (`hardware.compile_freezing=true`) over compiled `ar` reading them as"
+        " inputs",
+    ),
+}
+
+
+def held_mb(device: torch.device) -> float:
+    """Megabytes the process holds: allocated device memory on a GPU, resident memory on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 1e6
+    return psutil.Process().memory_info().rss / 1e6
 
 
 def copy_bandwidth(device: torch.device, gib: float = 1.0) -> float:
@@ -134,11 +161,7 @@ def markdown(figures: dict) -> str:
     over_eager = {
         "ar_eager": 1.0,
         "ar_compiled": figures["ar_compiled_over_eager"],
-        **(
-            {"ar_compiled_differentiating_guards": figures["ar_compiled_differentiating_guards_over_eager"]}
-            if "ar_compiled_differentiating_guards_over_eager" in figures
-            else {}
-        ),
+        **{arm: figures[f"{arm}_over_eager"] for arm in AR_SETTINGS if f"{arm}_over_eager" in figures},
         **{arm: row["over_ar_eager"] for arm, row in speculative.items()},
     }
     lines = [
@@ -180,19 +203,26 @@ def markdown(figures: dict) -> str:
         "",
         f"- Our compiled `ar` over transformers' static-cache compiled `generate` (paired):"
         f" {figures['ar_compiled_over_generate_compiled']:.2f}x.",
-        *(
-            [
-                "- Compiled `ar` checking after warm-up only the guards that tell its graphs apart"
-                " (`hardware.compile_guards=differentiating`) over compiled `ar` checking all of dynamo's (paired):"
-                f" {figures['ar_compiled_differentiating_guards_over_ar_compiled']:.2f}x."
-            ]
-            if "ar_compiled_differentiating_guards_over_ar_compiled" in figures
-            else []
-        ),
+        *[
+            f"- Compiled `ar` {setting} (paired): {figures[f'{arm}_over_ar_compiled']:.2f}x."
+            for arm, (_, _, setting) in AR_SETTINGS.items()
+            if f"{arm}_over_ar_compiled" in figures
+        ],
         f"- Weight-reading bound: {figures['bound_tok_per_s']:.0f} tok/s ({figures['weight_mb']:.0f} MB of weights at"
         f" a measured {figures['copy_bandwidth_gb_s']:.0f} GB/s copy bandwidth).",
         f"- Seconds compiling (`ours`: every compiled step width, untimed) or in each arm's untimed first call:"
         f" {compile_s}.",
+        *(
+            [
+                "- Memory its compiled graphs added (MB, "
+                + ("device memory allocated" if prov["machine"].get("gpu") else "the process's resident memory")
+                + ", as each arm's steps were compiled in turn): "
+                + ", ".join(f"{arm} {mb:.0f}" for arm, mb in figures["compiled_graphs_mb"].items())
+                + "."
+            ]
+            if figures.get("compiled_graphs_mb")
+            else []
+        ),
         *(
             [
                 "- Steps wider than the widest compiled width run eagerly: "
@@ -258,6 +288,11 @@ def main() -> None:
         help="also time compiled `ar` checking after warm-up only the guards that tell its graphs apart "
         "(hardware.compile_guards=differentiating)",
     )
+    parser.add_argument(
+        "--freezing",
+        action="store_true",
+        help="also time compiled `ar` on weights folded into its graphs (hardware.compile_freezing=true)",
+    )
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--markdown", default=None, help="also write them as a results page")
     parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's own)")
@@ -289,6 +324,8 @@ def main() -> None:
         help='a model preset with overrides (conf/model/): "llama2_7b_chat", "hf model.id=/path/to/checkpoint"',
     )
     args = parser.parse_args()
+    if args.freezing and args.backend != "inductor":
+        parser.error("--freezing is inductor's: it needs --backend inductor")
     began = time.perf_counter()
     hardware = HardwareConfig(
         device=args.device,
@@ -311,10 +348,11 @@ def main() -> None:
         "pld_eager": PLDDecoder(model, target.tokenizer, PLDConfig(), steps=eager),
         "pld_compiled": PLDDecoder(model, target.tokenizer, PLDConfig()),
     }
-    if args.differentiating_guards:
-        mode = decoders["ar_compiled"].steps.mode  # the loader's: CUDA graphs on a GPU
-        guarded = CompiledSteps(model, args.backend, mode, hardware.compile_widths, guards="differentiating")
-        decoders["ar_compiled_differentiating_guards"] = ARDecoder(model, target.tokenizer, steps=guarded)
+    mode = decoders["ar_compiled"].steps.mode  # the loader's: CUDA graphs on a GPU
+    for arm, (flag, keywords, _) in AR_SETTINGS.items():
+        if getattr(args, flag):
+            steps = CompiledSteps(model, args.backend, mode, hardware.compile_widths, **keywords)
+            decoders[arm] = ARDecoder(model, target.tokenizer, steps=steps)
     user_loaded = LoadedModel(stock, target.tokenizer, target.name)
     trained, method_specs, _ = method_arms(args.methods, target, user_loaded, loader)
     if_trained, if_trained_specs, untrained = method_arms(
@@ -349,9 +387,15 @@ def main() -> None:
     longest = max(prompts, key=len)
     progress("compiling our steps")
     # every width, hidden-state graph and layer slice a compiled arm can take, as `specrepro run` compiles them
-    ours_compile = compile_steps_for(
-        len(longest) + args.max_new_tokens, [d for d in decoders.values() if d.steps.compiled]
-    )
+    compiled_arms = {arm: d for arm, d in decoders.items() if d.steps.compiled}
+    ours_compile, graphs_mb = 0.0, {}
+    for steps in {id(d.steps): d.steps for d in compiled_arms.values()}.values():  # each arm's steps in turn
+        held = held_mb(loader.device)
+        ours_compile += compile_steps_for(
+            len(longest) + args.max_new_tokens, [d for d in compiled_arms.values() if d.steps is steps]
+        )
+        label = " ".join(arm for arm, d in compiled_arms.items() if d.steps is steps)
+        graphs_mb[label] = held_mb(loader.device) - held
     compile_s = {"ours": ours_compile}
     for arm in [*decoders, *GENERATE_ARMS]:  # warm-up: transformers compiles on its first static call
         progress(f"warming up {arm}")
@@ -397,18 +441,12 @@ def main() -> None:
             "weight_mb": weight_bytes / 1e6,
             "ar_compiled_over_eager": paired("ar_compiled", "ar_eager"),
             "ar_compiled_over_generate_compiled": paired("ar_compiled", "generate_compiled"),
-            **(
-                {
-                    "ar_compiled_differentiating_guards_over_eager": paired(
-                        "ar_compiled_differentiating_guards", "ar_eager"
-                    ),
-                    "ar_compiled_differentiating_guards_over_ar_compiled": paired(
-                        "ar_compiled_differentiating_guards", "ar_compiled"
-                    ),
-                }
-                if "ar_compiled_differentiating_guards" in decoders
-                else {}
-            ),
+            **{
+                f"{arm}_over_{name}": paired(arm, base)
+                for arm in AR_SETTINGS
+                if arm in decoders
+                for name, base in (("eager", "ar_eager"), ("ar_compiled", "ar_compiled"))
+            },
             # every speculative arm: paired speedup over eager ar (and, when compiled, over compiled ar) and its MAT
             "speculative": {
                 arm: {
@@ -436,6 +474,7 @@ def main() -> None:
             },
             "identical_to_ar_eager": {arm: identical(arm, "ar_eager") for arm in arms},
             "compile_or_first_call_s": compile_s,
+            "compiled_graphs_mb": graphs_mb,
         }
 
     progress("timing")

@@ -3,19 +3,21 @@
 # first, each under a time limit and all together under BUDGET_S, each writing what it measured as soon as it has it
 # (the bench after every timed prompt, so a bench cut short still returns the prompts it timed):
 #   1. experiments/bench_gpu.py at the setting of results/gpu/ (5 prompts x 256 new tokens), bf16, with compiled `ar`
-#      checking only the guards that tell its graphs apart beside it (--differentiating-guards);
+#      checking only the guards that tell its graphs apart (--differentiating-guards) and compiled `ar` on weights
+#      folded into its graphs (--freezing) beside it;
 #   2. tests/test_cuda.py: every decoder's greedy output equals ar's on the GPU, compiled steps included;
-#   3. experiments/profile_steps.py in bf16 (128 tokens, with --differentiating-guards): compiled `ar`'s wall against kernel
-#      milliseconds per token, to results/gpu/profile_steps_<card>_bf16.json;
+#   3. experiments/profile_steps.py in bf16 (128 tokens, with --differentiating-guards --freezing): compiled `ar`'s wall
+#      against kernel milliseconds and launches per token, to results/gpu/profile_steps_<card>_bf16.json;
 #   4. the bench again in fp32.
 # Usage: bash experiments/gpu_check.sh OUT_DIR [bench_gpu.py options, e.g. --model llama2_7b_chat]
 # Writes results/gpu/bench_gpu_<card>_<dtype>.json and .md and the profile's JSON, copied to OUT_DIR, and
 # OUT_DIR/gpu_check.log (nvidia-smi, then each step's output): six files, within the eight a lent machine's call
-# returns. Seconds: BUDGET_S (540) for all steps, LONG_S (330) a bench, TESTS_S (200) the tests, PROFILE_S (150) the
+# returns. Seconds: BUDGET_S (540) for all steps, LONG_S (330) a bench, TESTS_S (200) the tests, PROFILE_S (240) the
 # profile, MIN_S (60): a step with less left is skipped and said so. All four take more than one call: split them,
 # STEPS="bench_bf16 tests_cuda" then STEPS="profile_bf16 bench_fp32".
 # STEPS names the steps to run (default: bench_bf16 tests_cuda profile_bf16 bench_fp32); PYTHON picks the interpreter; METHODS and
-# TRAINED_METHODS the bench's methods beside ar and pld (below).
+# TRAINED_METHODS the bench's methods beside ar and pld (below); AR_SETTINGS the compiled-`ar` settings the bf16 bench
+# and the profile time beside compiled `ar` (default: --differentiating-guards --freezing).
 # On a checkout copied without .git, SPECREPRO_COMMIT names its commit (experiments/gpu_carry.sh writes it down).
 set -uo pipefail
 out=${1:?usage: bash experiments/gpu_check.sh OUT_DIR [bench_gpu.py options]}
@@ -77,10 +79,11 @@ bench() {  # bench NAME SUFFIX [bench_gpu.py options]: its JSON and page
 # artifacts were carried (results/gpu/README.md's trained drafters); a --methods option given here overrides METHODS
 trained="sar_draft method.draft_vocab=4096 method.k=2;self_sd_tree;eesd method.draft_vocab=4096;eesd_tree_break_even;eagle_tree_small"
 methods=(--methods "${METHODS-jacobi}" --trained-methods "${TRAINED_METHODS-$trained}")
-bench bench_bf16 bf16 --differentiating-guards "${methods[@]}" "$@"
+read -ra ar_settings <<< "${AR_SETTINGS---differentiating-guards --freezing}"
+bench bench_bf16 bf16 "${ar_settings[@]}" "${methods[@]}" "$@"
 step tests_cuda "${TESTS_S:-200}" "$python" -m pytest -x -q -p no:cacheprovider tests/test_cuda.py
 profile="results/gpu/profile_steps_${card}_bf16.json"
-written profile_bf16 "${PROFILE_S:-150}" "$profile" \
-  "$python" experiments/profile_steps.py --dtype bfloat16 --tokens 128 --differentiating-guards --json "$profile"
+written profile_bf16 "${PROFILE_S:-240}" "$profile" \
+  "$python" experiments/profile_steps.py --dtype bfloat16 --tokens 128 "${ar_settings[@]}" --json "$profile"
 bench bench_fp32 fp32 --dtype float32 "${methods[@]}" "$@"
 exit $failed

@@ -2,13 +2,16 @@
 
 For each arm (our compiled `ar` with its static cache rounded up to each of `--cache-multiples`, with
 `--differentiating-guards` each also checking only the guards that tell its graphs apart
-(`hardware.compile_guards=differentiating`), and transformers' `generate`), one warmed-up greedy generation of
+(`hardware.compile_guards=differentiating`), with `--freezing` each also on weights folded into its graphs
+(`hardware.compile_freezing=true`; with both flags, also both at once), and transformers' `generate`), one
+warmed-up greedy generation of
 `--tokens` new tokens on the longest of bench_gpu.py's five GSM8K prompts (our cache sized as that bench sizes it):
-wall milliseconds per token unprofiled, and under torch.profiler wall and device (kernel) milliseconds per token,
-host-side aten operators per token and the costliest kernels.
+wall milliseconds per token unprofiled, and under torch.profiler wall and device (kernel) milliseconds and kernel
+launches per token, host-side aten operators per token and the costliest kernels.
 Wall well above kernel time says the arm waits on the host (launches, syncs, Python); kernel time near wall says
 the graph's own kernels bound it: `wall_over_kernel`, the unprofiled wall over the kernel time, says which.
-Run: python experiments/profile_steps.py [--dtype float32] [--tokens 256] [--differentiating-guards] [--json out.json]
+Run: python experiments/profile_steps.py [--dtype float32] [--tokens 256] [--differentiating-guards] [--freezing]
+     [--json out.json]
 (`--device cpu --backend aot_eager` checks the script on a CPU.)
 """
 
@@ -51,6 +54,7 @@ def profiled(fn, device: torch.device, tokens: int, top: int) -> dict:
         "tokens": produced,
         "wall_ms_per_token": 1e3 * wall / produced,
         "kernel_ms_per_token": kernel_us / 1e3 / produced,
+        "kernels_per_token": sum(e.count for e in on_device) / produced,
         "aten_ops_per_token": host_ops / produced,
         "top_kernels": [
             {
@@ -80,6 +84,11 @@ def main() -> None:
         action="store_true",
         help="each also checking only the guards that tell its graphs apart (ar_compiled_c<N>_differentiating_guards)",
     )
+    parser.add_argument(
+        "--freezing",
+        action="store_true",
+        help="each also on weights folded into its graphs (ar_compiled_c<N>_frozen; hardware.compile_freezing=true)",
+    )
     parser.add_argument("--model", default="smollm2_135m", help="a model preset with overrides, as bench_gpu.py takes")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -98,15 +107,24 @@ def main() -> None:
     stock = load_model(model_cfg, loader.device, loader.dtype).model
     ids = max(gsm8k_prompts(target.tokenizer, 5, few_shot=1), key=len)
     mode = "reduce-overhead" if loader.device.type == "cuda" else None
-    guards = {"": "all", **({"_differentiating_guards": "differentiating"} if args.differentiating_guards else {})}
+    settings = {  # an arm's name suffix -> its steps' keywords
+        "": {},
+        **({"_differentiating_guards": {"guards": "differentiating"}} if args.differentiating_guards else {}),
+        **({"_frozen": {"freezing": True}} if args.freezing else {}),
+        **(
+            {"_frozen_differentiating_guards": {"guards": "differentiating", "freezing": True}}
+            if args.freezing and args.differentiating_guards
+            else {}
+        ),
+    }
     decoders = {
         f"ar_compiled_c{multiple}{suffix}": ARDecoder(
             target.model,
             target.tokenizer,
-            steps=CompiledSteps(target.model, args.backend, mode, hardware.compile_widths, int(multiple), checked),
+            steps=CompiledSteps(target.model, args.backend, mode, hardware.compile_widths, int(multiple), **setting),
         )
         for multiple in args.cache_multiples.split(",")
-        for suffix, checked in guards.items()
+        for suffix, setting in settings.items()
     }
     eos = sorted(next(iter(decoders.values())).eos_ids)
 
@@ -140,7 +158,7 @@ def main() -> None:
         arm["wall_over_kernel"] = unprofiled / arm["kernel_ms_per_token"] if arm["kernel_ms_per_token"] else None
         print(
             f"{name}: {unprofiled:.3f} ms/token unprofiled; profiled: {arm['wall_ms_per_token']:.3f} wall, "
-            f"{arm['kernel_ms_per_token']:.3f} kernel"
+            f"{arm['kernel_ms_per_token']:.3f} kernel in {arm['kernels_per_token']:.0f} launches"
             + (f" (unprofiled wall {arm['wall_over_kernel']:.2f}x kernel)" if arm["wall_over_kernel"] else "")
             + ", "
             f"{arm['aten_ops_per_token']:.1f} aten ops/token on the host ({arm['tokens']} tokens)",
@@ -148,12 +166,12 @@ def main() -> None:
         )
         for kernel in arm["top_kernels"]:
             print(f"  {kernel['us_per_token']:8.1f} us/token {kernel['calls_per_token']:6.1f} calls  {kernel['name']}")
+        if args.json:  # after every arm: a run cut off by a lent machine's limit keeps the arms it profiled
+            atomic_write(Path(args.json), json.dumps(figures, indent=1))
     print(
         f"prompt {len(ids)} tokens; our static caches: "
         + ", ".join(f"{name} {figures[f'{name}_cache_len']}" for name in decoders)
     )
-    if args.json:
-        atomic_write(Path(args.json), json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

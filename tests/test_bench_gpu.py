@@ -76,6 +76,11 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     assert all(figures["speculative"][f"{arm}_compiled"]["rounds_as_eager"] == 2 for arm in ("pld", "jacobi", "eesd1"))
     assert figures["ar_compiled_over_eager"] > 0 and figures["bound_tok_per_s"] > 0
     assert figures["ar_compiled_differentiating_guards_over_ar_compiled"] > 0
+    # each compiled arm's steps, compiled in turn, with the memory their graphs added
+    assert set(figures["compiled_graphs_mb"]) == {
+        "ar_compiled pld_compiled jacobi_compiled eesd1_compiled",
+        "ar_compiled_differentiating_guards",
+    }
     assert "bench_gpu.py" in figures["provenance"]["command"]  # quoted as a shell takes it back
     assert "--methods 'jacobi;eesd1=eesd method.head=none method.num_layers=1'" in figures["provenance"]["command"]
     assert figures["methods"] == {
@@ -100,6 +105,7 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
         "- Compiled `ar` checking after warm-up only the guards that tell its graphs apart"
         " (`hardware.compile_guards=differentiating`) over compiled" in page
     )
+    assert "- Memory its compiled graphs added (MB, the process's resident memory" in page
     # Beta-TS drafts up to k_max = 16 tokens: a 17-row verify is past the widest bucket (16), so it runs eagerly
     assert figures["eager_wide_steps"] == {"eesd1_compiled": 17}
     assert "run eagerly: `eesd1_compiled` (up to 17 rows)" in page
@@ -222,6 +228,7 @@ def test_gpu_check_keeps_its_steps_within_one_budget_and_returns_one_log(tmp_pat
     assert re.search(r"gpu_check: profile_bf16 skipped: [01] s of BUDGET_S left", log)
     assert re.search(r"gpu_check: bench_fp32 skipped: [01] s of BUDGET_S left", log)
     assert "ran: experiments/bench_gpu.py --json" in log and "ran: -m pytest" in log
+    assert "--differentiating-guards --freezing --methods jacobi" in log  # compiled ar's settings beside it
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["gpu_check.log"]
 
 
@@ -308,7 +315,14 @@ def test_gpu_check_pages_name_the_path_they_are_committed_at_and_never_return_a_
             cwd=checkout,
             capture_output=True,
             text=True,
-            env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake_python), "STEPS": "bench_bf16", "MIN_S": "1"},
+            # freezing is inductor's: the eager backend times the guards' arm only
+            env={
+                "PATH": "/usr/bin:/bin",
+                "PYTHON": str(fake_python),
+                "STEPS": "bench_bf16",
+                "MIN_S": "1",
+                "AR_SETTINGS": "--differentiating-guards",
+            },
         )
 
     failed = gpu_check("--model", "nosuch")
@@ -322,6 +336,24 @@ def test_gpu_check_pages_name_the_path_they_are_committed_at_and_never_return_a_
         "--markdown results/gpu/bench_gpu_fake_bf16.md"
     )
     assert (out / "bench_gpu_fake_bf16.md").read_text() == (stale.with_suffix(".md")).read_text()
+
+
+@pytest.mark.parametrize("script", ["bench_gpu.py", "profile_steps.py"])
+def test_freezing_on_another_backend_is_refused_in_one_line(script):
+    """Freezing is inductor's: the bench refuses it before loading anything, the profile when it builds its steps."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.parent / script), "--device", "cpu", "--backend", "eager", "--freezing"]
+        + [
+            "--model",
+            "tiny_random model.random.num_layers=1",
+            "--tokens" if script == "profile_steps.py" else "--limit",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0 and "freez" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()[-1]) < 200
 
 
 def test_profile_steps_runs_on_a_cpu(tmp_path):

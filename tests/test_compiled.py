@@ -23,7 +23,7 @@ from specrepro.decoding.sar_draft import SARDraftConfig, SARDraftDecoder, head_f
 from specrepro.decoding.space import SpaceDecoder
 from specrepro.decoding.sps import SPSDecoder
 from specrepro.decoding.steps import STEPS_ATTRIBUTE, CompiledSteps, EagerSteps
-from specrepro.decoding.verify import tree_attention
+from specrepro.decoding.verify import crop_cache, tree_attention
 from specrepro.errors import SpecReproError
 from specrepro.models.kernels import set_linear_kernel
 from tests.conftest import host_reads, tiny_llama
@@ -188,6 +188,49 @@ def test_the_hardware_config_picks_the_guards_the_loaded_steps_check():
         )
         compile_steps(model, hardware)
         assert getattr(model, STEPS_ATTRIBUTE).guards == guards
+
+
+def test_the_hardware_config_freezes_the_loaded_steps_under_the_mode_it_names():
+    """torch.compile takes a mode or options: freezing's options carry the mode's (CUDA graphs)."""
+    from specrepro.config import HardwareConfig
+    from specrepro.decoding.steps import FREEZING_OPTIONS, compile_steps
+
+    for mode, freezing in ((None, False), (None, True), ("reduce-overhead", True)):
+        model = torch_llama(vocab_size=64, seed=1, num_layers=1)
+        compile_steps(
+            model, HardwareConfig(compile=True, compile_mode=mode, linear_kernel="torch", compile_freezing=freezing)
+        )
+        options = getattr(model, STEPS_ATTRIBUTE).options
+        if not freezing:
+            assert "options" not in options
+            continue
+        assert "mode" not in options and options["options"].items() >= FREEZING_OPTIONS.items()
+        assert options["options"].get("triton.cudagraphs", False) == (mode == "reduce-overhead")
+
+
+@pytest.mark.slow  # inductor generates and builds C++ for each width
+def test_frozen_steps_decode_eager_ars_tokens_on_weights_folded_into_their_graphs():
+    """`hardware.compile_freezing`: the warmed-up graphs hold the weights as constants (a weight changed afterwards
+    is not seen: what makes q/k/v one matmul), decode eager `ar`'s tokens, and compile nothing more."""
+    from torch._dynamo.utils import counters
+
+    model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
+    steps = CompiledSteps(model, backend="inductor", widths=[1, 4], freezing=True)
+    steps.warm_up(max_width=4, length=64)
+    compiled = counters["stats"]["unique_graphs"]
+    eager_ar = ARDecoder(model, steps=EagerSteps(model))
+    for decoder in (ARDecoder(model, steps=steps), PLDDecoder(model, None, PLDConfig(), steps=steps)):
+        for prompt in prompts():
+            assert decoder.generate(prompt, GREEDY, 24).token_ids == eager_ar.generate(prompt, GREEDY, 24).token_ids
+    assert counters["stats"]["unique_graphs"] == compiled
+
+    cache = steps.new_cache(8)
+    with torch.inference_mode():
+        steps(torch.tensor([[1, 2, 3]]), cache)  # the prefill, eager
+        before = steps(torch.tensor([[4]]), cache, past=3).logits
+        crop_cache(cache, 3)
+        model.lm_head.weight.zero_()
+        assert torch.equal(steps(torch.tensor([[4]]), cache, past=3).logits, before) and before.abs().max() > 0
 
 
 def test_differentiating_guards_refuse_a_graph_warm_up_did_not_compile():

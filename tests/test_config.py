@@ -258,11 +258,15 @@ def test_the_data_a_run_decodes_is_part_of_its_name_and_reference():
         ),
         ("hardware.compile_widths=[0,4]", "hardware.compile_widths must be positive widths, got [0, 4]"),
         ("hardware.compile_guards=none", "hardware.compile_guards must be one of all, differentiating, got none"),
+        (
+            "hardware.compile_freezing=true hardware.compile_backend=aot_eager",
+            "hardware.compile_freezing is inductor's: it needs hardware.compile_backend=inductor, got aot_eager",
+        ),
     ],
 )
 def test_the_schemas_refuse_bad_values_in_one_line(override, message):
     """A run's checks live in its schemas' `__post_init__`: a composed config is checked without a model."""
-    cfg = compose_run(override)
+    cfg = compose_run(*override.split())
     if message is None:
         check_run_config(cfg)
         return

@@ -149,6 +149,10 @@ class HardwareConfig:
     # that tell its graphs apart: torch's skip_guard_eval_unsafe stance; a call needing a new graph raises; what the
     # others cost: results/cpu/compiled_guards.md)
     compile_guards: str = "all"
+    # inductor's freezing: each compiled graph takes the weights as constants and folds them (q/k/v and gate/up
+    # each one matmul: fewer kernels a step; a CPU's weights prepacked), at the cost of a copy of the weights per
+    # graph (decoding/steps.py; results/cpu/compiled_freezing.md)
+    compile_freezing: bool = False
 
     def __post_init__(self) -> None:
         check_threads(self.threads)
@@ -164,6 +168,11 @@ class HardwareConfig:
         if self.compile_guards not in COMPILE_GUARDS:
             raise SpecReproError(
                 f"hardware.compile_guards must be one of {', '.join(COMPILE_GUARDS)}, got {self.compile_guards}"
+            )
+        if self.compile_freezing and self.compile_backend != "inductor":
+            raise SpecReproError(
+                f"hardware.compile_freezing is inductor's: it needs hardware.compile_backend=inductor, "
+                f"got {self.compile_backend}"
             )
         if not self.compile_widths or min(self.compile_widths) < 1:
             raise SpecReproError(f"hardware.compile_widths must be positive widths, got {list(self.compile_widths)}")

@@ -33,12 +33,16 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specrepro.decoding.verify import additive_mask, crop_cache
+from specrepro.errors import SpecReproError
 
 log = logging.getLogger(__name__)
 
 STEPS_ATTRIBUTE = "specrepro_steps"  # where `use_hardware` leaves a model's compiled steps
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 BACKENDS = ("inductor", "aot_eager", "eager", "cudagraphs")
+# `hardware.compile_freezing`: inductor's freezing, with linears that read one input concatenated on a CPU too
+# (on a GPU inductor does that by default)
+FREEZING_OPTIONS = {"freezing": True, "cpp.enable_concat_linear": True}
 
 
 class EagerSteps:
@@ -137,8 +141,11 @@ class CompiledSteps(EagerSteps):
         widths=DEFAULT_WIDTHS,
         cache_multiple: int = 64,
         guards: str = "all",
+        freezing: bool = False,
     ):
         super().__init__(model)
+        if freezing and backend != "inductor":
+            raise SpecReproError(f"freezing is inductor's: compiled steps on the {backend} backend cannot freeze")
         self.widths = tuple(sorted(widths))
         # cache lengths round up to a multiple of this. Every step attends the whole cache under a mask: in fp32 on
         # an H200, a 1024-position cache (a multiple of 512) cost 5.9 ms a token where 576 positions cost 4.7
@@ -146,7 +153,10 @@ class CompiledSteps(EagerSteps):
         self.caches: dict[str, StaticCache] = {}  # the target's, and any a drafter keeps for layers of its own
         self.cache_len = 0
         self.options = dict(backend=backend, fullgraph=True, dynamic=False, **({"mode": mode} if mode else {}))
-        self.mode, self.guards = mode, guards
+        if freezing:  # torch.compile takes a mode or options, not both: the mode's options join freezing's
+            self.options.pop("mode", None)
+            self.options["options"] = (torch._inductor.list_mode_options(mode) if mode else {}) | FREEZING_OPTIONS
+        self.mode, self.guards, self.freezing = mode, guards, freezing
         self.warmed = False  # every graph a decoding step takes is compiled (`warm_up`)
         # code objects of these steps' own: dynamo counts its recompile limit per code object, and another steps
         # object (a draft model's, a bench arm's) compiles its widths too
@@ -159,13 +169,20 @@ class CompiledSteps(EagerSteps):
     def compile(self, fn):
         """`fn` under torch.compile with these steps' options. With `guards="differentiating"`, once `warm_up` has
         compiled its graphs a call checks only the guards that tell them apart (torch's `skip_guard_eval_unsafe`
-        stance), and a call that would need a graph of its own raises instead of compiling one."""
+        stance), and a call that would need a graph of its own raises instead of compiling one. With `freezing`,
+        the graphs `warm_up` compiles take the weights they read as constants (inductor's freezing, scoped to those
+        calls: dynamo then guards on each weight's identity): inductor folds them, so linears reading one input
+        (q/k/v, gate/up) run as one matmul and a CPU's weights are prepacked. Each graph keeps its own folded copy
+        of the weights, and a weight changed after compiling is not seen."""
         graph = torch.compile(fn, **self.options)
-        if self.guards == "all":
+        if self.guards == "all" and not self.freezing:
             return graph
 
         def call(*inputs):
             if not self.warmed:
+                with torch._inductor.config.patch(freezing=self.freezing):
+                    return graph(*inputs)
+            if self.guards == "all":
                 return graph(*inputs)
             with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
                 return graph(*inputs)
@@ -433,6 +450,11 @@ def compile_steps(model: torch.nn.Module, hardware) -> None:
     """Attach compiled steps for `hardware.compile` to `model` (and to no other model)."""
     mode = hardware.compile_mode or ("reduce-overhead" if next(model.parameters()).device.type == "cuda" else None)
     steps = CompiledSteps(
-        model, hardware.compile_backend, mode, hardware.compile_widths, guards=hardware.compile_guards
+        model,
+        hardware.compile_backend,
+        mode,
+        hardware.compile_widths,
+        guards=hardware.compile_guards,
+        freezing=hardware.compile_freezing,
     )
     setattr(model, STEPS_ATTRIBUTE, steps)
