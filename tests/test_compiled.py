@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specrepro.decoding.ar import ARDecoder
-from specrepro.decoding.eagle import EagleConfig, EagleDecoder, EagleDraft
+from specrepro.decoding.eagle import DRAFT_CACHE, EagleConfig, EagleDecoder, EagleDraft
 from specrepro.decoding.eesd import EarlyExitHead, EESDConfig, EESDDecoder
 from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
 from specrepro.decoding.jacobi import JacobiDecoder
@@ -265,6 +265,21 @@ def test_a_fixed_length_draft_reads_the_device_once_a_round(compiled_target, nam
     decoder.eos_ids = set()
     short, long = (decoder.generate(prompts()[0], GREEDY, budget).steps for budget in (9, 41))
     assert host_reads(decoder, prompts()[0], 41) - host_reads(decoder, prompts()[0], 9) == long - short
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle_tree"])
+def test_eagle_drafts_without_reading_its_draft_caches_length(compiled_target, name, monkeypatch):
+    """EAGLE knows how many rows its draft cache holds (the committed pairs, then a round's expanded nodes) and gives
+    each draft step that length: a compiled step would otherwise read it from the device, once a tree level."""
+    decoder = compiled_decoders(compiled_target, torch_llama(vocab_size=64, seed=2, num_layers=1))[name]
+    reference = decoder.generate(prompts()[0], GREEDY, 24).token_ids
+    draft_cache = compiled_target.specrepro_steps.caches[DRAFT_CACHE]
+
+    def read(*args):
+        raise AssertionError("the draft cache's length was read")
+
+    monkeypatch.setattr(draft_cache, "get_seq_length", read)
+    assert decoder.generate(prompts()[0], GREEDY, 24).token_ids == reference
 
 
 def test_compiled_sampling_draws_what_eager_sampling_draws(compiled_target):

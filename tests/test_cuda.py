@@ -95,11 +95,17 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
             ), name
 
 
-def test_differentiating_guards_with_cuda_graphs_equal_eager_ar_on_cuda():
-    """`hardware.compile_guards=differentiating` under inductor and CUDA graphs: the target's widths, a draft
-    layer on its own cache (eagle) and a head's step (sar_draft) after the runner's warm-up."""
+@pytest.mark.parametrize(
+    "setting",
+    [{"guards": "differentiating"}, {"freezing": True}, {"guards": "differentiating", "freezing": True}],
+    ids=["differentiating_guards", "freezing", "both"],
+)
+def test_compile_settings_with_cuda_graphs_equal_eager_ar_on_cuda(setting):
+    """`hardware.compile_guards=differentiating` and `hardware.compile_freezing` under inductor and CUDA graphs: the
+    target's widths, a draft layer on its own cache (eagle) and a head's step (sar_draft) after the runner's
+    warm-up."""
     target = set_linear_kernel(tiny_llama(vocab_size=64, seed=1, num_layers=4, logit_scale=3.0), "torch").to(CUDA)
-    steps = CompiledSteps(target, "inductor", "reduce-overhead", [1, 4, 16], guards="differentiating")
+    steps = CompiledSteps(target, "inductor", "reduce-overhead", [1, 4, 16], **setting)
     setattr(target, STEPS_ATTRIBUTE, steps)
     eager_ar = ARDecoder(target, steps=EagerSteps(target))
     head = head_for(target, "block", 4, 16, 1, False).to(CUDA).eval()

@@ -272,15 +272,18 @@ class EagleDecoder(DraftVerifyDecoder):
         n, device = len(rows), tokens.device
         allow = torch.ones(n, state.length + n, dtype=torch.bool, device=device).tril(state.length)
         positions = torch.arange(state.length, state.length + n, device=device)
-        predicted = self.draft_step(state, output.hidden["features"][:, rows], tokens[:, -n:], allow, positions)
+        predicted = self.draft_step(
+            state, output.hidden["features"][:, rows], tokens[:, -n:], allow, positions, state.length
+        )
         state.length += n
         state.feature = predicted[:, -1]
 
-    def draft_step(self, state: DraftCache, features, tokens, allow, positions) -> torch.Tensor:
+    def draft_step(self, state: DraftCache, features, tokens, allow, positions, rows: int) -> torch.Tensor:
         """The draft's predicted features (1, n, H) of n pairs (features (1, n, H), next tokens (1, n)) appended to
-        its cache, each pair at `positions` (n,) seeing the cache rows and pairs `allow` (n, cache rows + n) says."""
+        its cache of `rows` rows, each pair at `positions` (n,) seeing the cache rows and pairs `allow` (n, rows + n)
+        says."""
         x = self.draft.layer_input(features, self.embed(tokens))
-        return self.steps.layers([self.draft.layer], x, state.cache, (allow, positions))
+        return self.steps.layers([self.draft.layer], x, state.cache, (allow, positions), past=rows)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(tokens)
@@ -330,7 +333,7 @@ def dynamic_tree(decoder: EagleDecoder, state: DraftCache, depth: int, top_k: in
         features = torch.stack([features_of[nodes[i].parent] for i in chosen])[None]
         tokens = torch.tensor([[nodes[i].token for i in chosen]], device=device)
         positions = torch.tensor([state.length + nodes[i].depth - 1 for i in chosen], device=device)
-        predicted = decoder.draft_step(state, features, tokens, allow, positions)
+        predicted = decoder.draft_step(state, features, tokens, allow, positions, rows)
         expanded += chosen
         logp, ids = top_children(decoder, predicted[0], top_k)
         level = []

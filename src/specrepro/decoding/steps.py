@@ -110,9 +110,12 @@ class EagerSteps:
         hidden = self.hidden(input_ids, cache, tree, past=past)
         return self.model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden), hidden
 
-    def layers(self, layers: Sequence[torch.nn.Module], hidden: torch.Tensor, cache, tree=None) -> torch.Tensor:
+    def layers(
+        self, layers: Sequence[torch.nn.Module], hidden: torch.Tensor, cache, tree=None, past: int | None = None
+    ) -> torch.Tensor:
         """Decoder `layers` of the target's architecture on (1, n, d) hidden states that continue `cache`; `tree` as
-        in `__call__` (its last n rows are these). Returns their output hidden states."""
+        in `__call__` (its last n rows are these); `past`: the length the slice's first layer holds in `cache`, where
+        the caller knows it (compiled steps read it from the device otherwise). Returns their output hidden states."""
         return run_layers(self.model, hidden, layers, cache, tree)
 
     def drafter_step(self, fn):
@@ -226,13 +229,14 @@ class CompiledSteps(EagerSteps):
         wide[:, : allow.shape[1]] = allow
         return super().tree_inputs((wide, positions))
 
-    def layers(self, layers, hidden, cache, tree=None):
+    def layers(self, layers, hidden, cache, tree=None, past=None):
         """The slice's compiled graph for the bucket of n rows (hidden states padded with their last row), or, for
         a cache's first rows or a width past the largest bucket, the same layers uncompiled; either way with the
         mask and positions as inputs and only the slice's own layers of `cache` written."""
         layers = tuple(layers)
         indices = [layer.self_attn.layer_idx for layer in layers]
-        past, n = int(cache.get_seq_length(indices[0])), hidden.shape[1]
+        past = int(cache.get_seq_length(indices[0])) if past is None else past
+        n = hidden.shape[1]
         tree = None if tree is None else (tree[0][-n:], tree[1][-n:])
         width = self.bucket(n) if past else None
         if width is None:
