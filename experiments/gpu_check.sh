@@ -8,7 +8,7 @@
 #   2. tests/test_cuda.py: every decoder's greedy output equals ar's on the GPU, compiled steps included;
 #   3. experiments/profile_steps.py in bf16 (128 tokens, with --differentiating-guards --freezing): compiled `ar`'s wall
 #      against kernel milliseconds and launches per token, to results/gpu/profile_steps_<card>_bf16.json;
-#   4. the bench again in fp32.
+#   4. the bench again in fp32, the same settings beside compiled `ar`.
 # Usage: bash experiments/gpu_check.sh OUT_DIR [bench_gpu.py options, e.g. --model llama2_7b_chat]
 # Writes results/gpu/bench_gpu_<card>_<dtype>.json and .md and the profile's JSON, copied to OUT_DIR, and
 # OUT_DIR/gpu_check.log (nvidia-smi, then each step's output): six files, within the eight a lent machine's call
@@ -16,7 +16,7 @@
 # profile, MIN_S (60): a step with less left is skipped and said so. All four take more than one call: split them,
 # STEPS="bench_bf16 tests_cuda" then STEPS="profile_bf16 bench_fp32".
 # STEPS names the steps to run (default: bench_bf16 tests_cuda profile_bf16 bench_fp32); PYTHON picks the interpreter; METHODS and
-# TRAINED_METHODS the bench's methods beside ar and pld (below); AR_SETTINGS the compiled-`ar` settings the bf16 bench
+# TRAINED_METHODS the bench's methods beside ar and pld (below); AR_SETTINGS the compiled-`ar` settings the benches
 # and the profile time beside compiled `ar` (default: --differentiating-guards --freezing).
 # On a checkout copied without .git, SPECREPRO_COMMIT names its commit (experiments/gpu_carry.sh writes it down).
 set -uo pipefail
@@ -85,5 +85,5 @@ step tests_cuda "${TESTS_S:-200}" "$python" -m pytest -x -q -p no:cacheprovider 
 profile="results/gpu/profile_steps_${card}_bf16.json"
 written profile_bf16 "${PROFILE_S:-240}" "$profile" \
   "$python" experiments/profile_steps.py --dtype bfloat16 --tokens 128 "${ar_settings[@]}" --json "$profile"
-bench bench_fp32 fp32 --dtype float32 "${methods[@]}" "$@"
+bench bench_fp32 fp32 --dtype float32 "${ar_settings[@]}" "${methods[@]}" "$@"
 exit $failed
