@@ -26,11 +26,11 @@ import logging
 import time
 import types
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache, StaticCache
 from transformers.masking_utils import create_causal_mask
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specrepro.decoding.verify import additive_mask, crop_cache
 from specrepro.errors import SpecReproError
@@ -43,6 +43,13 @@ BACKENDS = ("inductor", "aot_eager", "eager", "cudagraphs")
 # `hardware.compile_freezing`: inductor's freezing, with linears that read one input concatenated on a CPU too
 # (on a GPU inductor does that by default)
 FREEZING_OPTIONS = {"freezing": True, "cpp.enable_concat_linear": True}
+
+
+class StepOutput(NamedTuple):
+    """A step's output: the logits of its rows (a model's output object costs a compiled step tens of microseconds
+    of host time to build)."""
+
+    logits: torch.Tensor
 
 
 class EagerSteps:
@@ -75,9 +82,11 @@ class EagerSteps:
         tree (`verify.tree_attention`), None for a causal chain. `past`: the length the chain continues, for a
         cache whose first layer holds another (a draft that skips attention layers writes only the others');
         `variant`: the name of a model state the caller has set (`Decoder.step_variants`), which compiled steps
-        compile graphs of their own for. Returns the model's output."""
-        return self.model(
-            input_ids, cache=cache, logits_to_keep=logits_to_keep, **self.mask_inputs(input_ids, tree, past)
+        compile graphs of their own for. Returns the rows' logits (`StepOutput`)."""
+        return StepOutput(
+            self.model(
+                input_ids, cache=cache, logits_to_keep=logits_to_keep, **self.mask_inputs(input_ids, tree, past)
+            ).logits
         )
 
     def hidden(
@@ -211,6 +220,9 @@ class CompiledSteps(EagerSteps):
                 log.warning("the static cache grows past %d positions: its graphs are compiled again", self.cache_len)
             self.cache_len, self.caches = self.cache_multiple * -(-needed // self.cache_multiple), {}
             self.warmed = False
+            p = next(self.model.parameters())
+            self.key_positions = torch.arange(self.cache_len, device=p.device)  # what a step's mask compares against
+            self.mask_values = (p.new_zeros(()), p.new_full((), torch.finfo(p.dtype).min))  # allowed, masked
         if name in self.caches:
             crop_cache(self.caches[name], 0)  # a write-position reset: stale rows stay masked until overwritten
         else:  # its layers are allocated when first written: a drafter's one-layer cache holds one
@@ -240,7 +252,7 @@ class CompiledSteps(EagerSteps):
         tree = None if tree is None else (tree[0][-n:], tree[1][-n:])
         width = self.bucket(n) if past else None
         if width is None:
-            mask, positions = self.padded_mask(past, n, n, tree, hidden.device)
+            mask, positions = self.padded_mask(past, n, n, tree)
             return apply_layers(self.model, hidden, layers, cache, mask, positions)
         key = tuple(map(id, layers))
         if key not in self.layer_graphs:
@@ -249,7 +261,7 @@ class CompiledSteps(EagerSteps):
                 return (apply_layers(self.model, hidden, layers, cache, mask, positions),)
 
             self.layer_graphs[key] = (layers, self.compile(own_code(graph)))
-        mask, positions = self.padded_mask(past, n, width, tree, hidden.device)
+        mask, positions = self.padded_mask(past, n, width, tree)
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         out = self.layer_graphs[key][1](pad_rows(hidden, width), mask, positions, cache)[0][:, :n].clone()
@@ -291,7 +303,7 @@ class CompiledSteps(EagerSteps):
         if outputs is None:  # prefill, or an unbucketed width: uncompiled
             return super().__call__(input_ids, cache, logits_to_keep, tree, past)
         logits = outputs[0]
-        return CausalLMOutputWithPast(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+        return StepOutput(logits[:, -logits_to_keep:] if logits_to_keep else logits)
 
     def hidden(self, input_ids, cache, tree=None, exact_rows=None, past=None, variant=None):
         """The compiled hidden states (`exact_rows` has no use here: compiled steps refuse `row_invariant`); the
@@ -319,22 +331,21 @@ class CompiledSteps(EagerSteps):
     def padded_inputs(self, input_ids, past: int, width: int, tree):
         """Inputs padded to `width` rows (the last token repeated), with their mask and positions (`padded_mask`)."""
         n = input_ids.shape[1]
-        return pad_rows(input_ids, width), *self.padded_mask(past, n, width, tree, input_ids.device)
+        return pad_rows(input_ids, width), *self.padded_mask(past, n, width, tree)
 
-    def padded_mask(self, past: int, n: int, width: int, tree, device):
+    def padded_mask(self, past: int, n: int, width: int, tree):
         """The (1, 1, width, cache) additive mask and the positions of n rows padded to `width` after `past`
         cached ones: real rows see what they would eagerly (the prefix and, in a tree, their ancestors), padding
         rows continue the sequence causally."""
-        size = self.cache_len
-        rows = torch.arange(width, device=device)
-        allow = torch.arange(size, device=device)[None] <= (past + rows)[:, None]
-        positions = past + rows
+        positions = self.key_positions[:width] + past  # a chain step's inputs take three ops (a view into key_positions
+        # would take one less, but dynamo specializes on an input's storage offset: a graph per position)
+        allow = self.key_positions[None] <= positions[:, None]
         if tree is not None:
             tree_allow, tree_positions = tree
             allow[:n, : tree_allow.shape[1]] = tree_allow
             allow[:n, tree_allow.shape[1] :] = False
-            positions = torch.cat([tree_positions, past + torch.arange(n, width, device=device)])
-        return additive_mask(allow, self.model.dtype), positions[None]
+            positions = torch.cat([tree_positions, positions[n:]])
+        return torch.where(allow, *self.mask_values)[None, None], positions[None]
 
     def warm_up(self, max_width: int, length: int, hidden: bool = False, slices=(), variants=(), calls=()) -> float:
         """Compile every bucket up to `max_width` rows (and, with `hidden`, the forward that returns hidden
@@ -393,7 +404,8 @@ def own_code(fn):
 
 
 def pad_rows(x: torch.Tensor, width: int) -> torch.Tensor:
-    """(1, n, ...) token ids or hidden states padded to `width` rows by repeating the last."""
+    """(1, n, ...) token ids or hidden states padded to `width` rows by repeating the last, in a tensor of their own
+    (a graph's input: dynamo specializes on its strides, which a caller's slice would carry)."""
     return torch.cat([x, x[:, -1:].expand(-1, width - x.shape[1], *x.shape[2:])], dim=1)
 
 
