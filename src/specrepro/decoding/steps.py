@@ -222,7 +222,8 @@ class CompiledSteps(EagerSteps):
             self.warmed = False
             p = next(self.model.parameters())
             self.key_positions = torch.arange(self.cache_len, device=p.device)  # what a step's mask compares against
-            self.mask_values = (p.new_zeros(()), p.new_full((), torch.finfo(p.dtype).min))  # allowed, masked
+            dtype = self.model.dtype  # the mask's values where allowed and where masked, as `additive_mask` makes them
+            self.mask_values = (p.new_zeros((), dtype=dtype), p.new_full((), torch.finfo(dtype).min, dtype=dtype))
         if name in self.caches:
             crop_cache(self.caches[name], 0)  # a write-position reset: stale rows stay masked until overwritten
         else:  # its layers are allocated when first written: a drafter's one-layer cache holds one
@@ -337,8 +338,9 @@ class CompiledSteps(EagerSteps):
         """The (1, 1, width, cache) additive mask and the positions of n rows padded to `width` after `past`
         cached ones: real rows see what they would eagerly (the prefix and, in a tree, their ancestors), padding
         rows continue the sequence causally."""
-        positions = self.key_positions[:width] + past  # a chain step's inputs take three ops (a view into key_positions
-        # would take one less, but dynamo specializes on an input's storage offset: a graph per position)
+        # three ops for a chain step (a view into key_positions would save one, but dynamo specializes a graph input
+        # on its storage offset: a graph per position)
+        positions = self.key_positions[:width] + past
         allow = self.key_positions[None] <= positions[:, None]
         if tree is not None:
             tree_allow, tree_positions = tree
