@@ -324,8 +324,6 @@ def main() -> None:
         help='a model preset with overrides (conf/model/): "llama2_7b_chat", "hf model.id=/path/to/checkpoint"',
     )
     args = parser.parse_args()
-    if args.freezing and args.backend != "inductor":
-        parser.error("--freezing is inductor's: it needs --backend inductor")
     began = time.perf_counter()
     hardware = HardwareConfig(
         device=args.device,
@@ -390,12 +388,10 @@ def main() -> None:
     compiled_arms = {arm: d for arm, d in decoders.items() if d.steps.compiled}
     ours_compile, graphs_mb = 0.0, {}
     for steps in {id(d.steps): d.steps for d in compiled_arms.values()}.values():  # each arm's steps in turn
+        on_these = {arm: d for arm, d in compiled_arms.items() if d.steps is steps}
         held = held_mb(loader.device)
-        ours_compile += compile_steps_for(
-            len(longest) + args.max_new_tokens, [d for d in compiled_arms.values() if d.steps is steps]
-        )
-        label = " ".join(arm for arm, d in compiled_arms.items() if d.steps is steps)
-        graphs_mb[label] = held_mb(loader.device) - held
+        ours_compile += compile_steps_for(len(longest) + args.max_new_tokens, list(on_these.values()))
+        graphs_mb[" ".join(on_these)] = held_mb(loader.device) - held
     compile_s = {"ours": ours_compile}
     for arm in [*decoders, *GENERATE_ARMS]:  # warm-up: transformers compiles on its first static call
         progress(f"warming up {arm}")

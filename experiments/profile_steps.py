@@ -4,10 +4,9 @@ For each arm (our compiled `ar` with its static cache rounded up to each of `--c
 `--differentiating-guards` each also checking only the guards that tell its graphs apart
 (`hardware.compile_guards=differentiating`), with `--freezing` each also on weights folded into its graphs
 (`hardware.compile_freezing=true`; with both flags, also both at once), and transformers' `generate`), one
-warmed-up greedy generation of
-`--tokens` new tokens on the longest of bench_gpu.py's five GSM8K prompts (our cache sized as that bench sizes it):
-wall milliseconds per token unprofiled, and under torch.profiler wall and device (kernel) milliseconds and kernel
-launches per token, host-side aten operators per token and the costliest kernels.
+warmed-up greedy generation of `--tokens` new tokens on the longest of bench_gpu.py's five GSM8K prompts (our cache
+sized as that bench sizes it): wall milliseconds per token unprofiled, and under torch.profiler wall and device
+(kernel) milliseconds and kernel launches per token, host-side aten operators per token and the costliest kernels.
 Wall well above kernel time says the arm waits on the host (launches, syncs, Python); kernel time near wall says
 the graph's own kernels bound it: `wall_over_kernel`, the unprofiled wall over the kernel time, says which.
 Run: python experiments/profile_steps.py [--dtype float32] [--tokens 256] [--differentiating-guards] [--freezing]
