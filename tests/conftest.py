@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -34,12 +35,23 @@ def greedy_beside_ar(decoder, ar, prompts, budgets=(1, 6, 40), stop_at_eos=True)
             yield generation
 
 
+SYNCING_OPS = ("aten::_local_scalar_dense", "aten::nonzero")  # `int()`, `.item()`, `bool()`; a mask's indices
+
+
 def host_reads(decoder, prompt, budget: int) -> int:
-    """How many times a greedy generation read a tensor's value to the host by `int()`, `.item()` or `bool()` (each
-    a sync on a GPU; the CPU profiler sees them as `aten::_local_scalar_dense`)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        decoder.generate(prompt, Sampling(), budget)
-    return sum(event.count for event in prof.key_averages() if event.key == "aten::_local_scalar_dense")
+    """How many times a greedy generation read tensor values to the host (each a sync on a GPU): by `int()`,
+    `.item()`, `bool()` or `.tolist()`, or by ops whose output size is data (`nonzero`, indexing by a boolean mask).
+    The CPU profiler sees all but `.tolist()`, which is counted as it is called."""
+    tolist, calls = torch.Tensor.tolist, []
+
+    def counted(tensor):
+        calls.append(1)
+        return tolist(tensor)
+
+    with mock.patch.object(torch.Tensor, "tolist", counted):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            decoder.generate(prompt, Sampling(), budget)
+    return len(calls) + sum(event.count for event in prof.key_averages() if event.key in SYNCING_OPS)
 
 
 def tiny_llama(vocab_size: int = 64, seed: int = 0, num_layers: int = 2, logit_scale: float = 1.0):

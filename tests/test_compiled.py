@@ -248,23 +248,38 @@ def test_differentiating_guards_refuse_a_graph_warm_up_did_not_compile():
                 step()
 
 
-def test_compiled_ar_steps_read_nothing_back_to_the_host(compiled_target):
+def test_compiled_ar_steps_read_the_device_once_a_chunk(compiled_target):
     """A compiled step continues the position the caller gives it: nothing in a chunk of `ar`'s steps reads the
-    device (on a GPU, the host queues them while earlier ones run)."""
+    device but the chunk's tokens, at its end (on a GPU, the host queues the chunk's steps while earlier ones run)."""
     decoder = ARDecoder(compiled_target, sync_every=8)
     decoder.eos_ids = set()
-    assert host_reads(decoder, prompts()[0], 9) == host_reads(decoder, prompts()[0], 41)
+    assert host_reads(decoder, prompts()[0], 41) - host_reads(decoder, prompts()[0], 9) == 4  # 5 chunks, not 1
 
 
-@pytest.mark.parametrize("name", ["sps", "sar_draft"])
-def test_a_fixed_length_draft_reads_the_device_once_a_round(compiled_target, name):
-    """A chain drafter under a fixed-length controller drafts without reading the device (each draft token feeds
-    the next where it is, no controller reads its top-1 probability, each step is given its cache position) and
-    verifies with one read of how many drafts were accepted: on a GPU the host queues a round's steps."""
+# Reads of the device in a greedy round beyond the one that reads the verification's choices (each a wait on a
+# GPU): what a method's own rule needs. Every other method drafts, verifies and rolls back on what it knows.
+EXTRA_READS_PER_ROUND = {
+    "pld": 1,  # the committed tokens, searched on the host
+    "pld_heuristic": 1,
+    "jacobi": 1,  # a round that draws new guesses from the context reads the picks
+    "jacobi_sliding": 1,
+    "self_sd": 6,  # the adaptive exit reads each draft's top-1 probability (k_max 6)
+    "eagle": 3,  # EAGLE-2 builds its tree on the host: the top-k of each of its levels
+    "eagle_tree": 3,
+}
+
+
+@pytest.mark.parametrize("name", COMPILABLE)
+def test_a_compiled_round_reads_the_device_only_where_its_method_must(compiled_target, name):
+    """On compiled steps, which get every position from the caller, a round reads the device once (the target's
+    choices and the drafts, at once) plus what its method's own rule reads (`EXTRA_READS_PER_ROUND`): drafters
+    track their caches' lengths, verification and a tree's rollback read nothing else, and a draft vocabulary's
+    token ids are gathered on the device."""
     decoder = compiled_decoders(compiled_target, torch_llama(vocab_size=64, seed=2, num_layers=1))[name]
     decoder.eos_ids = set()
     short, long = (decoder.generate(prompts()[0], GREEDY, budget).steps for budget in (9, 41))
-    assert host_reads(decoder, prompts()[0], 41) - host_reads(decoder, prompts()[0], 9) == long - short
+    reads = host_reads(decoder, prompts()[0], 41) - host_reads(decoder, prompts()[0], 9)
+    assert reads <= (1 + EXTRA_READS_PER_ROUND.get(name, 0)) * (long - short)
 
 
 @pytest.mark.parametrize("name", ["eagle", "eagle_tree"])

@@ -20,8 +20,9 @@ MISSING = -100  # the draft index of a token outside the draft vocabulary (cross
 
 
 def token_ids(vocab_ids: torch.Tensor | None, draft_index: torch.Tensor) -> torch.Tensor:
-    """Token ids of draft-vocabulary indices (e.g. an argmax of the head's logits)."""
-    return draft_index if vocab_ids is None else vocab_ids[draft_index]
+    """Token ids of draft-vocabulary indices (e.g. an argmax of the head's logits). `take`, as indexing by a 0-d
+    tensor reads it to the host (a wait on a GPU)."""
+    return draft_index if vocab_ids is None else vocab_ids.take(draft_index)
 
 
 def draft_index(vocab_ids: torch.Tensor | None, tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -58,9 +59,11 @@ def choose_draft_token(
 def alternatives(
     vocab_ids: torch.Tensor | None, logits: torch.Tensor, chosen: torch.Tensor, count: int
 ) -> torch.Tensor:
-    """Token ids of the `count` best draft tokens for `logits` other than `chosen`, best first."""
-    best = token_ids(vocab_ids, logits.topk(min(count + 1, logits.shape[-1])).indices)
-    return best[best != chosen][:count]
+    """Token ids of the `count` best draft tokens for `logits` other than `chosen`, best first (on the device: a
+    stable sort moves `chosen` behind the others, where a boolean mask would wait for it to count them)."""
+    count = min(count, logits.shape[-1] - 1)
+    best = token_ids(vocab_ids, logits.topk(count + 1).indices)
+    return best[torch.argsort((best == chosen).to(torch.uint8), stable=True)[:count]]
 
 
 def _strings(value):

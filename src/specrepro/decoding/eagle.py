@@ -301,18 +301,19 @@ class EagleDecoder(DraftVerifyDecoder):
         return Proposal(drafts, None, parents)  # deterministic top-k drafts: one-hot q (tree_verify)
 
 
-def top_children(decoder: EagleDecoder, features: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probabilities, token ids), (rows, top_k) each, of the draft's top-k next tokens after each predicted
-    feature row."""
+def top_children(decoder: EagleDecoder, features: torch.Tensor, top_k: int) -> list[list[tuple[float, int]]]:
+    """(probability, token id) of the draft's top-k next tokens after each predicted feature row (rows, H), read
+    to the host at once (one wait on a GPU; float64 holds both exactly)."""
     logp, index = decoder.scores(features).topk(min(top_k, decoder.draft.lm_head[0].out_features), -1)
-    return logp, draft_vocab.token_ids(decoder.draft.vocab_ids, index)
+    ids = draft_vocab.token_ids(decoder.draft.vocab_ids, index)
+    probs, tokens = torch.stack([logp.exp().double(), ids.double()]).tolist()
+    return [[(p, int(t)) for p, t in zip(row_p, row_t)] for row_p, row_t in zip(probs, tokens)]
 
 
 def dynamic_tree(decoder: EagleDecoder, state: DraftCache, depth: int, top_k: int) -> list[TreeNode]:
     """EAGLE-2's expansion phase: every drafted node, parents before children. Level 1 is the root's top-k; each
     further level expands the previous level's top-k nodes by value, all in one draft forward under a tree mask."""
-    logp, ids = top_children(decoder, state.feature, top_k)
-    nodes = [TreeNode(int(t), float(v), -1, 1) for v, t in zip(logp[0].exp().tolist(), ids[0].tolist())]
+    nodes = [TreeNode(t, p, -1, 1) for p, t in top_children(decoder, state.feature, top_k)[0]]
     level = list(range(len(nodes)))
     expanded: list[int] = []  # nodes run through the draft this round: its cache's rows after the committed pairs
     features_of = {-1: state.feature[0]}
@@ -335,13 +336,12 @@ def dynamic_tree(decoder: EagleDecoder, state: DraftCache, depth: int, top_k: in
         positions = torch.tensor([state.length + nodes[i].depth - 1 for i in chosen], device=device)
         predicted = decoder.draft_step(state, features, tokens, allow, positions, rows)
         expanded += chosen
-        logp, ids = top_children(decoder, predicted[0], top_k)
         level = []
-        for r, node in enumerate(chosen):
+        for r, (node, children) in enumerate(zip(chosen, top_children(decoder, predicted[0], top_k))):
             features_of[node] = predicted[0, r]
-            for p, t in zip(logp[r].exp().tolist(), ids[r].tolist()):
+            for p, t in children:
                 level.append(len(nodes))
-                nodes.append(TreeNode(int(t), nodes[node].value * p, node, nodes[node].depth + 1))  # Eq. 1
+                nodes.append(TreeNode(t, nodes[node].value * p, node, nodes[node].depth + 1))  # Eq. 1
     crop_cache(state.cache, state.length)  # the expanded nodes' rows live only in this round
     return nodes
 

@@ -180,11 +180,13 @@ class EarlyExitHead(torch.nn.Module):
             "draft_vocab": 0 if self.vocab_ids is None else len(self.vocab_ids),
         }
 
-    def hidden(self, hidden_n: torch.Tensor, cache=None, steps: EagerSteps | None = None) -> torch.Tensor:
+    def hidden(
+        self, hidden_n: torch.Tensor, cache=None, steps: EagerSteps | None = None, past: int | None = None
+    ) -> torch.Tensor:
         """Eq. 1 up to the head: RMSNorm(Transformer^e(H^N)) for (B, T, d) layer-N hidden states; `steps`: the
-        target's (compiled ones run the exit layer compiled, on its own static cache)."""
+        target's (compiled ones run the exit layer compiled, on its own static cache, after `past` rows)."""
         if self.layer is not None:
-            hidden_n = (steps or EagerSteps(self._target[0])).layers([self.layer], hidden_n, cache)
+            hidden_n = (steps or EagerSteps(self._target[0])).layers([self.layer], hidden_n, cache, past=past)
         return self.norm(hidden_n)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -237,12 +239,12 @@ def _copy_module(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def first_layers_hidden(
-    target, input_ids: torch.Tensor, num_layers: int, cache=None, tree=None, steps: EagerSteps | None = None
+    target, input_ids: torch.Tensor, num_layers: int, cache=None, tree=None, steps: EagerSteps | None = None, past=None
 ):
     """H^N: the target's residual stream after its first N layers (= output_hidden_states[N]), run by `steps`
-    (default: eagerly)."""
+    (default: eagerly) after `past` positions of `cache` where the caller knows them."""
     embeds = target.model.embed_tokens(input_ids)
-    return (steps or EagerSteps(target)).layers(target.model.layers[:num_layers], embeds, cache, tree)
+    return (steps or EagerSteps(target)).layers(target.model.layers[:num_layers], embeds, cache, tree, past)
 
 
 def find_head(ref: str, artifacts_dir, target, settings: dict) -> Path:
@@ -270,14 +272,29 @@ def find_head(ref: str, artifacts_dir, target, settings: dict) -> Path:
 class ExitState:
     """The early-exit draft during one generation: the target's cache (whose layers 0..N-1 are the draft's
     body), the exit layer's own cache, the layer-N rows it has not consumed yet (ending at the last committed
-    position), H_t^(T) of Eq. 5 (the final-layer row that produced the newest token) and the layer-N rows of
-    the last proposal, which its verification reuses."""
+    position), H_t^(T) of Eq. 5 (the final-layer row that produced the newest token), the layer-N rows of the
+    last proposal, which its verification reuses, and the positions the body's layers and the exit layer's
+    cache hold (known here, so compiled steps need not read them from the device)."""
 
     cache: Any
     exit_cache: Any
     pending: torch.Tensor
     target_hidden: torch.Tensor | None = None
     drafted_hidden_n: torch.Tensor | None = None
+    body_length: int = 0
+    exit_length: int = 0
+
+    def body(self, decoder: "EESDDecoder", input_ids: torch.Tensor, tree=None) -> torch.Tensor:
+        """H^N of `input_ids`, which continue the body's layers of the target's cache."""
+        past, self.body_length = self.body_length, self.body_length + input_ids.shape[1]
+        return first_layers_hidden(
+            decoder.model, input_ids, decoder.head.num_layers, self.cache, tree, decoder.steps, past
+        )
+
+    def exit_hidden(self, decoder: "EESDDecoder", hidden_n: torch.Tensor) -> torch.Tensor:
+        """The exit layer and norm (Eq. 1) on layer-N rows that continue its cache."""
+        past, self.exit_length = self.exit_length, self.exit_length + hidden_n.shape[1]
+        return decoder.head.hidden(hidden_n, self.exit_cache, decoder.steps, past)
 
 
 @register_method(EESDConfig)
@@ -365,22 +382,24 @@ class EESDDecoder(DraftVerifyDecoder):
         """The full target on [last token, drafts], reusing the layer 0..N-1 rows the draft already computed (its
         first layers hold more than `past` positions then: it reads each layer's own)."""
         n = self.head.num_layers
-        verify_start = int(cache.get_seq_length(n))  # a static cache's is its live write position: copy it
-        reused = int(cache.get_seq_length(0)) - verify_start  # inputs the draft already ran through layers < N
-        fresh = first_layers_hidden(self.model, input_ids[:, reused:], n, cache, tree, self.steps)
+        verify_start = state.body_length if past is None else past  # the prefill's is 0
+        reused = state.body_length - verify_start  # inputs the draft already ran through layers < N
+        fresh = state.body(self, input_ids[:, reused:], tree)
         hidden_n = torch.cat([state.drafted_hidden_n, fresh], 1) if reused else fresh
-        final = self.model.model.norm(self.steps.layers(self.model.model.layers[n:], hidden_n, cache, tree))
+        final = self.model.model.norm(
+            self.steps.layers(self.model.model.layers[n:], hidden_n, cache, tree, past=verify_start)
+        )
         logits = self.model.lm_head(final[:, -logits_to_keep:] if logits_to_keep else final)
         return TargetOutput(logits, verify_start, {"layer_n": hidden_n, "final": final})
 
     def propose(self, state: ExitState, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
         x, drafts, qs, rows = tokens[:, -1:], [], [], []
         for i in range(1, k + 1):
-            hidden_n = first_layers_hidden(self.model, x, self.head.num_layers, state.cache, steps=self.steps)
+            hidden_n = state.body(self, x)
             rows.append(hidden_n)
             exit_input = torch.cat([state.pending, hidden_n], 1)
             state.pending = exit_input[:, :0]
-            z = self.head.hidden(exit_input, state.exit_cache, self.steps)[0, -1]
+            z = state.exit_hidden(self, exit_input)[0, -1]
             logits = self.head.logits(z)
             token, q, top1 = self.head.choose(logits, sampling, rng)
             if i == 1:
@@ -404,12 +423,14 @@ class EESDDecoder(DraftVerifyDecoder):
 
     def after_verify(self, state: ExitState, tokens, output: TargetOutput, rows) -> None:
         committed = tokens.shape[1] - 1  # positions that keep KV; the last committed token is fed next round
-        exit_len = min(int(state.exit_cache.get_seq_length()) if self.head.layer is not None else committed, committed)
+        state.body_length = committed  # the loop cropped every layer of the target's cache to it
+        exit_len = min(state.exit_length if self.head.layer is not None else committed, committed)
         # the kept rows (a tree's accepted path); the exit layer saw only the main chain's drafts
         hidden_n, final = output.hidden["layer_n"][:, rows], output.hidden["final"][0, rows]
         on_chain = next((j for j, row in enumerate(rows) if row != j), len(rows))
         exit_len = min(exit_len, output.position + on_chain)
         crop_cache(state.exit_cache, exit_len)
+        state.exit_length = exit_len
         # layer-N rows known for positions [known_start, ...): unconsumed pending rows, then this forward's
         known = torch.cat([state.pending, hidden_n], 1)
         known_start = output.position - state.pending.shape[1]

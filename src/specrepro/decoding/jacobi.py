@@ -39,7 +39,7 @@ import torch
 
 from specrepro.decoding.base import Decoder, GenerationBuilder
 from specrepro.decoding.sampling import Sampling
-from specrepro.decoding.verify import crop_cache, greedy_verify
+from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.registry import MethodConfig, register_method
 
@@ -92,7 +92,8 @@ class JacobiDecoder(Decoder):
         with out.timed("prefill"):
             first = int(self.steps(prompt_ids, cache, logits_to_keep=1).logits[0, -1].argmax())
         out.commit([first], prefill=True)
-        context = prompt_ids[0]
+        context = prompt_ids[0].tolist()
+        past = prompt_ids.shape[1]  # positions the cache holds
         fast_forwarded, stationary = [], []
         guesses: list[int] = []
         held_since: list[int] = []  # per guess: the first step whose state held this value unchanged
@@ -102,19 +103,20 @@ class JacobiDecoder(Decoder):
             guesses, held_since = guesses[:n_guesses], held_since[:n_guesses]
             n_new = n_guesses - len(guesses)
             if n_new > 0 and (self.sliding or not guesses):  # new guesses drawn from the context (Alg. 3 line 1)
-                pool = torch.cat([context, torch.tensor(out.gen.token_ids, device=device)])
-                picks = torch.randint(len(pool), (n_new,), generator=rng, device=device)
-                guesses, held_since = guesses + pool[picks].tolist(), held_since + [step] * n_new
-            past = int(cache.get_seq_length())  # a static cache returns its live length tensor
+                pool = context + out.gen.token_ids
+                picks = torch.randint(len(pool), (n_new,), generator=rng, device=device).tolist()
+                guesses, held_since = guesses + [pool[i] for i in picks], held_since + [step] * n_new
             state = torch.tensor([[out.gen.token_ids[-1], *guesses]], device=device)
             with out.timed("verify"):  # one parallel Jacobi update of every position (Eq. 3)
-                logits = self.steps(state, cache).logits[0]
-            tokens, n_fixed = greedy_verify(torch.tensor(guesses, device=device), logits)
-            crop_cache(cache, past + 1 + n_fixed)  # keep the KV of the converged prefix only (Alg. 3 line 12)
+                update = self.steps(state, cache, past=past).logits[0].argmax(-1).tolist()  # the round's one read
+            n_fixed = next((i for i, guess in enumerate(guesses) if guess != update[i]), len(guesses))
+            tokens = update[: n_fixed + 1]
+            past += 1 + n_fixed
+            crop_cache(cache, past)  # keep the KV of the converged prefix only (Alg. 3 line 12)
             fast_forwarded.append(len(tokens))
             stationary.append(sum(since < step for since in held_since[:n_fixed]))
             # line 13: z_next beyond i*; a sliding window also keeps the last position's prediction (of the next token)
-            new_guesses = logits[n_fixed + 1 : len(guesses) + self.sliding].argmax(-1).tolist()
+            new_guesses = update[n_fixed + 1 : len(guesses) + self.sliding]
             held_since = [
                 since if new == old else step + 1
                 for new, old, since in zip(new_guesses, guesses[n_fixed + 1 :], held_since[n_fixed + 1 :])

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal
@@ -33,16 +34,18 @@ class PLDConfig(MethodConfig):
         self.require_one_of("match", ("latest", "earliest"))
 
 
-def lookup_ngram(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k: int, latest: bool) -> torch.Tensor:
-    """Continuation (up to k tokens) of the last n-gram's earlier occurrence in the 1-D `tokens`, or empty."""
-    n_tokens = tokens.shape[0]
+def lookup_ngram(tokens: list[int], max_ngram: int, min_ngram: int, k: int, latest: bool) -> list[int]:
+    """Continuation (up to k tokens) of the last n-gram's earlier occurrence in `tokens`, or empty. The search runs
+    on the host: on a GPU, searching the device's copy would wait for it once per n-gram length tried."""
+    sequence = np.asarray(tokens)
+    n_tokens = len(sequence)
     for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
-        windows = tokens[: n_tokens - 1].unfold(0, n, 1)  # every n-gram that has a successor
-        hits = (windows == tokens[n_tokens - n :]).all(dim=1).nonzero().flatten()
-        if hits.numel():
+        windows = sliding_window_view(sequence[: n_tokens - 1], n)  # every n-gram that has a successor
+        hits = np.flatnonzero((windows == sequence[n_tokens - n :]).all(axis=1))
+        if hits.size:
             start = int(hits[-1] if latest else hits[0]) + n
             return tokens[start : start + k]
-    return tokens[:0]
+    return []
 
 
 @register_method(PLDConfig)
@@ -62,5 +65,6 @@ class PLDDecoder(DraftVerifyDecoder):
         return build_controller(self.cfg.controller, self.cfg.num_pred_tokens)
 
     def propose(self, state, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
-        drafts = lookup_ngram(tokens[0], self.cfg.max_ngram, self.cfg.min_ngram, k, self.cfg.match == "latest")
-        return Proposal(drafts)  # a deterministic drafter: q is one-hot on each draft
+        history = tokens[0].tolist()  # the round's one read of the device before verifying
+        drafts = lookup_ngram(history, self.cfg.max_ngram, self.cfg.min_ngram, k, self.cfg.match == "latest")
+        return Proposal(tokens.new_tensor(drafts))  # a deterministic drafter: q is one-hot on each draft

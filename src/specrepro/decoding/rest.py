@@ -279,16 +279,17 @@ class RestDecoder(DraftVerifyDecoder):
 
     def propose(self, state, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
         drafts, parents = [], []
-        context = tokens[0, -self.cfg.max_suffix :].tolist()
+        history = tokens[0].tolist()
+        context = history[-self.cfg.max_suffix :]
         n, lo, hi = self.datastore.longest_suffix(context, self.cfg.max_suffix, self.cfg.min_suffix)  # Sec. 3.2
         if n:
             rows = self.datastore.continuations(n, lo, hi, self.cfg.matches, min(k, self.cfg.continuation))
             drafts, parents = frequent_trie(rows, self.cfg.tree_nodes)  # Sec. 3.3
         if self.cfg.prompt_lookup:  # beyond the paper: the prompt and the output so far first (pld, SAM-Decoding)
             chain = lookup_ngram(
-                tokens[0], self.cfg.max_ngram, self.cfg.min_ngram, min(k, self.cfg.continuation), latest=True
+                history, self.cfg.max_ngram, self.cfg.min_ngram, min(k, self.cfg.continuation), latest=True
             )
-            drafts, parents = merge_into_trie(chain.tolist(), drafts, parents, self.cfg.tree_nodes)
+            drafts, parents = merge_into_trie(chain, drafts, parents, self.cfg.tree_nodes)
         if not drafts:
             return Proposal(tokens.new_empty(0))
         return Proposal(tokens.new_tensor(drafts), None, parents)  # deterministic drafts: q is one-hot on each

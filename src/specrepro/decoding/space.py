@@ -145,6 +145,7 @@ class SpaceDecoder(Decoder):
                     cache,
                     tree=(allow, n_cached + self.block_offsets),
                     exact_rows=self.real_slots,  # with hardware.row_invariant only these take the one-row path
+                    past=n_cached,
                 )[0]
                 # the head only where it is needed: the real slots, and every mask slot if one pass is cheaper
                 logits = self.model.lm_head(hidden if self.head_on_block else hidden[: k + 1])

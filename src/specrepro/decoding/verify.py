@@ -11,7 +11,6 @@
 - `tree_attention`: the attention pattern and positions of a tree verification (a node sees its ancestors).
 - `crop_cache`: roll a transformers cache back to a length after a rejection.
 - `keep_tree_path`: keep a tree verification's accepted path in the cache.
-- `keep_cache_positions`: keep chosen positions of a cache (a tree's accepted path).
 """
 
 from __future__ import annotations
@@ -23,12 +22,13 @@ from specrepro.decoding.sampling import Sampling, probs, sample
 
 
 def greedy_verify(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[list[int], int]:
-    """drafts: (k,), target_logits: (k + 1, vocab) at [last token, drafts...]. Returns (tokens, n_accepted)."""
-    choice = target_logits.argmax(-1)
+    """drafts: (k,), target_logits: (k + 1, vocab) at [last token, drafts...]. Returns (tokens, n_accepted).
+    The target's choices and the drafts are read to the host at once (one wait on a GPU)."""
     k = drafts.shape[0]
-    mismatch = (drafts != choice[:k]).nonzero()
-    n_accepted = int(mismatch[0]) if mismatch.numel() else k
-    return choice[: n_accepted + 1].tolist(), n_accepted
+    read = torch.cat([target_logits.argmax(-1), drafts.to(target_logits.device)]).tolist()
+    choice, drafted = read[: k + 1], read[k + 1 :]
+    n_accepted = next((i for i in range(k) if drafted[i] != choice[i]), k)
+    return choice[: n_accepted + 1], n_accepted
 
 
 def speculative_verify(
@@ -112,16 +112,16 @@ def tree_verify(
     children: dict[int, list[int]] = {}
     for i, parent in enumerate(parents):
         children.setdefault(parent, []).append(i)
-    path, node = [], -1
-    while True:
-        if sampling.greedy:
-            choice = int(target_logits[node + 1].argmax(-1))
-            match = [c for c in children.get(node, []) if int(drafts[c]) == choice]
-            if not match:
-                return [int(drafts[i]) for i in path] + [choice], path
+    if sampling.greedy:  # the target's choice at every row and the drafts, read to the host at once
+        read = torch.cat([target_logits.argmax(-1), drafts.to(target_logits.device)]).tolist()
+        choices, tokens = read[: len(parents) + 1], read[len(parents) + 1 :]
+        path, node = [], -1
+        while match := [c for c in children.get(node, []) if tokens[c] == choices[node + 1]]:
             node = match[0]
             path.append(node)
-            continue
+        return [tokens[i] for i in path] + [choices[node + 1]], path
+    path, node = [], -1
+    while True:
         p = probs(target_logits[node + 1], sampling)
         for child in children.get(node, []):
             x = int(drafts[child])
@@ -166,24 +166,15 @@ def crop_cache(cache, length: int) -> None:
 
 def keep_tree_path(cache, committed: int, path: list[int]) -> None:
     """After a tree verification appended its n + 1 rows at position `committed` - 1 (the last committed token,
-    then the nodes), keep the prefix, that token and the accepted `path` (node indices)."""
-    if path == list(range(len(path))):  # a prefix of the nodes, as every chain's path is
-        crop_cache(cache, committed + len(path))
-        return
-    device = cache.layers[0].keys.device
-    keep = torch.cat([torch.arange(committed, device=device), committed + torch.tensor(path, device=device)])
-    keep_cache_positions(cache, keep)
-
-
-def keep_cache_positions(cache, positions: torch.Tensor) -> None:
-    """Keep only `positions` (ascending indices along the sequence axis) in every layer of a DynamicCache.
-    The kept rows after the unchanged prefix move down in place and the rest is cropped, so a round costs
-    a copy of a few rows, not of the whole cache."""
-    moved = positions != torch.arange(len(positions), device=positions.device)
-    start = int(moved.nonzero()[0]) if moved.any() else len(positions)
-    source = positions[start:]
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", False) and len(source):
-            layer.keys[..., start : len(positions), :] = layer.keys.index_select(-2, source)
-            layer.values[..., start : len(positions), :] = layer.values.index_select(-2, source)
-    crop_cache(cache, len(positions))
+    then the nodes), keep the prefix, that token and the accepted `path` (node indices): the path's rows after the
+    nodes it shares with the chain 0, 1, ... move down in place and the rest is cropped, so a round costs a copy of
+    a few rows, not of the whole cache, and no read of the device."""
+    start = next((i for i, node in enumerate(path) if node != i), len(path))  # a chain's path is all prefix
+    if start < len(path):
+        source = committed + torch.tensor(path[start:], device=cache.layers[0].keys.device)
+        target = slice(committed + start, committed + len(path))
+        for layer in cache.layers:
+            if getattr(layer, "is_initialized", False):
+                layer.keys[..., target, :] = layer.keys.index_select(-2, source)
+                layer.values[..., target, :] = layer.values.index_select(-2, source)
+    crop_cache(cache, committed + len(path))
