@@ -54,7 +54,7 @@ from specrepro import registry
 from specrepro.config import HardwareConfig
 from specrepro.decoding import build_decoder
 from specrepro.decoding.ar import ARDecoder
-from specrepro.decoding.base import device_sync
+from specrepro.decoding.device import device_sync
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import CompiledSteps, EagerSteps

@@ -16,7 +16,7 @@ from transformers import CompileConfig
 from specrepro.cli import CONF_DIR
 from specrepro.config import register_configs
 from specrepro.data import DatasetConfig, load_records, render_prompt
-from specrepro.decoding.base import device_sync
+from specrepro.decoding.device import device_sync
 from specrepro.errors import SpecReproError, one_line
 from specrepro.provenance import machine_label
 

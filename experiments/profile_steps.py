@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from specrepro.config import HardwareConfig
 from specrepro.decoding.ar import ARDecoder
-from specrepro.decoding.base import device_sync
+from specrepro.decoding.device import device_sync
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import CompiledSteps
 from specrepro.models import ModelLoader, load_model

@@ -245,6 +245,14 @@ def test_keeping_a_tree_path_leaves_the_cache_of_that_sequence(target):
         torch.testing.assert_close(a.values, b.values)
 
 
+def test_an_upload_keeps_its_values_and_their_type():
+    from specrepro.decoding.device import upload
+
+    allow = torch.ones(2, 3, dtype=torch.bool).tril()
+    assert upload([[1, 2]], torch.device("cpu")).dtype == torch.long
+    assert torch.equal(upload(allow, torch.device("cpu")), allow)
+
+
 def test_lookup_ngram_finds_the_continuation():
     tokens = [1, 2, 3, 4, 9, 1, 2, 3, 5, 7, 1, 2, 3]
     assert lookup_ngram(tokens, 3, 1, 2, latest=True) == [5, 7]

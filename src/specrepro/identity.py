@@ -185,6 +185,7 @@ PACKAGE = Path(__file__).resolve().parent  # the `specrepro` package's directory
 DECODING_CODE = (
     "specrepro.decoding",
     "specrepro.decoding.base",
+    "specrepro.decoding.device",
     "specrepro.decoding.draft_verify",
     "specrepro.decoding.verify",
     "specrepro.decoding.sampling",

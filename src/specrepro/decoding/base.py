@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from specrepro.decoding.device import device_sync
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import EagerSteps, target_steps
 from specrepro.errors import SpecReproError
@@ -35,14 +36,6 @@ class Generation:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def device_sync(device: torch.device) -> None:
-    """Wait for queued kernels so wall-clock timings are honest on asynchronous devices."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 class GenerationBuilder:

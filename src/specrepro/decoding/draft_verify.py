@@ -27,6 +27,7 @@ import torch
 
 from specrepro.decoding import draft_vocab
 from specrepro.decoding.base import Decoder, GenerationBuilder
+from specrepro.decoding.device import upload
 from specrepro.decoding.controllers import DraftLengthController
 from specrepro.decoding.sampling import Sampling, next_token
 from specrepro.decoding.verify import crop_cache, keep_tree_path, speculative_verify, tree_attention, tree_verify
@@ -137,13 +138,13 @@ class DraftVerifyDecoder(Decoder):
                     rows = list(range(n_accepted + 1))
                 else:
                     allow, positions = tree_attention(parents, committed - 1)
-                    tree = (allow.to(self.device), positions.to(self.device))
+                    tree = (upload(allow, self.device), upload(positions, self.device))
                     output = self.target_forward(state, verify_input, cache, tree=tree, past=committed - 1)
                     new_tokens, path = tree_verify(drafts, parents, proposal.q, output.logits[0], sampling, rng)
                     keep_tree_path(cache, committed, path)
                     n_accepted, rows = len(path), [0] + [node + 1 for node in path]
             kept = out.commit(new_tokens, drafted=len(drafts))
-            tokens = torch.cat([tokens, tokens.new_tensor([kept])], dim=1)
+            tokens = torch.cat([tokens, upload([kept], self.device)], dim=1)
             controller.update(*main_chain(parents, len(drafts), n_accepted, rows))
             self.after_verify(state, tokens, output, rows)
         out.gen.extra.update(self.generation_extras(state))

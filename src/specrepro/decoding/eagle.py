@@ -38,6 +38,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from specrepro.decoding import draft_vocab
+from specrepro.decoding.device import upload
 from specrepro.decoding.controllers import FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
 from specrepro.decoding.sampling import Sampling
@@ -296,7 +297,7 @@ class EagleDecoder(DraftVerifyDecoder):
         nodes = dynamic_tree(self, state, min(k, self.cfg.depth), self.cfg.top_k)
         kept = rerank(nodes, self.cfg.total_tokens)
         index = {node: i for i, node in enumerate(kept)}
-        drafts = torch.tensor([nodes[i].token for i in kept], device=tokens.device)
+        drafts = upload([nodes[i].token for i in kept], tokens.device)
         parents = [index[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in kept]
         return Proposal(drafts, None, parents)  # deterministic top-k drafts: one-hot q (tree_verify)
 
@@ -330,10 +331,10 @@ def dynamic_tree(decoder: EagleDecoder, state: DraftCache, depth: int, top_k: in
                 allow[r, row_of[ancestor]] = True
                 ancestor = nodes[ancestor].parent
             allow[r, rows + r] = True
-        allow = allow.to(device)
+        allow = upload(allow, device)
         features = torch.stack([features_of[nodes[i].parent] for i in chosen])[None]
-        tokens = torch.tensor([[nodes[i].token for i in chosen]], device=device)
-        positions = torch.tensor([state.length + nodes[i].depth - 1 for i in chosen], device=device)
+        tokens = upload([[nodes[i].token for i in chosen]], device)
+        positions = upload([state.length + nodes[i].depth - 1 for i in chosen], device)
         predicted = decoder.draft_step(state, features, tokens, allow, positions, rows)
         expanded += chosen
         level = []

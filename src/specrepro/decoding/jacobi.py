@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from specrepro.decoding.base import Decoder, GenerationBuilder
+from specrepro.decoding.device import upload
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
@@ -106,7 +107,7 @@ class JacobiDecoder(Decoder):
                 pool = context + out.gen.token_ids
                 picks = torch.randint(len(pool), (n_new,), generator=rng, device=device).tolist()
                 guesses, held_since = guesses + [pool[i] for i in picks], held_since + [step] * n_new
-            state = torch.tensor([[out.gen.token_ids[-1], *guesses]], device=device)
+            state = upload([[out.gen.token_ids[-1], *guesses]], device)
             with out.timed("verify"):  # one parallel Jacobi update of every position (Eq. 3)
                 update = self.steps(state, cache, past=past).logits[0].argmax(-1).tolist()  # the round's one read
             n_fixed = next((i for i, guess in enumerate(guesses) if guess != update[i]), len(guesses))

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specrepro.decoding.device import upload
 from specrepro.decoding.controllers import DraftLengthController, FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal
 from specrepro.decoding.sampling import Sampling
@@ -143,7 +144,7 @@ class LookaheadDecoder(DraftVerifyDecoder):
         drafts, parents = candidate_trie(state.pool.candidates(int(tokens[0, -1])), k)  # verification branch
         window, window_parents, newest = window_tree(state.levels, len(drafts))  # lookahead branch
         state.newest_rows = [node + 1 for node in newest]  # row 0 is the last committed token
-        return Proposal(tokens.new_tensor(drafts + window), None, parents + window_parents)
+        return Proposal(upload(drafts + window, tokens.device), None, parents + window_parents)
 
     def after_verify(self, state: LookaheadState, tokens, output, rows) -> None:
         if state.newest_rows is None:  # the prefill, or a step without a window (the budget's last token)

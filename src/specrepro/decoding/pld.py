@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from specrepro.decoding.device import upload
 from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal
 from specrepro.decoding.sampling import Sampling
@@ -67,4 +68,4 @@ class PLDDecoder(DraftVerifyDecoder):
     def propose(self, state, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
         history = tokens[0].tolist()  # the round's one read of the device before verifying
         drafts = lookup_ngram(history, self.cfg.max_ngram, self.cfg.min_ngram, k, self.cfg.match == "latest")
-        return Proposal(tokens.new_tensor(drafts))  # a deterministic drafter: q is one-hot on each draft
+        return Proposal(upload(drafts, tokens.device))  # a deterministic drafter: q is one-hot on each draft

@@ -43,6 +43,7 @@ from typing import Iterable
 
 import numpy as np
 
+from specrepro.decoding.device import upload
 from specrepro.decoding.controllers import DraftLengthController, FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal
 from specrepro.decoding.pld import lookup_ngram
@@ -292,4 +293,4 @@ class RestDecoder(DraftVerifyDecoder):
             drafts, parents = merge_into_trie(chain, drafts, parents, self.cfg.tree_nodes)
         if not drafts:
             return Proposal(tokens.new_empty(0))
-        return Proposal(tokens.new_tensor(drafts), None, parents)  # deterministic drafts: q is one-hot on each
+        return Proposal(upload(drafts, tokens.device), None, parents)  # deterministic drafts: q is one-hot on each

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 from specrepro.decoding.base import Decoder, GenerationBuilder
+from specrepro.decoding.device import upload
 from specrepro.decoding.sampling import Sampling, next_token, probs, sample
 from specrepro.decoding.verify import crop_cache, speculative_verify
 from specrepro.errors import SpecReproError
@@ -135,7 +136,7 @@ class SpaceDecoder(Decoder):
         while not out.done:
             anchor = out.gen.token_ids[-1]
             with out.timed("verify"):  # one forward verifies c_1..c_k and drafts from every mask group (Eq. 5-7)
-                real = torch.cat([torch.tensor([anchor], device=device), candidates])  # anchor, c_1..c_k
+                real = torch.cat([upload([anchor], device), candidates])  # anchor, c_1..c_k
                 block = torch.cat([real, masks.repeat(1, k + 1)[0]])[None]  # then k masks for each
                 allow = torch.cat(
                     [torch.ones(len(self.block_allow), n_cached, dtype=torch.bool, device=device), self.block_allow], 1

@@ -26,6 +26,7 @@ from typing import List
 
 import torch
 
+from specrepro.decoding.device import upload
 from specrepro.decoding.controllers import DraftLengthController, FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
 from specrepro.decoding.sampling import Sampling
@@ -174,4 +175,4 @@ class TokenRecyclingDecoder(DraftVerifyDecoder):
         drafts, parents = draft_tree(state.matrix, int(tokens[0, -1]), self.template, k)
         if not drafts:
             return Proposal(tokens.new_empty(0))
-        return Proposal(tokens.new_tensor(drafts), None, parents)  # deterministic drafts: q is one-hot on each
+        return Proposal(upload(drafts, tokens.device), None, parents)  # deterministic drafts: q is one-hot on each

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import StaticLayer
 
+from specrepro.decoding.device import upload
 from specrepro.decoding.sampling import Sampling, probs, sample
 
 
@@ -171,7 +172,7 @@ def keep_tree_path(cache, committed: int, path: list[int]) -> None:
     a few rows, not of the whole cache, and no read of the device."""
     start = next((i for i, node in enumerate(path) if node != i), len(path))  # a chain's path is all prefix
     if start < len(path):
-        source = committed + torch.tensor(path[start:], device=cache.layers[0].keys.device)
+        source = upload([committed + node for node in path[start:]], cache.layers[0].keys.device)
         target = slice(committed + start, committed + len(path))
         for layer in cache.layers:
             if getattr(layer, "is_initialized", False):
