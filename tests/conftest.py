@@ -40,15 +40,19 @@ SYNCING_OPS = ("aten::_local_scalar_dense", "aten::nonzero")  # `int()`, `.item(
 
 def host_reads(decoder, prompt, budget: int) -> int:
     """How many times a greedy generation read tensor values to the host (each a sync on a GPU): by `int()`,
-    `.item()`, `bool()` or `.tolist()`, or by ops whose output size is data (`nonzero`, indexing by a boolean mask).
-    The CPU profiler sees all but `.tolist()`, which is counted as it is called."""
-    tolist, calls = torch.Tensor.tolist, []
+    `.item()`, `bool()`, `.tolist()` or `.cpu()`, or by ops whose output size is data (`nonzero`, indexing by a
+    boolean mask). The CPU profiler sees all but `.tolist()` and `.cpu()` (no copy here), counted as they are
+    called."""
+    calls = []
 
-    def counted(tensor):
-        calls.append(1)
-        return tolist(tensor)
+    def counted(method):
+        def read(tensor, *args, **kwargs):
+            calls.append(1)
+            return method(tensor, *args, **kwargs)
 
-    with mock.patch.object(torch.Tensor, "tolist", counted):
+        return read
+
+    with mock.patch.multiple(torch.Tensor, tolist=counted(torch.Tensor.tolist), cpu=counted(torch.Tensor.cpu)):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             decoder.generate(prompt, Sampling(), budget)
     return len(calls) + sum(event.count for event in prof.key_averages() if event.key in SYNCING_OPS)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from specrepro.decoding.device import upload
 from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
@@ -35,17 +34,22 @@ class PLDConfig(MethodConfig):
         self.require_one_of("match", ("latest", "earliest"))
 
 
-def lookup_ngram(tokens: list[int], max_ngram: int, min_ngram: int, k: int, latest: bool) -> list[int]:
-    """Continuation (up to k tokens) of the last n-gram's earlier occurrence in `tokens`, or empty. The search runs
-    on the host: on a GPU, searching the device's copy would wait for it once per n-gram length tried."""
+def lookup_ngram(tokens, max_ngram: int, min_ngram: int, k: int, latest: bool) -> list[int]:
+    """Continuation (up to k tokens) of the last n-gram's earlier occurrence in `tokens` (a list or an array), or
+    empty. The search runs on the host (on a GPU, searching the device's copy would wait for it once per n-gram
+    length tried), from the earlier occurrences of the last token, extended back one token at a time."""
     sequence = np.asarray(tokens)
     n_tokens = len(sequence)
+    if n_tokens < 2:
+        return []
+    ends = np.flatnonzero(sequence[: n_tokens - 1] == sequence[-1])  # where a match can end: each has a successor
     for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
-        windows = sliding_window_view(sequence[: n_tokens - 1], n)  # every n-gram that has a successor
-        hits = np.flatnonzero((windows == sequence[n_tokens - n :]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1] if latest else hits[0]) + n
-            return tokens[start : start + k]
+        match = ends[ends >= n - 1]
+        for back in range(1, n):
+            match = match[sequence[match - back] == sequence[-1 - back]]
+        if match.size:
+            start = int(match[-1] if latest else match[0]) + 1
+            return sequence[start : start + k].tolist()
     return []
 
 
@@ -66,6 +70,6 @@ class PLDDecoder(DraftVerifyDecoder):
         return build_controller(self.cfg.controller, self.cfg.num_pred_tokens)
 
     def propose(self, state, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
-        history = tokens[0].tolist()  # the round's one read of the device before verifying
+        history = tokens[0].cpu().numpy()  # the round's one read of the device before verifying
         drafts = lookup_ngram(history, self.cfg.max_ngram, self.cfg.min_ngram, k, self.cfg.match == "latest")
         return Proposal(upload(drafts, tokens.device))  # a deterministic drafter: q is one-hot on each draft

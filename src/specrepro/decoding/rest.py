@@ -280,8 +280,8 @@ class RestDecoder(DraftVerifyDecoder):
 
     def propose(self, state, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
         drafts, parents = [], []
-        history = tokens[0].tolist()
-        context = history[-self.cfg.max_suffix :]
+        history = tokens[0].cpu().numpy()
+        context = history[-self.cfg.max_suffix :].tolist()
         n, lo, hi = self.datastore.longest_suffix(context, self.cfg.max_suffix, self.cfg.min_suffix)  # Sec. 3.2
         if n:
             rows = self.datastore.continuations(n, lo, hi, self.cfg.matches, min(k, self.cfg.continuation))
