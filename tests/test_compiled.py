@@ -264,8 +264,8 @@ EXTRA_READS_PER_ROUND = {
     "jacobi": 1,  # a round that draws new guesses from the context reads the picks
     "jacobi_sliding": 1,
     "self_sd": 6,  # the adaptive exit reads each draft's top-1 probability (k_max 6)
-    "eagle": 3,  # EAGLE-2 builds its tree on the host: the top-k of each of its levels
-    "eagle_tree": 3,
+    "eagle": 1,  # EAGLE-2's tree, built on the device, read once chosen (its shape masks the verification)
+    "eagle_tree": 1,
 }
 
 

@@ -12,7 +12,7 @@ import torch
 from specrepro.decoding import draft_verify
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.draft_verify import TargetOutput
-from specrepro.decoding.eagle import EagleConfig, EagleDecoder, EagleDraft, TreeNode, dynamic_tree, rerank
+from specrepro.decoding.eagle import DraftTree, EagleConfig, EagleDecoder, EagleDraft, dynamic_tree, rerank
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import tree_attention
 from specrepro.errors import SpecReproError
@@ -64,35 +64,33 @@ def test_the_dynamic_tree_expands_the_top_k_by_cumulative_confidence(sharp):
     prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
     output = decoder.target_forward(state, prompt, decoder.steps.new_cache(20))
     decoder.after_verify(state, torch.cat([prompt, prompt[:, :1]], 1), output, list(range(9)))
-    nodes = dynamic_tree(decoder, state, depth, top_k)
+    tree = dynamic_tree(decoder, state, depth, top_k)
+    tokens, values, parents, depths = (x.tolist() for x in (tree.tokens, tree.values, tree.parents, tree.depths))
     root = decoder.scores(state.feature)[0].exp()
-    first = [n for n in nodes if n.depth == 1]
-    assert [n.token for n in first] == root.topk(top_k).indices.tolist()
-    assert [n.value for n in first] == pytest.approx(root.topk(top_k).values.tolist())
-    assert len(nodes) == top_k + (depth - 1) * top_k * top_k
+    first = [i for i, d in enumerate(depths) if d == 1]
+    assert [tokens[i] for i in first] == root.topk(top_k).indices.tolist()
+    assert [values[i] for i in first] == pytest.approx(root.topk(top_k).values.tolist())
+    assert len(tokens) == top_k + (depth - 1) * top_k * top_k
     for d in range(2, depth + 1):  # the parents of level d are the top-k of level d - 1 by value
-        previous = [i for i, n in enumerate(nodes) if n.depth == d - 1]
-        best = sorted(previous, key=lambda i: -nodes[i].value)[:top_k]
-        assert {n.parent for n in nodes if n.depth == d} == set(best)
-    for node in nodes:  # Eq. 1: a value is the product along its path, so never above its parent's
-        assert node.parent == -1 or (node.parent < nodes.index(node) and node.value <= nodes[node.parent].value)
-    kept = rerank(nodes, 8)
-    values = sorted((n.value for n in nodes), reverse=True)
-    assert sorted((nodes[i].value for i in kept), reverse=True) == values[:8]
-    assert all(nodes[i].parent == -1 or nodes[i].parent in kept for i in kept)
+        previous = [i for i in range(len(tokens)) if depths[i] == d - 1]
+        best = sorted(previous, key=lambda i: -values[i])[:top_k]
+        assert {parents[i] for i in range(len(tokens)) if depths[i] == d} == set(best)
+    for i, parent in enumerate(parents):  # Eq. 1: a value is the product along its path, so never above its parent's
+        assert parent == -1 or (parent < i and values[i] <= values[parent] and depths[i] == depths[parent] + 1)
+    kept = rerank(tree, 8).tolist()
+    assert sorted((values[i] for i in kept), reverse=True) == sorted(values, reverse=True)[:8]
+    assert all(parents[i] == -1 or parents[i] in kept for i in kept)
 
 
 def test_rerank_keeps_the_best_nodes_as_a_tree_and_the_proposal_masks_it(sharp):
-    nodes = [
-        TreeNode(5, 0.6, -1, 1),
-        TreeNode(6, 0.3, -1, 1),
-        TreeNode(7, 0.6, 0, 2),
-        TreeNode(8, 0.1, 0, 2),
-        TreeNode(9, 0.25, 1, 2),
-        TreeNode(4, 0.5, 2, 3),
-    ]
-    assert rerank(nodes, 4) == [0, 1, 2, 5]  # a tie keeps the parent (created first) before its child
-    assert rerank(nodes, 2) == [0, 2]
+    tree = DraftTree(
+        torch.tensor([5, 6, 7, 8, 9, 4]),
+        torch.tensor([0.6, 0.3, 0.6, 0.1, 0.25, 0.5], dtype=torch.float64),
+        torch.tensor([-1, -1, 0, 0, 1, 2]),
+        torch.tensor([1, 1, 2, 2, 2, 3]),
+    )
+    assert rerank(tree, 4).tolist() == [0, 1, 2, 5]  # a tie keeps the parent (created first) before its child
+    assert rerank(tree, 2).tolist() == [0, 2]
     decoder = eagle(sharp, 3, 2, 4)
     prompt = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(4))
     state = decoder.start(None, None, 0)

@@ -19,7 +19,8 @@ approximates the acceptance rate, so a node's value is the product of the draft 
 nodes of the newest level by value, each into its top-k children (one draft forward for the k nodes, tree mask);
 reranking: keep the `total_tokens` drafted nodes of highest value (an ancestor's value is never below its child's,
 so the kept nodes form a tree), verified in one target forward with a tree mask. The nodes are deterministic top-k
-choices, so speculative sampling runs `tree_verify` with one-hot q and stays lossless.
+choices, so speculative sampling runs `tree_verify` with one-hot q and stays lossless. Both phases run on the device
+(stable sorts keep the order ties had on the host); a round reads the chosen tree's shape once, not every level.
 
 `draft_vocab` = V > 0 (beyond the paper, as EAGLE-3/FR-Spec; decoding/draft_vocab.py): the LM head's rows of the V
 most frequent training tokens score the drafts.
@@ -38,7 +39,6 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from specrepro.decoding import draft_vocab
-from specrepro.decoding.device import upload
 from specrepro.decoding.controllers import FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
 from specrepro.decoding.sampling import Sampling
@@ -201,11 +201,15 @@ class DraftCache:
 
 
 @dataclass
-class TreeNode:
-    token: int
-    value: float  # Eq. 1: the product of the draft probabilities along the path from the root
-    parent: int  # index of the parent node, -1: the root (the newest committed token)
-    depth: int
+class DraftTree:
+    """A round's drafted nodes, parents before children, on the draft's device: token ids (n,), values (n,) (Eq. 1:
+    the product of the draft probabilities along the path from the root, in float64 as Python's floats multiply),
+    parents (n,) (-1: the root, the newest committed token) and depths (n,)."""
+
+    tokens: torch.Tensor
+    values: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
 
 
 @register_method(EagleConfig)
@@ -294,61 +298,64 @@ class EagleDecoder(DraftVerifyDecoder):
         return self.draft.logits(features).float().log_softmax(-1)
 
     def propose(self, state: DraftCache, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
-        nodes = dynamic_tree(self, state, min(k, self.cfg.depth), self.cfg.top_k)
-        kept = rerank(nodes, self.cfg.total_tokens)
-        index = {node: i for i, node in enumerate(kept)}
-        drafts = upload([nodes[i].token for i in kept], tokens.device)
-        parents = [index[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in kept]
-        return Proposal(drafts, None, parents)  # deterministic top-k drafts: one-hot q (tree_verify)
+        tree = dynamic_tree(self, state, min(k, self.cfg.depth), self.cfg.top_k)
+        kept = rerank(tree, self.cfg.total_tokens)
+        index = torch.full_like(tree.parents, -1)
+        index[kept] = torch.arange(len(kept), device=kept.device)
+        parents = tree.parents[kept]
+        parents = torch.where(parents >= 0, index[parents.clamp_min(0)], -1).tolist()  # the round's one read
+        return Proposal(tree.tokens[kept], None, parents)  # deterministic top-k drafts: one-hot q (tree_verify)
 
 
-def top_children(decoder: EagleDecoder, features: torch.Tensor, top_k: int) -> list[list[tuple[float, int]]]:
-    """(probability, token id) of the draft's top-k next tokens after each predicted feature row (rows, H), read
-    to the host at once (one wait on a GPU; float64 holds both exactly)."""
+def top_children(decoder: EagleDecoder, features: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities in float64, token ids), (rows, top_k) each, of the draft's top-k next tokens after each
+    predicted feature row (rows, H)."""
     logp, index = decoder.scores(features).topk(min(top_k, decoder.draft.lm_head[0].out_features), -1)
-    ids = draft_vocab.token_ids(decoder.draft.vocab_ids, index)
-    probs, tokens = torch.stack([logp.exp().double(), ids.double()]).tolist()
-    return [[(p, int(t)) for p, t in zip(row_p, row_t)] for row_p, row_t in zip(probs, tokens)]
+    return logp.exp().double(), draft_vocab.token_ids(decoder.draft.vocab_ids, index)
 
 
-def dynamic_tree(decoder: EagleDecoder, state: DraftCache, depth: int, top_k: int) -> list[TreeNode]:
+def dynamic_tree(decoder: EagleDecoder, state: DraftCache, depth: int, top_k: int) -> DraftTree:
     """EAGLE-2's expansion phase: every drafted node, parents before children. Level 1 is the root's top-k; each
-    further level expands the previous level's top-k nodes by value, all in one draft forward under a tree mask."""
-    nodes = [TreeNode(t, p, -1, 1) for p, t in top_children(decoder, state.feature, top_k)[0]]
-    level = list(range(len(nodes)))
-    expanded: list[int] = []  # nodes run through the draft this round: its cache's rows after the committed pairs
-    features_of = {-1: state.feature[0]}
-    device = state.feature.device
-    for _ in range(depth - 1):
-        chosen = sorted(level, key=lambda i: -nodes[i].value)[:top_k]  # the top-k of the newest level by value
-        rows = state.length + len(expanded)
-        allow = torch.zeros(len(chosen), rows + len(chosen), dtype=torch.bool)  # built on the host, copied once
-        allow[:, : state.length] = True
-        row_of = {node: state.length + r for r, node in enumerate(expanded)}
-        for r, node in enumerate(chosen):  # a node sees the committed pairs, its expanded ancestors and itself
-            ancestor = nodes[node].parent
-            while ancestor >= 0:
-                allow[r, row_of[ancestor]] = True
-                ancestor = nodes[ancestor].parent
-            allow[r, rows + r] = True
-        allow = upload(allow, device)
-        features = torch.stack([features_of[nodes[i].parent] for i in chosen])[None]
-        tokens = upload([[nodes[i].token for i in chosen]], device)
-        positions = upload([state.length + nodes[i].depth - 1 for i in chosen], device)
-        predicted = decoder.draft_step(state, features, tokens, allow, positions, rows)
-        expanded += chosen
-        level = []
-        for r, (node, children) in enumerate(zip(chosen, top_children(decoder, predicted[0], top_k))):
-            features_of[node] = predicted[0, r]
-            for p, t in children:
-                level.append(len(nodes))
-                nodes.append(TreeNode(t, nodes[node].value * p, node, nodes[node].depth + 1))  # Eq. 1
+    further level expands the previous level's top-k nodes by value (a stable sort: ties keep creation order), all
+    in one draft forward under a tree mask. Built on the device: a round reads nothing until its tree is chosen."""
+    probs, ids = top_children(decoder, state.feature, top_k)
+    device = probs.device
+    values, tokens = probs[0], ids[0]  # the newest level
+    parents = torch.full_like(tokens, -1)  # each level node's parent, as a node index
+    slots = torch.full_like(tokens, -1)  # each level node's parent, as an expanded node (a draft cache row)
+    levels = [(tokens, values, parents)]
+    seen = torch.zeros(0, 0, dtype=torch.bool, device=device)  # the expanded nodes each expanded node sees
+    features = state.feature.new_empty(0, state.feature.shape[-1])  # the draft's predicted feature of each
+    offset = 0  # the newest level's first node index
+    for level in range(1, depth):
+        chosen = torch.sort(-values, stable=True).indices[:top_k]  # the top-k of the newest level by value
+        n, expanded = len(chosen), len(features)
+        parent_slots = slots[chosen]
+        ancestors = seen[parent_slots] if level > 1 else seen.new_zeros(n, 0)  # the root's children: none
+        sees = torch.cat([ancestors, torch.eye(n, dtype=torch.bool, device=device)], 1)  # and each node itself
+        seen = torch.cat([nn.functional.pad(seen, (0, n)), sees])
+        rows = state.length + expanded
+        allow = torch.cat([torch.ones(n, state.length, dtype=torch.bool, device=device), sees], 1)
+        parent_features = state.feature.expand(n, -1) if level == 1 else features[parent_slots]
+        positions = torch.full((n,), state.length + level - 1, device=device)
+        predicted = decoder.draft_step(state, parent_features[None], tokens[chosen][None], allow, positions, rows)
+        features = torch.cat([features, predicted[0]])
+        probs, ids = top_children(decoder, predicted[0], top_k)
+        values = (values[chosen, None] * probs).flatten()  # Eq. 1
+        tokens = ids.flatten()
+        parents = (offset + chosen).repeat_interleave(probs.shape[1])
+        slots = torch.arange(expanded, expanded + n, device=device).repeat_interleave(probs.shape[1])
+        offset += len(levels[-1][0])
+        levels.append((tokens, values, parents))
     crop_cache(state.cache, state.length)  # the expanded nodes' rows live only in this round
-    return nodes
+    return DraftTree(
+        *(torch.cat([level[i] for level in levels]) for i in range(3)),
+        torch.cat([torch.full_like(level[0], d) for d, level in enumerate(levels, 1)]),
+    )
 
 
-def rerank(nodes: list[TreeNode], total_tokens: int) -> list[int]:
+def rerank(tree: DraftTree, total_tokens: int) -> torch.Tensor:
     """EAGLE-2's reranking: the indices of the `total_tokens` nodes of highest value, in creation order (parents
-    first). A child's value is at most its parent's and ties keep creation order, so the kept nodes form a tree."""
-    best = sorted(range(len(nodes)), key=lambda i: (-nodes[i].value, i))[:total_tokens]
-    return sorted(best)
+    first). A child's value is at most its parent's and ties keep creation order (a stable sort), so the kept nodes
+    form a tree."""
+    return torch.sort(-tree.values, stable=True).indices[:total_tokens].sort().values
