@@ -19,7 +19,7 @@ from specrepro.decoding.token_recycling import (
 )
 from specrepro.errors import SpecReproError
 from tests.test_decoding import prompts
-from tests.conftest import greedy_beside_ar
+from tests.conftest import greedy_beside_ar, host_reads
 from tests.test_lossless_sampling import exact, models, p_value  # noqa: F401  (module fixtures)
 
 GREEDY = Sampling()
@@ -102,3 +102,12 @@ def test_sampling_preserves_the_target_distribution(models, exact):  # noqa: F81
     # carries over from sample to sample, as by default
     cfg = TokenRecyclingConfig(candidates=3, tree=[[3], [2, 1, 0], [1, 0, 0]])
     assert p_value(TokenRecyclingDecoder(models[0], None, cfg), exact) > 1e-3
+
+
+def test_a_round_reads_the_device_for_its_tree_once_and_for_its_verification(target):
+    """The tree is filled on the matrix's device and read once (on a GPU, a read a parent token's row would wait
+    for it tens of times a round for the paper's tree); the verification reads once more."""
+    decoder = TokenRecyclingDecoder(target, None, TokenRecyclingConfig(persist=False))
+    decoder.eos_ids = set()
+    rounds = decoder.generate(prompts()[0], GREEDY, 41).steps
+    assert host_reads(decoder, prompts()[0], 41) <= 1 + 2 * rounds  # and the prefill's token

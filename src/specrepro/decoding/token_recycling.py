@@ -21,6 +21,7 @@ code projects every prompt row onto the vocabulary, a prompt-length LM head this
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import List
 
@@ -94,31 +95,40 @@ def tree_template(levels: list[list[int]], candidates: int) -> TreeTemplate:
     return TreeTemplate(parents, ranks, depths)
 
 
-def draft_tree(
-    matrix: torch.Tensor, last_token: int, template: TreeTemplate, max_depth: int
-) -> tuple[list[int], list[int]]:
-    """Fill `template` from the adjacency `matrix` (vocab, k) below `last_token` (draft tokens,
-    parents as `tree_attention` reads them). Nodes deeper than `max_depth`, on a row not yet filled (-1), or below
-    such a node are left out."""
+def draft_tree(matrix: torch.Tensor, last_token, template: TreeTemplate, max_depth: int) -> tuple[list[int], list[int]]:
+    """Fill `template` from the adjacency `matrix` (vocab, k) below `last_token` (an int, or a 0-d tensor on the
+    matrix's device) (draft tokens, parents as `tree_attention` reads them). Nodes deeper than `max_depth`, on a
+    row not yet filled (-1), or below such a node are left out. Filled on the matrix's device a level at a time
+    (a gather of each node's row and rank), then read once: on a GPU, reading a row a parent token (tens a round
+    for the paper's 80-node tree) would wait for the device each time."""
+    layout = upload([template.parents, template.ranks], matrix.device)
+    tokens = torch.full((len(template.parents),), -1, dtype=matrix.dtype, device=matrix.device)
+    filled = torch.zeros(len(template.parents), dtype=torch.bool, device=matrix.device)
+    start = 0
+    for depth, level in itertools.groupby(template.depths):  # breadth-first: each level's nodes are contiguous
+        end = start + len(list(level))
+        if depth > max_depth:
+            break
+        parents, ranks = layout[0, start:end], layout[1, start:end]
+        if depth == 1:
+            above = torch.as_tensor(last_token, device=matrix.device).expand(end - start)
+            ok = torch.ones_like(filled[start:end])
+        else:
+            above, ok = tokens[parents], filled[parents]
+        tokens[start:end] = matrix[above.clamp_min(0), ranks]
+        filled[start:end] = ok & (tokens[start:end] >= 0)
+        start = end
+    read, filled = torch.stack([tokens, filled.to(tokens.dtype)]).tolist()  # the draft's one read
     drafts: list[int] = []
     parents: list[int] = []
     placed: list[int] = []  # template node -> its index among the drafts, -1 if left out
-    rows: dict[int, list[int]] = {}
-    for parent, rank, depth in zip(template.parents, template.ranks, template.depths):
-        parent_index = placed[parent] if parent >= 0 else -1
-        parent_token = drafts[parent_index] if parent_index >= 0 else last_token
-        if depth > max_depth or (parent >= 0 and parent_index < 0):
-            placed.append(-1)
-            continue
-        if parent_token not in rows:
-            rows[parent_token] = matrix[parent_token].tolist()
-        token = rows[parent_token][rank]
-        if token < 0:
+    for parent, token, ok in zip(template.parents, read, filled):
+        if not ok:
             placed.append(-1)
             continue
         placed.append(len(drafts))
         drafts.append(token)
-        parents.append(parent_index)
+        parents.append(placed[parent] if parent >= 0 else -1)
     return drafts, parents
 
 
@@ -172,7 +182,7 @@ class TokenRecyclingDecoder(DraftVerifyDecoder):
         return output
 
     def propose(self, state: RecyclingState, tokens, k, sampling: Sampling, rng, controller) -> Proposal:
-        drafts, parents = draft_tree(state.matrix, int(tokens[0, -1]), self.template, k)
+        drafts, parents = draft_tree(state.matrix, tokens[0, -1], self.template, k)
         if not drafts:
             return Proposal(tokens.new_empty(0))
         return Proposal(upload(drafts, tokens.device), None, parents)  # deterministic drafts: q is one-hot on each
