@@ -12,7 +12,7 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.verify import tree_attention
 from specrepro.errors import SpecReproError
 from tests.test_decoding import prompts
-from tests.conftest import greedy_beside_ar
+from tests.conftest import greedy_beside_ar, host_reads
 from tests.test_lossless_sampling import exact, models, p_value  # noqa: F401  (module fixtures)
 
 GREEDY = Sampling()
@@ -75,3 +75,13 @@ def test_the_config_is_the_papers_setting(target):
 def test_sampling_preserves_the_target_distribution(models, exact):  # noqa: F811
     cfg = LookaheadConfig(window=2, ngram=2, guesses=2)
     assert p_value(LookaheadDecoder(models[0], None, cfg), exact) > 1e-3
+
+
+def test_a_round_reads_the_device_for_its_window_and_its_verification(target):
+    """After a verification, the window's new level and the newest token are read at once (the verification branch
+    looks its n-grams up on the host); the verification reads once more. A generation adds the prefill's token, its
+    newest token and the first window's picks from the context."""
+    decoder = LookaheadDecoder(target, None, LookaheadConfig(window=4, ngram=3, guesses=3))
+    decoder.eos_ids = set()
+    rounds = decoder.generate(prompts()[0], Sampling(), 41).steps
+    assert host_reads(decoder, prompts()[0], 41) <= 3 + 2 * rounds

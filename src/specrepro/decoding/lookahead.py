@@ -112,6 +112,7 @@ class LookaheadState:
     pool: NgramPool
     levels: list[list[int]] = field(default_factory=list)  # the window, oldest level first
     newest_rows: list[int] | None = None  # output rows of the window's newest level in the pending forward
+    last_token: int = -1  # the newest committed token, whose n-grams the verification branch drafts
 
 
 @register_method(LookaheadConfig)
@@ -141,15 +142,17 @@ class LookaheadDecoder(DraftVerifyDecoder):
         if not state.levels:  # level 0 starts as tokens drawn from the context, as Jacobi decoding's guesses
             picks = torch.randint(tokens.shape[1], (self.cfg.window,), generator=rng, device=tokens.device)
             state.levels = [tokens[0, picks].tolist()]
-        drafts, parents = candidate_trie(state.pool.candidates(int(tokens[0, -1])), k)  # verification branch
+        drafts, parents = candidate_trie(state.pool.candidates(state.last_token), k)  # verification branch
         window, window_parents, newest = window_tree(state.levels, len(drafts))  # lookahead branch
         state.newest_rows = [node + 1 for node in newest]  # row 0 is the last committed token
         return Proposal(upload(drafts + window, tokens.device), None, parents + window_parents)
 
     def after_verify(self, state: LookaheadState, tokens, output, rows) -> None:
         if state.newest_rows is None:  # the prefill, or a step without a window (the budget's last token)
+            state.last_token = int(tokens[0, -1])
             return
-        new = output.logits[0, state.newest_rows].argmax(-1).tolist()  # one Jacobi iteration of every column
+        # one Jacobi iteration of every column, read with the newest token
+        *new, state.last_token = torch.cat([output.logits[0, state.newest_rows].argmax(-1), tokens[0, -1:]]).tolist()
         state.newest_rows = None
         if len(state.levels) == self.cfg.ngram - 1:
             for column, token in enumerate(new):
