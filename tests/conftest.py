@@ -38,11 +38,11 @@ def greedy_beside_ar(decoder, ar, prompts, budgets=(1, 6, 40), stop_at_eos=True)
 SYNCING_OPS = ("aten::_local_scalar_dense", "aten::nonzero")  # `int()`, `.item()`, `bool()`; a mask's indices
 
 
-def host_reads(decoder, prompt, budget: int) -> int:
-    """How many times a greedy generation read tensor values to the host (each a sync on a GPU): by `int()`,
-    `.item()`, `bool()`, `.tolist()` or `.cpu()`, or by ops whose output size is data (`nonzero`, indexing by a
-    boolean mask). The CPU profiler sees all but `.tolist()` and `.cpu()` (no copy here), counted as they are
-    called."""
+def host_reads(decoder, prompt, budget: int, sampling: Sampling | None = None) -> int:
+    """How many times a generation (greedy unless `sampling` says) read tensor values to the host (each a sync on a
+    GPU): by `int()`, `.item()`, `bool()`, `.tolist()` or `.cpu()`, or by ops whose output size is data (`nonzero`,
+    indexing by a boolean mask). The CPU profiler sees all but `.tolist()` and `.cpu()` (no copy here), counted as
+    they are called; an asynchronous assert reads its condition here, not on a GPU, and is not counted."""
     calls = []
 
     def counted(method):
@@ -54,8 +54,9 @@ def host_reads(decoder, prompt, budget: int) -> int:
 
     with mock.patch.multiple(torch.Tensor, tolist=counted(torch.Tensor.tolist), cpu=counted(torch.Tensor.cpu)):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            decoder.generate(prompt, Sampling(), budget)
-    return len(calls) + sum(event.count for event in prof.key_averages() if event.key in SYNCING_OPS)
+            decoder.generate(prompt, sampling or Sampling(), budget)
+    events = {event.key: event.count for event in prof.key_averages()}
+    return len(calls) + sum(events.get(op, 0) for op in SYNCING_OPS) - events.get("aten::_assert_async", 0)
 
 
 def tiny_llama(vocab_size: int = 64, seed: int = 0, num_layers: int = 2, logit_scale: float = 1.0):

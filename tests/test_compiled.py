@@ -282,6 +282,19 @@ def test_a_compiled_round_reads_the_device_only_where_its_method_must(compiled_t
     assert reads <= (1 + EXTRA_READS_PER_ROUND.get(name, 0)) * (long - short)
 
 
+@pytest.mark.parametrize("name", ["sps", "sar_draft"])
+def test_a_sampled_chain_round_reads_the_device_once(compiled_target, name):
+    """Sampling too: a draw is `torch.multinomial`'s without its validity checks' reads, and speculative sampling's
+    acceptances, residual and next token stay on the device until the round's one read."""
+    decoder = compiled_decoders(compiled_target, torch_llama(vocab_size=64, seed=2, num_layers=1))[name]
+    decoder.eos_ids = set()
+    sampling = Sampling(do_sample=True, temperature=1.0)
+    short, long = (decoder.generate(prompts()[0], sampling, budget).steps for budget in (9, 41))
+    assert (
+        host_reads(decoder, prompts()[0], 41, sampling) - host_reads(decoder, prompts()[0], 9, sampling) == long - short
+    )
+
+
 @pytest.mark.parametrize("name", ["eagle", "eagle_tree"])
 def test_eagle_drafts_without_reading_its_draft_caches_length(compiled_target, name, monkeypatch):
     """EAGLE knows how many rows its draft cache holds (the committed pairs, then a round's expanded nodes) and gives

@@ -245,6 +245,22 @@ def test_keeping_a_tree_path_leaves_the_cache_of_that_sequence(target):
         torch.testing.assert_close(a.values, b.values)
 
 
+def test_a_draw_is_the_token_multinomial_draws_and_an_invalid_distribution_fails():
+    from specrepro.decoding.sampling import sample
+
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        p = (3 * torch.randn(2, 17, generator=generator)).softmax(-1)
+        p[torch.rand(2, 17, generator=generator) < 0.3] = 0
+        p[:, 0] += 1e-3  # no row sums to 0
+        seed = int(torch.randint(0, 2**31, (), generator=generator))
+        drawn = torch.multinomial(p, 1, generator=torch.Generator().manual_seed(seed)).view(-1)
+        assert torch.equal(sample(p, torch.Generator().manual_seed(seed)), drawn)
+    for invalid in ([0.5, float("nan")], [0.5, -0.1], [0.0, 0.0], [float("inf"), 1.0]):
+        with pytest.raises(RuntimeError, match="sampling distribution"):
+            sample(torch.tensor(invalid), torch.Generator())
+
+
 def test_an_upload_keeps_its_values_and_their_type():
     from specrepro.decoding.device import upload
 

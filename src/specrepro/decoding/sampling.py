@@ -52,9 +52,14 @@ def probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 
 
 def sample(distribution: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
-    """Draw one token per row of a (..., vocab) probability tensor."""
+    """Draw one token per row of a (..., vocab) probability tensor, as `torch.multinomial` draws one (the argmax of
+    p / Exp(1) noise: the same token for the same generator state) but without reading its validity checks to the
+    host, a wait on a GPU each draw: an invalid distribution fails an asynchronous device assert instead."""
     flat = distribution.reshape(-1, distribution.shape[-1])
-    return torch.multinomial(flat, 1, generator=rng).view(distribution.shape[:-1])
+    valid = (flat.max() < float("inf")) & (flat.min() >= 0) & (flat.sum(-1) > 0).all()
+    torch._assert_async(valid, "a sampling distribution holds inf, nan or a negative value, or sums to 0")
+    noise = torch.empty_like(flat).exponential_(1, generator=rng)
+    return (flat / noise).argmax(-1).view(distribution.shape[:-1])
 
 
 def pick_token(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator) -> torch.Tensor:

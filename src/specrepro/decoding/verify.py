@@ -53,20 +53,23 @@ def speculative_verify(
     p_draft = p[rows, drafts]
     q_draft = draft_probs[rows, drafts] if draft_probs is not None else torch.ones_like(p_draft)
     u = torch.rand(k, generator=rng, device=drafts.device)
-    rejected = (u * q_draft > p_draft).nonzero()  # u < p/q  <=>  accept
-    n_accepted = int(rejected[0]) if rejected.numel() else k
-    if n_accepted == k or not resample_residual:
-        last = sample(p[n_accepted], rng)  # bonus token from p
+    if k == 0:  # nothing drafted: a token from p
+        return [int(sample(p[0], rng))], 0
+    # on the device, read once at the end: n_accepted = the drafts before the first rejection (u < p/q <=> accept)
+    n_accepted = (u * q_draft <= p_draft).cumprod(0).sum().view(1)
+    at = p.index_select(0, n_accepted)[0]  # p where the first rejection is (or the bonus row)
+    if draft_probs is not None:
+        residual = (at - draft_probs.index_select(0, n_accepted.clamp_max(k - 1))[0]).clamp_min(0)
     else:
-        if draft_probs is not None:
-            residual = (p[n_accepted] - draft_probs[n_accepted]).clamp_min(0)
-        else:
-            residual = p[n_accepted].clone()
-            residual[drafts[n_accepted]] = 0
-        total = residual.sum()
-        # total == 0 only when p == q, where rejection has probability 0; fall back to p.
-        last = sample(residual / total if total > 0 else p[n_accepted], rng)
-    return drafts[:n_accepted].tolist() + [int(last)], n_accepted
+        residual = at.scatter(0, drafts.index_select(0, n_accepted.clamp_max(k - 1)), 0.0)
+    total = residual.sum()
+    # the bonus token, or (without resample_residual) p's; total == 0 only when p == q, where rejection has
+    # probability 0: p's then too
+    take_p = (n_accepted[0] == k) | (total <= 0) if resample_residual else torch.ones((), dtype=torch.bool)
+    last = sample(torch.where(take_p, at, residual / total), rng)
+    read = torch.cat([drafts, last.view(1), n_accepted]).tolist()  # the round's one read
+    n = read[-1]
+    return read[:n] + [read[k]], n
 
 
 def additive_mask(allow: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
