@@ -349,8 +349,8 @@ def dynamic_tree(decoder: EagleDecoder, state: DraftCache, depth: int, top_k: in
         levels.append((tokens, values, parents))
     crop_cache(state.cache, state.length)  # the expanded nodes' rows live only in this round
     return DraftTree(
-        *(torch.cat([level[i] for level in levels]) for i in range(3)),
-        torch.cat([torch.full_like(level[0], d) for d, level in enumerate(levels, 1)]),
+        *(torch.cat([nodes[i] for nodes in levels]) for i in range(3)),
+        torch.cat([torch.full_like(nodes[0], d) for d, nodes in enumerate(levels, 1)]),
     )
 
 

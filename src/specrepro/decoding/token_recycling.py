@@ -99,8 +99,8 @@ def draft_tree(matrix: torch.Tensor, last_token, template: TreeTemplate, max_dep
     """Fill `template` from the adjacency `matrix` (vocab, k) below `last_token` (an int, or a 0-d tensor on the
     matrix's device) (draft tokens, parents as `tree_attention` reads them). Nodes deeper than `max_depth`, on a
     row not yet filled (-1), or below such a node are left out. Filled on the matrix's device a level at a time
-    (a gather of each node's row and rank), then read once: on a GPU, reading a row a parent token (tens a round
-    for the paper's 80-node tree) would wait for the device each time."""
+    (a gather of each node's row and rank), then read once: on a GPU, reading each parent token's row (tens a
+    round for the paper's 80-node tree) would wait for the device each time."""
     layout = upload([template.parents, template.ranks], matrix.device)
     tokens = torch.full((len(template.parents),), -1, dtype=matrix.dtype, device=matrix.device)
     filled = torch.zeros(len(template.parents), dtype=torch.bool, device=matrix.device)
