@@ -152,58 +152,6 @@ def waits_on_cuda(decoder, budget: int) -> int:
     return sum("synchronizing" in str(warning.message) for warning in caught)
 
 
-def test_an_upload_is_queued_behind_the_gpus_work():
-    """`upload` copies host values to the GPU from pinned memory, without waiting for the kernels queued there."""
-    allow = torch.ones(3, 5, dtype=torch.bool).tril(2)
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            busy = torch.randn(2048, 2048, device=CUDA) @ torch.randn(2048, 2048, device=CUDA)
-            uploads = upload([[4, 5, 6]], CUDA), upload(allow, CUDA)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert not [warning for warning in caught if "synchronizing" in str(warning.message)]
-    assert uploads[0].tolist() == [[4, 5, 6]] and torch.equal(uploads[1].cpu(), allow) and busy.isfinite().all()
-
-
-def test_a_compiled_round_waits_on_the_gpu_only_where_its_method_must(monkeypatch):
-    """What tests/test_compiled.py counts on the CPU, on the GPU, where uploads wait too unless staged in pinned
-    memory: a round waits once (the verification's read) plus what its method's own rule reads. The phase timings'
-    device syncs, which only a timed run needs, are left out."""
-    from specrepro.decoding import base
-    from tests.test_compiled import EXTRA_READS_PER_ROUND
-
-    monkeypatch.setattr(base, "device_sync", lambda device: None)
-    target = set_linear_kernel(tiny_llama(vocab_size=64, seed=1, num_layers=4, logit_scale=3.0), "torch").to(CUDA)
-    draft = set_linear_kernel(tiny_llama(vocab_size=64, seed=2, num_layers=1), "torch").to(CUDA)
-    steps = CompiledSteps(target, backend="inductor", mode="reduce-overhead", widths=[1, 4, 16])
-    setattr(target, STEPS_ATTRIBUTE, steps)
-    head = head_for(target, "block", 4, 16, 1, False).to(CUDA).eval()
-    decoders = {
-        "pld": PLDDecoder(target, None, PLDConfig(num_pred_tokens=3)),
-        "sps": SPSDecoder(target, None, draft, 3, "fixed", 16),
-        "sar_draft_tree": SARDraftDecoder(
-            target, None, head, SARDraftConfig(variant="block", k=3, k_max=4, tree_width=4)
-        ),
-        "jacobi": JacobiDecoder(target, block_size=4),
-        "eesd_tree": EESDDecoder(
-            target,
-            None,
-            EarlyExitHead(target, 2, True, False).to(CUDA).eval(),
-            EESDConfig(num_layers=2, control="fixed", k=2, tree_width=2),
-        ),
-        "eagle_tree": eagle_decoder(target),
-    }
-    compile_steps_for(80, list(decoders.values()))
-    for name, decoder in decoders.items():
-        decoder.eos_ids = set()
-        waits_on_cuda(decoder, 9)  # anything done once per process
-        short, long = (decoder.generate(prompts()[0], Sampling(), budget).steps for budget in (9, 41))
-        waits = waits_on_cuda(decoder, 41) - waits_on_cuda(decoder, 9)
-        assert waits <= (1 + EXTRA_READS_PER_ROUND.get(name, 0)) * (long - short), (name, waits, long - short)
-
-
 # layers 2 and 3 offloaded to the CPU, named by their parts: accelerate hooks the modules a map names, and self_sd
 # calls a layer's attention and MLP on their own
 SPLIT = {
@@ -257,3 +205,55 @@ def test_every_bf16_divergence_from_ar_on_cuda_is_a_near_tie():
             tokens = decoder.generate(prompt, Sampling(), 40).token_ids
             divergence = classify(steps, prompt, tokens, reference, rounding_widths(decoder.max_step_width))
             assert divergence is None or divergence["near_tie"], (name, divergence)
+
+
+def test_an_upload_is_queued_behind_the_gpus_work():
+    """`upload` copies host values to the GPU from pinned memory, without waiting for the kernels queued there."""
+    allow = torch.ones(3, 5, dtype=torch.bool).tril(2)
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            busy = torch.randn(2048, 2048, device=CUDA) @ torch.randn(2048, 2048, device=CUDA)
+            uploads = upload([[4, 5, 6]], CUDA), upload(allow, CUDA)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert not [warning for warning in caught if "synchronizing" in str(warning.message)]
+    assert uploads[0].tolist() == [[4, 5, 6]] and torch.equal(uploads[1].cpu(), allow) and busy.isfinite().all()
+
+
+def test_a_compiled_round_waits_on_the_gpu_only_where_its_method_must(monkeypatch):
+    """What tests/test_compiled.py counts on the CPU, on the GPU, where uploads wait too unless staged in pinned
+    memory: a round waits once (the verification's read) plus what its method's own rule reads. The phase timings'
+    device syncs, which only a timed run needs, are left out."""
+    from specrepro.decoding import base
+    from tests.test_compiled import EXTRA_READS_PER_ROUND
+
+    monkeypatch.setattr(base, "device_sync", lambda device: None)
+    target = set_linear_kernel(tiny_llama(vocab_size=64, seed=1, num_layers=4, logit_scale=3.0), "torch").to(CUDA)
+    draft = set_linear_kernel(tiny_llama(vocab_size=64, seed=2, num_layers=1), "torch").to(CUDA)
+    steps = CompiledSteps(target, backend="aot_eager", widths=[1, 4, 16])  # the waits are the host's: no codegen
+    setattr(target, STEPS_ATTRIBUTE, steps)
+    head = head_for(target, "block", 4, 16, 1, False).to(CUDA).eval()
+    decoders = {
+        "pld": PLDDecoder(target, None, PLDConfig(num_pred_tokens=3)),
+        "sps": SPSDecoder(target, None, draft, 3, "fixed", 16),
+        "sar_draft_tree": SARDraftDecoder(
+            target, None, head, SARDraftConfig(variant="block", k=3, k_max=4, tree_width=4)
+        ),
+        "jacobi": JacobiDecoder(target, block_size=4),
+        "eesd_tree": EESDDecoder(
+            target,
+            None,
+            EarlyExitHead(target, 2, True, False).to(CUDA).eval(),
+            EESDConfig(num_layers=2, control="fixed", k=2, tree_width=2),
+        ),
+        "eagle_tree": eagle_decoder(target),
+    }
+    compile_steps_for(80, list(decoders.values()))
+    for name, decoder in decoders.items():
+        decoder.eos_ids = set()
+        waits_on_cuda(decoder, 9)  # anything done once per process
+        short, long = (decoder.generate(prompts()[0], Sampling(), budget).steps for budget in (9, 41))
+        waits = waits_on_cuda(decoder, 41) - waits_on_cuda(decoder, 9)
+        assert waits <= (1 + EXTRA_READS_PER_ROUND.get(name, 0)) * (long - short), (name, waits, long - short)
