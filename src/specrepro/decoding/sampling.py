@@ -57,6 +57,8 @@ def sample(distribution: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
     host, a wait on a GPU each draw: an invalid distribution fails an asynchronous device assert instead."""
     flat = distribution.reshape(-1, distribution.shape[-1])
     valid = (flat.max() < float("inf")) & (flat.min() >= 0) & (flat.sum(-1) > 0).all()
+    if valid.device.type not in ("cpu", "cuda"):  # the devices that assert asynchronously
+        valid = valid.cpu()
     torch._assert_async(valid, "a sampling distribution holds inf, nan or a negative value, or sums to 0")
     noise = torch.empty_like(flat).exponential_(1, generator=rng)
     return (flat / noise).argmax(-1).view(distribution.shape[:-1])
