@@ -26,10 +26,15 @@ def greedy_verify(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[li
     """drafts: (k,), target_logits: (k + 1, vocab) at [last token, drafts...]. Returns (tokens, n_accepted).
     The target's choices and the drafts are read to the host at once (one wait on a GPU)."""
     k = drafts.shape[0]
-    read = torch.cat([target_logits.argmax(-1), drafts.to(target_logits.device)]).tolist()
-    choice, drafted = read[: k + 1], read[k + 1 :]
+    choice, drafted = read_choices(drafts, target_logits)
     n_accepted = next((i for i in range(k) if drafted[i] != choice[i]), k)
     return choice[: n_accepted + 1], n_accepted
+
+
+def read_choices(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[list[int], list[int]]:
+    """(the target's argmax at every row, the drafts), read to the host at once: one wait on a GPU."""
+    read = torch.cat([target_logits.argmax(-1), drafts.to(target_logits.device)]).tolist()
+    return read[: len(target_logits)], read[len(target_logits) :]
 
 
 def speculative_verify(
@@ -58,15 +63,17 @@ def speculative_verify(
     # on the device, read once at the end: n_accepted = the drafts before the first rejection (u < p/q <=> accept)
     n_accepted = (u * q_draft <= p_draft).cumprod(0).sum().view(1)
     at = p.index_select(0, n_accepted)[0]  # p where the first rejection is (or the bonus row)
-    if draft_probs is not None:
-        residual = (at - draft_probs.index_select(0, n_accepted.clamp_max(k - 1))[0]).clamp_min(0)
-    else:
-        residual = at.scatter(0, drafts.index_select(0, n_accepted.clamp_max(k - 1)), 0.0)
-    total = residual.sum()
-    # the bonus token, or (without resample_residual) p's; total == 0 only when p == q, where rejection has
-    # probability 0: p's then too
-    take_p = (n_accepted[0] == k) | (total <= 0) if resample_residual else torch.ones((), dtype=torch.bool)
-    last = sample(torch.where(take_p, at, residual / total), rng)
+    draw_from = at
+    if resample_residual:  # norm(max(p - q, 0)) after a rejection, p for the bonus token
+        rejected = n_accepted.clamp_max(k - 1)
+        if draft_probs is not None:
+            residual = (at - draft_probs.index_select(0, rejected)[0]).clamp_min(0)
+        else:
+            residual = at.scatter(0, drafts.index_select(0, rejected), 0.0)
+        total = residual.sum()
+        # total == 0 only when p == q, where rejection has probability 0: p then too
+        draw_from = torch.where((n_accepted[0] == k) | (total <= 0), at, residual / total)
+    last = sample(draw_from, rng)
     read = torch.cat([drafts, last.view(1), n_accepted]).tolist()  # the round's one read
     n = read[-1]
     return read[:n] + [read[k]], n
@@ -116,9 +123,8 @@ def tree_verify(
     children: dict[int, list[int]] = {}
     for i, parent in enumerate(parents):
         children.setdefault(parent, []).append(i)
-    if sampling.greedy:  # the target's choice at every row and the drafts, read to the host at once
-        read = torch.cat([target_logits.argmax(-1), drafts.to(target_logits.device)]).tolist()
-        choices, tokens = read[: len(parents) + 1], read[len(parents) + 1 :]
+    if sampling.greedy:
+        choices, tokens = read_choices(drafts, target_logits)
         path, node = [], -1
         while match := [c for c in children.get(node, []) if tokens[c] == choices[node + 1]]:
             node = match[0]
