@@ -18,16 +18,17 @@ Arms, interleaved per prompt in one process (greedy, the same GSM8K prompts):
   (`"k3=sar_draft method.k=3"`): eager and, where the method supports it, compiled; the figures name the artifacts
   each loaded. `--trained-methods` names more, timed only where their artifacts are found (the figures list the
   others and why: experiments/gpu_check.sh names every trained drafter there, so whatever was carried is timed).
-Prints each arm's throughput, the weight-reading bound (weight bytes over the card's copy bandwidth, measured
-here), compiled over eager `ar`, our compiled `ar` over transformers' compiled `generate`, each speculative
-arm's paired speedup over eager `ar` (a compiled arm also over compiled `ar`), MAT and drafting milliseconds per
-round (device-synced: what compiling a draft model or head saves shows between an eager and a compiled arm), and
-which outputs are token-identical. Where a compiled speculative arm's output differs from compiled `ar`'s, the first
-differing position is classified a near-tie or a bug (metrics/divergence.py: `ar`'s top-2 margin and the gap
-between the two tokens there against the rounding measured there between one-row and multi-row steps, on the
+Prints each arm's throughput, the weight-reading bound (weight bytes over the card's copy bandwidth, measured here),
+compiled over eager `ar`, our compiled `ar` over transformers' compiled `generate`, each speculative arm's paired
+speedup over eager `ar` (a compiled arm also over compiled `ar`), MAT and drafting milliseconds per round (the draft
+phase's span on the GPU's stream: what compiling a draft model or head saves shows between an eager and a compiled
+arm), and which outputs are token-identical. Where a compiled speculative arm's output differs from compiled `ar`'s,
+the first differing position is classified a near-tie or a bug (metrics/divergence.py: `ar`'s top-2 margin and the
+gap between the two tokens there against the rounding measured there between one-row and multi-row steps, on the
 compiled steps after the prompt is timed). Compile times are reported apart. With --json the figures are written
 after every timed prompt (`prompts` says how many), so a run cut off by a lent machine's limit keeps what it
-measured; --markdown writes them as a results page. `--device cpu` asks the same of a CPU (inductor compiles C++ there).
+measured; --markdown writes them as a results page. `--device cpu` asks the same of a CPU (inductor compiles C++
+there).
 Run: python experiments/bench_gpu.py [--limit 5] [--max-new-tokens 256] [--json out.json] [--markdown out.md]
      [--methods "sar_draft_tree;eesd method.draft_vocab=4096" --artifacts-dir results/artifacts]
      [--trained-methods "self_sd_tree;eesd method.draft_vocab=4096"]
@@ -142,8 +143,8 @@ def method_arms(
 
 
 def draft_ms_per_round(rows: list[dict]) -> float:
-    """Milliseconds an arm spent drafting (its decoder's device-synced draft phase) per verification round after
-    the prompt's; 0.0 for a method with no draft phase (Jacobi, SPACE draft inside verification)."""
+    """Milliseconds an arm spent drafting (its decoder's draft phase, timed by events on a GPU) per verification
+    round after the prompt's; 0.0 for a method with no draft phase (Jacobi, SPACE draft inside verification)."""
     rounds = sum(len(r["accepted"] or []) for r in rows)
     return 1e3 * sum(r["draft_seconds"] for r in rows) / rounds if rounds else 0.0
 

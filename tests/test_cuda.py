@@ -222,14 +222,12 @@ def test_an_upload_is_queued_behind_the_gpus_work():
     assert uploads[0].tolist() == [[4, 5, 6]] and torch.equal(uploads[1].cpu(), allow) and busy.isfinite().all()
 
 
-def test_a_compiled_round_waits_on_the_gpu_only_where_its_method_must(monkeypatch):
+def test_a_compiled_round_waits_on_the_gpu_only_where_its_method_must():
     """What tests/test_compiled.py counts on the CPU, on the GPU, where uploads wait too unless staged in pinned
-    memory: a round waits once (the verification's read) plus what its method's own rule reads. The phase timings'
-    device syncs, which only a timed run needs, are left out."""
-    from specrepro.decoding import base
+    memory: a round waits once (the verification's read) plus what its method's own rule reads. Its phases are timed
+    by events on the stream, which wait for nothing."""
     from tests.test_compiled import EXTRA_READS_PER_ROUND
 
-    monkeypatch.setattr(base, "device_sync", lambda device: None)
     target = set_linear_kernel(tiny_llama(vocab_size=64, seed=1, num_layers=4, logit_scale=3.0), "torch").to(CUDA)
     draft = set_linear_kernel(tiny_llama(vocab_size=64, seed=2, num_layers=1), "torch").to(CUDA)
     steps = CompiledSteps(target, backend="aot_eager", widths=[1, 4, 16])  # the waits are the host's: no codegen
@@ -257,3 +255,12 @@ def test_a_compiled_round_waits_on_the_gpu_only_where_its_method_must(monkeypatc
         short, long = (decoder.generate(prompts()[0], Sampling(), budget).steps for budget in (9, 41))
         waits = waits_on_cuda(decoder, 41) - waits_on_cuda(decoder, 9)
         assert waits <= (1 + EXTRA_READS_PER_ROUND.get(name, 0)) * (long - short), (name, waits, long - short)
+
+
+def test_phase_times_on_the_gpu_are_event_spans_within_the_wall_time():
+    """`GenerationBuilder.timed` on CUDA: each phase's time is read from its events when the generation is done."""
+    target = tiny_llama(vocab_size=64, seed=1, num_layers=2).to(CUDA)
+    draft = tiny_llama(vocab_size=64, seed=2, num_layers=1).to(CUDA)
+    gen = SPSDecoder(target, None, draft, 3, "fixed", 16).generate(prompts()[0], Sampling(), 24)
+    assert gen.prefill_time > 0 and gen.draft_time > 0 and gen.verify_time > 0
+    assert gen.prefill_time + gen.draft_time + gen.verify_time <= gen.wall_time

@@ -11,6 +11,7 @@ from transformers import DynamicCache, StaticCache
 
 from specrepro import decoding
 from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.base import GenerationBuilder
 from specrepro.decoding.controllers import FixedLength, HeuristicLength
 from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder, lookup_ngram
@@ -164,6 +165,26 @@ def test_ar_steps_read_the_device_once_a_chunk(target):
     decoder = ARDecoder(target, sync_every=8)
     decoder.eos_ids = set()
     assert host_reads(decoder, prompts()[0], 41) - host_reads(decoder, prompts()[0], 9) == 4  # 5 chunks, not 1
+
+
+def test_phase_times_add_up_within_the_wall_time(target, draft):
+    """A round's phases are timed apart and all within the generation's wall time; on a GPU the builder keeps each
+    phase's events and adds their span (milliseconds) to its phase once the generation is done."""
+    gen = SPSDecoder(target, None, draft, 3, "fixed", 16).generate(prompts()[0], GREEDY, 24)
+    assert gen.prefill_time > 0 and gen.draft_time > 0 and gen.verify_time > 0
+    assert gen.prefill_time + gen.draft_time + gen.verify_time <= gen.wall_time
+
+    class Span:  # what `GenerationBuilder.settle` reads of a CUDA event pair
+        def __init__(self, ms):
+            self.ms = ms
+
+        def elapsed_time(self, end):
+            return end.ms - self.ms
+
+    out = GenerationBuilder(8, set(), torch.device("cpu"))
+    out.spans = [("draft", Span(1.0), Span(3.5)), ("verify", Span(3.5), Span(4.0)), ("draft", Span(5.0), Span(6.0))]
+    out.settle()
+    assert (out.gen.draft_time, out.gen.verify_time, out.spans) == (pytest.approx(0.0035), pytest.approx(0.0005), [])
 
 
 def test_max_new_tokens_must_be_positive(target):

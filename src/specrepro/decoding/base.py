@@ -47,6 +47,7 @@ class GenerationBuilder:
         self.device = device
         self.gen = Generation(token_ids=[])
         self.done = False
+        self.spans: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []  # GPU phase spans not yet read
 
     @property
     def remaining(self) -> int:
@@ -71,15 +72,36 @@ class GenerationBuilder:
 
     @contextmanager
     def timed(self, phase: str):
-        """Add the block's wall time (device-synced) to `draft_time`, `verify_time` or `prefill_time`."""
+        """Add the block's time to `draft_time`, `verify_time` or `prefill_time`: wall time on a synchronous device;
+        on a GPU the span between two events queued on its stream, read once the generation is done (`settle`), so
+        that timing a phase makes the host wait for nothing."""
+        if self.device.type == "cuda":
+            stream = torch.cuda.current_stream(self.device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            try:
+                yield
+            finally:
+                end.record(stream)
+                self.spans.append((phase, start, end))
+            return
         device_sync(self.device)
         start = time.perf_counter()
         try:
             yield
         finally:
             device_sync(self.device)
-            attr = f"{phase}_time"
-            setattr(self.gen, attr, getattr(self.gen, attr) + time.perf_counter() - start)
+            self._add_time(phase, time.perf_counter() - start)
+
+    def settle(self) -> None:
+        """Add the GPU phase spans `timed` queued to the phase times; call once the device has run them."""
+        for phase, start, end in self.spans:
+            self._add_time(phase, start.elapsed_time(end) / 1000)
+        self.spans.clear()
+
+    def _add_time(self, phase: str, seconds: float) -> None:
+        attr = f"{phase}_time"
+        setattr(self.gen, attr, getattr(self.gen, attr) + seconds)
 
 
 class Decoder(ABC):
@@ -148,6 +170,7 @@ class Decoder(ABC):
         self._decode(ids, sampling, out, rng)
         device_sync(self.device)
         out.gen.wall_time = time.perf_counter() - start
+        out.settle()
         out.gen.extra.update(self.memory_extras())
         if self.tokenizer is not None:
             out.gen.text = self.tokenizer.decode(out.gen.token_ids, skip_special_tokens=True)
