@@ -36,13 +36,15 @@ def greedy_beside_ar(decoder, ar, prompts, budgets=(1, 6, 40), stop_at_eos=True)
 
 
 SYNCING_OPS = ("aten::_local_scalar_dense", "aten::nonzero")  # `int()`, `.item()`, `bool()`; a mask's indices
+# ops that check their input on the host on a CPU only (a GPU asserts on the device): their reads are not counted
+HOST_CHECKS_ON_CPU_ONLY = ("aten::_assert_async", "aten::one_hot")
 
 
 def host_reads(decoder, prompt, budget: int, sampling: Sampling | None = None) -> int:
     """How many times a generation (greedy unless `sampling` says) read tensor values to the host (each a sync on a
     GPU): by `int()`, `.item()`, `bool()`, `.tolist()` or `.cpu()`, or by ops whose output size is data (`nonzero`,
     indexing by a boolean mask). The CPU profiler sees all but `.tolist()` and `.cpu()` (no copy here), counted as
-    they are called; an asynchronous assert reads its condition here, not on a GPU, and is not counted."""
+    they are called; a read inside an op that checks its input on the host only here is not counted."""
     calls = []
 
     def counted(method):
@@ -52,11 +54,15 @@ def host_reads(decoder, prompt, budget: int, sampling: Sampling | None = None) -
 
         return read
 
+    def checked_on_cpu_only(event) -> bool:
+        while event is not None and event.name not in HOST_CHECKS_ON_CPU_ONLY:
+            event = event.cpu_parent
+        return event is not None
+
     with mock.patch.multiple(torch.Tensor, tolist=counted(torch.Tensor.tolist), cpu=counted(torch.Tensor.cpu)):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             decoder.generate(prompt, sampling or Sampling(), budget)
-    events = {event.key: event.count for event in prof.key_averages()}
-    return len(calls) + sum(events.get(op, 0) for op in SYNCING_OPS) - events.get("aten::_assert_async", 0)
+    return len(calls) + sum(e.name in SYNCING_OPS and not checked_on_cpu_only(e) for e in prof.events())
 
 
 def tiny_llama(vocab_size: int = 64, seed: int = 0, num_layers: int = 2, logit_scale: float = 1.0):

@@ -295,6 +295,22 @@ def test_a_sampled_chain_round_reads_the_device_once(compiled_target, name):
     )
 
 
+@pytest.mark.parametrize("name", ["sar_draft_tree", "eesd_tree", "self_sd_tree", "eagle_tree"])
+def test_a_sampled_tree_round_reads_the_device_once_a_node_on_its_path(compiled_target, name):
+    """A sampled tree's verification runs a node's stages (each child against what the earlier ones left of p) on
+    the device and reads which child it accepted, if any: one read for each node the accepted path visits."""
+    decoder = compiled_decoders(compiled_target, torch_llama(vocab_size=64, seed=2, num_layers=1))[name]
+    decoder.eos_ids = set()
+    sampling = Sampling(do_sample=True, temperature=1.0)
+    short, long = (decoder.generate(prompts()[0], sampling, budget) for budget in (9, 41))
+    rounds, accepted_drafts = (
+        long.steps - short.steps,
+        sum(long.accepted) - sum(short.accepted) - (long.steps - short.steps),
+    )
+    reads = host_reads(decoder, prompts()[0], 41, sampling) - host_reads(decoder, prompts()[0], 9, sampling)
+    assert accepted_drafts > 0 and reads <= (1 + EXTRA_READS_PER_ROUND.get(name, 0)) * rounds + accepted_drafts
+
+
 @pytest.mark.parametrize("name", ["eagle", "eagle_tree"])
 def test_eagle_drafts_without_reading_its_draft_caches_length(compiled_target, name, monkeypatch):
     """EAGLE knows how many rows its draft cache holds (the committed pairs, then a round's expanded nodes) and gives

@@ -140,13 +140,13 @@ def test_compiled_ar_reads_the_device_once_a_chunk_on_cuda():
     assert 1 <= waits_on_cuda(decoder, 1 + 2 * ASYNC_SYNC_EVERY + 1) - two_chunks <= 3
 
 
-def waits_on_cuda(decoder, budget: int) -> int:
-    """The waits on the device (CUDA's sync debug mode warns at each) in a greedy generation of `budget` tokens."""
+def waits_on_cuda(decoder, budget: int, sampling: Sampling | None = None) -> int:
+    """The waits on the device (CUDA's sync debug mode warns at each) in a generation of `budget` tokens."""
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            decoder.generate(prompts()[0], Sampling(), budget)
+            decoder.generate(prompts()[0], sampling or Sampling(), budget)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     return sum("synchronizing" in str(warning.message) for warning in caught)
@@ -249,12 +249,19 @@ def test_a_compiled_round_waits_on_the_gpu_only_where_its_method_must():
         "eagle_tree": eagle_decoder(target),
     }
     compile_steps_for(80, list(decoders.values()))
+    sampled = Sampling(do_sample=True, temperature=1.0)
     for name, decoder in decoders.items():
         decoder.eos_ids = set()
         waits_on_cuda(decoder, 9)  # anything done once per process
         short, long = (decoder.generate(prompts()[0], Sampling(), budget).steps for budget in (9, 41))
         waits = waits_on_cuda(decoder, 41) - waits_on_cuda(decoder, 9)
         assert waits <= (1 + EXTRA_READS_PER_ROUND.get(name, 0)) * (long - short), (name, waits, long - short)
+        if name.endswith("_tree"):  # sampled: a wait for each node on the accepted path
+            short, long = (decoder.generate(prompts()[0], sampled, budget) for budget in (9, 41))
+            rounds = long.steps - short.steps
+            accepted_drafts = sum(long.accepted) - sum(short.accepted) - rounds
+            waits = waits_on_cuda(decoder, 41, sampled) - waits_on_cuda(decoder, 9, sampled)
+            assert waits <= (1 + EXTRA_READS_PER_ROUND.get(name, 0)) * rounds + accepted_drafts, (name, waits)
 
 
 def test_phase_times_on_the_gpu_are_event_spans_within_the_wall_time():

@@ -51,17 +51,24 @@ def probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return warp_logits(logits, sampling).softmax(dim=-1)
 
 
-def sample(distribution: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
+def sample(distribution: torch.Tensor, rng: torch.Generator | None, noise: torch.Tensor | None = None) -> torch.Tensor:
     """Draw one token per row of a (..., vocab) probability tensor, as `torch.multinomial` draws one (the argmax of
     p / Exp(1) noise: the same token for the same generator state) but without reading its validity checks to the
-    host, a wait on a GPU each draw: an invalid distribution fails an asynchronous device assert instead."""
+    host, a wait on a GPU each draw: an invalid distribution fails an asynchronous device assert instead. `noise`:
+    Exp(1) noise drawn beforehand (`exponential_noise`), shared by candidate draws of which at most one is used and
+    none decides which (the draw stays exact; one noise draw costs as much as a CPU sampling step)."""
     flat = distribution.reshape(-1, distribution.shape[-1])
     valid = (flat.max() < float("inf")) & (flat.min() >= 0) & (flat.sum(-1) > 0).all()
     if valid.device.type not in ("cpu", "cuda"):  # the devices that assert asynchronously
         valid = valid.cpu()
     torch._assert_async(valid, "a sampling distribution holds inf, nan or a negative value, or sums to 0")
-    noise = torch.empty_like(flat).exponential_(1, generator=rng)
+    noise = exponential_noise(flat, rng) if noise is None else noise.reshape(flat.shape)
     return (flat / noise).argmax(-1).view(distribution.shape[:-1])
+
+
+def exponential_noise(like: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
+    """Exp(1) noise shaped as `like`, from `rng`: what `sample` divides a distribution by."""
+    return torch.empty_like(like).exponential_(1, generator=rng)
 
 
 def pick_token(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 from transformers.cache_utils import StaticLayer
 
 from specrepro.decoding.device import upload
-from specrepro.decoding.sampling import Sampling, probs, sample
+from specrepro.decoding.sampling import Sampling, exponential_noise, probs, sample
 
 
 def greedy_verify(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[list[int], int]:
@@ -118,7 +118,8 @@ def tree_verify(
     becomes norm(max(p - q, 0)), the distribution of what that stage would have emitted, and the next child is
     tried against it; after the last child the token is drawn from what is left. Every stage is exact speculative
     sampling against the current p, so the emitted token is distributed as p. Siblings must be drafted without
-    seeing each other's acceptance (deterministic alternatives, or draws from their q).
+    seeing each other's acceptance (deterministic alternatives, or draws from their q). A node's stages run on the
+    device (`node_choice`), read once: one wait on a GPU for each node the accepted path visits.
     """
     children: dict[int, list[int]] = {}
     for i, parent in enumerate(parents):
@@ -131,26 +132,67 @@ def tree_verify(
             path.append(node)
         return [tokens[i] for i in path] + [choices[node + 1]], path
     path, node = [], -1
+    noise = exponential_noise(target_logits[0].float(), rng)  # the final token's, whichever node draws it
     while True:
         p = probs(target_logits[node + 1], sampling)
-        for child in children.get(node, []):
-            x = int(drafts[child])
-            q = (
-                draft_probs[child]
-                if draft_probs is not None
-                else torch.nn.functional.one_hot(drafts[child], p.shape[-1])
-            )
-            if float(torch.rand((), generator=rng, device=p.device)) * float(q[x]) <= float(p[x]) and float(p[x]) > 0:
-                node = child
-                path.append(node)
-                break
-            residual = (p - q).clamp_min(0)
-            total = residual.sum()
-            if total <= 0:  # p == q: the stage could not reject
-                continue
-            p = residual / total
-        else:
-            return [int(drafts[i]) for i in path] + [int(sample(p, rng))], path
+        kids = children.get(node, [])
+        choice, last = node_choice(p, drafts, draft_probs, kids, rng, noise)
+        read = torch.cat([choice, last, drafts if node == -1 else drafts[:0]]).tolist()  # the drafts with the root's
+        if node == -1:
+            tokens = read[2:]
+        if read[0] == len(kids):
+            return [tokens[i] for i in path] + [read[1]], path
+        node = kids[read[0]]
+        path.append(node)
+
+
+def node_choice(
+    p: torch.Tensor,
+    drafts: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    kids: list[int],
+    rng: torch.Generator,
+    noise: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`tree_verify`'s stages at one node, on the device: child j of `kids` is tried against what stages 1..j-1 left
+    of p; returns (the first accepted child's position in `kids`, or len(kids) when none was, (1,); a token drawn
+    from what the last stage left with `noise`, (1,), used only when none was accepted). Every child gets a uniform
+    draw, so a stage after the accepted one draws but decides nothing."""
+    x = drafts.index_select(0, upload(kids, drafts.device))
+    u = torch.rand(len(kids), generator=rng, device=p.device)
+    if draft_probs is None:  # one-hot q: each stage takes its token out of p, so all of them are scalars
+        return deterministic_choice(p, x, u, noise)
+    # r is what the stages left of p, unnormalized (its mass z): stage j accepts x when u_j q_j(x) z <= r(x)
+    r, z = p, p.sum().view(1)
+    first = torch.full((1,), len(kids), device=p.device)
+    accepted = torch.zeros((1,), dtype=torch.bool, device=p.device)
+    for j, kid in enumerate(kids):
+        q = draft_probs[kid]
+        r_x = r.gather(0, x[j : j + 1])
+        take = (u[j] * q.gather(0, x[j : j + 1]) * z <= r_x) & (r_x > 0) & ~accepted
+        first = torch.where(take, j, first)
+        accepted |= take
+        residual = torch.addcmul(r, q, z, value=-1).clamp_min_(0)  # max(p_j - q_j, 0), times z
+        residual_z = residual.sum().view(1)
+        # r moves on to the residual unless the stage could not reject (p_j == q_j) or a child was accepted
+        stay = accepted | (residual_z <= 0)
+        r, z = torch.where(stay, r, residual), torch.where(stay, z, residual_z)
+    return first, sample(r, rng, noise).view(1)
+
+
+def deterministic_choice(
+    p: torch.Tensor, x: torch.Tensor, u: torch.Tensor, noise: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`node_choice` for deterministic children x: norm(max(p - onehot(x_i), 0)) is p without x_i, renormalized, so
+    stage j accepts x_j when u_j <= p(x_j) / (the mass stages 1..j-1 left), and a token an earlier stage took out
+    has no mass left. What the last stage left is p without every x_i."""
+    earlier = torch.ones(len(x), len(x), dtype=torch.bool, device=p.device).tril(-1)
+    repeated = ((x[:, None] == x[None, :]) & earlier).any(1)
+    mass = p.gather(0, x).masked_fill(repeated, 0.0)
+    left = p.sum() - (mass.cumsum(0) - mass)
+    take = (u * left <= mass) & (mass > 0)
+    first = torch.cat([take, take.new_ones(1)]).int().argmax().view(1)  # len(x) when none was accepted
+    return first, sample(p.scatter(0, x, 0.0), None, noise).view(1)
 
 
 def crop_cache(cache, length: int) -> None:
