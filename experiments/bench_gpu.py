@@ -13,6 +13,10 @@ Arms, interleaved per prompt in one process (greedy, the same GSM8K prompts):
 - `generate_eager` / `generate_compiled`: transformers' `generate` on the model as a user loads it, plain and
   with `cache_implementation="static"` (transformers then compiles its forward itself);
 - `pld_eager` / `pld_compiled`: prompt lookup on eager and on compiled steps;
+- with `--row-invariant`, `ar_compiled_row_invariant` and `pld_compiled_row_invariant`: both on steps of their own
+  that run every step at the widest width in one graph (`hardware.row_invariant=true`, decoding/steps.py), so that
+  bf16 verification rows round as one-token steps do: what that costs compiled `ar`, and whether `pld` then gives
+  its `ar`'s tokens (the pld arm is held to that `ar`: identity, near-ties; its speedup is over `ar_compiled`);
 - with `--methods`: other methods, trained drafters from `--artifacts-dir` among them, each a method preset with
   overrides (`jacobi`, `sar_draft_tree`, `"eesd method.draft_vocab=4096"`), labelled where one preset comes twice
   (`"k3=sar_draft method.k=3"`): eager and, where the method supports it, compiled; the figures name the artifacts
@@ -83,7 +87,20 @@ AR_SETTINGS = {
         "on weights folded into its graphs (`hardware.compile_freezing=true`) over compiled `ar` reading them as"
         " inputs",
     ),
+    "ar_compiled_row_invariant": (
+        "row_invariant",
+        {"row_invariant": True},
+        "with every step at the widest width in one graph (`hardware.row_invariant=true`) over compiled `ar` at"
+        " its bucket widths",
+    ),
 }
+COMPILED_SUFFIXES = ("_compiled", "_compiled_row_invariant")  # a compiled speculative arm: `pld` + a suffix
+
+
+def compiled_twins(arm: str) -> tuple[str, str] | None:
+    """(the compiled `ar` a compiled speculative arm is held to, its eager arm), or None for an eager arm."""
+    suffix = next((s for s in COMPILED_SUFFIXES if arm.endswith(s)), None)
+    return ("ar" + suffix, arm.removesuffix(suffix) + "_eager") if suffix else None
 
 
 def held_mb(device: torch.device) -> float:
@@ -224,6 +241,13 @@ def markdown(figures: dict) -> str:
             if figures.get("compiled_graphs_mb")
             else []
         ),
+        *[
+            f"- `{arm}` is held to `ar_compiled_row_invariant`, on the same one-width steps (its near-ties and"
+            f" divergences below are from that `ar`; its speedup is over `ar_compiled`): token-identical to it on"
+            f" {row['identical_to_ar_compiled']}/{figures['prompts']} prompts."
+            for arm, row in speculative.items()
+            if arm.endswith("_compiled_row_invariant")
+        ],
         *(
             [
                 "- Steps wider than the widest compiled width run eagerly: "
@@ -294,6 +318,12 @@ def main() -> None:
         action="store_true",
         help="also time compiled `ar` on weights folded into its graphs (hardware.compile_freezing=true)",
     )
+    parser.add_argument(
+        "--row-invariant",
+        action="store_true",
+        help="also time compiled `ar` and `pld` on steps that run every step at the widest width in one graph "
+        "(hardware.row_invariant=true: bf16 verification rows round as one-token steps do)",
+    )
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--markdown", default=None, help="also write them as a results page")
     parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's own)")
@@ -352,6 +382,10 @@ def main() -> None:
         if getattr(args, flag):
             steps = CompiledSteps(model, args.backend, mode, hardware.compile_widths, **keywords)
             decoders[arm] = ARDecoder(model, target.tokenizer, steps=steps)
+    if args.row_invariant:
+        decoders["pld_compiled_row_invariant"] = PLDDecoder(
+            model, target.tokenizer, PLDConfig(), steps=decoders["ar_compiled_row_invariant"].steps
+        )
     user_loaded = LoadedModel(stock, target.tokenizer, target.name)
     trained, method_specs, _ = method_arms(args.methods, target, user_loaded, loader)
     if_trained, if_trained_specs, untrained = method_arms(
@@ -359,7 +393,6 @@ def main() -> None:
     )  # --methods' win
     decoders |= trained | if_trained
     method_specs |= if_trained_specs
-    ar_steps = decoders["ar_compiled"].steps  # what a compiled arm's divergence from compiled `ar` is recomputed on
     target_weights = model_weights(model_cfg, args.artifacts_dir)  # once: the figures are rewritten every prompt
     widest = max(hardware.compile_widths)  # a compiled arm's steps wider than this run eagerly: the page says which
     eager_wide_steps = {
@@ -451,17 +484,18 @@ def main() -> None:
                     **(
                         {
                             "over_ar_compiled": paired(arm, "ar_compiled"),
-                            "identical_to_ar_compiled": identical(arm, "ar_compiled"),
-                            # prompts identical to compiled ar's or diverging at a near-tie, and where
+                            # to the compiled `ar` on its steps (`compiled_twins`): identical, or diverging at a
+                            # near-tie, and where
+                            "identical_to_ar_compiled": identical(arm, compiled_twins(arm)[0]),
                             "near_tie_to_ar_compiled": sum(
                                 r["divergence"] is None or r["divergence"]["near_tie"] for r in results[arm]
                             ),
                             "divergences_from_ar_compiled": [
                                 {"prompt": i, **r["divergence"]} for i, r in enumerate(results[arm]) if r["divergence"]
                             ],
-                            "rounds_as_eager": identical(arm, arm.removesuffix("_compiled") + "_eager", "accepted"),
+                            "rounds_as_eager": identical(arm, compiled_twins(arm)[1], "accepted"),
                         }
-                        if arm.endswith("_compiled")
+                        if compiled_twins(arm)
                         else {}
                     ),
                     "mat": sum(len(r["tokens"]) - 1 for r in results[arm]) / sum(r["steps"] for r in results[arm]),
@@ -487,13 +521,14 @@ def main() -> None:
                     "draft_seconds": draft_seconds,
                 }
             )
-        for arm in (a for a in speculative if a.endswith("_compiled")):  # untimed: a near-tie or a bug where it
-            # left compiled `ar`'s output, recomputed on compiled `ar`'s steps
+        for arm in (a for a in speculative if compiled_twins(a)):  # untimed: a near-tie or a bug where it left its
+            # compiled `ar`'s output, recomputed on that `ar`'s steps
+            ar_arm = compiled_twins(arm)[0]
             results[arm][-1]["divergence"] = classify(
-                ar_steps,
+                decoders[ar_arm].steps,
                 ids,
                 results[arm][-1]["tokens"],
-                results["ar_compiled"][-1]["tokens"],
+                results[ar_arm][-1]["tokens"],
                 rounding_widths(decoders[arm].max_step_width),
             )
         if args.json:  # after every prompt: a run cut off by a lent machine's limit keeps the prompts it timed

@@ -45,6 +45,7 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
             "--max-new-tokens",
             "8",
             "--differentiating-guards",
+            "--row-invariant",
             "--json",
             str(out),
             "--markdown",
@@ -67,6 +68,8 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
         "eesd1_compiled",
         "generate_eager",
         "generate_compiled",
+        "ar_compiled_row_invariant",
+        "pld_compiled_row_invariant",
     }  # jacobi and eesd run on compiled steps too
     assert arms <= set(figures["tok_per_s"]) and figures["model"] == "tiny_random"
     assert figures["prompts"] == figures["prompts_asked"] == 2
@@ -76,10 +79,15 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     assert all(figures["speculative"][f"{arm}_compiled"]["rounds_as_eager"] == 2 for arm in ("pld", "jacobi", "eesd1"))
     assert figures["ar_compiled_over_eager"] > 0 and figures["bound_tok_per_s"] > 0
     assert figures["ar_compiled_differentiating_guards_over_ar_compiled"] > 0
+    assert figures["ar_compiled_row_invariant_over_ar_compiled"] > 0
+    # pld on one-width steps: held to the `ar` on those steps, its rounds as eager pld's
+    row_invariant = figures["speculative"]["pld_compiled_row_invariant"]
+    assert row_invariant["identical_to_ar_compiled"] == 2 and row_invariant["rounds_as_eager"] == 2
     # each compiled arm's steps, compiled in turn, with the memory their graphs added
     assert set(figures["compiled_graphs_mb"]) == {
         "ar_compiled pld_compiled jacobi_compiled eesd1_compiled",
         "ar_compiled_differentiating_guards",
+        "ar_compiled_row_invariant pld_compiled_row_invariant",
     }
     assert "bench_gpu.py" in figures["provenance"]["command"]  # quoted as a shell takes it back
     assert "--methods 'jacobi;eesd1=eesd method.head=none method.num_layers=1'" in figures["provenance"]["command"]
@@ -109,7 +117,8 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     # Beta-TS drafts up to k_max = 16 tokens: a 17-row verify is past the widest bucket (16), so it runs eagerly
     assert figures["eager_wide_steps"] == {"eesd1_compiled": 17}
     assert "run eagerly: `eesd1_compiled` (up to 17 rows)" in page
-    assert "| `eesd1_compiled` |" in page and page.count(" | 2/2 | 2/2 |") == 3  # pld, jacobi, eesd1 compiled
+    assert "| `eesd1_compiled` |" in page and page.count(" | 2/2 | 2/2 |") == 4  # pld (two), jacobi, eesd1 compiled
+    assert "- `pld_compiled_row_invariant` is held to `ar_compiled_row_invariant`" in page
     drafting = {arm: row["draft_ms_per_round"] for arm, row in figures["speculative"].items()}
     assert drafting["eesd1_eager"] > 0 and drafting["eesd1_compiled"] > 0 and drafting["jacobi_eager"] == 0.0
     assert "| MAT | draft ms / round |" in page and f"| {drafting['eesd1_eager']:.2f} |" in page
@@ -228,7 +237,7 @@ def test_gpu_check_keeps_its_steps_within_one_budget_and_returns_one_log(tmp_pat
     assert re.search(r"gpu_check: profile_bf16 skipped: [01] s of BUDGET_S left", log)
     assert re.search(r"gpu_check: bench_fp32 skipped: [01] s of BUDGET_S left", log)
     assert "ran: experiments/bench_gpu.py --json" in log and "ran: -m pytest" in log
-    assert "--differentiating-guards --freezing --methods jacobi" in log  # compiled ar's settings beside it
+    assert "--row-invariant --differentiating-guards --freezing --methods jacobi" in log  # settings beside compiled ar
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["gpu_check.log"]
 
 

@@ -24,8 +24,10 @@ from specrepro.decoding.space import SpaceDecoder
 from specrepro.decoding.sps import SPSDecoder
 from specrepro.decoding.steps import STEPS_ATTRIBUTE, CompiledSteps, EagerSteps
 from specrepro.decoding.verify import crop_cache, tree_attention
+from specrepro.config import RandomArchConfig
 from specrepro.errors import SpecReproError
 from specrepro.models.kernels import set_linear_kernel
+from specrepro.models.loading import random_llama
 from tests.conftest import host_reads, tiny_llama
 from tests.test_decoding import prompts
 from tests.test_runner import FAST, run_dirs, specrepro
@@ -359,6 +361,96 @@ def test_a_tree_verification_on_compiled_steps_gives_the_eager_logits(compiled_t
     torch.testing.assert_close(outputs[0], outputs[1])
 
 
+def wide_bf16_llama(seed: int) -> torch.nn.Module:
+    """A one-layer bf16 LLaMA of SmolLM2's width: wide enough that a matmul of one row and one of several round a
+    row differently on this CPU (seed 0: the few-width steps below give a block other logits than one-token steps)."""
+    arch = RandomArchConfig(vocab_size=96, seed=seed, num_layers=1, hidden_size=576, intermediate_size=1536)
+    return set_linear_kernel(random_llama(arch).eval(), "torch").to(torch.bfloat16)
+
+
+def row_invariant_steps(model, widths=(1, 4, 16)) -> CompiledSteps:
+    steps = CompiledSteps(model, backend="aot_eager", widths=widths, row_invariant=True)
+    setattr(model, STEPS_ATTRIBUTE, steps)
+    return steps
+
+
+def one_token_and_block_logits(steps, seed: int) -> tuple:
+    """Logits of 6 tokens after a 24-token prefix: scored one token a step, in one block forward, and by
+    `with_hidden` (with its hidden states), on `steps` warmed up to 16 rows."""
+    steps.warm_up(16, 64)
+    tokens = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(seed))
+    cache = steps.new_cache(64)
+    with torch.inference_mode():
+        steps(tokens[:, :24], cache)
+        one_token_steps = torch.cat([steps(tokens[:, i : i + 1], cache).logits[0] for i in range(24, 30)])
+        crop_cache(cache, 24)
+        block = steps(tokens[:, 24:], cache).logits[0]
+        crop_cache(cache, 24)
+        headed, hidden = steps.with_hidden(tokens[:, 24:], cache)
+    return one_token_steps, block, headed[0], hidden
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_row_invariant_compiled_steps_give_a_block_the_one_token_steps_logits(seed):
+    """`hardware.row_invariant` on compiled steps: one width, one graph for logits and hidden states, so a
+    verification's rows (`__call__` and `with_hidden`) equal one-token steps bit for bit in bf16."""
+    steps = row_invariant_steps(wide_bf16_llama(seed))
+    assert steps.widths == (16,)
+    one_token_steps, block, headed, hidden = one_token_and_block_logits(steps, seed)
+    assert torch.equal(block, one_token_steps) and torch.equal(headed, one_token_steps)
+    assert hidden.shape == (1, 6, 576)
+
+
+def test_compiled_steps_of_several_widths_round_a_block_otherwise_in_bf16():
+    """What row invariance is for: without it the block runs at width 16 and the steps at width 1, other kernels
+    (skipped on a CPU whose bf16 matmul happens to round this model's rows alike at both widths)."""
+    steps = CompiledSteps(wide_bf16_llama(0), backend="aot_eager", widths=[1, 4, 16])
+    one_token_steps, block, _, _ = one_token_and_block_logits(steps, 0)
+    if torch.equal(block, one_token_steps):
+        pytest.skip("this CPU's bf16 matmul rounds a row alike at widths 1 and 16 on this model")
+    assert (block.float() - one_token_steps.float()).abs().max() < 1e-2  # rounding, not another computation
+
+
+def test_row_invariant_compiled_chains_decode_ar_tokens_in_bf16():
+    """Greedy chains run on row-invariant compiled steps in bf16 and give compiled `ar`'s tokens: a draft-model-free
+    chain (pld), a head on the target's hidden states (sar_draft, `with_hidden`) and EAGLE's chain (its draft cache
+    spares a second width). The test above shows the rows equal; this model's margins rarely make them matter."""
+    torch.manual_seed(0)
+    model = wide_bf16_llama(0)
+    row_invariant_steps(model)
+    head = head_for(model, "block", 4, 16, 1, False).to(torch.bfloat16).eval()
+    decoders = {
+        "pld": PLDDecoder(model, None, PLDConfig()),
+        "sar_draft": SARDraftDecoder(model, None, head, SARDraftConfig(k=3, k_max=4)),
+        "eagle": eagle_decoder(model, depth=3, top_k=1, total_tokens=3),
+    }
+    from specrepro.runner import compile_steps_for
+
+    ar = ARDecoder(model)
+    compile_steps_for(80, [ar, *decoders.values()])
+    for prompt in prompts()[:3]:
+        reference = ar.generate(prompt, GREEDY, 24).token_ids
+        for name, decoder in decoders.items():
+            assert decoder.generate(prompt, GREEDY, 24).token_ids == reference, name
+
+
+def test_row_invariant_compiled_steps_refuse_wider_steps_and_other_heads():
+    """A step wider than the one width would run uncompiled, rounding otherwise: refused at warm-up. So is a model
+    whose logits are not its LM head on the last hidden states (row-invariant steps compute them so)."""
+    model = wide_bf16_llama(1)
+    with pytest.raises(SpecReproError, match=r"one width, 16, but this method's steps take up to 17 rows"):
+        row_invariant_steps(model).warm_up(17, 64)
+    forward = model.forward
+
+    def soft_capped(*args, **kwargs):  # as Gemma 2's final soft-cap: logits that are not the LM head's
+        out = forward(*args, **kwargs)
+        return type(out)(logits=30 * torch.tanh(out.logits / 30))
+
+    model.forward = soft_capped
+    with pytest.raises(SpecReproError, match="needs logits = lm_head"):
+        row_invariant_steps(model).warm_up(16, 64)
+
+
 def sps_with_compiled_draft(model, tree_width=1, draft_vocab=False):
     """sps whose draft, a copy of the tiny target with noise on its LM head (accepted at times, not always), runs
     on compiled steps of its own (not warmed up: the runner does that)."""
@@ -512,6 +604,30 @@ def test_a_compiled_run_reports_speedups_over_compiled_and_eager_ar(tmp_path):
     assert pld["speedup_paired"] > 0 and pld["speedup_paired_eager"] > 0
     assert pld["speedup_paired_ci95"] >= 0 and pld["speedup_paired_eager_ci95"] >= 0  # two prompts: an interval
     assert f"{pld['speedup_paired']:.2f}x ±{pld['speedup_paired_ci95']:.2f}x" in out.stdout  # the printed table
+
+
+def test_a_row_invariant_compiled_run_refuses_a_method_wider_than_its_one_width(tmp_path):
+    """`hardware=cuda_bf16_compiled_exact` on a CPU: one width, 4 here, where pld verifies up to 11 rows: refused in
+    one line before anything is timed, not run uncompiled at other kernels."""
+    from tests.test_config import compose_run
+
+    preset = compose_run("method=pld", "hardware=cuda_bf16_compiled_exact").hardware
+    assert (preset.compile, preset.row_invariant, list(preset.compile_widths)) == (True, True, [16])
+    proc = specrepro(
+        "run",
+        *FAST,
+        "hardware=cuda_bf16_compiled_exact",
+        "hardware.device=cpu",
+        "hardware.compile_backend=aot_eager",
+        "hardware.compile_widths=[4]",
+        "method=pld",
+        "dataset.limit=1",
+        "logger=none",
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "pads every compiled step to one width, 4, but this method's steps take up to 11 rows" in proc.stderr
 
 
 @pytest.mark.parametrize("guards", ["all", "differentiating"])

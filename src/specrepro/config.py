@@ -136,8 +136,9 @@ class HardwareConfig:
     # onednn: zero-pad inputs of fewer rows to this many (its 1-2-row kernels stream weights slower;
     # experiments/bench_kernels.py --min-rows measures it); 1 = no padding
     linear_min_rows: int = 5
-    # a verification row computes bit for bit what a one-token step does, attention in fp32 (models/attention.py):
-    # needed for lossless bf16
+    # a verification row computes bit for bit what a one-token step does (needed for lossless bf16): eagerly by
+    # row-wise attention in fp32 (models/attention.py); compiled by running every step at the widest compile width
+    # in one graph (decoding/steps.py)
     row_invariant: bool = False
     # the target's steps on a static KV cache, torch.compile'd once per padded width (decoding/steps.py);
     # its speedups are over compiled `ar` (and, timed paired, eager `ar` too)
@@ -160,10 +161,10 @@ class HardwareConfig:
             raise SpecReproError(
                 f"hardware.compile_backend must be one of {', '.join(COMPILE_BACKENDS)}, got {self.compile_backend}"
             )
-        if self.compile and (self.linear_kernel != "torch" or self.row_invariant):
+        if self.compile and self.linear_kernel != "torch":
             raise SpecReproError(
                 "hardware.compile=true compiles torch's own kernels: it needs hardware.linear_kernel=torch "
-                "and hardware.row_invariant=false (hardware=cuda_bf16_compiled sets them)"
+                "(hardware=cuda_bf16_compiled sets it)"
             )
         if self.compile_guards not in COMPILE_GUARDS:
             raise SpecReproError(

@@ -224,10 +224,10 @@ class EagleDecoder(DraftVerifyDecoder):
         self.draft, self.cfg = draft, cfg
         if self.steps.compiled:  # a round's expanded rows follow the committed pairs, its last level padded
             rows = (cfg.depth - 2) * cfg.top_k + (self.steps.bucket(cfg.top_k) or cfg.top_k)
-            if rows > self.steps.widths[-1]:
+            if rows > self.steps.spare:
                 raise SpecReproError(
                     f"eagle with depth {cfg.depth} and top_k {cfg.top_k} writes up to {rows} draft rows a round "
-                    f"past the committed ones, more than the static cache's spare {self.steps.widths[-1]}: add a "
+                    f"past the committed ones, more than the static cache's spare {self.steps.spare}: add a "
                     "wider hardware.compile_widths entry, or run with hardware.compile=false"
                 )
 

@@ -9,6 +9,15 @@ write-position reset (`verify.crop_cache`): stale rows past it are masked out an
 cache's `get_seq_length` is that live position tensor: copy it, `int(...)`, to keep a length). Prefill,
 and any step wider than the largest bucket, run the same forward uncompiled on the same cache.
 
+`hardware.row_invariant` with `hardware.compile` (lossless bf16 on a GPU): a verification's rows must round as
+`ar`'s one-token steps do, and a matmul of 1 row and one of k rows run different kernels. So every step runs at
+one width, the widest of `compile_widths`, through one graph that returns logits and hidden states: the same
+kernels at the same shapes for every step, each row computed from its own inputs alone. A chain's rows then equal
+`ar`'s bit for bit (`tests/test_compiled.py`); a tree's attention sums its keys in another order (siblings
+interleave), so a tree method can still meet a near-tie (`metrics/divergence.py` classifies it), as can a method
+that finishes its forward outside that graph (EESD's layer slices, SPACE's LM head on its real slots). A step
+wider than that width is refused at warm-up rather than run uncompiled.
+
 A drafter that runs some of the target's layers, or a decoder layer of its own, itself (EESD's early exit) runs
 them through `steps.layers`: compiled steps compile one graph per such slice and width too, on the target's static
 cache or on a static cache of the drafter's own (`new_cache(length, name)`), and warm up the slices a decoder
@@ -154,11 +163,17 @@ class CompiledSteps(EagerSteps):
         cache_multiple: int = 64,
         guards: str = "all",
         freezing: bool = False,
+        row_invariant: bool = False,
     ):
         super().__init__(model)
         if freezing and backend != "inductor":
             raise SpecReproError(f"freezing is inductor's: compiled steps on the {backend} backend cannot freeze")
-        self.widths = tuple(sorted(widths))
+        # row_invariant: one width, the widest, and one graph for logits and hidden states (module doc)
+        self.widths = (max(widths),) if row_invariant else tuple(sorted(widths))
+        self.row_invariant = row_invariant
+        # positions a cache keeps past the last real one: a padded step writes up to a width there; row-invariant
+        # steps leave a drafter that writes ahead (EAGLE's levels, each padded to the width) a width more
+        self.spare = self.widths[-1] * (2 if row_invariant else 1)
         # cache lengths round up to a multiple of this. Every step attends the whole cache under a mask: in fp32 on
         # an H200, a 1024-position cache (a multiple of 512) cost 5.9 ms a token where 576 positions cost 4.7
         self.cache_multiple = cache_multiple
@@ -172,8 +187,7 @@ class CompiledSteps(EagerSteps):
         self.warmed = False  # every graph a decoding step takes is compiled (`warm_up`)
         # code objects of these steps' own: dynamo counts its recompile limit per code object, and another steps
         # object (a draft model's, a bench arm's) compiles its widths too
-        self.forward = self.compile(own_code(self._forward))
-        self.forward_hidden = self.compile(own_code(self._forward_hidden))
+        self.forward, self.forward_hidden = self.new_graphs()
         self.variant_graphs: dict[str, tuple] = {}  # a model state's name -> its (forward, forward_hidden)
         self.layer_graphs: dict[tuple[int, ...], tuple] = {}  # a layer slice's ids -> (its layers, its graph)
         self.cudagraphs = mode is not None and "reduce-overhead" in mode
@@ -201,10 +215,20 @@ class CompiledSteps(EagerSteps):
 
         return call
 
+    def new_graphs(self) -> tuple:
+        """A (forward, forward_hidden) pair of compiled graphs; row-invariant steps' forward returns the hidden
+        states beside the logits, so `with_hidden` runs the very graph `ar`'s steps do."""
+        forward = self._forward_with_hidden if self.row_invariant else self._forward
+        return self.compile(own_code(forward)), self.compile(own_code(self._forward_hidden))
+
     def _forward(self, input_ids, mask, positions, cache):
         return (
             self.model(input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=0, cache=cache).logits,
         )
+
+    def _forward_with_hidden(self, input_ids, mask, positions, cache):
+        hidden = self._forward_hidden(input_ids, mask, positions, cache)[0]
+        return self.model.lm_head(hidden), hidden
 
     def _forward_hidden(self, input_ids, mask, positions, cache):
         return (
@@ -214,7 +238,7 @@ class CompiledSteps(EagerSteps):
     def new_cache(self, length: int, name: str = "target") -> StaticCache:
         """The static cache of that name, emptied. Every cache has one size, reallocated (new graphs) only when
         `length` outgrows it: a drafter's own cache, asked for after the target's, is as long as the target's."""
-        needed = length + self.widths[-1]  # a padded step may write past the last real position
+        needed = length + self.spare
         if self.cache_len < needed:
             if self.caches:
                 log.warning("the static cache grows past %d positions: its graphs are compiled again", self.cache_len)
@@ -231,7 +255,7 @@ class CompiledSteps(EagerSteps):
         return self.caches[name]
 
     def holds(self, length: int) -> bool:
-        return bool(self.caches) and length + self.widths[-1] <= self.cache_len
+        return bool(self.caches) and length + self.spare <= self.cache_len
 
     def tree_inputs(self, tree) -> dict:
         """An uncompiled tree step's mask, widened to the static cache's length (its keys are all of its rows)."""
@@ -293,10 +317,7 @@ class CompiledSteps(EagerSteps):
         if variant is None:
             return self.forward, self.forward_hidden
         if variant not in self.variant_graphs:
-            self.variant_graphs[variant] = (
-                self.compile(own_code(self._forward)),
-                self.compile(own_code(self._forward_hidden)),
-            )
+            self.variant_graphs[variant] = self.new_graphs()
         return self.variant_graphs[variant]
 
     def __call__(self, input_ids, cache, logits_to_keep: int = 0, tree=None, past=None, variant=None):
@@ -307,10 +328,19 @@ class CompiledSteps(EagerSteps):
         return StepOutput(logits[:, -logits_to_keep:] if logits_to_keep else logits)
 
     def hidden(self, input_ids, cache, tree=None, exact_rows=None, past=None, variant=None):
-        """The compiled hidden states (`exact_rows` has no use here: compiled steps refuse `row_invariant`); the
-        LM head then runs, uncompiled, on the rows a caller reads."""
+        """The compiled hidden states (`exact_rows` has no use here: row-invariant compiled steps pad every row);
+        the LM head then runs, uncompiled, on the rows a caller reads."""
         outputs = self.padded_step(self.graphs(variant)[1], input_ids, cache, tree, past)
         return super().hidden(input_ids, cache, tree, past=past) if outputs is None else outputs[0]
+
+    def with_hidden(self, input_ids, cache, logits_to_keep: int = 0, tree=None, past=None):
+        """Row-invariant: logits and hidden states from the one graph `ar`'s steps run; else as eager steps
+        (compiled hidden states, the LM head uncompiled)."""
+        outputs = self.padded_step(self.forward, input_ids, cache, tree, past) if self.row_invariant else None
+        if outputs is None:
+            return super().with_hidden(input_ids, cache, logits_to_keep, tree, past)
+        logits, hidden = outputs
+        return (logits[:, -logits_to_keep:] if logits_to_keep else logits), hidden
 
     def padded_step(self, forward, input_ids, cache, tree, past: int | None = None) -> tuple | None:
         """The compiled `forward`'s outputs for the rows of `input_ids`, run padded to a bucket on the static
@@ -349,6 +379,16 @@ class CompiledSteps(EagerSteps):
             positions = torch.cat([tree_positions, positions[n:]])
         return torch.where(allow, *self.mask_values)[None, None], positions[None]
 
+    def check_head(self, logits: torch.Tensor, input_ids: torch.Tensor) -> None:
+        """Row-invariant steps read logits as the LM head of the last hidden states: refuse a model whose own
+        forward computes them otherwise (a soft-cap, a scale), which would change every method's output unseen."""
+        headed = self.model.lm_head(self.model.model(input_ids).last_hidden_state[:, -1:])
+        if not torch.equal(headed, logits):
+            raise SpecReproError(
+                f"hardware.row_invariant on compiled steps needs logits = lm_head(last hidden states); "
+                f"{type(self.model).__name__} computes them otherwise: set hardware.row_invariant=false"
+            )
+
     def warm_up(self, max_width: int, length: int, hidden: bool = False, slices=(), variants=(), calls=()) -> float:
         """Compile every bucket up to `max_width` rows (and, with `hidden`, the forward that returns hidden
         states instead of logits; for each (cache name, layers) of `slices`, that layer slice; for each (name,
@@ -359,10 +399,17 @@ class CompiledSteps(EagerSteps):
         self.warmed = False
         cache = self.new_cache(length)
         device = next(self.model.parameters()).device
+        if self.row_invariant and max_width > self.widths[-1]:
+            raise SpecReproError(
+                f"hardware.row_invariant pads every compiled step to one width, {self.widths[-1]}, but this method's "
+                f"steps take up to {max_width} rows: give hardware.compile_widths=[{max_width}] (or wider)"
+            )
         largest = self.bucket(max_width) or self.widths[-1]  # wider steps run uncompiled
         widths = [w for w in self.widths if w <= largest]
         with torch.inference_mode():
-            super().__call__(torch.zeros(1, 1, dtype=torch.long, device=device), cache, 1)  # eager prefill
+            logits = super().__call__(torch.zeros(1, 1, dtype=torch.long, device=device), cache, 1).logits  # prefill
+            if self.row_invariant:
+                self.check_head(logits, torch.zeros(1, 1, dtype=torch.long, device=device))
             for step in (self, self.hidden) if hidden else (self,):
                 for width in widths:
                     for _ in range(2):  # CUDA graphs record on the second call
@@ -474,5 +521,6 @@ def compile_steps(model: torch.nn.Module, hardware) -> None:
         hardware.compile_widths,
         guards=hardware.compile_guards,
         freezing=hardware.compile_freezing,
+        row_invariant=hardware.row_invariant,
     )
     setattr(model, STEPS_ATTRIBUTE, steps)

@@ -375,10 +375,11 @@ def use_hardware(model, hardware):
     """Give `model`, and no other, the kernels of a `hardware` config, in place, and return it: its
     `nn.Linear` modules packed for oneDNN (`linear_kernel`, `linear_min_rows`; models/kernels.py), our
     attention, row-invariant with `row_invariant` (models/attention.py), if it uses SDPA, and compiled steps on
-    a static cache with `compile` (decoding/steps.py)."""
-    set_linear_kernel(model, hardware.linear_kernel, hardware.linear_min_rows, hardware.row_invariant)
+    a static cache with `compile` (decoding/steps.py; row-invariant there by running every step at one width)."""
+    eager_rows = hardware.row_invariant and not hardware.compile  # what makes eager rows invariant
+    set_linear_kernel(model, hardware.linear_kernel, hardware.linear_min_rows, eager_rows)
     if model.config._attn_implementation in ("sdpa", *IMPLEMENTATIONS.values()):
-        set_attention(model, "row_invariant" if hardware.row_invariant else "sdpa")
+        set_attention(model, "row_invariant" if eager_rows else "sdpa")
     if hardware.compile:
         compile_steps(model, hardware)
     return model
