@@ -65,7 +65,7 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import CompiledSteps, EagerSteps
 from specrepro.errors import SpecReproError
 from specrepro.identity import artifact_identities, model_weights
-from specrepro.metrics.divergence import classify, rounding_widths
+from specrepro.metrics.divergence import classify, rounding_widths, tree_rounding_widths
 from specrepro.models import LoadedModel, ModelLoader, load_model
 from specrepro.provenance import machine_label, provenance
 from specrepro.runner import compile_steps_for
@@ -523,13 +523,14 @@ def main() -> None:
             )
         for arm in (a for a in speculative if compiled_twins(a)):  # untimed: a near-tie or a bug where it left its
             # compiled `ar`'s output, recomputed on that `ar`'s steps
-            ar_arm = compiled_twins(arm)[0]
+            ar_arm, decoder = compiled_twins(arm)[0], decoders[arm]
             results[arm][-1]["divergence"] = classify(
                 decoders[ar_arm].steps,
                 ids,
                 results[arm][-1]["tokens"],
                 results[ar_arm][-1]["tokens"],
-                rounding_widths(decoders[arm].max_step_width),
+                rounding_widths(decoder.max_step_width),
+                tree_rounding_widths(decoder.max_step_width, decoder.verifies_trees),
             )
         if args.json:  # after every prompt: a run cut off by a lent machine's limit keeps the prompts it timed
             atomic_write(Path(args.json), json.dumps(summary(), indent=1) + "\n")

@@ -17,8 +17,10 @@ from specrepro.metrics.divergence import (
     classify,
     classify_row,
     first_difference,
+    interleaved_step,
     near_tie_metrics,
     rounding_widths,
+    tree_rounding_widths,
 )
 from specrepro.metrics.summary import results_table
 from specrepro.models import LoadedModel
@@ -187,3 +189,71 @@ def test_divergences_are_classified_on_compiled_steps_too():
         ours, eager = (classify(steps, prompt, tokens, reference, widths) for steps in (compiled, EagerSteps(model)))
         assert ours["position"] == eager["position"] == position and ours["margin"] == pytest.approx(eager["margin"])
         assert ours["near_tie"] == eager["near_tie"]
+
+
+def test_a_tree_path_verification_scores_and_keeps_what_a_chain_does():
+    """`interleaved_step` verifies a chunk as a tree's path with a sibling before each node: its logits are the
+    chain's up to rounding, and the cache it keeps continues as the chain's (fp32, eager)."""
+    model = tiny_llama(vocab_size=96, seed=1, num_layers=2)
+    steps, tokens = EagerSteps(model), torch.tensor([prompts()[0][:14]])
+    chain_cache, tree_cache = steps.new_cache(32), steps.new_cache(32)
+    with torch.inference_mode():
+        for cache in (chain_cache, tree_cache):
+            steps(tokens[:, :8], cache)
+        chain = steps(tokens[:, 8:12], chain_cache).logits
+        tree = interleaved_step(steps, tokens[:, 8:12], tree_cache, 8)
+        assert tree_cache.get_seq_length() == chain_cache.get_seq_length() == 12
+        torch.testing.assert_close(tree, chain)
+        torch.testing.assert_close(steps(tokens[:, 12:], tree_cache).logits, steps(tokens[:, 12:], chain_cache).logits)
+
+
+@pytest.mark.embedded
+def test_a_tree_method_is_measured_at_the_rounding_its_path_sums_on_row_invariant_steps():
+    """On row-invariant compiled steps (bf16, the embedded model) a chain verification rounds as `ar` does (rounding
+    0: only an exact tie is a near-tie), but a tree's path, whose keys have siblings between them, does not: a
+    method that verifies trees is measured at both, so its bf16 flips of a step or two are near-ties, not bugs."""
+    from specrepro.config import HardwareConfig, ModelConfig
+    from specrepro.models import ModelLoader
+
+    hardware = HardwareConfig(
+        device="cpu",
+        dtype="bfloat16",
+        linear_kernel="torch",
+        row_invariant=True,
+        compile=True,
+        compile_backend="aot_eager",
+        compile_widths=[8],
+    )
+    model = ModelConfig(name="smollm2_135m", source="embedded")
+    target = ModelLoader.for_hardware(hardware, "unused").load_model(model)
+    question = "Natalia sold clips to 48 of her friends in April, and then half as many in May."
+    prompt = target.tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+    )["input_ids"]
+    decoder = ARDecoder(target.model, target.tokenizer)
+    decoder.steps.warm_up(8, len(prompt) + 24)
+    tokens = decoder.generate(prompt, GREEDY, 24).token_ids
+    assert tree_rounding_widths(8, trees=False) == [] and tree_rounding_widths(8, trees=True) == [2, 4]
+    _, chain_rounding = ar_logits_and_rounding(decoder.steps, prompt, tokens, rounding_widths(8))
+    _, tree_rounding = ar_logits_and_rounding(
+        decoder.steps, prompt, tokens, rounding_widths(8), tree_rounding_widths(8, trees=True)
+    )
+    assert chain_rounding == 0.0 and tree_rounding > 0.0
+
+
+def test_decoders_say_whether_their_verifications_hold_trees():
+    """What `classify_row` is told: siblings (tree_width > 1), EAGLE's top-k > 1 and the tree drafters verify trees;
+    a chain (pld, EAGLE's top-1 chain, a one-wide draft) does not."""
+    from specrepro.decoding.pld import PLDConfig, PLDDecoder
+    from specrepro.decoding.token_recycling import TokenRecyclingDecoder
+    from tests.test_compiled import eagle_decoder, self_sd_decoders
+
+    model = tiny_llama(vocab_size=64, seed=1)
+    self_sd = self_sd_decoders(model)
+    assert not PLDDecoder(model, None, PLDConfig()).verifies_trees and not self_sd["self_sd"].verifies_trees
+    assert self_sd["self_sd_tree"].verifies_trees and eagle_decoder(model).verifies_trees
+    assert not eagle_decoder(model, depth=3, top_k=1, total_tokens=3).verifies_trees
+    assert TokenRecyclingDecoder.verifies_trees and not ARDecoder(model).verifies_trees

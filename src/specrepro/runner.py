@@ -120,7 +120,7 @@ def _run_locked(
         for index, rec in tqdm(todo, desc=name, unit="sample"):
             row = decode_record(rec, index, cfg, target, decoder, baselines, sampling) | {"session": record.session}
             if sampling.greedy and rec.id in diverging_from:
-                classify_row(row, diverging_from[rec.id], target, decoder.max_step_width)
+                classify_row(row, diverging_from[rec.id], target, decoder.max_step_width, decoder.verifies_trees)
             record.append(row)
             rows.append(row)
     rows.sort(key=lambda row: row["index"])

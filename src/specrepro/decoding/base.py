@@ -135,6 +135,12 @@ class Decoder(ABC):
         return 1
 
     @property
+    def verifies_trees(self) -> bool:
+        """Whether a verification can hold a token tree, whose path nodes see keys with siblings between them:
+        that rounds otherwise than a chain (`metrics/divergence.py` measures both)."""
+        return False
+
+    @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 

@@ -96,6 +96,10 @@ class DraftVerifyDecoder(Decoder):
         """The last token, the longest chain the controller allows and the tree's extra siblings."""
         return 1 + self.new_controller().max_length + self.tree_width - 1
 
+    @property
+    def verifies_trees(self) -> bool:
+        return self.tree_width > 1
+
     def with_first_siblings(
         self, drafts: torch.Tensor, q: torch.Tensor | None, first_logits: torch.Tensor, vocab_ids: torch.Tensor | None
     ) -> Proposal:

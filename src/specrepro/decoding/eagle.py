@@ -259,6 +259,10 @@ class EagleDecoder(DraftVerifyDecoder):
     def max_step_width(self) -> int:
         return 1 + self.cfg.total_tokens
 
+    @property
+    def verifies_trees(self) -> bool:
+        return self.cfg.top_k > 1  # top-1 expands one chain
+
     def new_controller(self) -> FixedLength:
         return FixedLength(self.cfg.depth)
 

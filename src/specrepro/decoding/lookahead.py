@@ -132,6 +132,10 @@ class LookaheadDecoder(DraftVerifyDecoder):
         return FixedLength(self.cfg.ngram - 1)  # a candidate's drafts; the loop caps them at the budget
 
     @property
+    def verifies_trees(self) -> bool:
+        return True
+
+    @property
     def max_step_width(self) -> int:
         return 1 + (self.cfg.guesses + self.cfg.window) * (self.cfg.ngram - 1)
 

@@ -275,6 +275,10 @@ class RestDecoder(DraftVerifyDecoder):
         return FixedLength(self.cfg.continuation)  # the tree's depth; the loop caps it at the budget
 
     @property
+    def verifies_trees(self) -> bool:
+        return True
+
+    @property
     def max_step_width(self) -> int:
         return 1 + self.cfg.tree_nodes
 

@@ -168,6 +168,10 @@ class TokenRecyclingDecoder(DraftVerifyDecoder):
         return FixedLength(max(self.template.depths))  # the tree's depth; the loop caps it at the budget
 
     @property
+    def verifies_trees(self) -> bool:
+        return True
+
+    @property
     def max_step_width(self) -> int:
         return 1 + len(self.template.parents)
 

@@ -11,6 +11,10 @@ recomputes it on the run's target (its steps and dtype, eager or compiled, on th
   prefill in w-row forwards, the position the last row of the last), for each w of `ROUNDING_WIDTHS` up to the
   method's widest step: the earlier positions' keys and values then come from multi-row forwards too, as in a
   speculative decode;
+- for a method whose verifications hold token trees (`Decoder.verifies_trees`), the same with w tokens verified
+  as a tree's path with a sibling before each node (`interleaved_step`): a path node's keys then have masked rows
+  between them, which sums attention in another order than a chain (row-invariant compiled steps, which make a
+  chain's rounding 0, leave this one);
 - `rounding`: the largest change of any logit between `ar`'s computation and those: this position's measured
   rounding in this dtype on this machine;
 - `gap`: `ar`'s token's logit minus the method's token's logit in `ar`'s computation (>= 0 when it reproduces
@@ -29,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from specrepro.decoding.steps import target_steps
+from specrepro.decoding.verify import keep_tree_path, tree_attention
 
 ROUNDING_WIDTHS = (2, 4, 8, 16)  # verification widths the rounding is measured at (up to the method's widest)
 
@@ -42,36 +47,59 @@ def first_difference(tokens: list[int], reference: list[int]) -> int | None:
 
 
 @torch.inference_mode()
-def position_logits(steps, prompt: list[int], tokens: list[int], width: int) -> torch.Tensor:
-    """The fp32 logits for the token after `prompt + tokens`, computed as a method that verifies `width` rows at a
-    time would: the prompt's prefill, then `tokens` in `width`-row forwards (the first one shorter), the last row
-    of the last forward the position's. Width 1: `ar`'s own computation."""
+def position_logits(steps, prompt: list[int], tokens: list[int], width: int, tree: bool = False) -> torch.Tensor:
+    """The fp32 logits for the token after `prompt + tokens`, computed as a method that verifies `width` tokens at
+    a time would: the prompt's prefill, then `tokens` in `width`-token forwards (the first one shorter), the last
+    row of the last forward the position's; with `tree`, each forward a tree's path (`interleaved_step`). Width 1:
+    `ar`'s own computation."""
     device = next(steps.model.parameters()).device
     ids = torch.tensor([prompt + tokens], device=device)
-    cache = steps.new_cache(ids.shape[1])
+    cache = steps.new_cache(ids.shape[1])  # a tree's siblings are within a step's spare rows
     logits = steps(ids[:, : len(prompt)], cache, logits_to_keep=1).logits
     start = len(prompt)
     for end in range(len(prompt) + (len(tokens) % width or width), ids.shape[1] + 1, width):
-        logits = steps(ids[:, start:end], cache).logits
+        chunk = ids[:, start:end]
+        logits = interleaved_step(steps, chunk, cache, start) if tree else steps(chunk, cache).logits
         start = end
     return logits[0, -1].float()
 
 
-def ar_logits_and_rounding(steps, prompt: list[int], ar_tokens: list[int], widths) -> tuple[torch.Tensor, float]:
+def interleaved_step(steps, chunk: torch.Tensor, cache, past: int) -> torch.Tensor:
+    """The logits (1, m, vocab) of `chunk`'s m tokens after `past` cached positions, verified as a tree whose
+    accepted path they are, each node after the first with a sibling (its own token) just before it, which the
+    path does not see; the cache then keeps the path (`verify.keep_tree_path`), as a tree verification's does."""
+    parents, path = [], []
+    for _ in range(chunk.shape[1] - 1):
+        parent = path[-1] if path else -1
+        parents += [parent, parent]  # a sibling, then the path's next node
+        path.append(len(parents) - 1)
+    allow, positions = tree_attention(parents, past)
+    nodes = torch.cat([chunk[0, :1], chunk[0, 1:].repeat_interleave(2)])[None]
+    logits = steps(nodes, cache, tree=(allow.to(chunk.device), positions.to(chunk.device)), past=past).logits
+    keep_tree_path(cache, past + 1, path)
+    return logits[:, [0] + [node + 1 for node in path]]
+
+
+def ar_logits_and_rounding(
+    steps, prompt: list[int], ar_tokens: list[int], widths, tree_widths=()
+) -> tuple[torch.Tensor, float]:
     """(the fp32 logits `ar` computed for the token after `prompt + ar_tokens`, the largest change of any of them
-    when the same position is computed in w-row verifications, w in `widths`: `position_logits`)."""
+    when the same position is computed in w-token verifications, w in `widths`, and as w-token tree paths, w in
+    `tree_widths`: `position_logits`)."""
     one_row = position_logits(steps, prompt, ar_tokens, 1)
+    layouts = [(width, False) for width in widths] + [(width, True) for width in tree_widths]
     changes = [
-        float((position_logits(steps, prompt, ar_tokens, width) - one_row).abs().max())
-        for width in widths
+        float((position_logits(steps, prompt, ar_tokens, width, tree) - one_row).abs().max())
+        for width, tree in layouts
         if width <= len(ar_tokens)
     ]
     return one_row, max(changes, default=0.0)
 
 
-def classify(steps, prompt: list[int], tokens: list[int], ar_tokens: list[int], widths) -> dict | None:
+def classify(steps, prompt: list[int], tokens: list[int], ar_tokens: list[int], widths, tree_widths=()) -> dict | None:
     """The first divergence of a greedy generation's `tokens` from `ar_tokens` on `prompt` (None: identical):
-    its position, both tokens, `gap`, `margin`, `rounding` and `near_tie` (module doc)."""
+    its position, both tokens, `gap`, `margin`, `rounding` (over `widths`, and `tree_widths` for a method that
+    verifies trees) and `near_tie` (module doc)."""
     position = first_difference(tokens, ar_tokens)
     if position is None:
         return None
@@ -86,7 +114,7 @@ def classify(steps, prompt: list[int], tokens: list[int], ar_tokens: list[int], 
             "near_tie": False,
         }
     token, ar_token = tokens[position], ar_tokens[position]
-    logits, rounding = ar_logits_and_rounding(steps, prompt, ar_tokens[:position], widths)
+    logits, rounding = ar_logits_and_rounding(steps, prompt, ar_tokens[:position], widths, tree_widths)
     top2 = logits.topk(2).values
     gap = float(logits[ar_token] - logits[token])
     return {
@@ -105,12 +133,19 @@ def rounding_widths(max_step_width: int) -> list[int]:
     return sorted({min(width, max_step_width) for width in ROUNDING_WIDTHS} - {1})
 
 
-def classify_row(row: dict, reference_row: dict, target, max_step_width: int) -> None:
+def tree_rounding_widths(max_step_width: int, trees: bool) -> list[int]:
+    """The path lengths a tree-verifying method's rounding is measured at: those of `rounding_widths` whose
+    interleaved tree (a sibling before each node) fits its widest step; none for a method that verifies chains."""
+    return [width for width in rounding_widths(max_step_width) if 2 * width - 1 <= max_step_width] if trees else []
+
+
+def classify_row(row: dict, reference_row: dict, target, max_step_width: int, trees: bool = False) -> None:
     """Set `divergence` on each of a decoded record's greedy generations whose token ids differ from its `ar`
     reference's (`reference_row`, the same record): the first differing turn of a sample is classified
-    (`classify`); a later one, whose prompt holds that turn's answer, says so (`after_turn`) and inherits its
-    class."""
+    (`classify`; `trees`: the method verifies token trees); a later one, whose prompt holds that turn's answer,
+    says so (`after_turn`) and inherits its class."""
     steps, widths = target_steps(target.model), rounding_widths(max_step_width)
+    tree_widths = tree_rounding_widths(max_step_width, trees)
     for sample, ref_sample in zip(row["samples"], reference_row["samples"]):
         first = None  # the sample's first diverged turn and its divergence
         for turn, (gen, ref) in enumerate(zip(sample, ref_sample)):
@@ -118,7 +153,7 @@ def classify_row(row: dict, reference_row: dict, target, max_step_width: int) ->
                 continue
             if first is None:
                 prompt = target.tokenizer(reference_row["prompts"][turn], add_special_tokens=False)["input_ids"]
-                first = turn, classify(steps, prompt, gen["token_ids"], ref["token_ids"], widths)
+                first = turn, classify(steps, prompt, gen["token_ids"], ref["token_ids"], widths, tree_widths)
                 gen["divergence"] = first[1]
             else:
                 gen["divergence"] = {"after_turn": first[0], "near_tie": first[1]["near_tie"]}
