@@ -368,8 +368,9 @@ def wide_bf16_llama(seed: int) -> torch.nn.Module:
     return set_linear_kernel(random_llama(arch).eval(), "torch").to(torch.bfloat16)
 
 
-def row_invariant_steps(model, widths=(1, 4, 16)) -> CompiledSteps:
-    steps = CompiledSteps(model, backend="aot_eager", widths=widths, row_invariant=True)
+def row_invariant_steps(model, widths=(1, 4, 16), backend="aot_eager", mode=None) -> CompiledSteps:
+    """Row-invariant compiled steps (`hardware.row_invariant`: the widest width only) attached to `model`."""
+    steps = CompiledSteps(model, backend=backend, mode=mode, widths=widths, row_invariant=True)
     setattr(model, STEPS_ATTRIBUTE, steps)
     return steps
 

@@ -98,13 +98,18 @@ def test_compiled_steps_with_cuda_graphs_equal_eager_ar_on_cuda():
 
 @pytest.mark.parametrize(
     "setting",
-    [{"guards": "differentiating"}, {"freezing": True}, {"guards": "differentiating", "freezing": True}],
-    ids=["differentiating_guards", "freezing", "both"],
+    [
+        {"guards": "differentiating"},
+        {"freezing": True},
+        {"guards": "differentiating", "freezing": True},
+        {"row_invariant": True},
+    ],
+    ids=["differentiating_guards", "freezing", "both", "row_invariant"],
 )
 def test_compile_settings_with_cuda_graphs_equal_eager_ar_on_cuda(setting):
-    """`hardware.compile_guards=differentiating` and `hardware.compile_freezing` under inductor and CUDA graphs: the
-    target's widths, a draft layer on its own cache (eagle) and a head's step (sar_draft) after the runner's
-    warm-up."""
+    """`hardware.compile_guards=differentiating`, `hardware.compile_freezing` and `hardware.row_invariant` (one
+    width, one graph) under inductor and CUDA graphs: the target's widths, a draft layer on its own cache (eagle)
+    and a head's step (sar_draft) after the runner's warm-up."""
     target = set_linear_kernel(tiny_llama(vocab_size=64, seed=1, num_layers=4, logit_scale=3.0), "torch").to(CUDA)
     steps = CompiledSteps(target, "inductor", "reduce-overhead", [1, 4, 16], **setting)
     setattr(target, STEPS_ATTRIBUTE, steps)
@@ -192,7 +197,7 @@ def test_every_bf16_divergence_from_ar_on_cuda_is_a_near_tie():
     """In bf16 on a GPU a verification's kernels round differently from `ar`'s one-row steps, so greedy outputs may
     leave `ar`'s: each first divergence is recomputed on the GPU (metrics/divergence.py) and must be a near-tie,
     the two tokens' logits within the rounding measured there, never a bug."""
-    from specrepro.metrics.divergence import classify, rounding_widths
+    from specrepro.metrics.divergence import classify, rounding_widths, tree_rounding_widths
 
     target = tiny_llama(vocab_size=64, seed=1, num_layers=4, logit_scale=3.0).to(CUDA, torch.bfloat16)
     draft = tiny_llama(vocab_size=64, seed=2, num_layers=1).to(CUDA, torch.bfloat16)
@@ -203,8 +208,36 @@ def test_every_bf16_divergence_from_ar_on_cuda_is_a_near_tie():
         for prompt in prompts():
             reference = ar.generate(prompt, Sampling(), 40).token_ids
             tokens = decoder.generate(prompt, Sampling(), 40).token_ids
-            divergence = classify(steps, prompt, tokens, reference, rounding_widths(decoder.max_step_width))
+            widths = rounding_widths(decoder.max_step_width)
+            tree_widths = tree_rounding_widths(decoder.max_step_width, decoder.verifies_trees)
+            divergence = classify(steps, prompt, tokens, reference, widths, tree_widths)
             assert divergence is None or divergence["near_tie"], (name, divergence)
+
+
+def test_row_invariant_compiled_steps_give_bf16_chains_ars_tokens_on_cuda():
+    """`hardware=cuda_bf16_compiled_exact` on the card: inductor and CUDA graphs at one width give a bf16 block the
+    one-token steps' logits bit for bit, and greedy chains (pld, a head on the target's hidden states) `ar`'s
+    tokens on the same steps."""
+    from tests.test_compiled import one_token_and_block_logits, row_invariant_steps, wide_bf16_llama
+
+    for seed in (0, 1):
+        model = wide_bf16_llama(seed).to(CUDA)
+        steps = CompiledSteps(model, "inductor", "reduce-overhead", [1, 4, 16], row_invariant=True)
+        one_token_steps, block, headed, _ = one_token_and_block_logits(steps, seed)
+        assert torch.equal(block, one_token_steps) and torch.equal(headed, one_token_steps), seed
+    model = wide_bf16_llama(0).to(CUDA)
+    row_invariant_steps(model, backend="inductor", mode="reduce-overhead")
+    head = head_for(model, "block", 4, 16, 1, False).to(CUDA, torch.bfloat16).eval()
+    ar = ARDecoder(model)
+    chains = {
+        "pld": PLDDecoder(model, None, PLDConfig()),
+        "sar_draft": SARDraftDecoder(model, None, head, SARDraftConfig(variant="block", k=3, k_max=4)),
+    }
+    compile_steps_for(80, [ar, *chains.values()])
+    for prompt in prompts():
+        reference = ar.generate(prompt, Sampling(), 40).token_ids
+        for name, decoder in chains.items():
+            assert decoder.generate(prompt, Sampling(), 40).token_ids == reference, name
 
 
 def test_an_upload_is_queued_behind_the_gpus_work():
