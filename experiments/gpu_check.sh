@@ -4,8 +4,9 @@
 # (the bench after every timed prompt, so a bench cut short still returns the prompts it timed):
 #   1. experiments/bench_gpu.py at the setting of results/gpu/ (5 prompts x 256 new tokens), bf16, with compiled `ar`
 #      checking only the guards that tell its graphs apart (--differentiating-guards), compiled `ar` on weights
-#      folded into its graphs (--freezing), and compiled `ar` and `pld` with every step at one width
-#      (--row-invariant: is bf16 `pld` then token-identical to its `ar`, and at what cost) beside it;
+#      folded into its graphs (--freezing), and compiled `ar` and `pld` with every step at one width, 32 as
+#      hardware=cuda_bf16_compiled_exact (--row-invariant: is bf16 `pld` then token-identical to its `ar`, and at
+#      what cost) beside it;
 #   2. tests/test_cuda.py: every decoder's greedy output equals ar's on the GPU, compiled steps included;
 #   3. experiments/profile_steps.py in bf16 (128 tokens, with --differentiating-guards --freezing): compiled `ar`'s wall
 #      against kernel milliseconds and launches per token, to results/gpu/profile_steps_<card>_bf16.json;
@@ -81,7 +82,7 @@ bench() {  # bench NAME SUFFIX [bench_gpu.py options]: its JSON and page
 trained="sar_draft method.draft_vocab=4096 method.k=2;self_sd_tree;eesd method.draft_vocab=4096;eesd_tree_break_even;eagle_tree_small"
 methods=(--methods "${METHODS-jacobi}" --trained-methods "${TRAINED_METHODS-$trained}")
 read -ra ar_settings <<< "${AR_SETTINGS---differentiating-guards --freezing}"
-bench bench_bf16 bf16 --row-invariant "${ar_settings[@]}" "${methods[@]}" "$@"
+bench bench_bf16 bf16 --widths 1,4,16,32 --row-invariant "${ar_settings[@]}" "${methods[@]}" "$@"
 step tests_cuda "${TESTS_S:-200}" "$python" -m pytest -x -q -p no:cacheprovider tests/test_cuda.py
 profile="results/gpu/profile_steps_${card}_bf16.json"
 written profile_bf16 "${PROFILE_S:-240}" "$profile" \

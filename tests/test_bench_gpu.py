@@ -237,7 +237,7 @@ def test_gpu_check_keeps_its_steps_within_one_budget_and_returns_one_log(tmp_pat
     assert re.search(r"gpu_check: profile_bf16 skipped: [01] s of BUDGET_S left", log)
     assert re.search(r"gpu_check: bench_fp32 skipped: [01] s of BUDGET_S left", log)
     assert "ran: experiments/bench_gpu.py --json" in log and "ran: -m pytest" in log
-    assert "--row-invariant --differentiating-guards --freezing --methods jacobi" in log  # settings beside compiled ar
+    assert "--widths 1,4,16,32 --row-invariant --differentiating-guards --freezing --methods jacobi" in log
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["gpu_check.log"]
 
 

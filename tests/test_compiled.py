@@ -613,7 +613,7 @@ def test_a_row_invariant_compiled_run_refuses_a_method_wider_than_its_one_width(
     from tests.test_config import compose_run
 
     preset = compose_run("method=pld", "hardware=cuda_bf16_compiled_exact").hardware
-    assert (preset.compile, preset.row_invariant, list(preset.compile_widths)) == (True, True, [16])
+    assert (preset.compile, preset.row_invariant, list(preset.compile_widths)) == (True, True, [32])
     proc = specrepro(
         "run",
         *FAST,
