@@ -297,8 +297,8 @@ def test_every_shipped_pipeline_is_well_formed(paper):
     assert any("table" in stage for stage in stages)
     for stage in stages:
         if "run" in stage or "train" in stage:
-            # a swept value (`method.k=1,2`) composes as its first value
-            overrides = [o.split(",")[0] for o in stage.get("run", stage.get("train")) if o != "-m"]
+            # a swept value (`method.k=1,2`) composes as its first value; a list (`[1,4]`) is one value
+            overrides = [o if "[" in o else o.split(",")[0] for o in stage.get("run", stage.get("train")) if o != "-m"]
             compose_run(*overrides, config="run" if "run" in stage else "train")  # composes
 
 
