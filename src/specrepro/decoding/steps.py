@@ -379,11 +379,11 @@ class CompiledSteps(EagerSteps):
             positions = torch.cat([tree_positions, positions[n:]])
         return torch.where(allow, *self.mask_values)[None, None], positions[None]
 
-    def check_head(self, logits: torch.Tensor, input_ids: torch.Tensor) -> None:
+    def check_head(self, input_ids: torch.Tensor) -> None:
         """Row-invariant steps read logits as the LM head of the last hidden states: refuse a model whose own
         forward computes them otherwise (a soft-cap, a scale), which would change every method's output unseen."""
-        headed = self.model.lm_head(self.model.model(input_ids).last_hidden_state[:, -1:])
-        if not torch.equal(headed, logits):
+        logits = self.model(input_ids).logits
+        if not torch.equal(self.model.lm_head(self.model.model(input_ids).last_hidden_state), logits):
             raise SpecReproError(
                 f"hardware.row_invariant on compiled steps needs logits = lm_head(last hidden states); "
                 f"{type(self.model).__name__} computes them otherwise: set hardware.row_invariant=false"
@@ -407,9 +407,9 @@ class CompiledSteps(EagerSteps):
         largest = self.bucket(max_width) or self.widths[-1]  # wider steps run uncompiled
         widths = [w for w in self.widths if w <= largest]
         with torch.inference_mode():
-            logits = super().__call__(torch.zeros(1, 1, dtype=torch.long, device=device), cache, 1).logits  # prefill
+            super().__call__(torch.zeros(1, 1, dtype=torch.long, device=device), cache, 1)  # eager prefill
             if self.row_invariant:
-                self.check_head(logits, torch.zeros(1, 1, dtype=torch.long, device=device))
+                self.check_head(torch.zeros(1, 1, dtype=torch.long, device=device))
             for step in (self, self.hidden) if hidden else (self,):
                 for width in widths:
                     for _ in range(2):  # CUDA graphs record on the second call
