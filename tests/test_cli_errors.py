@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import signal
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specrepro.errors import SpecReproError
+from specrepro.errors import SpecReproError, as_user_error
 from tests.test_config import compose_run
 from tests.test_runner import FAST, specrepro
 
@@ -199,3 +200,25 @@ def test_an_unreachable_wandb_server_is_given_init_timeout_and_no_login_lookup(m
     cfg = compose_run(*FAST, "logger=wandb", "logger.mode=online", "logger.init_timeout=3")
     assert tracking.wandb_init(cfg, "a-run", tmp_path) == "an offline run"
     assert calls == [("online", {"init_timeout": 3.0, "quiet": True}), ("offline", None)]
+
+
+def test_a_dependency_missing_from_a_lean_install_is_one_line_and_the_sweep_goes_on(tmp_path):
+    """A lent GPU machine's python lacked rouge_score: its summarization job stopped the leaderboard's sweep with a
+    traceback wall. A third-party module that is not installed is the user's to install, not a bug."""
+    code = "import sys; sys.modules['rouge_score'] = None; from specrepro.cli import main; main()"  # as if absent
+    args = ["run", "-m", *FAST, "dataset.limit=1", "logger=none", "method=ar", "dataset=xsum,gsm8k"]
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    expected = f"specrepro: error: job 0: the Python module 'rouge_score' is not installed in {sys.executable}"
+    assert expected in proc.stderr
+    finished = [json.loads(p.read_text())["dataset"] for p in (tmp_path / "results" / "runs").glob("*/metrics.json")]
+    assert finished == ["gsm8k"]  # the next job ran
+
+
+def test_only_a_third_party_module_that_is_not_installed_is_a_user_error():
+    assert as_user_error(ModuleNotFoundError("No module named 'pydivsufsort'", name="pydivsufsort")) is not None
+    assert as_user_error(ModuleNotFoundError("No module named 'specrepro.x'", name="specrepro.x")) is None  # a bug
+    assert as_user_error(KeyError("x")) is None
+    error = SpecReproError("bad input")
+    assert as_user_error(error) is error

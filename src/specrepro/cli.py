@@ -24,7 +24,7 @@ from hydra.errors import CompactHydraException, MissingConfigException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from specrepro.errors import SpecReproError, one_line
+from specrepro.errors import SpecReproError, as_user_error, one_line
 
 CONF_MODULE = "specrepro.conf"
 CONF_DIR = Path(files(CONF_MODULE))  # conf/ in a source checkout, site-packages/specrepro/conf when installed
@@ -84,15 +84,16 @@ def run_job(cfg: DictConfig) -> None:
     sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         metrics = run(cfg, group=sweep_group())
-    except SpecReproError as exc:
+    except Exception as exc:
+        error = as_user_error(exc)
+        if error is None:  # a bug: Hydra logs the traceback; the sweep table still names the job
+            (output_dir / FAILURE_FILE).write_text(f"{type(exc).__name__}: {exc}\n".splitlines()[0] + "\n")
+            raise
         if not sweeping:
-            fail(str(exc))
-        print(f"specrepro: error: job {HydraConfig.get().job.num}: {exc}", file=sys.stderr)
-        (output_dir / FAILURE_FILE).write_text(f"{exc}\n")
+            fail(str(error))
+        print(f"specrepro: error: job {HydraConfig.get().job.num}: {error}", file=sys.stderr)
+        (output_dir / FAILURE_FILE).write_text(f"{error}\n")
         return
-    except Exception as exc:  # a bug: Hydra logs the traceback; the sweep table still names the job
-        (output_dir / FAILURE_FILE).write_text(f"{type(exc).__name__}: {exc}\n".splitlines()[0] + "\n")
-        raise
     (output_dir / POINTER_FILE).write_text(str(Path(cfg.results_dir) / "runs" / metrics["run_name"]) + "\n")
     if not sweeping:
         print(results_table([metrics]))
@@ -103,8 +104,10 @@ def train_job(cfg: DictConfig) -> None:
 
     try:
         path = train(cfg)
-    except SpecReproError as exc:
-        fail(str(exc))
+    except Exception as exc:
+        if (error := as_user_error(exc)) is None:
+            raise
+        fail(str(error))
     print(f"artifact: {path}")
 
 
@@ -179,10 +182,12 @@ def main() -> None:
         module, function = SUBCOMMANDS[command].split(":")
         try:
             getattr(importlib.import_module(module), function)(rest)  # only its own imports: a dry run is seconds
-        except SpecReproError as exc:
-            fail(str(exc))
         except BrokenPipeError:  # stdout closed early (`specrepro reproduce all --dry-run | head`)
             quiet_closed_stdout()
+        except Exception as exc:
+            if (error := as_user_error(exc)) is None:
+                raise
+            fail(str(error))
     else:
         fail(f"unknown command '{command}'\n{USAGE}")
 
