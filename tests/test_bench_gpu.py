@@ -403,8 +403,9 @@ def test_profile_steps_runs_on_a_cpu(tmp_path):
 
 def test_gpu_leaderboard_runs_its_rows_within_the_budget_and_packs_their_runs(tmp_path):
     """experiments/gpu_leaderboard.sh on the CPU (a tiny random LLaMA, one question a category): a row whose artifact
-    was not carried fails in its one line and the next row runs; the runs come back as one archive that unpacks where
-    the leaderboard reads them; with too little of the budget left, a row is skipped and said so."""
+    was not carried fails in its one line, naming where carried artifacts are read, and the next row runs; the runs
+    come back as one archive that unpacks where the leaderboard reads them; with too little of the budget left, a row
+    (and a REST row's datastore build before it) is skipped and said so."""
     script = Path(__file__).parents[1] / "experiments" / "gpu_leaderboard.sh"
     tiny = "model=tiny_random decoding.max_new_tokens=4 timing.warmup_tokens=2 hardware.threads=1 dataset.limit=1"
     env = {
@@ -412,6 +413,7 @@ def test_gpu_leaderboard_runs_its_rows_within_the_budget_and_packs_their_runs(tm
         "PYTHON": sys.executable,
         "HARDWARE": "default",
         "RESULTS": str(tmp_path / "results"),
+        "ARTIFACTS": str(tmp_path / "carried"),
         "ROWS": f"method=eagle_tree_small {tiny};method=pld {tiny}",
         "WANDB_MODE": "offline",
     }
@@ -425,13 +427,15 @@ def test_gpu_leaderboard_runs_its_rows_within_the_budget_and_packs_their_runs(tm
     assert proc.returncode == 1, proc.stderr
     log = (tmp_path / "out" / "gpu_leaderboard.log").read_text()
     assert "no EAGLE draft artifact 'eagle_head'" in log and "Traceback" not in log
+    assert f"for model tiny_random under {tmp_path / 'carried'}:" in log  # where gpu_setup.sh puts them
     assert "'method=eagle_tree_small" in proc.stderr and "exited with 1" in proc.stderr
     with tarfile.open(tmp_path / "out" / "specbench_gpu_runs.tar.gz") as archive:
         runs = {Path(name).parts[1] for name in archive.getnames() if name.endswith("metrics.json")}
     assert sorted(runs) == sorted(p.name for p in (tmp_path / "results" / "runs").iterdir())
     assert len(runs) == 12 and {name.split("-")[1] for name in runs} == {"ar", "pld"}  # six categories each
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_leaderboard.log", "specbench_gpu_runs.tar.gz"]
-    skipped = leaderboard("skipped", BUDGET_S="40", PACK_S="30")
+    skipped = leaderboard("skipped", BUDGET_S="40", PACK_S="30", ROWS=f"method=pld {tiny};method=rest_pld {tiny}")
     assert skipped.returncode == 1
+    assert re.search(r"'method=rest \(REST's datastore\)' skipped: 1?\d s left", skipped.stderr)
     assert re.search(r"'method=pld .*' skipped: 1?\d s left", skipped.stderr)
     assert "no run was written" in skipped.stderr
