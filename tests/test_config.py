@@ -122,6 +122,26 @@ def test_a_newer_artifact_under_the_same_prefix_is_a_new_run_and_a_new_reference
     assert run_name(weights, "data") != before[1] and reference_key(weights, "data") != before[2]
 
 
+def test_another_machine_is_a_new_run_and_a_new_reference(monkeypatch):
+    """The same config timed on an H100 and then an H200 (a GPU leaderboard filled over two lent machines), or on
+    two CPUs: a run cut off on one is not resumed on the other, nor is one's `ar` the other's reference."""
+    from specrepro import identity
+    from specrepro.identity import reference_key, run_name
+
+    cfg = compose_run("method=pld")
+    identity._machine.cache_clear()
+    before = run_name(cfg, "data"), reference_key(cfg, "data")
+    assert run_name(cfg, "data") == before[0]
+    other = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_cores": 2, "cpu_capability": "AVX512"}
+    monkeypatch.setattr(identity, "device_description", lambda device: other)
+    identity._machine.cache_clear()
+    try:
+        assert identity.timing_machine(cfg) == "Intel(R) Xeon(R) Processor (AVX512), 2 cores"
+        assert run_name(cfg, "data") != before[0] and reference_key(cfg, "data") != before[1]
+    finally:
+        identity._machine.cache_clear()
+
+
 def test_an_artifact_retrained_under_its_name_with_other_weights_is_a_new_run_and_a_new_reference(tmp_path):
     """`resume=false`, or deleting a damaged artifact and training it again, keeps the name; the weights decide."""
     from specrepro.identity import reference_key, run_name

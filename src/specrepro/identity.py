@@ -3,10 +3,12 @@
 A run's name ends in a hash of everything that changes what it computes: the resolved config (without
 where results go and how they are logged), the trained artifacts its references resolve to now and the models
 it loads from a local directory (each by name and content digest) or from the hub cache (by commit), the
-content of the records it decodes, the code that determines its tokens and timings (`code_fingerprint`) and the
-record version. A record is resumed, skipped or used as a reference only under the same hash, so an edited
-dataset file, a newer artifact, one retrained under the same name with other weights, a checkpoint saved again
-at the same path, a newer download of a hub model, or a fix to the method's code is a new run.
+content of the records it decodes, the code that determines its tokens and timings (`code_fingerprint`), the
+machine that times it (`timing_machine`) and the record version. A record is resumed, skipped or used as a
+reference only under the same hash, so an edited dataset file, a newer artifact, one retrained under the same name
+with other weights, a checkpoint saved again at the same path, a newer download of a hub model, a fix to the
+method's code, or another machine (another GPU, or another CPU model, vector width or core count) is a new run:
+never a run whose samples, or whose `ar` reference, another machine timed.
 
 The code is a declared set, not whatever the runner imports. What determines a run's tokens: the method's
 classes (its module, a method it extends), the Decoder contract, the draft-verify loop, verification, sampling,
@@ -39,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from specrepro import registry
 from specrepro.errors import SpecReproError
 from specrepro.models.loading import resolve_artifact
-from specrepro.provenance import RECORD_VERSION
+from specrepro.provenance import RECORD_VERSION, device_description, machine_label
 from specrepro.tracking import config_hash
 from specrepro.training.artifacts import METADATA, target_identity
 
@@ -314,11 +316,32 @@ def _is_text(node: ast.AST) -> bool:
     return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str))
 
 
+@lru_cache
+def _machine(device: str) -> str:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return f"{device}, not visible here"  # loading the model refuses it; a dry run only names the run
+    return machine_label(device_description(device))
+
+
+def timing_machine(cfg: DictConfig) -> str:
+    """The machine whose timings a run records (its footer label: the GPU, else the CPU, its vector instructions
+    and cores): the same config timed on an H100 and an H200, or on two CPUs, is two runs."""
+    return _machine(cfg.hardware.device)
+
+
 def _setting(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None) -> dict:
-    """What a run computes but the code: its config (less where results go), weights, data and record version."""
+    """What a run computes but the code: its config (less where results go), weights, data, the machine that times
+    it and the record version."""
     content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_IDENTITY}
     artifacts = loaded_weights(cfg) if artifacts is None else artifacts
-    return content | {"artifacts": artifacts, "data": data_fingerprint, "record_version": RECORD_VERSION}
+    return content | {
+        "artifacts": artifacts,
+        "data": data_fingerprint,
+        "machine": timing_machine(cfg),
+        "record_version": RECORD_VERSION,
+    }
 
 
 def run_name(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None = None) -> str:
@@ -337,13 +360,14 @@ def setting_key(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dic
 
 
 def reference_key(cfg: DictConfig, data_fingerprint: str) -> str:
-    """Runs with equal keys decode the same prompts on the same weights, hardware and decoding, and their `ar`
-    reference with the same code."""
+    """Runs with equal keys decode the same prompts on the same weights, hardware settings, machine and decoding,
+    and their `ar` reference with the same code."""
     content = OmegaConf.to_container(cfg, resolve=True)
     key = {k: content[k] for k in ("model", "dataset", "decoding", "hardware")}
     key.update(
         artifacts=model_weights(cfg.model, cfg.artifacts_dir),
         data=data_fingerprint,
+        machine=timing_machine(cfg),
         code=code_fingerprint("ar"),
         record_version=RECORD_VERSION,
     )
