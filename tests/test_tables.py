@@ -289,6 +289,32 @@ def test_a_mean_column_averages_the_cells_it_names_and_needs_all_of_them():
     assert body[0][1:3] == ["1.40", "–"] and footnotes == ["pld-qa", "pld-rag"]
 
 
+def test_a_mean_column_averages_the_runs_of_one_machine_never_two_cards():
+    """The GPU leaderboard is filled over lent sessions, on an H100 or an H200 by chance: a row that one card timed
+    whole and another card re-timed in part is the first card's mean until the second has timed every category."""
+
+    def run(name: str, order: float, category: str, gpu: str, speedup: float) -> RunInfo:
+        provenance = {"machine": {"gpu": gpu, "gpu_count": 1, "cpu": "x"}}
+        metrics = {"speedup_paired": speedup, "provenance": provenance}
+        return RunInfo(name, metrics, {"method": {"name": "pld"}, "dataset": {"category": category}}, order)
+
+    spec = TableSpec(
+        "t",
+        "p",
+        "title",
+        "",
+        ["Method"],
+        [Row(label=["pld"])],
+        [Column("Mean", "speedup_paired", mean_over={"dataset.category": ["qa", "rag"]})],
+    )
+    h100 = [run("h100-qa", 1, "qa", "H100", 1.2), run("h100-rag", 2, "rag", "H100", 1.6)]
+    cut_off = run("h200-qa", 3, "qa", "H200", 3.0)
+    header, body, footnotes = build_table(spec, [*h100, cut_off])
+    assert body[0][1] == "1.40" and footnotes == ["h100-qa", "h100-rag"]
+    header, body, footnotes = build_table(spec, [*h100, cut_off, run("h200-rag", 4, "rag", "H200", 2.0)])
+    assert body[0][1] == "2.50" and footnotes == ["h200-qa", "h200-rag"]
+
+
 def test_a_cell_of_one_run_shows_its_confidence_interval_and_a_plot_reads_its_value(tmp_path):
     """A run recording `speedup_paired_ci95` shows "1.35x ±0.06x" (a run made before the key shows the value alone,
     and so does a mean over it), a mean over runs that all record one shows the mean's, and a plot of the table

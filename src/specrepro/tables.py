@@ -458,16 +458,30 @@ EAGER = {"hardware.compile": [False, None]}  # every selector's default: runs wi
 def cell_runs(spec: TableSpec, row: Row, column: Column, runs: list[RunInfo]) -> list[RunInfo | None]:
     """The run behind a cell (one per value a `mean_over` column averages): the newest complete run matching the
     table's, row's and column's selectors (an eager one unless they select `hardware.compile`), None where none
-    does."""
+    does. A mean's runs are all of one machine (of those that timed every value, the one with the newest run): a
+    row cut off on one lent GPU and finished on another card is not averaged over both cards."""
     selectors = [{key: v} for key, values in column.mean_over.items() for v in values] or [{}]
+    matching = [
+        [r for r in runs if _matches(r, {**EAGER, **spec.select, **row.select, **column.select, **extra})]
+        for extra in selectors
+    ]
+    if len(selectors) > 1 and (machines := {timed_on(r) for group in matching for r in group}):
+        complete = [m for m in machines if all(any(timed_on(r) == m for r in group) for group in matching)]
+        newest = {m: max((r.order, r.name) for group in matching for r in group if timed_on(r) == m) for m in machines}
+        machine = max(complete or machines, key=lambda m: newest[m])
+        matching = [[r for r in group if timed_on(r) == machine] for group in matching]
     found = []
-    for extra in selectors:
-        select = {**EAGER, **spec.select, **row.select, **column.select, **extra}
-        candidates = [r for r in runs if _matches(r, select)]
+    for candidates in matching:
         found.append(max(candidates, key=lambda r: (r.order, r.name)) if candidates else None)
         if found[-1] is not None:
             refuse_other_settings(found[-1], candidates, row, column)
     return found
+
+
+def timed_on(run: RunInfo) -> str | None:
+    """The machine label of a run's provenance (None for a record without one)."""
+    machine = (run.metrics.get("provenance") or {}).get("machine")
+    return machine_label(machine) if machine else None
 
 
 def refuse_other_settings(chosen: RunInfo, candidates: list[RunInfo], row: Row, column: Column) -> None:
