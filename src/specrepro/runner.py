@@ -98,7 +98,7 @@ def _run_locked(
     baselines = paired_baselines(cfg, target, decoder)
     sampling = Sampling.from_config(cfg.decoding)
 
-    rows = record.start(cfg, cfg.resume)
+    rows = record.start(cfg, cfg.resume, loader.device)
     started_at = record.started_at()
     done = {row["id"] for row in rows}
     setting = setting_key(cfg, fingerprint, identities)

@@ -113,8 +113,9 @@ class RunRecord:
         return json.loads(self.provenance_path.read_text())["started_at"]
 
     @_writing_record
-    def start(self, cfg, resume: bool) -> list[dict]:
-        """Prepare the directory; return the rows of finished samples to resume from (none if not resuming)."""
+    def start(self, cfg, resume: bool, device=None) -> list[dict]:
+        """Prepare the directory; return the rows of finished samples to resume from (none if not resuming).
+        `device`: where the run decodes (a GPU's name is its sessions' machine)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         probe = self.dir / ".write-test"
         probe.write_text("")
@@ -126,7 +127,7 @@ class RunRecord:
         # rewrite without a torn last line, so appends start on a clean line
         atomic_write(self.generations_path, "".join(json.dumps(r) + "\n" for r in rows))
         atomic_write(self.dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-        origin = provenance(cfg.hardware)
+        origin = provenance(cfg.hardware, device)
         session = {
             "started_at": now(),
             "host": socket.gethostname(),
