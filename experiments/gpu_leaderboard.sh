@@ -14,8 +14,9 @@
 # HARDWARE: cuda_bf16_compiled (default: the compiled columns, over compiled and over eager `ar`) or cuda_bf16 (the
 # eager ones). ROWS: rows separated by ';', each a method and its overrides as the leaderboard's stages run it
 # (experiments/reproduce/spec_bench.yaml); the default puts the training-free rows first, then the trained ones
-# whose artifacts experiments/gpu_carry.sh can carry (results/gpu/README.md). PYTHON picks the interpreter, RESULTS
-# the results directory (results/specbench).
+# whose artifacts experiments/gpu_carry.sh can carry (results/gpu/README.md). ROW_OVERRIDES are added to every row
+# (experiments/gpu_rehearse.sh: a smoke size). PYTHON picks the interpreter, RESULTS the results directory
+# (results/specbench).
 # Here, after the call: tar -xzf specbench_gpu_runs.tar.gz -C results/specbench, then the table's regenerating
 # command (results/specbench/spec_bench.md's footer) fills the GPU columns and names the card.
 set -uo pipefail
@@ -61,7 +62,7 @@ for row in "${rows[@]}"; do
 done
 for row in "${rows[@]}"; do
   # shellcheck disable=SC2086  # a row is its overrides, split on spaces
-  step "$row" run -m +experiment=spec_bench "hardware=$hardware" $row "results_dir=$results"
+  step "$row" run -m +experiment=spec_bench "hardware=$hardware" $row ${ROW_OVERRIDES:-} "results_dir=$results"
 done
 # the run folders any file of which this call wrote (a resumed run counts)
 mapfile -t written < <(find "$results/runs" -mindepth 2 -type f -newer "$started" -printf '%P\n' | cut -d/ -f1 | sort -u)
