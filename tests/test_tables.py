@@ -273,20 +273,17 @@ def test_a_mean_column_averages_the_cells_it_names_and_needs_all_of_them():
         RunInfo(f"pld-{c}", {"speedup_paired": s}, {"method": {"name": "pld"}, "dataset": {"category": c}}, 0.0)
         for c, s in (("qa", 1.2), ("rag", 1.6))
     ]
-    spec = TableSpec(
-        "t",
-        "p",
-        "title",
-        "",
-        ["Method"],
-        [Row(label=["pld"])],
-        [
-            Column("Mean", "speedup_paired", mean_over={"dataset.category": ["qa", "rag"]}),
-            Column("Mean of three", "speedup_paired", mean_over={"dataset.category": ["qa", "rag", "translation"]}),
-        ],
+    spec = pld_table(
+        Column("Mean", "speedup_paired", mean_over={"dataset.category": ["qa", "rag"]}),
+        Column("Mean of three", "speedup_paired", mean_over={"dataset.category": ["qa", "rag", "translation"]}),
     )
     header, body, footnotes = build_table(spec, runs)
     assert body[0][1:3] == ["1.40", "–"] and footnotes == ["pld-qa", "pld-rag"]
+
+
+def pld_table(*columns: Column) -> TableSpec:
+    """A table of one row, pld, with these columns."""
+    return TableSpec("t", "p", "title", "", ["Method"], [Row(label=["pld"])], list(columns))
 
 
 def test_a_mean_column_averages_the_runs_of_one_machine_never_two_cards():
@@ -298,15 +295,7 @@ def test_a_mean_column_averages_the_runs_of_one_machine_never_two_cards():
         metrics = {"speedup_paired": speedup, "provenance": provenance}
         return RunInfo(name, metrics, {"method": {"name": "pld"}, "dataset": {"category": category}}, order)
 
-    spec = TableSpec(
-        "t",
-        "p",
-        "title",
-        "",
-        ["Method"],
-        [Row(label=["pld"])],
-        [Column("Mean", "speedup_paired", mean_over={"dataset.category": ["qa", "rag"]})],
-    )
+    spec = pld_table(Column("Mean", "speedup_paired", mean_over={"dataset.category": ["qa", "rag"]}))
     h100 = [run("h100-qa", 1, "qa", "H100", 1.2), run("h100-rag", 2, "rag", "H100", 1.6)]
     cut_off = run("h200-qa", 3, "qa", "H200", 3.0)
     header, body, footnotes = build_table(spec, [*h100, cut_off])
