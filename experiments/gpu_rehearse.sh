@@ -37,6 +37,6 @@ PYTHON="$python" HARDWARE=default BUDGET_S=3600 \
   ROW_OVERRIDES="decoding.max_new_tokens=8 timing.warmup_tokens=2 hardware.threads=1 dataset.limit=1" \
   bash experiments/gpu_leaderboard.sh "$dir/leaderboard_out" 2> /dev/null || failed=1
 grep -h "^gpu_check:\|^gpu_leaderboard:\|is not installed" "$dir/check_out/gpu_check.log" \
-  "$dir/leaderboard_out/gpu_leaderboard.log" | sort | uniq -c | sort -rn | head -40
+  "$dir/leaderboard_out/gpu_leaderboard.log" | awk '!seen[$0]++'
 echo "gpu_rehearse: $([ "$failed" = 0 ] && echo "every step passed" || echo "a step failed"); logs in $dir/*_out/"
 exit $failed
