@@ -225,6 +225,34 @@ def test_a_newer_compiled_run_fills_only_the_cells_that_ask_for_compiled_steps()
     assert build_table(spec, [compiled])[1][0][1:4] == ["–", "1.10", "3.00"]
 
 
+def test_the_leaderboards_gpu_cells_take_only_the_settings_their_columns_name():
+    """The GPU columns' runs are hardware=cuda_bf16 (eager) and hardware=cuda_bf16_compiled (compiled); a run of
+    another compiled setting, one width (cuda_bf16_compiled_exact) among them, fills none of them, so a newer run of
+    it never takes a cell's place without a word."""
+    from omegaconf import OmegaConf
+
+    from tests.test_config import compose_run
+
+    spec = TableSpec.load("spec_bench")
+    gpu = [column for column in spec.columns if column.label.startswith("GPU")]
+    pld = next(row for row in spec.rows if row.label[0] == "pld")
+
+    def filled(hardware: str, *overrides: str) -> list[str]:
+        cfg = compose_run(
+            "+experiment=spec_bench", "method=pld", "dataset.category=qa", f"hardware={hardware}", *overrides
+        )
+        names = {group: cfg[group].name for group in ("model", "method", "dataset", "decoding")}  # as metrics.json
+        run = RunInfo(hardware, names, OmegaConf.to_container(cfg, resolve=True), 0.0)
+        return [column.label for column in gpu if run in cell_runs(spec, pld, column, [run])]
+
+    eager = ["GPU mean speedup", "GPU lossless", "GPU lossless near-ties"]
+    assert filled("cuda_bf16") == eager
+    assert filled("cuda_bf16_compiled") == [c.label for c in gpu if c.label not in eager]
+    assert filled("cuda_bf16_compiled_exact") == []
+    assert filled("cuda_bf16", "hardware.row_invariant=true") == []
+    assert filled("cuda_bf16_compiled", "hardware.compile_freezing=true") == []
+
+
 def test_selector_values_from_the_environment_pin_the_runs(monkeypatch):
     """ "${CLLM4}" selects the runs of the artifact it names; unset, the key is left unconstrained."""
     older = RunInfo("older", {}, {"model": {"id": "cllm-a"}, "dataset": {"limit": 10}}, 0.0)
