@@ -25,6 +25,8 @@ python=${PYTHON:-python3}
 hardware=${HARDWARE:-cuda_bf16_compiled}
 results=${RESULTS:-results/specbench}
 artifacts=${ARTIFACTS:-results/artifacts}
+carried_commit="$(dirname "$0")/../.gpucarry/1/commit"  # a lent machine's copy has no .git: the runs' provenance
+[ -n "${SPECREPRO_COMMIT:-}" ] || [ ! -f "$carried_commit" ] || export SPECREPRO_COMMIT=$(cat "$carried_commit")
 default_rows="method=pld;method=token_recycling_small;method=lookahead_small;method=jacobi;method=rest_pld"
 default_rows+=";method=eagle_tree_small method.head=eagle_head-smollm2_135m-2e89ec14"
 default_rows+=";method=sar_draft method.draft_vocab=4096 method.k=2;method=eesd method.draft_vocab=4096"
