@@ -142,6 +142,21 @@ def test_another_machine_is_a_new_run_and_a_new_reference(monkeypatch):
         identity._machine.cache_clear()
 
 
+def test_an_ar_timed_another_way_is_not_the_reference():
+    """A run timed once divides by an `ar` timed once, never by one that kept the fastest of three timings or warmed
+    up otherwise; pairing and the order beside the method are not how the reference itself is timed."""
+    from specrepro.identity import reference_key
+    from specrepro.reference import reference_config
+
+    base = reference_key(compose_run("method=pld"), "data")
+    for override in ("timing.repeats=3", "timing.warmup=0", "timing.warmup_tokens=32"):
+        cfg = compose_run("method=pld", override)
+        assert reference_key(cfg, "data") != base, override
+        assert reference_key(reference_config(cfg), "data") == reference_key(cfg, "data"), override
+    for override in ("timing.paired=true", "timing.order=alternate"):
+        assert reference_key(compose_run("method=pld", override), "data") == base, override
+
+
 def test_an_artifact_retrained_under_its_name_with_other_weights_is_a_new_run_and_a_new_reference(tmp_path):
     """`resume=false`, or deleting a damaged artifact and training it again, keeps the name; the weights decide."""
     from specrepro.identity import reference_key, run_name

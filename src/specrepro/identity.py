@@ -359,12 +359,17 @@ def setting_key(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dic
     return config_hash(_setting(cfg, data_fingerprint, artifacts))
 
 
+REFERENCE_TIMING = ("warmup", "warmup_tokens", "repeats")  # how an `ar` run is timed (`paired`, `order`: beside what)
+
+
 def reference_key(cfg: DictConfig, data_fingerprint: str) -> str:
     """Runs with equal keys decode the same prompts on the same weights, hardware settings, machine and decoding,
-    and their `ar` reference with the same code."""
+    and their `ar` reference with the same code, timed the same way (warm-up and repeats: an `ar` that kept the
+    fastest of three timings is no reference for a run timed once)."""
     content = OmegaConf.to_container(cfg, resolve=True)
     key = {k: content[k] for k in ("model", "dataset", "decoding", "hardware")}
     key.update(
+        timing={k: content["timing"][k] for k in REFERENCE_TIMING},
         artifacts=model_weights(cfg.model, cfg.artifacts_dir),
         data=data_fingerprint,
         machine=timing_machine(cfg),
