@@ -14,6 +14,7 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import EagerSteps
 from specrepro.metrics.divergence import (
     ar_logits_and_rounding,
+    position_logits,
     classify,
     classify_row,
     first_difference,
@@ -81,7 +82,7 @@ def test_a_token_flipped_where_the_margin_is_large_is_a_bug():
     reference = ARDecoder(model).generate(prompt, GREEDY, 24).token_ids
     margins = []  # ar's top-2 margin and the measured rounding at each position
     for position in range(1, 24):
-        logits, rounding = ar_logits_and_rounding(steps, prompt, reference[:position], widths)
+        logits, rounding = ar_logits_and_rounding(steps, prompt, reference, position, widths)
         top2 = logits.topk(2).values
         margins.append((float(top2[0] - top2[1]) - rounding, position))
     clearance, position = max(margins)
@@ -92,11 +93,18 @@ def test_a_token_flipped_where_the_margin_is_large_is_a_bug():
     assert divergence["gap"] == pytest.approx(divergence["margin"]) and divergence["gap"] > divergence["rounding"]
 
 
-class Words:
-    """A tokenizer for prompts written as space-separated token ids."""
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [int(t) for t in text.split()]}
+def test_an_early_position_is_measured_as_a_first_verification_computes_it():
+    """A method's first verification after the prefill predicts positions 1..w-1 from its first rows: there the
+    rounding is measured with `ar`'s next tokens after the position in the same forward, not taken as 0 because
+    fewer than w tokens come before it."""
+    model = tiny_llama(vocab_size=96, seed=1, num_layers=2).to(torch.bfloat16)
+    steps, prompt = EagerSteps(model), prompts()[0]
+    reference = ARDecoder(model).generate(prompt, GREEDY, 12).token_ids
+    assert ar_logits_and_rounding(steps, prompt, reference, 0, rounding_widths(8))[1] == 0.0  # the prefill's own
+    for position in (2, 3):
+        one_row, rounding = ar_logits_and_rounding(steps, prompt, reference, position, rounding_widths(8))
+        first_verification = position_logits(steps, prompt, reference[:position], 8, ahead=reference[position:8])
+        assert rounding >= float((first_verification - one_row).abs().max()) > 0.0
 
 
 def test_a_record_is_classified_turn_by_turn_and_summarized():
@@ -116,7 +124,7 @@ def test_a_record_is_classified_turn_by_turn_and_summarized():
         "samples": [[gen(reference), gen([1, 2])], [gen(reference), gen([1, 2])]],
     }
     row = {"id": "r", "samples": [[gen(flipped), gen([1, 3])], [gen(reference), gen([1, 2])]]}
-    classify_row(row, reference_row, LoadedModel(model, Words(), "tiny"), max_step_width=8)
+    classify_row(row, reference_row, LoadedModel(model, None, "tiny"), 8, lambda answers: prompt)
     first, later = row["samples"][0]
     assert first["divergence"]["position"] == 3 and first["divergence"]["token"] == flipped[3]
     assert later["divergence"] == {"after_turn": 0, "near_tie": first["divergence"]["near_tie"]}
@@ -171,6 +179,49 @@ def test_a_run_of_a_wrong_decoder_records_its_divergences_as_bugs(tmp_path, monk
     assert all(d["position"] == 2 and not d["near_tie"] and d["gap"] > d["rounding"] for d in divergences)
     assert "lossless_near_ties" in results_table([metrics])
     assert "lossless_near_ties" not in results_table([{**metrics, "lossless": 1.0, "lossless_near_tie": 1.0}])
+
+
+def test_a_divergence_and_the_reference_nll_are_scored_after_the_prompt_as_decoded(tmp_path, monkeypatch):
+    """A record whose text holds a chat special token's string decodes it as text (`data.prompt_ids`): the
+    divergence's position is recomputed, and the reference answer's NLL scored, after those same ids, not after
+    the rendered text tokenized again (which turns the string into a template turn)."""
+    from specrepro import runner
+    from specrepro.data import load_records, prompt_ids
+    from specrepro.metrics import divergence
+    from tests.test_silent_numbers import HOSTILE, gsm8k_file
+
+    def build(method, target, ctx):
+        return ARDecoder(target.model, target.tokenizer) if method.name == "ar" else FlippingAR(target.model, 2)
+
+    seen = {}
+
+    def spy(name, function):
+        def call(model_or_steps, prompt, *args, **kwargs):
+            seen[name] = list(prompt)
+            return function(model_or_steps, prompt, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(runner, "build_decoder", build)
+    monkeypatch.setattr(runner, "reference_nll", spy("nll", runner.reference_nll))
+    monkeypatch.setattr(divergence, "classify", spy("divergence", divergence.classify))
+    data = gsm8k_file(tmp_path / "hostile.jsonl", [HOSTILE])
+    cfg = compose_run(
+        *FAST,
+        "method=pld",
+        "dataset=gsm8k",
+        f"dataset.path={data}",
+        "reference_nll=true",
+        "logger=none",
+        f"results_dir={tmp_path}",
+    )
+    metrics = runner.run(cfg)
+    assert metrics["divergences"] == 1
+    tokenizer = runner.load_target(cfg, runner.ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)).tokenizer
+    [record] = load_records(cfg.dataset)
+    decoded = prompt_ids(record, tokenizer, cfg.dataset)
+    rendered = tokenizer(runner.render_prompt(record, tokenizer, cfg.dataset), add_special_tokens=False)["input_ids"]
+    assert seen == {"nll": decoded, "divergence": decoded} and rendered != decoded
 
 
 def test_divergences_are_classified_on_compiled_steps_too():
@@ -237,9 +288,9 @@ def test_a_tree_method_is_measured_at_the_rounding_its_path_sums_on_row_invarian
     decoder.steps.warm_up(8, len(prompt) + 24)
     tokens = decoder.generate(prompt, GREEDY, 24).token_ids
     assert tree_rounding_widths(8, trees=False) == [] and tree_rounding_widths(8, trees=True) == [2, 4]
-    _, chain_rounding = ar_logits_and_rounding(decoder.steps, prompt, tokens, rounding_widths(8))
+    _, chain_rounding = ar_logits_and_rounding(decoder.steps, prompt, tokens, len(tokens), rounding_widths(8))
     _, tree_rounding = ar_logits_and_rounding(
-        decoder.steps, prompt, tokens, rounding_widths(8), tree_rounding_widths(8, trees=True)
+        decoder.steps, prompt, tokens, len(tokens), rounding_widths(8), tree_rounding_widths(8, trees=True)
     )
     assert chain_rounding == 0.0 and tree_rounding > 0.0
 

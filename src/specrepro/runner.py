@@ -11,6 +11,7 @@ schemas (`config.check_run_config`), the reference in `reference.py`, the summar
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -120,7 +121,10 @@ def _run_locked(
         for index, rec in tqdm(todo, desc=name, unit="sample"):
             row = decode_record(rec, index, cfg, target, decoder, baselines, sampling) | {"session": record.session}
             if sampling.greedy and rec.id in diverging_from:
-                classify_row(row, diverging_from[rec.id], target, decoder.max_step_width, decoder.verifies_trees)
+                prompt_after = partial(prompt_ids, rec, target.tokenizer, cfg.dataset)
+                classify_row(
+                    row, diverging_from[rec.id], target, decoder.max_step_width, prompt_after, decoder.verifies_trees
+                )
             record.append(row)
             rows.append(row)
     rows.sort(key=lambda row: row["index"])
@@ -209,7 +213,7 @@ def training_minutes(artifacts, decoder) -> float | None:
 
 def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling) -> dict:
     """All samples (each with all turns) of one dataset record, scored."""
-    samples, prompts = [], []
+    samples, prompts, first_prompt = [], [], []
     for s in range(cfg.decoding.num_samples):
         history: list[str] = []
         turns = []
@@ -245,14 +249,14 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
             history.append(gen["text"])
             if s == 0:
                 prompts.append(prompt)
+                first_prompt = first_prompt or ids  # the first turn's: what the reference answer follows
         samples.append(turns)
     # the last turn's answer is what the task metric scores
     completions = [completion_for_scoring(record, turns[-1]["text"], cfg.dataset) for turns in samples]
     scores = score_sample(cfg.dataset.metric, record.reference, completions, record.fields)
     answer = reference_response(record) if cfg.reference_nll else None
-    if answer:
-        first_prompt = target.tokenizer(prompts[0], add_special_tokens=False)["input_ids"]
-        answer_ids = target.tokenizer(answer, add_special_tokens=False)["input_ids"]
+    if answer:  # after the prompt as decoded; the answer's special-token text is text too
+        answer_ids = target.tokenizer(answer, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         scores["reference_nll"] = reference_nll(target.model, first_prompt, answer_ids)
     return {"id": record.id, "index": index, "prompts": prompts, "samples": samples, "scores": scores}
 

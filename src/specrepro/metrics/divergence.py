@@ -8,8 +8,9 @@ recomputes it on the run's target (its steps and dtype, eager or compiled, on th
 
 - `ar`'s logits there, as `ar` computed them: the prompt's prefill, then one-row steps over `ar`'s tokens;
 - the same position's logits as a method verifying w rows at a time computes them (`ar`'s tokens after the
-  prefill in w-row forwards, the position the last row of the last), for each w of `ROUNDING_WIDTHS` up to the
-  method's widest step: the earlier positions' keys and values then come from multi-row forwards too, as in a
+  prefill in w-row forwards, the position the last row of the last; a position with fewer than w tokens before
+  it a row of the first, with `ar`'s next tokens after it), for each w of `ROUNDING_WIDTHS` up to the method's
+  widest step: the earlier positions' keys and values then come from multi-row forwards too, as in a
   speculative decode;
 - for a method whose verifications hold token trees (`Decoder.verifies_trees`), the same with w tokens verified
   as a tree's path with a sibling before each node (`interleaved_step`): a path node's keys then have masked rows
@@ -30,6 +31,8 @@ A later turn whose prompt holds a diverged answer inherits its first divergence'
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from specrepro.decoding.steps import target_steps
@@ -47,21 +50,24 @@ def first_difference(tokens: list[int], reference: list[int]) -> int | None:
 
 
 @torch.inference_mode()
-def position_logits(steps, prompt: list[int], tokens: list[int], width: int, tree: bool = False) -> torch.Tensor:
+def position_logits(
+    steps, prompt: list[int], tokens: list[int], width: int, tree: bool = False, ahead: list[int] = ()
+) -> torch.Tensor:
     """The fp32 logits for the token after `prompt + tokens`, computed as a method that verifies `width` tokens at
-    a time would: the prompt's prefill, then `tokens` in `width`-token forwards (the first one shorter), the last
-    row of the last forward the position's; with `tree`, each forward a tree's path (`interleaved_step`). Width 1:
-    `ar`'s own computation."""
+    a time would: the prompt's prefill, then `tokens` and the tokens `ahead` of the position in `width`-token
+    forwards (the first one shorter), the position's row the last forward's before `ahead`'s (fewer than
+    `width`: a first verification predicts early positions from its first rows); with `tree`, each forward a
+    tree's path (`interleaved_step`). Width 1: `ar`'s own computation."""
     device = next(steps.model.parameters()).device
-    ids = torch.tensor([prompt + tokens], device=device)
+    ids = torch.tensor([prompt + tokens + list(ahead)], device=device)
     cache = steps.new_cache(ids.shape[1])  # a tree's siblings are within a step's spare rows
     logits = steps(ids[:, : len(prompt)], cache, logits_to_keep=1).logits
     start = len(prompt)
-    for end in range(len(prompt) + (len(tokens) % width or width), ids.shape[1] + 1, width):
+    for end in range(len(prompt) + ((len(tokens) + len(ahead)) % width or width), ids.shape[1] + 1, width):
         chunk = ids[:, start:end]
         logits = interleaved_step(steps, chunk, cache, start) if tree else steps(chunk, cache).logits
         start = end
-    return logits[0, -1].float()
+    return logits[0, -1 - len(ahead)].float()
 
 
 def interleaved_step(steps, chunk: torch.Tensor, cache, past: int) -> torch.Tensor:
@@ -81,17 +87,20 @@ def interleaved_step(steps, chunk: torch.Tensor, cache, past: int) -> torch.Tens
 
 
 def ar_logits_and_rounding(
-    steps, prompt: list[int], ar_tokens: list[int], widths, tree_widths=()
+    steps, prompt: list[int], ar_tokens: list[int], position: int, widths, tree_widths=()
 ) -> tuple[torch.Tensor, float]:
-    """(the fp32 logits `ar` computed for the token after `prompt + ar_tokens`, the largest change of any of them
-    when the same position is computed in w-token verifications, w in `widths`, and as w-token tree paths, w in
-    `tree_widths`: `position_logits`)."""
-    one_row = position_logits(steps, prompt, ar_tokens, 1)
+    """(the fp32 logits `ar` computed for its token at `position` after `prompt`, the largest change of any of
+    them when the same position is computed in w-token verifications, w in `widths`, and as w-token tree paths, w
+    in `tree_widths`: `position_logits`, a w wider than the tokens before the position verifying `ar`'s next
+    tokens after it). The prefill's token (position 0) is every method's own prefill: no rounding."""
+    before = ar_tokens[:position]
+    one_row = position_logits(steps, prompt, before, 1)
     layouts = [(width, False) for width in widths] + [(width, True) for width in tree_widths]
     changes = [
-        float((position_logits(steps, prompt, ar_tokens, width, tree) - one_row).abs().max())
+        float((position_logits(steps, prompt, before, width, tree, ahead) - one_row).abs().max())
         for width, tree in layouts
-        if width <= len(ar_tokens)
+        if before
+        for ahead in [ar_tokens[position : position + max(width - position, 0)]]
     ]
     return one_row, max(changes, default=0.0)
 
@@ -114,7 +123,7 @@ def classify(steps, prompt: list[int], tokens: list[int], ar_tokens: list[int], 
             "near_tie": False,
         }
     token, ar_token = tokens[position], ar_tokens[position]
-    logits, rounding = ar_logits_and_rounding(steps, prompt, ar_tokens[:position], widths, tree_widths)
+    logits, rounding = ar_logits_and_rounding(steps, prompt, ar_tokens, position, widths, tree_widths)
     top2 = logits.topk(2).values
     gap = float(logits[ar_token] - logits[token])
     return {
@@ -139,11 +148,19 @@ def tree_rounding_widths(max_step_width: int, trees: bool) -> list[int]:
     return [width for width in rounding_widths(max_step_width) if 2 * width - 1 <= max_step_width] if trees else []
 
 
-def classify_row(row: dict, reference_row: dict, target, max_step_width: int, trees: bool = False) -> None:
+def classify_row(
+    row: dict,
+    reference_row: dict,
+    target,
+    max_step_width: int,
+    prompt_after: Callable[[list[str]], list[int]],
+    trees: bool = False,
+) -> None:
     """Set `divergence` on each of a decoded record's greedy generations whose token ids differ from its `ar`
     reference's (`reference_row`, the same record): the first differing turn of a sample is classified
-    (`classify`; `trees`: the method verifies token trees); a later one, whose prompt holds that turn's answer,
-    says so (`after_turn`) and inherits its class."""
+    (`classify`; `trees`: the method verifies token trees) after the prompt that turn decoded, `prompt_after` its
+    earlier answers (the decoded ids, `data.prompt_ids`: a record's special-token text stays text); a later one,
+    whose prompt holds that turn's answer, says so (`after_turn`) and inherits its class."""
     steps, widths = target_steps(target.model), rounding_widths(max_step_width)
     tree_widths = tree_rounding_widths(max_step_width, trees)
     for sample, ref_sample in zip(row["samples"], reference_row["samples"]):
@@ -152,7 +169,7 @@ def classify_row(row: dict, reference_row: dict, target, max_step_width: int, tr
             if gen["token_ids"] == ref["token_ids"]:
                 continue
             if first is None:
-                prompt = target.tokenizer(reference_row["prompts"][turn], add_special_tokens=False)["input_ids"]
+                prompt = prompt_after([earlier["text"] for earlier in ref_sample[:turn]])
                 first = turn, classify(steps, prompt, gen["token_ids"], ref["token_ids"], widths, tree_widths)
                 gen["divergence"] = first[1]
             else:
