@@ -449,3 +449,52 @@ def test_reading_the_checkout_version_never_writes_the_users_git_index(tmp_path)
     before = index.stat().st_mtime_ns, index.read_bytes()
     assert checkout_version(package)["dirty"] is False
     assert (index.stat().st_mtime_ns, index.read_bytes()) == before
+
+
+def test_a_last_step_cut_before_its_target_token_took_every_token_it_kept_from_the_draft():
+    """A step commits its accepted drafts and then the target's own token; cut at the budget or at an EOS among
+    the drafts, all it kept came from the draft, which acceptance and HM count."""
+    import torch
+
+    from specrepro.decoding.base import GenerationBuilder
+
+    def decoded(budget, step):
+        out = GenerationBuilder(max_new_tokens=budget, eos_ids={99}, device=torch.device("cpu"))
+        out.commit([5], prefill=True)
+        out.commit(step, drafted=3)  # three drafts, all accepted, then the target's token
+        return out.gen.to_dict() | {"wall_time": 1.0}
+
+    for budget, step, kept in ((3, [11, 12, 13, 14], 2), (50, [7, 99, 8, 9], 2), (50, [11, 12, 13, 14], 3)):
+        gen = decoded(budget, step)
+        assert gen["accepted"] == [kept + (kept == 3)] and gen["last_step_cut"] == (kept < 3)
+        metrics = speed_metrics([gen])
+        assert metrics["accept_rate"] == pytest.approx(kept / 3)
+        assert metrics["draft_token_share"] == pytest.approx(kept / len(gen["token_ids"]))
+    old_record = {**_gen([2, 1], [2, 2]), "token_ids": [0, 1, 2]}  # recorded before `last_step_cut`: as then
+    assert speed_metrics([old_record])["accept_rate"] == 0.25
+
+
+def test_a_method_whose_drafts_are_never_accepted_has_an_hm_of_0_and_one_that_drafts_none_has_none():
+    assert speed_metrics([_gen([1, 1], [4, 4])])["hm"] == 0.0
+    assert math.isnan(speed_metrics([_gen([1, 1], [0, 0])])["hm"])
+
+
+def test_ar_steps_decoded_past_eos_and_thrown_away_count_in_its_step_time():
+    """On a GPU `ar` reads its tokens every 8 steps, so up to 7 forwards after an EOS are run and dropped: they are
+    recorded, and `ar`'s time per step divides by the forwards it ran, not by its tokens."""
+    from specrepro.decoding.ar import ARDecoder
+    from specrepro.decoding.sampling import Sampling
+    from tests.conftest import tiny_llama
+    from tests.test_decoding import prompts
+
+    model, prompt = tiny_llama(vocab_size=64, seed=1), prompts()[0]
+    every = ARDecoder(model, sync_every=1).generate(prompt, Sampling(), 20)
+    gen = ARDecoder(model, sync_every=8).generate(prompt, Sampling(), 20)
+    assert len(every.token_ids) == 2  # this model's second token is its EOS: the first chunk's 7 steps after it
+    assert gen.token_ids == every.token_ids and (gen.steps, gen.discarded_steps) == (1, 7)
+    record = gen.to_dict() | {"verify_time": 0.8}
+    assert speed_metrics([record])["verify_ms_per_step"] == pytest.approx(100.0)  # 0.8 s over 8 forwards
+    turn = {**_gen([1, 1], [0, 0]), "ar_wall_time": 1.0, "ar_prefill_time": 0.2, "ar_tokens": 3}
+    assert paired_speedup([turn | {"verify_time": 0.2, "ar_discarded_steps": 6}])["verify_cost_paired"] == (
+        pytest.approx(0.1 / (0.8 / 8))
+    )

@@ -245,6 +245,7 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
             for key, ar_gen in timed_beside.items():  # `ar_*`: the paired reference, `eager_ar_*`: its eager run
                 gen[f"{key}_wall_time"], gen[f"{key}_tokens"] = ar_gen.wall_time, len(ar_gen.token_ids)
                 gen[f"{key}_token_ids"], gen[f"{key}_prefill_time"] = ar_gen.token_ids, ar_gen.prefill_time
+                gen[f"{key}_discarded_steps"] = ar_gen.discarded_steps
             turns.append(gen)
             history.append(gen["text"])
             if s == 0:

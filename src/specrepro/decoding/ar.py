@@ -3,7 +3,8 @@
 Each step's token stays on the device and feeds the next step; the host reads the tokens once every `sync_every`
 steps (gpt-fast's decode loop, with an EOS check per read). On an asynchronous device (a GPU) the host then queues
 steps while earlier ones run instead of waiting for every token, at the cost of up to `sync_every - 1` steps
-decoded past an EOS and thrown away. The CPU has nothing to overlap, so there it reads every token.
+decoded past an EOS and thrown away (`discarded_steps`: step costs divide by the forwards run). The CPU has
+nothing to overlap, so there it reads every token.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class ARDecoder(Decoder):
                     chunk.append(step_input)
                     past += 1
                 tokens = torch.cat(chunk).view(-1).tolist()  # the chunk's one host read
-            for token in tokens:
+            for index, token in enumerate(tokens):
                 out.commit([token])
                 if out.done:  # at EOS: the chunk's steps after it are thrown away
+                    out.gen.discarded_steps = len(tokens) - index - 1
                     break

@@ -28,6 +28,9 @@ class Generation:
     steps: int = 0  # target forward passes after prefill
     accepted: list[int] = field(default_factory=list)  # per step: tokens committed (incl. bonus/correction)
     drafted: list[int] = field(default_factory=list)  # per step: draft tokens proposed
+    # the last step was cut (EOS or the budget) before its own target token: all it committed are drafts
+    last_step_cut: bool = False
+    discarded_steps: int = 0  # target forwards run past EOS and thrown away (`ar`'s chunked reads on a GPU)
     draft_time: float = 0.0
     verify_time: float = 0.0
     prefill_time: float = 0.0
@@ -66,6 +69,7 @@ class GenerationBuilder:
             self.gen.steps += 1
             self.gen.accepted.append(len(kept))
             self.gen.drafted.append(drafted)
+            self.gen.last_step_cut = len(kept) < len(tokens)
         if self.remaining <= 0:
             self.done = True
         return kept

@@ -60,10 +60,13 @@ def speed_metrics(gens: list[dict]) -> dict[str, float]:
     tokens = sum(len(g["token_ids"]) for g in gens)
     wall = sum(g["wall_time"] for g in gens)
     steps = sum(g["steps"] for g in gens)
+    forwards = steps + sum(g.get("discarded_steps", 0) for g in gens)  # what the timed parts ran
     committed_after_prefill = sum(sum(g["accepted"]) for g in gens)
     drafted = sum(sum(g["drafted"]) for g in gens)
-    # tokens a step took from the draft: all it committed but the target's own bonus/correction token
+    # tokens a step took from the draft: all it committed but the target's own bonus/correction token, which a
+    # last step cut at EOS or the budget did not reach
     from_drafts = sum(max(a - 1, 0) for g in gens for a in g["accepted"])
+    from_drafts += sum(bool(g["accepted"]) and g.get("last_step_cut", False) for g in gens)
     v_d = _ratio(from_drafts, drafted)  # acceptance rate of draft tokens
     r_d = _ratio(from_drafts, tokens)  # share of output tokens that came from drafts
     return {
@@ -77,10 +80,10 @@ def speed_metrics(gens: list[dict]) -> dict[str, float]:
         "accept_rate": v_d,
         "draft_token_share": r_d,
         # EESD's harmonic mean of v_d and r_d, x100 (003, Sec. 4)
-        "hm": 100 * 2 * v_d * r_d / (v_d + r_d) if drafted and (v_d + r_d) > 0 else math.nan,
+        "hm": (100 * 2 * v_d * r_d / (v_d + r_d) if v_d + r_d > 0 else 0.0) if drafted else math.nan,
         "mean_drafted_per_step": _ratio(drafted, steps),
-        "draft_ms_per_step": _part_ms_per_step(gens, "draft", steps),
-        "verify_ms_per_step": _part_ms_per_step(gens, "verify", steps),
+        "draft_ms_per_step": _part_ms_per_step(gens, "draft", forwards),
+        "verify_ms_per_step": _part_ms_per_step(gens, "verify", forwards),
     }
 
 
@@ -133,9 +136,9 @@ def paired_speedup(gens: list[dict], baseline: str = "ar") -> dict[str, float]:
     if not paired:
         return {f"speedup_paired{suffix}": math.nan, f"speedup_paired{suffix}_ci95": math.nan}
     ratios = [paired_ratio(g, baseline) for g in paired]
-    ar_step_ms = 1000 * _ratio(
+    ar_step_ms = 1000 * _ratio(  # over the steps it ran: its tokens after the prefill's and those past EOS
         sum(g[f"{baseline}_wall_time"] - g.get(f"{baseline}_prefill_time", 0.0) for g in paired),
-        sum(g[f"{baseline}_tokens"] - 1 for g in paired),
+        sum(g[f"{baseline}_tokens"] - 1 + g.get(f"{baseline}_discarded_steps", 0) for g in paired),
     )
     steps = sum(g["steps"] for g in paired)
     return {
