@@ -157,6 +157,26 @@ def test_an_ar_timed_another_way_is_not_the_reference():
         assert reference_key(compose_run("method=pld", override), "data") == base, override
 
 
+def test_the_threads_a_run_is_timed_with_are_part_of_its_identity():
+    """hardware.threads=null takes torch's default, which OMP_NUM_THREADS and CPU affinity set: a run timed on one
+    thread is not resumed, reused or divided by as one timed on two."""
+    import torch
+
+    from specrepro.identity import reference_key, run_name
+
+    cfg, default = compose_run("method=pld"), torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run_name(cfg, "data"), reference_key(cfg, "data")
+        torch.set_num_threads(2)
+        two = run_name(cfg, "data"), reference_key(cfg, "data")
+        assert one[0] != two[0] and one[1] != two[1]
+        pinned = compose_run("method=pld", "hardware.threads=1")
+        assert run_name(pinned, "data") == run_name(pinned, "data")  # set: what torch has does not matter
+    finally:
+        torch.set_num_threads(default)
+
+
 def test_an_artifact_retrained_under_its_name_with_other_weights_is_a_new_run_and_a_new_reference(tmp_path):
     """`resume=false`, or deleting a damaged artifact and training it again, keeps the name; the weights decide."""
     from specrepro.identity import reference_key, run_name

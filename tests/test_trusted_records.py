@@ -277,6 +277,34 @@ def test_a_failed_sweep_job_is_reported_and_the_others_run(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_run_name_is_reused_only_for_what_it_decoded(tmp_path):
+    """`run_name=` names a run's directory; it does not turn off its identity: another setting under that name is
+    refused in one line (not answered with the first one's numbers), and resume=false replaces it."""
+    run = ["run", *FAST, "method=ar", "dataset.limit=1", "logger=none", "run_name=mine"]
+    specrepro(*run, cwd=tmp_path)
+    again = specrepro(*run, cwd=tmp_path)
+    assert "already complete" in again.stdout
+    other = specrepro(*run, "decoding.max_new_tokens=4", cwd=tmp_path, check=False)
+    assert other.returncode == 2 and "run_name=mine holds a run of another setting or code" in other.stderr
+    specrepro(*run, "decoding.max_new_tokens=4", "resume=false", cwd=tmp_path)
+    metrics = json.loads((tmp_path / "results" / "runs" / "mine" / "metrics.json").read_text())
+    assert metrics["new_tokens"] <= 4
+
+
+def test_a_run_made_without_its_reference_gets_it_when_it_is_asked_for(tmp_path):
+    """`reference` is not part of a run's identity (the tokens are the same): a complete run made with
+    reference=false is summarized again over its `ar` reference, which is found or run, without decoding again."""
+    run = ["run", *FAST, "method=pld", "dataset.limit=2", "logger=none"]
+    specrepro(*run, "reference=false", cwd=tmp_path)
+    [pld] = run_dirs(tmp_path).values()
+    before = (pld / "generations.jsonl").read_text()
+    assert json.loads((pld / "metrics.json").read_text())["reference_run"] is None
+    specrepro(*run, cwd=tmp_path)
+    metrics = json.loads((pld / "metrics.json").read_text())
+    assert metrics["reference_run"] in {p.name for p in run_dirs(tmp_path).values()} and metrics["lossless"] == 1.0
+    assert "speedup_mean" in metrics and (pld / "generations.jsonl").read_text() == before
+
+
 @pytest.mark.parametrize(
     "override, message",
     [

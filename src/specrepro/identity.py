@@ -331,24 +331,35 @@ def timing_machine(cfg: DictConfig) -> str:
     return _machine(cfg.hardware.device)
 
 
+def timing_threads(cfg: DictConfig) -> int:
+    """The CPU threads a run's torch ops use: `hardware.threads`, or with null torch's default, which
+    OMP_NUM_THREADS and the process's CPU affinity set (`taskset -c 0`: 1)."""
+    return cfg.hardware.threads or torch.get_num_threads()
+
+
 def _setting(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None) -> dict:
-    """What a run computes but the code: its config (less where results go), weights, data, the machine that times
-    it and the record version."""
+    """What a run computes but the code: its config (less where results go), weights, data, the machine and
+    threads that time it and the record version."""
     content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_IDENTITY}
     artifacts = loaded_weights(cfg) if artifacts is None else artifacts
     return content | {
         "artifacts": artifacts,
         "data": data_fingerprint,
         "machine": timing_machine(cfg),
+        "threads": timing_threads(cfg),
         "record_version": RECORD_VERSION,
     }
 
 
 def run_name(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None = None) -> str:
+    """`run_name` when the config sets one, else `identity_name`."""
+    return cfg.run_name or identity_name(cfg, data_fingerprint, artifacts)
+
+
+def identity_name(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None = None) -> str:
     """`<model>-<method>-<dataset>-<decoding>-<hash of config, weights, data, code and record version>`;
-    `artifacts`: the `loaded_weights(cfg)`, when the caller has them already."""
-    if cfg.run_name:
-        return cfg.run_name
+    `artifacts`: the `loaded_weights(cfg)`, when the caller has them already. A run named by `run_name` records
+    it, so that the name is reused only for what it decoded."""
     content = _setting(cfg, data_fingerprint, artifacts) | {"code": code_fingerprint(cfg.method.name)}
     return f"{cfg.model.name}-{cfg.method.name}-{cfg.dataset.name}-{cfg.decoding.name}-{config_hash(content)}"
 
@@ -373,6 +384,7 @@ def reference_key(cfg: DictConfig, data_fingerprint: str) -> str:
         artifacts=model_weights(cfg.model, cfg.artifacts_dir),
         data=data_fingerprint,
         machine=timing_machine(cfg),
+        threads=timing_threads(cfg),
         code=code_fingerprint("ar"),
         record_version=RECORD_VERSION,
     )

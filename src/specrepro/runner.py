@@ -31,6 +31,7 @@ from specrepro.identity import (
     records_fingerprint,
     reference_key,
     resolved_artifacts,
+    identity_name,
     run_name,
     setting_key,
 )
@@ -67,6 +68,21 @@ def run(cfg: DictConfig, group: str | None = None) -> dict:
         return _run_locked(cfg, group, name, records, fingerprint, artifacts, identities)
 
 
+def check_same_identity(cfg: DictConfig, record: RunRecord, identity: str) -> None:
+    """Refuse to resume or reuse a run named by `run_name` that another setting or other code decoded."""
+    made_as = record.identity()
+    if cfg.resume and made_as is not None and made_as != identity:
+        raise SpecReproError(
+            f"run_name={record.dir.name} holds a run of another setting or code ({made_as}, this one is "
+            f"{identity}): pick another run_name, or resume=false to replace it"
+        )
+
+
+def lacks_reference(cfg: DictConfig, record: RunRecord) -> bool:
+    """A complete method run made with `reference=false` that is now wanted with its `ar` reference."""
+    return cfg.reference and cfg.method.name != "ar" and record.metrics().get("reference_run") is None
+
+
 def _run_locked(
     cfg: DictConfig,
     group: str | None,
@@ -78,13 +94,18 @@ def _run_locked(
 ) -> dict:
     """`run`, holding the run's lock."""
     record = RunRecord(Path(cfg.results_dir) / "runs" / name)
+    identity = identity_name(cfg, fingerprint, identities) if cfg.run_name else name
+    check_same_identity(cfg, record, identity)
     if cfg.resume and record.complete:
         damage = record.damage()
-        if damage is None:
+        if damage is None and lacks_reference(cfg, record):
+            log.info("run %s was made with reference=false: summarizing it again over its `ar` reference", name)
+        elif damage is None:
             log.info("run %s is already complete; skipping (resume=false to redo it)", name)
             note_reused(f"run {name}")
             return record.metrics()
-        log.warning("run %s is complete but %s: decoding the records it lost again", name, damage)
+        else:
+            log.warning("run %s is complete but %s: decoding the records it lost again", name, damage)
 
     loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
     target = load_target(cfg, loader)
@@ -99,7 +120,7 @@ def _run_locked(
     baselines = paired_baselines(cfg, target, decoder)
     sampling = Sampling.from_config(cfg.decoding)
 
-    rows = record.start(cfg, cfg.resume, loader.device)
+    rows = record.start(cfg, cfg.resume, loader.device, identity)
     started_at = record.started_at()
     done = {row["id"] for row in rows}
     setting = setting_key(cfg, fingerprint, identities)

@@ -112,10 +112,21 @@ class RunRecord:
         """When this run first started (kept across resumes)."""
         return json.loads(self.provenance_path.read_text())["started_at"]
 
+    def identity(self) -> str | None:
+        """The `identity.identity_name` of what this run decodes, as it first started (None: not started, or
+        recorded before identities were)."""
+        if not self.provenance_path.is_file():
+            return None
+        try:
+            return json.loads(self.provenance_path.read_text()).get("identity")
+        except (ValueError, AttributeError):
+            return None
+
     @_writing_record
-    def start(self, cfg, resume: bool, device=None) -> list[dict]:
+    def start(self, cfg, resume: bool, device=None, identity: str | None = None) -> list[dict]:
         """Prepare the directory; return the rows of finished samples to resume from (none if not resuming).
-        `device`: where the run decodes (a GPU's name is its sessions' machine)."""
+        `device`: where the run decodes (a GPU's name is its sessions' machine); `identity`: what it decodes
+        (`identity.identity_name`), kept from its first start."""
         self.dir.mkdir(parents=True, exist_ok=True)
         probe = self.dir / ".write-test"
         probe.write_text("")
@@ -135,7 +146,7 @@ class RunRecord:
             "machine": machine_label(origin["machine"]),
         }
         if not rows or not self.provenance_path.is_file():
-            started = {"started_at": session["started_at"], **origin, "sessions": []}
+            started = {"started_at": session["started_at"], "identity": identity, **origin, "sessions": []}
         else:
             started = json.loads(self.provenance_path.read_text())
             started.setdefault("sessions", [{"started_at": started["started_at"]}])  # a record from before sessions
