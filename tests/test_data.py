@@ -122,6 +122,14 @@ def test_limit_takes_file_order_and_seed_shuffles_first():
     assert [record.id for record in load_records(config(**base, limit=5, seed=4))] != shuffled
 
 
+def test_a_record_id_that_appears_twice_is_refused_in_one_line(tmp_path):
+    """A run resumes and pairs with its `ar` reference by record id: a repeated id would drop a record unsaid."""
+    path = tmp_path / "dup.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "document": "d", "summary": "s"}) + "\n" for i in "aba"))
+    with pytest.raises(SpecReproError, match=r"record id 'a' appears twice"):
+        load_records(config(path=str(path), task="xsum"))
+
+
 def test_limit_above_set_size_is_clamped_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING):
         records = load_records(config(path="humaneval/HumanEval.jsonl.gz", task="humaneval", limit=1000))

@@ -277,6 +277,15 @@ def test_a_failed_sweep_job_is_reported_and_the_others_run(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_random_model_of_an_impossible_shape_is_refused_in_one_line(tmp_path):
+    proc = specrepro(
+        "run", *FAST, "dataset.limit=1", "logger=none", "model.random.num_heads=3", cwd=tmp_path, check=False
+    )
+    assert proc.returncode == 2
+    [line] = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert line.startswith("specrepro: error: model.random: hidden_size=64 must be a multiple of num_heads=3")
+
+
 def test_a_run_name_is_reused_only_for_what_it_decoded(tmp_path):
     """`run_name=` names a run's directory; it does not turn off its identity: another setting under that name is
     refused in one line (not answered with the first one's numbers), and resume=false replaces it."""
@@ -312,6 +321,8 @@ def test_a_run_made_without_its_reference_gets_it_when_it_is_asked_for(tmp_path)
         ("decoding.top_k=-1", "decoding.top_k must be 0 (off) or positive"),
         ("timing.repeats=-1", "timing.repeats must be positive"),
         ("timing.order=-1", "timing.order must be one of ar_first, alternate"),
+        ("timing.warmup=-1", "timing.warmup must be 0 or more"),
+        ("timing.warmup_tokens=-1", "timing.warmup_tokens must be positive"),
     ],
 )
 def test_bad_values_are_refused_in_one_line(tmp_path, override, message):

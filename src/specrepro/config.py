@@ -57,6 +57,17 @@ class RandomArchConfig:
     vocab_size: int = 49152
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        sizes = {k: getattr(self, k) for k in ("num_layers", "hidden_size", "intermediate_size", "num_heads")}
+        sizes |= {"num_kv_heads": self.num_kv_heads, "vocab_size": self.vocab_size}
+        if bad := [f"{k}={v}" for k, v in sizes.items() if v < 1]:
+            raise SpecReproError(f"model.random: {', '.join(bad)}: sizes must be positive")
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise SpecReproError(
+                f"model.random: hidden_size={self.hidden_size} must be a multiple of num_heads={self.num_heads}, "
+                f"and num_heads of num_kv_heads={self.num_kv_heads}"
+            )
+
 
 @dataclass
 class ModelConfig:
@@ -219,6 +230,10 @@ class TimingConfig:
             raise SpecReproError(f"timing.order must be one of {', '.join(ORDERS)}, got {self.order}")
         if self.repeats < 1:
             raise SpecReproError(f"timing.repeats must be positive, got {self.repeats}")
+        if self.warmup < 0:
+            raise SpecReproError(f"timing.warmup must be 0 or more, got {self.warmup}")
+        if self.warmup_tokens < 1:
+            raise SpecReproError(f"timing.warmup_tokens must be positive, got {self.warmup_tokens}")
 
 
 @dataclass

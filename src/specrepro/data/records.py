@@ -66,6 +66,14 @@ def load_records(cfg) -> list[Record]:
                 len(records),
             )
         records = records[: cfg.limit]
+    seen = set()
+    for record in records:  # a run resumes, and pairs with its `ar` reference, record by record id
+        if record.id in seen:
+            raise SpecReproError(
+                f"dataset '{cfg.name}' ({cfg.path}): record id '{record.id}' appears twice; each record needs an id "
+                "of its own"
+            )
+        seen.add(record.id)
     return records
 
 

@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from specrepro.config import check_threads, weights_identity
+from specrepro.config import RandomArchConfig, check_threads, weights_identity
 from specrepro.errors import SpecReproError, one_line
 from specrepro.models.attention import IMPLEMENTATIONS, set_attention
 from specrepro.decoding.steps import compile_steps
@@ -240,6 +240,8 @@ def load_tokenizer(source: str | None, cfg) -> object:
 
 def random_llama(arch, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
     """A randomly initialised LLaMA of the given shape (deterministic for a given seed)."""
+    if not isinstance(arch, RandomArchConfig):  # a config node: its shape checked in one line first
+        arch = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RandomArchConfig), arch))
     config = LlamaConfig(
         vocab_size=arch.vocab_size,
         hidden_size=arch.hidden_size,
