@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from specrepro.errors import SpecReproError, as_user_error
 from tests.test_config import compose_run
@@ -48,6 +49,20 @@ def test_an_unknown_sweep_value_is_one_line_before_any_job_runs(tmp_path):
     (line,) = error_lines(proc.stderr)
     assert line.startswith("specrepro: error: method/no_such is not a config; method is one of: ") and "pld" in line
     assert not (tmp_path / "results" / "runs").exists()  # pld did not run either
+
+
+def test_a_sweep_over_methods_with_a_key_only_they_have_says_how_to_set_it(tmp_path):
+    """Hydra composes a sweep's config first with the default method (`ar`), which has no `window`."""
+    sweep = ["run", "-m", *FAST, "dataset.limit=1", "logger=none", "method=lookahead,lookahead_small"]
+    proc = specrepro(*sweep, "method.window=3", cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    (line,) = error_lines(proc.stderr)
+    assert line.endswith("(a sweep composes its config first with the default method, ar: write ++method.window=3)")
+    printing = specrepro(*sweep, "++method.window=3", "--cfg", "job", cwd=tmp_path, check=False)  # Hydra: one of them
+    assert printing.returncode == 2 and error_lines(printing.stderr)[0].startswith("specrepro: error: Only one of")
+    specrepro(*sweep, "++method.window=3", cwd=tmp_path)
+    configs = [OmegaConf.load(p) for p in (tmp_path / "results" / "runs").glob("*lookahead*/config.yaml")]
+    assert len(configs) == 2 and all(c.method.window == 3 for c in configs)  # both presets ran, with window 3
 
 
 def test_a_value_of_the_wrong_type_is_one_line(tmp_path):

@@ -7,6 +7,8 @@ import json
 import math
 import os
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -275,6 +277,32 @@ def test_a_failed_sweep_job_is_reported_and_the_others_run(tmp_path):
     failed = [line for line in proc.stdout.splitlines() if "FAILED" in line]
     assert len(failed) == 1 and "dataset.limit=-1" in failed[0] and "limit must be positive" in failed[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_a_sweep_job_that_hits_a_bug_is_listed_with_its_traceback_logged_and_the_others_run(tmp_path):
+    """Hydra's sweeper re-raises a job's exception after the batch, which stopped the sweep table: a bug is now
+    logged with its traceback, its job listed as failed, and the command exits non-zero."""
+    code = (
+        "import specrepro.runner as runner\n"
+        "real = runner.run\n"
+        "def run(cfg, group=None):\n"
+        "    if cfg.dataset.limit == 2:\n"
+        "        raise RuntimeError('a bug in this job')\n"
+        "    return real(cfg, group)\n"
+        "runner.run = run\n"
+        "from specrepro.cli import main\n"
+        "main()\n"
+    )
+    args = ["run", "-m", *FAST, "logger=none", "method=ar", "dataset.limit=2,1"]
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 1
+    [failed] = [line for line in proc.stdout.splitlines() if "FAILED" in line]
+    assert "dataset.limit=2" in failed and "RuntimeError: a bug in this job" in failed
+    assert "Traceback" in proc.stdout + proc.stderr  # a bug keeps its traceback, on the console and in the job's log
+    assert [
+        m["n_samples"] for m in map(lambda p: json.loads((p / "metrics.json").read_text()), run_dirs(tmp_path).values())
+    ] == [1]
 
 
 def test_a_random_model_of_an_impossible_shape_is_refused_in_one_line(tmp_path):

@@ -69,6 +69,16 @@ def hydra_error_line(exc: CompactHydraException) -> str:
     return one_line(exc) + cause
 
 
+def sweep_hint(exc: CompactHydraException, args: list[str]) -> str:
+    """Hydra composes a sweep's config once with its overrides but the swept ones, so with the default method
+    (`ar`): a key only the swept methods have is refused there (Hydra issues #283, #2888). `++` sets it anyway."""
+    key = re.match(r"Could not override '(method\.[\w.]+)'", str(exc))
+    if key is None or not {"-m", "--multirun"} & set(args):
+        return ""
+    value = next((arg.split("=", 1)[1] for arg in args if arg.split("=", 1)[0] == key[1]), "...")
+    return f" (a sweep composes its config first with the default method, ar: write ++{key[1]}={value})"
+
+
 def sweep_group() -> str | None:
     hydra_cfg = HydraConfig.get()
     return Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else None
@@ -86,9 +96,12 @@ def run_job(cfg: DictConfig) -> None:
         metrics = run(cfg, group=sweep_group())
     except Exception as exc:
         error = as_user_error(exc)
-        if error is None:  # a bug: Hydra logs the traceback; the sweep table still names the job
-            (output_dir / FAILURE_FILE).write_text(f"{type(exc).__name__}: {exc}\n".splitlines()[0] + "\n")
+        if error is None and not sweeping:  # a bug: its traceback
             raise
+        if error is None:  # a bug in a sweep: its traceback in the log, and the other jobs and the table go on
+            log.exception("job %s failed", HydraConfig.get().job.num)
+            (output_dir / FAILURE_FILE).write_text(f"{type(exc).__name__}: {exc}\n".splitlines()[0] + "\n")
+            return
         if not sweeping:
             fail(str(error))
         print(f"specrepro: error: job {HydraConfig.get().job.num}: {error}", file=sys.stderr)
@@ -127,7 +140,11 @@ def hydra_app(config_name: str, task, args: list[str]) -> None:
     except CompactHydraException as exc:  # an override that does not compose (an unknown option, a bad value)
         if full_error:
             raise
-        fail(hydra_error_line(exc))  # in a sweep: checked for every point before any job starts
+        fail(hydra_error_line(exc) + sweep_hint(exc, args))  # in a sweep: checked for every point before any job
+    except ValueError as exc:  # Hydra's own flags that do not go together (`-m ... --cfg job`)
+        if not str(exc).startswith("Only one of --run, --multirun"):
+            raise
+        fail(str(exc))
     except KeyboardInterrupt:
         command = " ".join(["specrepro", config_name, *map(shlex.quote, args)])
         print(f"specrepro: interrupted; finished work is kept: run `{command}` again to resume", file=sys.stderr)
