@@ -21,8 +21,10 @@ Per iteration (= one target forward = one step) `Generation.extra` records
 - `stationary`: tokens fixed by the iteration that already held that value, unchanged, in the state of
   the previous iteration although an earlier position of that state was still wrong (a correct token
   that "remains unaltered through subsequent iterations despite being preceded by inaccurate tokens");
-  their mean per iteration (`stationary_per_iteration`) reaches the run's metrics. The fast-forwarded
-  mean per iteration is the run's MAT.
+  each generation's mean per iteration (`stationary_per_iteration`), averaged over the run's generations as
+  tok/s is, reaches the run's metrics (a short answer weighs as much as a long one; the trainer's held-out
+  measure, `training/cllm.py`, divides total stationary tokens by total iterations instead). The fast-forwarded
+  mean per iteration is the run's MAT (total tokens over total iterations).
 
 `cllm` is the same decoder on consistency-trained weights (`specrepro train method=cllm`). A CLLM is a
 different model from its base, so it is loaded as the run's model: `model.source=artifact model.id=cllm`,
