@@ -123,6 +123,12 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     assert (tmp_path / "results" / "tiny" / "tiny_table.md").read_text() == table
     progress = specrepro("reproduce", str(pipeline), "--dry-run", "--check-done", *args[2:], cwd=tmp_path).stdout
     assert re.search(r"\[2/3\] run .*; 2 of 2 run\(s\) done\)", progress), progress
+    cut = next(runs.iterdir()) / "generations.jsonl"  # a record cut short is decoded again: not done
+    kept = cut.read_text()
+    cut.write_text(kept.splitlines()[0] + "\n")
+    progress = specrepro("reproduce", str(pipeline), "--dry-run", "--check-done", *args[2:], cwd=tmp_path).stdout
+    assert re.search(r"\[2/3\] run .*; 1 of 2 run\(s\) done\)", progress), progress
+    cut.write_text(kept)
 
     other = tmp_path / "pipelines" / "other.yaml"  # another paper's pipeline training the same component
     other.write_text(json.dumps({"paper": "other", "stages": [{"train": TRAIN}, {"table": "unused"}]}))

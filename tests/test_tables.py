@@ -196,6 +196,26 @@ def test_a_cell_whose_runs_differ_in_a_method_option_is_refused_not_filled_by_th
     assert build_table(spec, [cali("both", 1.0, "both"), cali("ablation", 2.0, "sampling")])[1][0][1] == "1.00"
 
 
+def test_a_cell_whose_runs_differ_in_budget_data_or_timing_is_refused_not_filled_by_the_newest():
+    """A smoke run at another token budget (or on another limit, or timed otherwise) also matches a row that
+    leaves the key open: it must not take the cell of the setting the table means."""
+
+    def pld(name: str, order: float, **config) -> RunInfo:
+        return RunInfo(name, {"speedup_paired": order}, {"method": {"name": "pld"}, **config}, order)
+
+    def table() -> TableSpec:
+        return TableSpec("t", "p", "title", "", ["Method"], [Row(label=["pld"])], [Column("speedup", "speedup_paired")])
+
+    for key, values in (("decoding", "max_new_tokens"), ("dataset", "limit"), ("timing", "repeats")):
+        spec = table()
+        runs = [pld("meant", 1.0, **{key: {values: 16}}), pld("smoke", 2.0, **{key: {values: 4}})]
+        with pytest.raises(SpecReproError, match=f"differ in {key}.{values}: select the value the row means"):
+            build_table(spec, runs)
+        spec.rows[0].select[f"{key}.{values}"] = 16
+        assert build_table(spec, runs)[1][0][1] == "1.00"
+    assert build_table(table(), [pld("a", 1.0), pld("rerun", 2.0)])[1][0][1] == "2.00"  # re-runs of one setting
+
+
 def test_a_newer_compiled_run_fills_only_the_cells_that_ask_for_compiled_steps():
     """A compiled run's speedup is over compiled `ar`: it never takes an eager cell's place (runs made before the
     option existed count as eager), and fills a column that selects `hardware.compile: true`."""
@@ -759,6 +779,43 @@ def test_a_table_regenerates_from_its_committed_inputs_alone(tmp_path):
     md = write_table("two", [newer, out], tables_dir=tables_dir, out_dir=out).read_text()
     assert "| pld | 2.00 | [2] |" in md and "| ar | 1.00 | [1] |" in md
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["ar-run", "pld-run-2"]
+
+
+def test_a_run_decoded_again_under_its_name_fills_its_cell_inputs_and_footer_with_its_new_record(tmp_path):
+    """New records read beside a table's committed inputs can hold a second copy of a run's name (decoded again
+    after records were lost): the newer copy is the run, in the cell and in the inputs written, so the table still
+    regenerates from its inputs alone; the footer's command regenerates it as written."""
+    tables_dir, records, out = tmp_path / "tables", tmp_path / "records", tmp_path / "out"
+    tables_dir.mkdir()
+    (tables_dir / "two.yaml").write_text(KEEP_TABLE)
+    _record(records, "ar-run", "ar", 1.0)
+    _record(records, "pld-run", "pld", 1.5)
+    write_table("two", records, tables_dir=tables_dir, out_dir=out)
+    _amend(records, "pld-run", mat=1.25, provenance={"finished_at": "2026-01-02T00:00:00+00:00"})
+    _amend(out, "pld-run", provenance={"finished_at": "2026-01-01T00:00:00+00:00"})
+    md = write_table("two", [records, out], tables_dir=tables_dir, out_dir=out).read_text()
+    assert "| pld | 1.25 | [2] |" in md
+    assert json.loads((out / "runs" / "pld-run" / "metrics.json").read_text())["mat"] == 1.25
+    assert f"specrepro table two --results-dir {records} --results-dir {out} --out-dir {out}`" in md
+    shutil.rmtree(records)
+    assert "| pld | 1.25 | [2] |" in write_table("two", out, tables_dir=tables_dir, out_dir=out).read_text()
+
+
+def test_a_comparison_page_keeps_the_inputs_it_names_when_a_table_is_regenerated(tmp_path):
+    """`specrepro compare --out <table dir>/compare/PAGE.md` reads committed inputs no table names any more."""
+    tables_dir, records, out = tmp_path / "tables", tmp_path / "records", tmp_path / "out"
+    tables_dir.mkdir()
+    (tables_dir / "two.yaml").write_text(KEEP_TABLE)
+    _record(records, "ar-run", "ar", 1.0)
+    _record(records, "pld-run", "pld", 1.5)
+    write_table("two", records, tables_dir=tables_dir, out_dir=out)
+    (out / "compare").mkdir()
+    (out / "compare" / "page.md").write_text("`specrepro compare pld-run ar-run --results-dir out`\n")
+    shutil.rmtree(records / "runs" / "pld-run")
+    _record(records, "pld-run-2", "pld", 2.0)
+    _amend(records, "pld-run-2", provenance={"finished_at": "2030-01-01T00:00:00+00:00"})
+    write_table("two", [records, out], tables_dir=tables_dir, out_dir=out)
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["ar-run", "pld-run", "pld-run-2"]
 
 
 def test_a_table_whose_runs_loaded_other_weights_or_data_under_one_name_says_so(tmp_path, caplog):

@@ -353,7 +353,8 @@ def runs_done(stage: dict, work_dir: Path, overrides: list[str]) -> str:
             name = run_name(cfg, data)
         except SpecReproError as exc:  # an artifact it loads is not trained yet (by an earlier stage)
             return f"{len(jobs)} run(s), not startable yet: {one_line(exc).split(' under ')[0]}"
-        complete = RunRecord(work_dir / "runs" / name).complete
+        record = RunRecord(work_dir / "runs" / name)
+        complete = record.complete and record.damage() is None  # a cut record is decoded again: not done
         done += complete
         superseded += not complete and bool(decoded_by_other_code(work_dir, setting_key(cfg, data), name))
     other_code = f" ({superseded} more decoded by other code: decoded anew)" if superseded else ""

@@ -322,9 +322,10 @@ def local_runs(*results_dirs: str | Path) -> list[RunInfo]:
 
 def write_inputs(out_dir: Path, runs: list[RunInfo]) -> None:
     """Copy these runs' metrics.json and config.yaml into `<out dir>/runs/`, the inputs of the tables there, and
-    drop the inputs no table there names any more: committed, they let the tables regenerate from the repository
-    alone (`specrepro table NAME --results-dir <out dir> --out-dir <out dir>`). A run timed against `ar` turn by
-    turn also leaves its timed turns (`turns.jsonl`), so that `specrepro compare` works on the committed copies."""
+    drop the inputs no table there, nor a comparison page in its `compare/`, names any more: committed, they let
+    the tables regenerate from the repository alone (`specrepro table NAME --results-dir <out dir> --out-dir <out
+    dir>`). A run timed against `ar` turn by turn also leaves its timed turns (`turns.jsonl`), so that `specrepro
+    compare` works on the committed copies."""
     inputs = out_dir / "runs"
     for run in runs:
         metrics = json.dumps(run.metrics, indent=1, sort_keys=True, default=str)
@@ -337,6 +338,8 @@ def write_inputs(out_dir: Path, runs: list[RunInfo]) -> None:
                 continue
             atomic_write(RunRecord(inputs / run.name).turns_path, "".join(json.dumps(t) + "\n" for t in turns))
     named = {name for table in out_dir.glob("*.csv") for name in _run_names(table)}
+    pages = "".join(page.read_text() for page in out_dir.glob("compare/*.md"))  # `specrepro compare --out` pages
+    named |= {path.name for path in inputs.glob("*") if path.name in pages}
     for stale in (path for path in inputs.glob("*") if path.is_dir() and path.name not in named):
         shutil.rmtree(stale)
 
@@ -484,18 +487,32 @@ def timed_on(run: RunInfo) -> str | None:
     return machine_label(machine) if machine else None
 
 
+SETTING = ("method", "model", "dataset", "decoding", "timing")  # what a cell's candidate runs must share
+
+
+def setting_of(config: dict) -> dict[str, str]:
+    """A run's config as dotted keys, of the parts that make its setting (`SETTING`)."""
+
+    def flat(value, prefix: str) -> dict[str, str]:
+        if isinstance(value, dict):
+            return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}.{key}").items()}
+        return {prefix: str(value)}
+
+    return {k: v for part in SETTING for k, v in flat(config.get(part) or {}, part).items()}
+
+
 def refuse_other_settings(chosen: RunInfo, candidates: list[RunInfo], row: Row, column: Column) -> None:
-    """A cell shows the newest of its matching runs, so these must be runs of one method setting (re-runs): one
-    whose method option differs (an ablation's run matching a row that leaves the option open) would put another
-    setting's number in the cell without a word."""
-    mine = chosen.config.get("method") or {}
+    """A cell shows the newest of its matching runs, so these must be runs of one setting (re-runs): one whose
+    method option, model, data, decoding or timing differs (an ablation's run, or another budget, matching a row
+    that leaves the key open) would put another setting's number in the cell without a word."""
+    mine = setting_of(chosen.config)
     for other in candidates:
-        theirs = other.config.get("method") or {}
-        differ = sorted(k for k in mine.keys() & theirs.keys() if str(mine[k]) != str(theirs[k]))
+        theirs = setting_of(other.config)
+        differ = sorted(k for k in mine.keys() & theirs.keys() if mine[k] != theirs[k])
         if differ:
             raise SpecReproError(
                 f"row {' / '.join(map(str, row.label))}, column {column.label}: runs {chosen.name} and {other.name} "
-                f"both match but differ in method.{', method.'.join(differ)}: select the value the row means"
+                f"both match but differ in {', '.join(differ)}: select the value the row means"
             )
 
 
@@ -788,6 +805,28 @@ def keep_previous_rows(
     return body, renumbered, kept, sorted(origin)
 
 
+def newest_copies(runs: list[RunInfo]) -> list[RunInfo]:
+    """One record per run name, the newest: results dirs read together (new records and a table's committed inputs)
+    can hold two copies of a run decoded again under its name."""
+    newest: dict[str, RunInfo] = {}
+    for run in runs:
+        if run.name not in newest or run.order > newest[run.name].order:
+            newest[run.name] = run
+    return list(newest.values())
+
+
+def table_command(name, results_dirs, source, project, entity, group, out_dir, keep_rows) -> str:
+    """The `specrepro table` command that regenerates a table as it was written now."""
+    parts = ["specrepro table", str(name)]
+    if source == "wandb":
+        parts += ["--source wandb", f"--project {project}"]
+        parts += [f"--{key} {value}" for key, value in (("entity", entity), ("group", group)) if value]
+    else:
+        parts += [f"--results-dir {directory}" for directory in results_dirs]
+    parts += [f"--out-dir {out_dir}"] * (out_dir is not None) + ["--keep-rows"] * keep_rows
+    return " ".join(parts)
+
+
 def write_table(
     name: str,
     results_dir: str | Path | list = "results",
@@ -812,7 +851,9 @@ def write_table(
             if not (Path(directory) / "runs").is_dir():
                 raise SpecReproError(f"no run records in {directory} (no {Path(directory) / 'runs'} directory)")
     runs = local_runs(*results_dirs) if source == "local" else wandb_runs(project, entity, group)
+    runs = newest_copies(runs)  # a run re-decoded under its name: its new record, in the cells and the inputs alike
     header, body, footnotes = build_table(spec, runs)
+    command = command or table_command(name, results_dirs, source, project, entity, group, out_dir, keep_rows)
     out_dir = Path(out_dir) if out_dir is not None else Path(results_dirs[0]) / spec.paper
     md_path = out_dir / f"{spec.name}.md"
     csv_path = md_path.with_suffix(".csv")
@@ -832,7 +873,6 @@ def write_table(
             ", ".join(emptied),
         )
     by_name = {run.name: run for run in runs}
-    command = command or f"specrepro table {name}" + "".join(f" --results-dir {d}" for d in results_dirs)
     fresh = [by_name[n] for n in footnotes if n in by_name]
     footer = provenance_footer(fresh, command)
     after_machine = next(i for i, line in enumerate(footer) if line.startswith("- Machine:")) + 1
