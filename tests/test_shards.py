@@ -41,6 +41,21 @@ def test_a_killed_generation_resumes_at_its_batch(tmp_path):
     assert [int(t) for t in fresh] == [int(t) for t in results] and none_earlier == 0.0
 
 
+def test_a_generation_resumed_with_other_batches_makes_them_again(tmp_path):
+    """Saved batch K of 2 items is not batch K of 1 item: a generation killed at one batch size and resumed at
+    another would load other items' results in their place."""
+    saved, ran = tmp_path / ".labels-abc.batches", []
+
+    def ids(batch):
+        ran.append(batch)
+        return [x * 10 for x in batch]
+
+    assert map_batches([[0, 1], [2, 3]], ids, "ids", saved)[0] == [0, 10, 20, 30]
+    ran.clear()
+    assert map_batches([[0], [1], [2], [3]], ids, "ids", saved)[0] == [0, 10, 20, 30]
+    assert ran == [[0], [1], [2], [3]]
+
+
 def test_resume_false_forgets_saved_batches(tmp_path):
     saved = tmp_path / "work" / "trajectories.batches"
     map_batches([[1], [2]], lambda b: b, "ids", saved)

@@ -6,12 +6,14 @@ merged result (and the dataset a trainer caches from it) is the one a single pro
 alone writes a cache (`write_once`); the others wait for it.
 
 Each finished batch can be kept on disk (`saved_in`), so a generation killed after an hour resumes at the batch it
-was on instead of starting over; a batch is saved atomically, and a folder is only ever given the same batches
-(its name carries the hash of what they are made from).
+was on instead of starting over; a batch is saved atomically with a hash of its items, and loaded only for the same
+items (a generation resumed with another batch size makes its batches again).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 from contextlib import contextmanager, nullcontext
@@ -43,18 +45,20 @@ def map_batches(
     done, earlier_seconds, loaded = [], 0.0, 0
     for index in tqdm(mine, desc=desc, unit="batch", disable=not state.is_main_process):
         path = Path(saved_in) / f"{index:06d}.pt" if saved_in is not None else None
+        items = batch_digest(batches[index])
         if path is not None and path.is_file():
             saved = torch.load(path, weights_only=True)
-            done.append((index, saved["results"]))
-            earlier_seconds += saved["seconds"]
-            loaded += 1
-            continue
+            if saved.get("items") == items:  # else saved from other items (another batch size): made again
+                done.append((index, saved["results"]))
+                earlier_seconds += saved["seconds"]
+                loaded += 1
+                continue
         clock = suspension.clock()
         results = fn(batches[index])
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(f".{os.getpid()}.tmp")
-            torch.save({"results": results, "seconds": suspension.clock() - clock}, partial)
+            torch.save({"results": results, "seconds": suspension.clock() - clock, "items": items}, partial)
             os.replace(partial, path)
         done.append((index, results))
     if loaded:
@@ -62,6 +66,11 @@ def map_batches(
     if state.num_processes > 1:
         done = gather_object(done)
     return [result for _, results in sorted(done, key=lambda pair: pair[0]) for result in results], earlier_seconds
+
+
+def batch_digest(batch) -> str:
+    """A hash of a batch's items (indices, token ids, rows of them): a saved batch is loaded only for the same."""
+    return hashlib.sha256(json.dumps(batch, sort_keys=True, default=repr).encode()).hexdigest()
 
 
 def write_once(write: Callable[[], None]) -> None:
