@@ -155,15 +155,53 @@ def test_jacobi_on_trained_weights_equals_ar_on_them(tmp_path):
     )
 
 
+def consistency_stage(tmp_path, block_size: int, ref: str = "cllm_trajectories-m", *overrides):
+    from tests.test_config import compose_run
+
+    return compose_run(
+        "method=cllm",
+        "model=tiny_random",
+        f"training.trajectories={ref}",
+        f"training.block_size={block_size}",
+        f"artifacts_dir={tmp_path}",
+        *overrides,
+        config="train",
+    )
+
+
+def collected(tmp_path, name: str, block_size: int, age: float, target: dict | None = None, rows: bytes = b"") -> None:
+    """A trajectories artifact as the collecting stage publishes it: metadata, and the dataset in `trajectories/`."""
+    (tmp_path / name / "trajectories").mkdir(parents=True)
+    (tmp_path / name / "trajectories" / "data.arrow").write_bytes(rows)
+    meta = {"metrics": {"block_size": block_size}, **({"target": target} if target else {})}
+    (tmp_path / name / "artifact.json").write_text(json.dumps(meta))
+    os.utime(tmp_path / name / "artifact.json", (1e9 - age, 1e9 - age))
+
+
 def test_training_finds_the_trajectories_of_its_block_size(tmp_path):
     """The newest trajectories with training.block_size are used; an exact name of another n is refused."""
     for age, (name, n) in enumerate([("cllm_trajectories-m-new", 4), ("cllm_trajectories-m-old", 16)]):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "artifact.json").write_text(json.dumps({"metrics": {"block_size": n}}))
-        os.utime(tmp_path / name / "artifact.json", (1e9 - age, 1e9 - age))
-    assert find_trajectories("cllm_trajectories-m", tmp_path, 16).name == "cllm_trajectories-m-old"
-    assert find_trajectories("cllm_trajectories-m", tmp_path, 4).name == "cllm_trajectories-m-new"
+        collected(tmp_path, name, n, age)
+    assert find_trajectories(consistency_stage(tmp_path, 16)).name == "cllm_trajectories-m-old"
+    assert find_trajectories(consistency_stage(tmp_path, 4)).name == "cllm_trajectories-m-new"
     with pytest.raises(SpecReproError, match="block_size=8"):
-        find_trajectories("cllm_trajectories-m", tmp_path, 8)
+        find_trajectories(consistency_stage(tmp_path, 8))
     with pytest.raises(SpecReproError, match="block_size 4"):
-        find_trajectories("cllm_trajectories-m-old", tmp_path, 4)
+        find_trajectories(consistency_stage(tmp_path, 4, "cllm_trajectories-m-old"))
+
+
+def test_a_cllm_is_named_by_the_trajectories_it_trains_on_and_never_by_another_targets(tmp_path):
+    """Trajectories collected again (other prompts) train a new CLLM, not the one trained on the earlier ones; and
+    trajectories another target collected (another seed of the same model name) are not trained on."""
+    from specrepro.identity import run_target
+    from specrepro.training import artifact_path
+
+    stage = consistency_stage(tmp_path, 16)
+    collected(tmp_path, "cllm_trajectories-m-first", 16, 3.0, run_target(stage), b"first prompts")
+    first = artifact_path(stage)
+    collected(tmp_path, "cllm_trajectories-m-second", 16, 2.0, run_target(stage), b"more prompts")
+    second = artifact_path(stage)
+    assert second != first and artifact_path(stage) == second
+    other_seed = run_target(consistency_stage(tmp_path, 16, "cllm_trajectories-m", "model.random.seed=1"))
+    collected(tmp_path, "cllm_trajectories-m-other-target", 16, 1.0, other_seed, b"its own prompts")
+    assert find_trajectories(stage).name == "cllm_trajectories-m-second" and artifact_path(stage) == second

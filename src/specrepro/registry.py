@@ -50,6 +50,8 @@ class Method:
 class Component:
     trainer: Callable  # (cfg, target, work_dir, log_metrics, device) -> (model, metrics, history)
     schema: type  # the dataclass its `conf/training/` recipes extend
+    # (cfg) -> {role: {name, content_digest}} of the artifacts it trains from: part of its artifact's name
+    inputs: Callable | None = None
 
 
 METHODS: dict[str, Method] = {}
@@ -66,12 +68,13 @@ def register_method(schema: type):
     return decorate
 
 
-def register_component(*names: str, schema: type):
-    """Function decorator for a trainer: register it for each component `name` its recipes set, with `schema`."""
+def register_component(*names: str, schema: type, inputs: Callable | None = None):
+    """Function decorator for a trainer: register it for each component `name` its recipes set, with `schema`
+    and the artifacts it trains from (`inputs`)."""
 
     def decorate(trainer: Callable) -> Callable:
         for name in names:
-            COMPONENTS[name] = Component(trainer, schema)
+            COMPONENTS[name] = Component(trainer, schema, inputs)
         return trainer
 
     return decorate

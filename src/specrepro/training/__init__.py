@@ -11,10 +11,10 @@ from omegaconf import DictConfig, OmegaConf
 from specrepro import registry
 from specrepro.config import check_names, check_threads, weights_identity
 from specrepro.models import ModelLoader
-from specrepro.models.loading import unreadable_weights
 from specrepro.provenance import now, provenance
 from specrepro.reuse import note_reused
 from specrepro.tracking import config_hash, wandb_init
+from specrepro.models.loading import unreadable_weights
 from specrepro.training.artifacts import is_complete, publish, staging_dir
 from specrepro.training.loop import clear_checkpoints, validate_loop
 from specrepro.locks import lock_file
@@ -25,13 +25,18 @@ log = logging.getLogger(__name__)
 
 def artifact_path(cfg) -> Path:
     """`<artifacts_dir>/<component>-<model>-<hash of model + training config>` (and, for a target loaded from an
-    artifact, a local directory or the hub cache, of its weights: `identity.weights_key`)."""
+    artifact, a local directory or the hub cache, of its weights: `identity.weights_key`; of the artifacts a
+    component trains from, `Component.inputs`: new CLLM trajectories train a new CLLM)."""
     from specrepro.identity import weights_key
 
+    registry.load()
     content = OmegaConf.to_container(cfg, resolve=True)
     training, dtype = content["training"], content["hardware"]["dtype"]
+    inputs = registry.component(cfg.training.component).inputs
+    trained_from = inputs(cfg) if inputs else {}
     key = config_hash(
         {"model": weights_identity(content["model"]), "training": training, "dtype": dtype, **weights_key(cfg)}
+        | ({"inputs": trained_from} if trained_from else {})
     )
     return Path(cfg.artifacts_dir) / f"{cfg.training.component}-{cfg.model.name}-{key}"
 

@@ -335,12 +335,17 @@ def jacobi_speed(model, tokenizer, prompts: list[list[int]], block_size: int, ma
     return speed
 
 
-def find_trajectories(ref: str, artifacts_dir, block_size: int) -> Path:
-    """The trajectories `ref` names exactly, else the newest complete `<ref>-*` collected with n = `block_size`."""
+def find_trajectories(cfg) -> Path:
+    """The trajectories `training.trajectories` names exactly, else the newest complete `<ref>-*` collected with n =
+    `training.block_size` from this run's target (its config and weights: the ref names the model already)."""
+    from specrepro.identity import run_target
+
+    ref, artifacts_dir, block_size = cfg.training.trajectories, cfg.artifacts_dir, cfg.training.block_size
+    target = {key: value for key, value in run_target(cfg).items() if key != "name"}
     path = find_matching_artifact(
         ref,
         artifacts_dir,
-        None,
+        target,
         lambda p: json.loads((p / METADATA).read_text())["metrics"]["block_size"] == block_size,
     )
     if path is None:
@@ -351,9 +356,19 @@ def find_trajectories(ref: str, artifacts_dir, block_size: int) -> Path:
     return path
 
 
+def trajectories_input(cfg) -> dict:
+    """The trajectories consistency training reads, by name and content (none for the collecting stage)."""
+    from specrepro.identity import content_digest
+
+    if cfg.training.stage != "train":
+        return {}
+    path = find_trajectories(cfg)
+    return {"trajectories": {"name": path.name, "content_digest": content_digest(path / "trajectories")}}
+
+
 def train_consistency(cfg, target, work_dir, log_metrics, device):
     spec = cfg.training
-    source = find_trajectories(spec.trajectories, cfg.artifacts_dir, spec.block_size) / "trajectories"
+    source = find_trajectories(cfg) / "trajectories"
     trajectory_minutes = cost.artifact_minutes(source.parent)
     dataset = load_from_disk(str(source))
     held = set(range(spec.heldout_prompts))
@@ -395,7 +410,7 @@ def train_consistency(cfg, target, work_dir, log_metrics, device):
     return model, metrics, history
 
 
-@register_component("cllm_trajectories", "cllm", schema=CLLMTrainingConfig)
+@register_component("cllm_trajectories", "cllm", schema=CLLMTrainingConfig, inputs=trajectories_input)
 def train_cllm(cfg, target, work_dir, log_metrics, device):
     """`specrepro train method=cllm training.stage=trajectories|train`."""
     stage = cfg.training.stage
