@@ -116,6 +116,33 @@ def test_a_truncated_artifact_is_one_line_naming_it(tmp_path):
     assert time.monotonic() - start < 60
 
 
+def test_an_artifact_missing_or_cutting_a_file_it_was_published_with_is_damaged_for_runs_and_training(tmp_path):
+    """`publish` records each file's size: a file deleted or cut short that is not a safetensors file (a REST
+    datastore's tokens, a weights file gone) is found before anything loads it; an artifact.json that does not
+    read is one line, and `specrepro train` trains a damaged artifact again instead of skipping it."""
+    from specrepro.training.artifacts import artifact_damage, check_intact, publish, read_metadata
+
+    def published(name: str) -> Path:
+        staging = tmp_path / f".{name}.staging"
+        (staging / "datastore").mkdir(parents=True)
+        (staging / "datastore" / "tokens.npy").write_bytes(b"0123456789")
+        (staging / "config.json").write_text("{}")
+        return publish(staging, tmp_path / name, {"metrics": {}})
+
+    artifact = published("rest_datastore-tiny-00000000")
+    assert read_metadata(artifact)["files"] == {"config.json": 2, "datastore/tokens.npy": 10}
+    assert artifact_damage(artifact) is None and check_intact(artifact) == artifact
+    (artifact / "datastore" / "tokens.npy").write_bytes(b"01234")
+    with pytest.raises(SpecReproError, match=r"is damaged \(datastore/tokens.npy is 5 bytes, not the 10"):
+        check_intact(artifact)
+    (artifact / "datastore" / "tokens.npy").unlink()
+    assert artifact_damage(artifact) == "datastore/tokens.npy is missing"
+    (artifact / METADATA).write_text('{"metrics": {')
+    assert artifact_damage(artifact) == f"its {METADATA} does not read"
+    with pytest.raises(SpecReproError, match=f"rest_datastore-tiny-00000000 is damaged \\(its {METADATA}"):
+        find_artifact("rest_datastore", tmp_path, "tiny")
+
+
 def test_a_truncated_head_artifact_found_by_its_settings_is_an_error(tmp_path):
     artifact = tmp_path / "eesd_head-tiny-00000000"
     write_model(artifact)

@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from specrepro.config import ModelConfig, RandomArchConfig
 from specrepro.data import DatasetConfig
+from specrepro.errors import SpecReproError
 from specrepro.identity import content_digest
 from specrepro.models.loading import LoadedModel, load_tokenizer, random_llama
 from specrepro.training import cost
@@ -171,6 +172,8 @@ def test_train_sps_draft_then_decode_with_it(tmp_path):
     weights = artifact / "model.safetensors"
     tensors = load_file(weights)
     save_file({name: value + 0.01 for name, value in tensors.items()}, weights)
+    metadata["files"]["model.safetensors"] = weights.stat().st_size  # as `publish` records a retrain's files
+    (artifact / "artifact.json").write_text(json.dumps(metadata))
     again = specrepro("run", *FAST, "method=sps", "dataset.limit=2", "logger=none", cwd=tmp_path)
     assert "already complete" not in again.stdout + again.stderr
     runs = [p for k, p in run_dirs(tmp_path).items() if k.startswith("sps:")]
@@ -192,6 +195,28 @@ def test_a_bad_loop_option_fails_before_any_work(tmp_path, override, message):
     out = specrepro("train", "method=eesd", "model=tiny_random", override, cwd=tmp_path, check=False)
     assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "results" / "artifacts" / ".work").exists()  # nothing was prepared
+
+
+def test_held_out_settings_that_leave_nothing_to_train_or_measure_on_are_refused():
+    """A fraction of 1 or more held every sequence out (SAR then measured agreement on its training rows), a
+    negative one held one out; an empty training set divided by zero."""
+    from specrepro.training.distill_data import heldout_count
+    from specrepro.training.loop import LoopConfig, micro_batch_indices
+
+    assert heldout_count(20, 0.05) == 1 and heldout_count(20, 0.2) == 4
+    for fraction in (1.0, 1.5, 0.0, -0.5):
+        with pytest.raises(SpecReproError, match=f"training.heldout_fraction must be between 0 and 1, got {fraction}"):
+            heldout_count(20, fraction)
+    with pytest.raises(SpecReproError, match="leaves none to train on"):
+        heldout_count(1, 0.5)
+    with pytest.raises(SpecReproError, match="no training rows"):
+        micro_batch_indices(0, 0, 0, LoopConfig())
+
+
+def test_a_held_out_setting_out_of_range_is_one_line(tmp_path):
+    out = specrepro("train", *TINY_TRAINING, "training.heldout_fraction=1.5", cwd=tmp_path, check=False)
+    assert out.returncode == 2 and "training.heldout_fraction must be between 0 and 1, got 1.5" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_a_draft_wider_than_the_target_is_one_line_not_a_traceback(tmp_path):

@@ -14,8 +14,7 @@ from specrepro.models import ModelLoader
 from specrepro.provenance import now, provenance
 from specrepro.reuse import note_reused
 from specrepro.tracking import config_hash, wandb_init
-from specrepro.models.loading import unreadable_weights
-from specrepro.training.artifacts import is_complete, publish, staging_dir
+from specrepro.training.artifacts import artifact_damage, is_complete, publish, staging_dir
 from specrepro.training.loop import clear_checkpoints, validate_loop
 from specrepro.locks import lock_file
 from specrepro.training.shards import exclusive
@@ -74,12 +73,12 @@ def train(cfg) -> Path:
 
 def _train(cfg, state: PartialState, final: Path) -> Path:
     if cfg.resume and is_complete(final):
-        damaged = unreadable_weights(final)
-        if damaged is None:
+        damage = artifact_damage(final)
+        if damage is None:
             log.info("artifact %s is already trained; skipping (resume=false to retrain)", final)
             note_reused(f"artifact {final.name}")
             return final
-        log.warning("artifact %s is damaged (%s does not read back whole): training it again", final, damaged.name)
+        log.warning("artifact %s is damaged (%s): training it again", final, damage)
     registry.load()
     trainer = registry.component(cfg.training.component).trainer
     validate_loops(cfg.training)

@@ -49,7 +49,7 @@ def target_identity(model_cfg) -> dict:
 def trained_for(path: Path) -> dict:
     """The target an artifact was trained for, as recorded (older artifacts: their training config's model);
     {} when it records neither (made by hand)."""
-    meta = json.loads((path / METADATA).read_text())
+    meta = read_metadata(path)
     if "target" in meta:
         return meta["target"]
     model = (meta.get("config") or {}).get("model")
@@ -86,17 +86,49 @@ def check_target(path: Path, target: Target) -> Path:
     return path
 
 
+def read_metadata(path: Path) -> dict:
+    """An artifact's `artifact.json`; one line naming the artifact when it does not read (cut short, edited)."""
+    try:
+        meta = json.loads((path / METADATA).read_text())
+    except (OSError, ValueError) as exc:
+        meta = exc
+    if not isinstance(meta, dict):
+        raise SpecReproError(
+            f"artifact {path.name} is damaged (its {METADATA} does not read): delete {path} and train it again "
+            "with the `specrepro train` command that made it"
+        )
+    return meta
+
+
+def artifact_damage(path: Path) -> str | None:
+    """How a complete artifact does not hold what it was published with, or None: its metadata unreadable, a file
+    its metadata lists (`publish` records each one's size) missing or of another size, or a safetensors file
+    whose header or length is wrong."""
+    try:
+        listed = read_metadata(path).get("files", {})
+    except SpecReproError:
+        return f"its {METADATA} does not read"
+    for name, size in listed.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} is {file.stat().st_size} bytes, not the {size} it was published with"
+    bad = unreadable_weights(path)
+    return f"{bad.name} is truncated or unreadable" if bad is not None else None
+
+
 def is_complete(path: Path) -> bool:
     """A published artifact; a staging directory never is, even once its metadata is written."""
     return not path.name.endswith(".staging") and (path / METADATA).is_file()
 
 
 def check_intact(path: Path) -> Path:
-    """`path`, if its weights read back whole; else one clear error naming the artifact."""
-    bad = unreadable_weights(path)
-    if bad is not None:
+    """`path`, if it reads back whole (`artifact_damage`); else one clear error naming the artifact."""
+    damage = artifact_damage(path)
+    if damage is not None:
         raise SpecReproError(
-            f"artifact {path.name} is damaged ({bad.name} is truncated or unreadable): delete {path} "
+            f"artifact {path.name} is damaged ({damage}): delete {path} "
             "and train it again with the `specrepro train` command that made it"
         )
     return path
@@ -111,7 +143,10 @@ def staging_dir(final: Path) -> Path:
 
 
 def publish(staging: Path, final: Path, metadata: dict) -> Path:
-    """Mark the staged component complete and move it to its final place."""
+    """Mark the staged component complete, with the size of every file it holds (`artifact_damage` checks them),
+    and move it to its final place."""
+    files = {str(p.relative_to(staging)): p.stat().st_size for p in sorted(staging.rglob("*")) if p.is_file()}
+    metadata = metadata | {"files": {name: size for name, size in files.items() if name != METADATA}}
     atomic_write(staging / METADATA, json.dumps(metadata, indent=2, default=str) + "\n")
     if final.exists():
         shutil.rmtree(final)

@@ -23,7 +23,6 @@ Published as a full model (`cllm-*`), loaded for decoding with `model.source=art
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
 from specrepro.training import cost
-from specrepro.training.artifacts import METADATA, find_matching_artifact
+from specrepro.training.artifacts import find_matching_artifact, read_metadata
 from specrepro.training.loop import LoopConfig, micro_batch_indices, train_loop
 from specrepro.training.shards import BATCHES_SUFFIX, map_batches
 from specrepro.training.lora import LoRAConfig, with_lora
@@ -346,7 +345,7 @@ def find_trajectories(cfg) -> Path:
         ref,
         artifacts_dir,
         target,
-        lambda p: json.loads((p / METADATA).read_text())["metrics"]["block_size"] == block_size,
+        lambda p: read_metadata(p)["metrics"]["block_size"] == block_size,
     )
     if path is None:
         raise SpecReproError(

@@ -109,6 +109,20 @@ def generate_continuations(
     return unsorted, earlier_seconds
 
 
+def heldout_count(n_rows: int, fraction: float) -> int:
+    """How many of `n_rows` generated sequences `training.heldout_fraction` keeps out of training to measure the
+    draft's agreement on: at least one, and at least one left to train on."""
+    if not 0 < fraction < 1:
+        raise SpecReproError(f"training.heldout_fraction must be between 0 and 1, got {fraction}")
+    held = max(1, int(n_rows * fraction))
+    if held >= n_rows:
+        raise SpecReproError(
+            f"training.heldout_fraction={fraction} of {n_rows} generated sequence(s) leaves none to train on: "
+            "give the recipe more prompts"
+        )
+    return held
+
+
 def distill_cache_dir(cfg, kind: str, prompt_sets, tokens: int, max_prompt_tokens, dtype: str = "") -> Path:
     """`<artifacts_dir>/.work/<kind>-<hash>`: cached target outputs (`continuations`, `labels`) depend on the
     target (its config, and its weights where they are an artifact or a checkpoint), the prompt sets, the lengths

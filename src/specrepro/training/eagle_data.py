@@ -114,6 +114,11 @@ def target_features(model, rows: list[dict], autocast: bool, folder: Path) -> tu
 def conversation_features(cfg, target, spec, trainer: str) -> tuple[list[dict], list[torch.Tensor], float]:
     """A recipe's conversation rows (more than its `heldout_sequences`: `trainer` names the recipe in the error),
     the frozen target's features of each (the folder every budget and both drafters share) and their seconds."""
+    if spec.heldout_sequences < 1:
+        raise SpecReproError(
+            f"training.heldout_sequences must be at least 1 (the agreement is measured on them), got "
+            f"{spec.heldout_sequences}"
+        )
     rows = conversation_rows(spec.conversations, target.tokenizer, spec.max_tokens)
     if len(rows) <= spec.heldout_sequences:
         raise SpecReproError(

@@ -32,6 +32,7 @@ from specrepro.decoding.eesd import MAX_PREDICTOR_POSITION, CalibrationPredictor
 from specrepro.registry import register_component
 from specrepro.training import cost
 from specrepro.training.distill_data import (
+    heldout_count,
     batches,
     continuation_dataset,
     distill_cache_dir,
@@ -202,7 +203,7 @@ def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     )
     generated = [row for row in data if row["continuation_ids"]]
     random.Random(spec.loop.seed).shuffle(generated)
-    n_heldout = max(1, int(len(generated) * spec.heldout_fraction))
+    n_heldout = heldout_count(len(generated), spec.heldout_fraction)
     heldout, generated = generated[:n_heldout], generated[n_heldout:]
     plain = plain_rows(spec, target.tokenizer, spec.plain_rows) if spec.plain_from else []
     labeled, caches = [], [cache]

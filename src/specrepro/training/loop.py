@@ -73,6 +73,8 @@ def micro_batch_indices(step: int, micro: int, n_rows: int, cfg: LoopConfig) -> 
         raise SpecReproError(
             f"training.loop.batch_size={cfg.batch_size} does not split over {state.num_processes} processes"
         )
+    if not n_rows:
+        raise SpecReproError("no training rows: the recipe's data is empty after its limits and held-out split")
     position = (step * cfg.grad_accum + micro) * cfg.batch_size
     epoch, offset = divmod(position, n_rows)
     order = list(range(n_rows))

@@ -39,6 +39,7 @@ from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
 from specrepro.training import cost
 from specrepro.training.distill_data import (
+    heldout_count,
     continuation_dataset,
     continuation_hidden,
     distill_cache_dir,
@@ -208,7 +209,7 @@ def task_data(cfg, target, spec, joint: bool):
             spec.loop.bf16_autocast,
             caches[-1],
         )
-    n_heldout = max(1, int(len(rows) * spec.heldout_fraction))
+    n_heldout = heldout_count(len(rows), spec.heldout_fraction)
     return rows, hidden, n_heldout, [cost.recorded(cache) for cache in caches]
 
 
@@ -251,9 +252,9 @@ def train_sar_head(cfg, target, work_dir, log_metrics, device):
         rows, hidden, n_heldout, data_seconds = conversation_data(cfg, target, spec)
     else:
         rows, hidden, n_heldout, data_seconds = task_data(cfg, target, spec, joint)
-    heldout, train_rows = rows[:n_heldout], rows[n_heldout:] or rows
+    heldout, train_rows = rows[:n_heldout], rows[n_heldout:]
     if not joint:
-        train_hidden = hidden[n_heldout:] or hidden
+        train_hidden = hidden[n_heldout:]
 
     def heldout_hidden() -> list[torch.Tensor]:
         if not joint:

@@ -22,6 +22,7 @@ from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
 from specrepro.training import cost
 from specrepro.training.distill_data import (
+    heldout_count,
     batches,
     continuation_dataset,
     distill_cache_dir,
@@ -158,7 +159,7 @@ def train_sps_draft(cfg, target, work_dir, log_metrics, device):
     rows = [row for row in on_policy if row["continuation_ids"]]
     random.Random(spec.loop.seed).shuffle(rows)
     # agreement is measured on held-out on-policy continuations: what the draft meets when decoding
-    n_heldout = max(1, int(len(rows) * spec.heldout_fraction))
+    n_heldout = heldout_count(len(rows), spec.heldout_fraction)
     heldout, train_rows = rows[:n_heldout], rows[n_heldout:]
     if spec.labeled:
         caches.append(
