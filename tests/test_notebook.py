@@ -67,6 +67,11 @@ def test_analysis_notebook_executes_and_writes_plots(tiny_sweep, tmp_path, monke
 
     assert {p.name for p in (tmp_path / "plots").glob("*.png")} == PLOTS
     assert all((tmp_path / "plots" / name).stat().st_size > 1000 for name in PLOTS)
+    speedups = (tmp_path / "plots" / "speedup.csv").read_text()  # the numbers, then the runs' provenance
+    assert (
+        "\n# Machine: " in speedups
+        and "# Regenerate: `run notebooks/analysis.ipynb with SPECREPRO_RESULTS=" in speedups
+    )
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     hm_table = json.dumps(next(cell.outputs for cell in notebook.cells if cell.source.startswith("with_k = ")))
