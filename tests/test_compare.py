@@ -109,6 +109,16 @@ def test_compare_names_the_faster_run_also_from_committed_copies_and_refuses_oth
         f"- Regenerate: `specrepro compare {pld.name} {ar.name} --results-dir {committed.parent} --out {page}`" in text
     )
 
+    # two sides that differ in more than their method: said under the ratio
+    budget = committed.parent / "runs-other-budget"
+    shutil.copytree(committed / pld.name, budget / pld.name)
+    config = OmegaConf.load(budget / pld.name / "config.yaml")
+    config.decoding.max_new_tokens += 1
+    OmegaConf.save(config, budget / pld.name / "config.yaml")
+    assert "note:" not in out
+    compare_main([str(budget / pld.name), str(committed / ar.name)])
+    assert "note: the two sides differ in decoding.max_new_tokens, not only in their method" in capsys.readouterr().out
+
     # runs named together pool their turns (a method over several datasets): copies of both runs on other records
     pooled = tmp_path / "pooled" / "runs"
     for path in (pld, ar):

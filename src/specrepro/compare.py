@@ -16,11 +16,16 @@ import argparse
 import math
 from pathlib import Path
 
+import yaml
+
 from specrepro.errors import SpecReproError
 from specrepro.metrics.speed import relative_speedup
 from specrepro.provenance import machine_label
-from specrepro.tables import RunInfo, provenance_footer
+from specrepro.tables import RunInfo, provenance_footer, setting_of
 from specrepro.tracking import RunRecord, atomic_write
+
+
+COMPARED = ("model", "decoding", "timing")  # settings whose difference the ratio carries (the methods differ anyway)
 
 
 def find_run(name: str, results_dir: str) -> RunRecord:
@@ -89,6 +94,7 @@ def report(runs: list[RunRecord], others: list[RunRecord], result: dict) -> str:
     ratio, low, high = result["ratio"], result["low"], result["high"]
     verdict = "the first is faster" if low > 1 else "the second is faster" if high < 1 else "not resolved"
     interval = f"95% interval {low:.2f}x-{high:.2f}x" if math.isfinite(low) else "no interval from one turn"
+    differ = differences(runs, others)
     return "\n".join(
         [
             f"{label(runs)} over {label(others)}, {result['turns']} turns on the same prompts:",
@@ -96,8 +102,31 @@ def report(runs: list[RunRecord], others: list[RunRecord], result: dict) -> str:
             f"  {ratio:.2f}x ({interval}): {verdict}; the same tokens on {result['same_tokens']:.0%} of the turns",
             "  (the geometric mean over turns of the ratio of the two paired speedups; each turn over the ar timed "
             "beside it in its own run)",
+            *(
+                [f"  note: the two sides differ in {', '.join(differ)}, not only in their method: so does the ratio"]
+                if differ
+                else []
+            ),
         ]
     )
+
+
+def differences(runs: list[RunRecord], others: list[RunRecord]) -> list[str]:
+    """What differs between the two sides but the method: model, decoding or timing settings, or the machine."""
+
+    def side(records: list[RunRecord]) -> dict[str, set]:
+        values: dict[str, set] = {}
+        for record in records:
+            path = record.dir / "config.yaml"
+            config = yaml.safe_load(path.read_text()) if path.is_file() else {}
+            setting = {k: v for k, v in setting_of(config or {}).items() if k.split(".")[0] in COMPARED}
+            machine = (record.metrics().get("provenance") or {}).get("machine")
+            for key, value in (setting | {"machine": machine_label(machine) if machine else None}).items():
+                values.setdefault(key, set()).add(value)
+        return values
+
+    mine, theirs = side(runs), side(others)
+    return sorted(key for key in mine.keys() & theirs.keys() if mine[key] != theirs[key])
 
 
 def main(argv: list[str]) -> None:
