@@ -148,9 +148,12 @@ def publish(staging: Path, final: Path, metadata: dict) -> Path:
     files = {str(p.relative_to(staging)): p.stat().st_size for p in sorted(staging.rglob("*")) if p.is_file()}
     metadata = metadata | {"files": {name: size for name, size in files.items() if name != METADATA}}
     atomic_write(staging / METADATA, json.dumps(metadata, indent=2, default=str) + "\n")
+    replaced = final.with_name(f".{final.name}.replaced")  # a retrain's old copy, kept until the new one is in place
+    shutil.rmtree(replaced, ignore_errors=True)
     if final.exists():
-        shutil.rmtree(final)
+        final.rename(replaced)
     staging.rename(final)
+    shutil.rmtree(replaced, ignore_errors=True)
     return final
 
 
