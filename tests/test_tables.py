@@ -785,11 +785,7 @@ def test_a_run_decoded_again_under_its_name_fills_its_cell_inputs_and_footer_wit
     """New records read beside a table's committed inputs can hold a second copy of a run's name (decoded again
     after records were lost): the newer copy is the run, in the cell and in the inputs written, so the table still
     regenerates from its inputs alone; the footer's command regenerates it as written."""
-    tables_dir, records, out = tmp_path / "tables", tmp_path / "records", tmp_path / "out"
-    tables_dir.mkdir()
-    (tables_dir / "two.yaml").write_text(KEEP_TABLE)
-    _record(records, "ar-run", "ar", 1.0)
-    _record(records, "pld-run", "pld", 1.5)
+    (tables_dir, records), out = _two_runs(tmp_path), tmp_path / "out"
     write_table("two", records, tables_dir=tables_dir, out_dir=out)
     _amend(records, "pld-run", mat=1.25, provenance={"finished_at": "2026-01-02T00:00:00+00:00"})
     _amend(out, "pld-run", provenance={"finished_at": "2026-01-01T00:00:00+00:00"})
@@ -803,11 +799,7 @@ def test_a_run_decoded_again_under_its_name_fills_its_cell_inputs_and_footer_wit
 
 def test_a_comparison_page_keeps_the_inputs_it_names_when_a_table_is_regenerated(tmp_path):
     """`specrepro compare --out <table dir>/compare/PAGE.md` reads committed inputs no table names any more."""
-    tables_dir, records, out = tmp_path / "tables", tmp_path / "records", tmp_path / "out"
-    tables_dir.mkdir()
-    (tables_dir / "two.yaml").write_text(KEEP_TABLE)
-    _record(records, "ar-run", "ar", 1.0)
-    _record(records, "pld-run", "pld", 1.5)
+    (tables_dir, records), out = _two_runs(tmp_path), tmp_path / "out"
     write_table("two", records, tables_dir=tables_dir, out_dir=out)
     (out / "compare").mkdir()
     (out / "compare" / "page.md").write_text("`specrepro compare pld-run ar-run --results-dir out`\n")
