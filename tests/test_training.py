@@ -219,6 +219,24 @@ def test_a_held_out_setting_out_of_range_is_one_line(tmp_path):
     assert "Traceback" not in out.stderr
 
 
+def test_a_finished_artifact_is_reused_without_taking_its_lock(tmp_path, monkeypatch):
+    """Artifacts on read-only storage (an archive, a shared mount): `train` finds the finished one before it would
+    write a lock file beside it."""
+    from specrepro import training
+    from tests.test_config import compose_run
+
+    cfg = compose_run(*TINY_TRAINING, f"artifacts_dir={tmp_path}", config="train")
+    final = training.artifact_path(cfg)
+    final.mkdir()
+    (final / "artifact.json").write_text("{}")
+
+    def no_lock(*args):
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(training, "exclusive", no_lock)
+    assert training.train(cfg) == final
+
+
 def test_a_draft_wider_than_the_target_is_one_line_not_a_traceback(tmp_path):
     wider = [o for o in TINY_TRAINING if not o.startswith("training.draft.hidden_size")]
     out = specrepro("train", *wider, "training.draft.hidden_size=128", cwd=tmp_path, check=False)

@@ -67,18 +67,27 @@ def train(cfg) -> Path:
     check_names(cfg)
     check_threads(cfg.hardware.threads)
     final = artifact_path(cfg)
+    if trained_already(cfg, final, say_damage=False):  # before the lock: one on read-only storage is reused too
+        return final
     with exclusive(lock_file(final), f"training {final.name}"):  # a second job training it waits, then re-uses it
-        return _train(cfg, state, final)
+        return final if trained_already(cfg, final) else _train(cfg, state, final)
+
+
+def trained_already(cfg, final: Path, say_damage: bool = True) -> bool:
+    """Whether the artifact is made and whole (`resume=true`): reused, said so; a damaged one is trained again."""
+    if not (cfg.resume and is_complete(final)):
+        return False
+    damage = artifact_damage(final)
+    if damage is None:
+        log.info("artifact %s is already trained; skipping (resume=false to retrain)", final)
+        note_reused(f"artifact {final.name}")
+        return True
+    if say_damage:
+        log.warning("artifact %s is damaged (%s): training it again", final, damage)
+    return False
 
 
 def _train(cfg, state: PartialState, final: Path) -> Path:
-    if cfg.resume and is_complete(final):
-        damage = artifact_damage(final)
-        if damage is None:
-            log.info("artifact %s is already trained; skipping (resume=false to retrain)", final)
-            note_reused(f"artifact {final.name}")
-            return final
-        log.warning("artifact %s is damaged (%s): training it again", final, damage)
     registry.load()
     trainer = registry.component(cfg.training.component).trainer
     validate_loops(cfg.training)
