@@ -27,11 +27,11 @@ from specrepro.decoding.steps import EagerSteps
 from specrepro.errors import SpecReproError
 from specrepro.identity import (
     code_fingerprint,
+    identity_name,
     loaded_weights,
     records_fingerprint,
     reference_key,
     resolved_artifacts,
-    identity_name,
     run_name,
     setting_key,
 )
