@@ -322,7 +322,10 @@ def made_already(stage: dict, work_dir: Path, overrides: list[str]) -> str | Non
 
     command = stage_command(stage, work_dir, work_dir, overrides, "")
     [cfg] = composed(stage, "train", [command[command.index("train") + 1 :]])
-    path = artifact_path(cfg)
+    try:
+        path = artifact_path(cfg)
+    except SpecReproError:  # what it trains from is not made yet (an earlier stage collects it): nor is it
+        return None
     return path.name if is_complete(path) else None
 
 

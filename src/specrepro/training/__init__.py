@@ -22,17 +22,18 @@ from specrepro.training.shards import exclusive
 log = logging.getLogger(__name__)
 
 
-def artifact_path(cfg) -> Path:
+def artifact_path(cfg, inputs: bool = True) -> Path:
     """`<artifacts_dir>/<component>-<model>-<hash of model + training config>` (and, for a target loaded from an
     artifact, a local directory or the hub cache, of its weights: `identity.weights_key`; of the artifacts a
-    component trains from, `Component.inputs`: new CLLM trajectories train a new CLLM)."""
+    component trains from, `Component.inputs`: new CLLM trajectories train a new CLLM). `inputs=False`: the name
+    its settings alone give, for stages compared before anything is made."""
     from specrepro.identity import weights_key
 
     registry.load()
     content = OmegaConf.to_container(cfg, resolve=True)
     training, dtype = content["training"], content["hardware"]["dtype"]
-    inputs = registry.component(cfg.training.component).inputs
-    trained_from = inputs(cfg) if inputs else {}
+    declared = registry.component(cfg.training.component).inputs
+    trained_from = declared(cfg) if declared and inputs else {}
     key = config_hash(
         {"model": weights_identity(content["model"]), "training": training, "dtype": dtype, **weights_key(cfg)}
         | ({"inputs": trained_from} if trained_from else {})
