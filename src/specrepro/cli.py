@@ -96,9 +96,9 @@ def run_job(cfg: DictConfig) -> None:
         metrics = run(cfg, group=sweep_group())
     except Exception as exc:
         error = as_user_error(exc)
-        if error is None and not sweeping:  # a bug: its traceback
-            raise
-        if error is None:  # a bug in a sweep: its traceback in the log, and the other jobs and the table go on
+        if error is None:  # a bug: its traceback; in a sweep, in the log, and the other jobs and the table go on
+            if not sweeping:
+                raise
             log.exception("job %s failed", HydraConfig.get().job.num)
             (output_dir / FAILURE_FILE).write_text(f"{type(exc).__name__}: {exc}\n".splitlines()[0] + "\n")
             return

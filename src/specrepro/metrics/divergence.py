@@ -96,11 +96,10 @@ def ar_logits_and_rounding(
     before = ar_tokens[:position]
     one_row = position_logits(steps, prompt, before, 1)
     layouts = [(width, False) for width in widths] + [(width, True) for width in tree_widths]
-    changes = [
-        float((position_logits(steps, prompt, before, width, tree, ahead) - one_row).abs().max())
+    changes = [  # `ar`'s tokens from the position up to the width: the rows after the position's
+        float((position_logits(steps, prompt, before, width, tree, ar_tokens[position:width]) - one_row).abs().max())
         for width, tree in layouts
         if before
-        for ahead in [ar_tokens[position : position + max(width - position, 0)]]
     ]
     return one_row, max(changes, default=0.0)
 

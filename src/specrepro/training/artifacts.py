@@ -90,8 +90,8 @@ def read_metadata(path: Path) -> dict:
     """An artifact's `artifact.json`; one line naming the artifact when it does not read (cut short, edited)."""
     try:
         meta = json.loads((path / METADATA).read_text())
-    except (OSError, ValueError) as exc:
-        meta = exc
+    except (OSError, ValueError):
+        meta = None
     if not isinstance(meta, dict):
         raise SpecReproError(
             f"artifact {path.name} is damaged (its {METADATA} does not read): delete {path} and train it again "
