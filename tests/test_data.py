@@ -327,3 +327,14 @@ def test_a_binary_dataset_file_is_one_line_naming_it(tmp_path, name, content):
     binary.write_bytes(content)
     with pytest.raises(SpecReproError, match=re.escape(f"{binary}: not a UTF-8 text")):
         load_records(config(path=str(binary), task="gsm8k" if ".jsonl" in name else "alpaca"))
+
+
+def test_json_lines_are_read_as_written():
+    """A column whose rows differ in type (Spec-Bench's `reference`: strings for math, lists for rag) keeps its
+    values: MT-Bench question 112 has the same reference read from either file, the string "12000"."""
+    mt_bench = {r.id: r for r in load_records(compose_dataset("mt_bench"))}
+    spec_bench = {r.id: r for r in load_records(compose_dataset("spec_bench", "category=math"))}
+    for question in ("112", "119"):
+        assert spec_bench[question].fields["references"] == mt_bench[question].fields["references"]
+        assert spec_bench[question].reference == mt_bench[question].reference
+    assert spec_bench["112"].reference == "12000"

@@ -1,8 +1,9 @@
 """Reading raw rows: bundled or local JSON/JSON-lines files (optionally gzipped), files inside an installed
 package (`pkg:<module>:<path in it>`) and Hugging Face Hub sets.
 
-JSON-lines files go through `datasets` (cached under ~/.cache/specrepro/datasets); whole-document JSON
-files (a list of records, or a dict of id -> record like PubMedQA) are read with the standard library.
+Files are read with the standard library, as they are: `datasets`' JSON loader rewrites a column whose rows differ
+in type (Spec-Bench's `reference`: lists of strings and of lists) and turns its numeric strings into numbers.
+Whole-document JSON files hold a list of records, or a dict of id -> record like PubMedQA.
 Every failure a user can cause becomes one SpecReproError line that names the file (and line).
 """
 
@@ -11,7 +12,6 @@ import gzip
 import importlib.resources
 import json
 import logging
-import os
 import re
 import zlib
 from pathlib import Path
@@ -62,7 +62,7 @@ def read_rows(path: str, hf_config: str | None = None, split: str = "test") -> l
         return _read_hub(path[len(HF_PREFIX) :], hf_config, split)
     file = resolve_path(path)
     if _suffix(file) == ".jsonl":
-        return _read_json_lines(file)
+        return _parse_json_lines(file)
     document = complete_list_items(file) if path.startswith(PACKAGE_PREFIX) else read_json_document(file)
     if isinstance(document, dict):  # id -> record (PubMedQA), or id -> value
         return [
@@ -109,16 +109,6 @@ def complete_list_items(file: Path) -> list:
         items.append(item)
 
 
-def _read_json_lines(file: Path) -> list[dict]:
-    """Rows of a JSON-lines file via `datasets`; if it refuses the file, find and name the bad line."""
-    try:
-        with _quiet_datasets():
-            table = datasets.load_dataset("json", data_files=str(file), split="train", cache_dir=str(_cache_dir()))
-        return table.to_list()
-    except Exception:  # datasets raises many kinds; reading line by line says what is wrong
-        return _parse_json_lines(file)
-
-
 def _parse_json_lines(file: Path) -> list[dict]:
     """Rows of a JSON-lines file read line by line; the first malformed line is named in the error."""
     rows = []
@@ -157,7 +147,7 @@ def _quiet_datasets():
     hub_logger = logging.getLogger("huggingface_hub")
     hub_level = hub_logger.level
     datasets.utils.disable_progress_bars()
-    datasets.utils.logging.set_verbosity(logging.CRITICAL)  # a file it refuses is named in our own one line
+    datasets.utils.logging.set_verbosity(logging.CRITICAL)  # its errors end as our own one line
     hub_logger.setLevel(logging.ERROR)
     try:
         yield
@@ -166,10 +156,6 @@ def _quiet_datasets():
         datasets.utils.logging.set_verbosity(datasets_level)
         if bars_were_on:
             datasets.utils.enable_progress_bars()
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specrepro" / "datasets"
 
 
 def _suffix(file: Path) -> str:
