@@ -8,11 +8,18 @@ import re
 import pytest
 from hydra import compose, initialize_config_dir
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import LlamaTokenizer, PreTrainedTokenizerFast
 
 from specrepro.cli import CONF_DIR
 from specrepro.config import register_configs
-from specrepro.data import BUNDLED_DIR, DatasetConfig, completion_for_scoring, load_records, render_prompt
+from specrepro.data import (
+    BUNDLED_DIR,
+    DatasetConfig,
+    completion_for_scoring,
+    load_records,
+    prompt_ids,
+    render_prompt,
+)
 from specrepro.data.files import read_rows
 from specrepro.errors import SpecReproError
 
@@ -338,3 +345,17 @@ def test_json_lines_are_read_as_written():
         assert spec_bench[question].fields["references"] == mt_bench[question].fields["references"]
         assert spec_bench[question].reference == mt_bench[question].reference
     assert spec_bench["112"].reference == "12000"
+
+
+@pytest.mark.parametrize("adds_bos", [True, False], ids=["llama", "no_bos"])
+def test_a_prompt_begins_with_one_bos_where_the_tokenizer_adds_one(adds_bos):
+    """LLaMA's tokenizer begins every text with <s> (Llama-2's tokenizer_config.json: add_bos_token), as the papers'
+    code tokenizes a raw prompt; a chat template that writes <s> itself gets no second one."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate("▁abcdefghijklmnopqrstuvwxyz")}}
+    tokenizer = LlamaTokenizer(vocab=vocab, merges=[], add_bos_token=adds_bos)
+    tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
+    for name in ("humaneval", "humaneval_x_python"):  # completion style, then chat
+        cfg = compose_dataset(name, "limit=1")
+        ids = prompt_ids(load_records(cfg)[0], tokenizer, cfg)
+        bos_count = 1 if adds_bos or cfg.prompt_style == "chat" else 0
+        assert ids[:bos_count] == [1] * bos_count and ids.count(1) == bos_count

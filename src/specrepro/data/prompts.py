@@ -168,7 +168,8 @@ LITERAL = "\ue000"  # a private-use character: brackets the index of a special t
 def prompt_ids(record, tokenizer, cfg, history: Sequence[str] = ()) -> list[int]:
     """The token ids of `render_prompt`'s text, the data's text tokenized as text: a special token's string in a
     record or an answer (`<|im_end|>`, `<|im_start|>system`) stays those characters, never a template's turn. Text
-    without one tokenizes exactly as the whole rendered prompt does."""
+    without one tokenizes exactly as the whole rendered prompt does. A tokenizer that begins every text with its BOS
+    (LLaMA's) begins the prompt with it once: a chat template that writes it is not given a second."""
     specials = sorted(
         {token.content for token in getattr(tokenizer, "added_tokens_decoder", {}).values() if token.special},
         key=len,
@@ -185,14 +186,22 @@ def prompt_ids(record, tokenizer, cfg, history: Sequence[str] = ()) -> list[int]
         record, tokenizer, cfg, history, lambda content: pattern.sub(bracket, content) if pattern else content
     )
     if not literals:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return with_bos(tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer)
     ids = []
     for index, piece in enumerate(text.split(LITERAL)):  # template text, a literal's index, template text, ...
         literal = index % 2 == 1
         ids += tokenizer(
             literals[int(piece)] if literal else piece, add_special_tokens=False, split_special_tokens=literal
         )["input_ids"]
-    return ids
+    return with_bos(ids, tokenizer)
+
+
+def with_bos(ids: list[int], tokenizer) -> list[int]:
+    """`ids` led by the BOS token where the tokenizer puts one before every text and `ids` do not begin with it."""
+    bos = tokenizer.bos_token_id
+    if bos is None or ids[:1] == [bos] or tokenizer("")["input_ids"][:1] != [bos]:
+        return ids
+    return [bos, *ids]
 
 
 def _render(record, tokenizer, cfg, history: Sequence[str], as_text: Callable[[str], str]) -> str:
