@@ -359,3 +359,21 @@ def test_a_prompt_begins_with_one_bos_where_the_tokenizer_adds_one(adds_bos):
         ids = prompt_ids(load_records(cfg)[0], tokenizer, cfg)
         bos_count = 1 if adds_bos or cfg.prompt_style == "chat" else 0
         assert ids[:bos_count] == [1] * bos_count and ids.count(1) == bos_count
+
+
+def test_decontamination_finds_a_shared_stretch_of_one_and_a_half_widths_wherever_it_starts():
+    """overlap.py's promise, which DATA.md repeats for the ids files it wrote: every stretch of 1.5 x WIDTH characters
+    that a training text shares with a question is found, at any offset in either (a WIDTH one need not be)."""
+    from specrepro.data.overlap import WIDTH, every_passage, passages, quotes, shares_a_passage
+    from specrepro.data.records import Record
+
+    question = Record("q", ["Question: " + " ".join(f"word{i}" for i in range(40))])
+    known, every = passages([question]), every_passage([question])
+    found = []
+    for length in (WIDTH, WIDTH * 3 // 2):
+        for start in range(WIDTH):
+            text = f"Please Answer:  {question.turns[0][start : start + length].upper()} thanks"
+            found.append((length, shares_a_passage(Record("t", [text]), known), quotes(text, every)))
+    assert {(length, a, b) for length, a, b in found if length > WIDTH} == {(WIDTH * 3 // 2, True, True)}
+    assert not all(a for length, a, _ in found if length == WIDTH)
+    assert f"{WIDTH * 3 // 2} characters" in DATA_MD.read_text()
