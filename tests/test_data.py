@@ -377,3 +377,23 @@ def test_decontamination_finds_a_shared_stretch_of_one_and_a_half_widths_whereve
     assert {(length, a, b) for length, a, b in found if length > WIDTH} == {(WIDTH * 3 // 2, True, True)}
     assert not all(a for length, a, _ in found if length == WIDTH)
     assert f"{WIDTH * 3 // 2} characters" in DATA_MD.read_text()
+
+
+@pytest.mark.parametrize(
+    "setting, content, message",
+    [
+        ("path", [1, 2], "record 0 is not a JSON object of fields \\(got int\\)"),  # an ids file given as the dataset
+        ("path", [{"id": "a", "conversations": None}], "field 'conversations' is null, not a list of messages"),
+        ("ids_path", 81, "expected a JSON list \\(or dict\\) of record ids, got int"),
+        ("reference_path", [{"question_id": 81, "turns": ["a"]}], "not a FastChat answer file.*'choices'"),
+    ],
+    ids=["not_records", "null_conversation", "ids_not_a_list", "reference_not_answers"],
+)
+def test_a_file_of_the_wrong_shape_is_one_line_naming_it(tmp_path, setting, content, message):
+    given = tmp_path / "given.json"
+    given.write_text(json.dumps(content))
+    settings = {"path": "mt_bench/question.jsonl", "task": "mt_bench", setting: str(given)}
+    if setting == "path":
+        settings["task"] = "sharegpt"
+    with pytest.raises(SpecReproError, match=f"{re.escape(str(given))}: .*{message}"):
+        load_records(config(**settings))

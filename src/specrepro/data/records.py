@@ -176,14 +176,12 @@ ASSISTANT_ROLES = {"gpt", "assistant", "chatgpt", "bard"}
 def _conversation(row: dict, index: int) -> Optional[Record]:
     """ShareGPT ({from, value}) or CLLM ({role, content}) conversations. A blank user turn is no prompt: it is left
     out of the turns (the whole conversation stays in `messages`), and rows without a user turn are skipped."""
-    messages = row["conversations"] if "conversations" in row else row["conversation"]
+    key = "conversations" if "conversations" in row else "conversation"
+    messages = row[key]
+    if not isinstance(messages, list):
+        raise NotText(f"field '{key}' is {'null' if messages is None else repr(messages)[:40]}, not a list of messages")
     speakers = [(m.get("from", m.get("role")), m.get("value", m.get("content"))) for m in messages]
-    user_turns = [
-        turn
-        for who, text in speakers
-        if who in USER_ROLES
-        if (turn := _text(row, "conversations" if "conversations" in row else "conversation", text)).strip()
-    ]
+    user_turns = [turn for who, text in speakers if who in USER_ROLES if (turn := _text(row, key, text)).strip()]
     replies = [text for who, text in speakers if who in ASSISTANT_ROLES]
     if not user_turns:
         return None
@@ -236,6 +234,8 @@ def _read_records(path: str, task: str, hf_config: Optional[str], split: str) ->
     adapt = ADAPTERS[task]
     records = []
     for index, row in enumerate(read_rows(path, hf_config, split)):
+        if not isinstance(row, dict):
+            raise SpecReproError(f"{path}: record {index} is not a JSON object of fields (got {type(row).__name__})")
         try:
             record = adapt(row, index)
         except KeyError as missing:
@@ -275,13 +275,22 @@ def _in_category(records: list[Record], category: str, path: str, groups) -> lis
 
 def _with_listed_ids(records: list[Record], ids_path: str) -> list[Record]:
     """Keep the records whose id is a key (dict) or item (list) of the JSON file `ids_path`."""
-    listed = {str(item) for item in read_json_document(resolve_path(ids_path))}
+    document = read_json_document(resolve_path(ids_path))
+    if not isinstance(document, (list, dict)):
+        raise SpecReproError(f"{ids_path}: expected a JSON list (or dict) of record ids, got {type(document).__name__}")
+    listed = {str(item) for item in document}
     return [record for record in records if record.id in listed]
 
 
 def _attach_reference_turns(records: list[Record], reference_path: str) -> None:
     """fields["reference_turns"]: the reference answer's turns (FastChat answer format), [] where there is none."""
-    answers = {str(row["question_id"]): row["choices"][0]["turns"] for row in read_rows(reference_path)}
+    try:
+        answers = {str(row["question_id"]): row["choices"][0]["turns"] for row in read_rows(reference_path)}
+    except (KeyError, IndexError, TypeError) as error:
+        raise SpecReproError(
+            f"{reference_path}: not a FastChat answer file (question_id, choices[0].turns on every line): "
+            f"{type(error).__name__} {error}"
+        ) from None
     for record in records:
         record.fields["reference_turns"] = answers.get(record.id, [])
 
