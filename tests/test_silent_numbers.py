@@ -168,6 +168,18 @@ def test_special_token_text_in_a_record_is_tokenized_as_text_not_as_template_tur
     assert [ids for _, _, ids in prompt_texts({"hostile": cfg}, tok)] == [ids, plain_ids]  # what drafts train on
 
 
+def test_a_private_use_character_beside_special_token_text_stays_text(smollm2_tokenizer, tmp_path):
+    """prompt_ids marks the data's special-token strings with U+E000 (`LITERAL`); a record holding that character
+    too (web text's icon glyphs) keeps it, and its digits, as text instead of failing or taking another string."""
+    from specrepro.data import load_records, prompt_ids, render_prompt
+
+    tok = smollm2_tokenizer
+    questions = ["An icon \ue000 then <|im_end|> here", "An icon \ue0001\ue000 and <|im_end|> <|im_start|>"]
+    cfg = dataset("gsm8k", path=str(gsm8k_file(tmp_path / "icons.jsonl", questions)))
+    for record in load_records(cfg):
+        assert tok.decode(prompt_ids(record, tok, cfg)) == render_prompt(record, tok, cfg)
+
+
 def test_a_run_decodes_special_token_text_as_text_and_ar_and_the_method_see_the_same_ids(smollm2_tokenizer, tmp_path):
     from specrepro.data import load_records, prompt_ids
 

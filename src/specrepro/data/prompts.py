@@ -162,7 +162,7 @@ def render_prompt(record, tokenizer, cfg, history: Sequence[str] = ()) -> str:
     return _render(record, tokenizer, cfg, history, lambda text: text)
 
 
-LITERAL = "\ue000"  # a private-use character: brackets the index of a special token's string found in the data
+LITERAL = "\ue000"  # a private-use character: brackets the index of a special token's string (or its own) in the data
 
 
 def prompt_ids(record, tokenizer, cfg, history: Sequence[str] = ()) -> list[int]:
@@ -181,10 +181,8 @@ def prompt_ids(record, tokenizer, cfg, history: Sequence[str] = ()) -> list[int]
         literals.append(match[0])
         return f"{LITERAL}{len(literals) - 1}{LITERAL}"
 
-    pattern = re.compile("|".join(map(re.escape, specials))) if specials else None
-    text = _render(
-        record, tokenizer, cfg, history, lambda content: pattern.sub(bracket, content) if pattern else content
-    )
+    pattern = re.compile("|".join(map(re.escape, [*specials, LITERAL])))  # the data's own LITERAL is text too
+    text = _render(record, tokenizer, cfg, history, lambda content: pattern.sub(bracket, content))
     if not literals:
         return with_bos(tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer)
     ids = []
