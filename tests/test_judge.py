@@ -74,13 +74,21 @@ def test_grade_scores_per_category_and_reports_unparsed():
             ratings[k] for k in ("answer 1.2", "answer 2.2", "answer 1.1", "answer 2.1") if k in messages[1]["content"]
         )
 
-    metrics, judgments = grade(records, rows, chat)
+    metrics, judgments = grade(records, rows, chat, force_rating=True)
     assert len(judgments) == 4
     assert metrics["mt_bench_unparsed"] == 0.25 and metrics["mt_bench_forced"] == 0.25
     assert [j["forced"] for j in judgments] == [False, True, False, False]
     assert metrics["mt_bench_writing"] == 7.0 and metrics["mt_bench_math"] == 3.0
     assert metrics["mt_bench_score"] == pytest.approx((8 + 6 + 3) / 3)
     assert metrics["mt_bench_turn_1"] == 5.5 and metrics["mt_bench_turn_2"] == 6.0
+
+
+def test_a_judge_rating_in_the_cues_words_is_not_forced_unless_the_judge_forces():
+    """GPT-4 often ends a judgment with "\n\nRating: [[8]]", the text FORCED_RATING_CUE appends."""
+    records, rows = _records_and_rows()
+    metrics, judgments = grade(records, rows, lambda messages: "Helpful and accurate." + FORCED_RATING_CUE + "8]]")
+    assert metrics["mt_bench_score"] == 8.0 and metrics["mt_bench_forced"] == 0.0
+    assert not any(j["forced"] for j in judgments)
 
 
 def test_cached_judge_pays_once(tmp_path):

@@ -202,8 +202,12 @@ def _plain(node):
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
-def grade(records, rows: list[dict], chat: Callable[[list[dict]], str]) -> tuple[dict, list[dict]]:
-    """Judge every turn of sample 0 of each row; (metrics, per-judgment rows).
+def grade(
+    records, rows: list[dict], chat: Callable[[list[dict]], str], force_rating: bool = False
+) -> tuple[dict, list[dict]]:
+    """Judge every turn of sample 0 of each row; (metrics, per-judgment rows). `force_rating`: whether `chat`
+    appends FORCED_RATING_CUE to a judgment without a rating (a local judge's `force_rating`); without it no
+    judgment counts as forced, though a judge's own "...\n\nRating: [[8]]" holds the cue's text.
 
     metrics: mt_bench_score (mean rating over parsed judgments), mt_bench_<category>, mt_bench_turn_<t>,
     mt_bench_unparsed (fraction of judgments with no rating), mt_bench_forced (fraction rated only after
@@ -226,7 +230,7 @@ def grade(records, rows: list[dict], chat: Callable[[list[dict]], str]) -> tuple
                     "category": category,
                     "turn": turn + 1,
                     "rating": parse_rating(text),
-                    "forced": FORCED_RATING_CUE in text and parse_rating(free_text) is None,
+                    "forced": force_rating and FORCED_RATING_CUE in text and parse_rating(free_text) is None,
                     "judgment": text,
                 }
             )
@@ -264,7 +268,7 @@ def judge_run(cfg, records, rows: list[dict], loader, run_dir: Path) -> dict:
         raise SpecReproError(f"judge.name must be none, local or openai; got '{judge_cfg.name}'")
     cache_dir = Path(judge_cfg.cache_dir or Path(cfg.results_dir) / "judgments")
     judge = CachedJudge(judge_cfg, cache_dir, backend, judge_weights(cfg))
-    metrics, judgments = grade(records, rows, judge)
+    metrics, judgments = grade(records, rows, judge, judge_cfg.name == "local" and judge_cfg.force_rating)
     atomic_write(Path(run_dir) / "judgments.jsonl", "".join(json.dumps(j) + "\n" for j in judgments))
     log.info(
         "MT-Bench: %d judgments (%d cached), %.0f%% unparsed",
