@@ -77,6 +77,8 @@ def test_rouge_corpus_uses_local_evaluate_module_offline(tmp_path):
         ("12 before the marker #### 42 and 99 after", "42"),
         ("#### -3.25", "-3.25"),
         ("the marker has no number: 8 then ####", "8"),
+        ("#### Step 1: one box\n3 * 4 = 12\n#### Step 2: five boxes\n12 * 5 = 60", "60"),  # markdown headings
+        ("#### 60\n#### Check: 5 * 12", "60"),
         ("no digits at all", None),
         ("", None),
     ],

@@ -19,6 +19,7 @@ METRICS = ("rouge", "gsm8k_acc", "pass_at_k", "mt_bench", "spec_bench", "none")
 SPEC_BENCH_METRICS = {"math_reasoning": "gsm8k_acc", "summarization": "rouge", "translation": "rouge"}
 _EVALUATE_MODULES = Path(__file__).parent / "evaluate_modules"
 _NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+_MARKED_NUMBER = re.compile(rf"####\s*({_NUMBER.pattern})")  # GSM8K's "#### 72"; not a markdown "#### Step 2"
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,15 +55,14 @@ def rouge_corpus(predictions: list[str], references: list[str]) -> dict[str, flo
 
 
 def gsm8k_answer(text: str) -> Optional[str]:
-    """The final answer: the number after the last '####', else the last number; None if there is none.
+    """The final answer: the number right after the last '####' followed by one, else the last number; None if
+    there is none.
 
     Commas, '$' and a trailing '.' are dropped: '#### $1,234.' -> '1234'.
     """
-    marker = text.rfind("####")
-    if marker != -1:
-        after_marker = _NUMBER.search(text, marker)
-        if after_marker:
-            return _normalise_number(after_marker.group())
+    marked = _MARKED_NUMBER.findall(text)
+    if marked:
+        return _normalise_number(marked[-1])
     numbers = _NUMBER.findall(text)
     return _normalise_number(numbers[-1]) if numbers else None
 
