@@ -115,6 +115,8 @@ def test_cached_judge_pays_once(tmp_path):
     retrained = CachedJudge(cfg, tmp_path, backend, weights={"model": {"name": "j", "content_digest": "b"}})
     retrained(messages)
     assert len(calls) == 3  # other weights behind the same judge config judge again
+    CachedJudge(cfg, tmp_path, backend, hardware={"device": "cpu", "dtype": "bfloat16"})(messages)
+    assert len(calls) == 4  # a local judge in bf16 judges again what it judged in fp32
 
 
 def test_a_local_judge_checkpoint_saved_again_at_its_path_is_part_of_the_judgment_key(tmp_path):
@@ -223,6 +225,7 @@ def test_local_judge_run_reports_unparsed_fraction_and_reuses_judgments(tmp_path
     assert metrics["mt_bench_unparsed"] == unparsed  # a random judge rarely rates: reported, not dropped
     cached = sorted((tmp_path / "results" / "judgments").glob("*/*.json"))
     assert len(cached) == 4
+    assert json.loads(cached[0].read_text())["hardware"]["device"] == "cpu"  # part of each judgment's key
 
     proc = specrepro(*args, "resume=false", cwd=tmp_path)
     assert "4 cached" in proc.stderr + proc.stdout

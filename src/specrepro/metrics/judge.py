@@ -168,7 +168,12 @@ class CachedJudge:
     """Judgments keyed by a hash of everything that determines them; the backend starts only on a miss."""
 
     def __init__(
-        self, cfg, cache_dir: Path, backend: Callable[[], Callable[[list[dict]], str]], weights: dict | None = None
+        self,
+        cfg,
+        cache_dir: Path,
+        backend: Callable[[], Callable[[list[dict]], str]],
+        weights: dict | None = None,
+        hardware: dict | None = None,
     ):
         self.dir = Path(cache_dir) / judge_label(cfg)
         self.identity = {
@@ -181,6 +186,8 @@ class CachedJudge:
         }
         if weights:  # a local judge's checkpoint content (identity.judge_weights); none keeps older keys valid
             self.identity["weights"] = weights
+        if hardware:  # what a local judge runs on (device, dtype, kernels): a bf16 judge judges otherwise than fp32
+            self.identity["hardware"] = hardware
         self._backend, self._chat = backend, None
         self.hits = self.misses = 0
 
@@ -267,7 +274,8 @@ def judge_run(cfg, records, rows: list[dict], loader, run_dir: Path) -> dict:
     else:
         raise SpecReproError(f"judge.name must be none, local or openai; got '{judge_cfg.name}'")
     cache_dir = Path(judge_cfg.cache_dir or Path(cfg.results_dir) / "judgments")
-    judge = CachedJudge(judge_cfg, cache_dir, backend, judge_weights(cfg))
+    hardware = _plain(cfg.hardware) | {"device": str(loader.device)} if judge_cfg.name == "local" else None
+    judge = CachedJudge(judge_cfg, cache_dir, backend, judge_weights(cfg), hardware)
     metrics, judgments = grade(records, rows, judge, judge_cfg.name == "local" and judge_cfg.force_rating)
     atomic_write(Path(run_dir) / "judgments.jsonl", "".join(json.dumps(j) + "\n" for j in judgments))
     log.info(
