@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import DynamicCache, StaticCache
+from tokenizers import Tokenizer, normalizers, trainers
+from tokenizers import decoders as text_decoders
+from tokenizers import models as bpe_models
+from transformers import DynamicCache, LlamaTokenizerFast, StaticCache
 
 from specrepro import decoding
 from specrepro.decoding.ar import ARDecoder
-from specrepro.decoding.base import GenerationBuilder
+from specrepro.decoding.base import GenerationBuilder, completion_text
 from specrepro.decoding.controllers import FixedLength, HeuristicLength
 from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder, lookup_ngram
@@ -339,3 +342,28 @@ def test_no_decoder_attribute_is_set_outside_its_constructor():
                             ):
                                 found.append(f"{path.name}: {cls.name}.{method.name} sets self.{element.attr}")
     assert not found, found
+
+
+def test_a_completion_keeps_its_leading_space_under_a_llama_tokenizer():
+    """Llama-2's tokenizer.json decoder strips one leading space from a text: a HumanEval completion decoded alone
+    lost a space of its first line's indent (an IndentationError, pass@k ~0); after the prompt it keeps it."""
+    backend = Tokenizer(bpe_models.BPE(byte_fallback=True, unk_token="<unk>"))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    backend.decoder = text_decoders.Sequence(
+        [
+            text_decoders.Replace("\u2581", " "),
+            text_decoders.ByteFallback(),
+            text_decoders.Fuse(),
+            text_decoders.Strip(" ", 1, 0),
+        ]
+    )
+    prompt, completion = "def f(x):\n", "    return x\n"
+    backend.train_from_iterator([prompt + completion] * 4, trainers.BpeTrainer(special_tokens=["<unk>", "<s>"]))
+    tokenizer = LlamaTokenizerFast(tokenizer_object=backend, bos_token="<s>", unk_token="<unk>")
+    prompt_ids = tokenizer(prompt)["input_ids"]  # <s>, then the dummy-prefixed prompt
+    pieces = Tokenizer.from_str(backend.to_str())  # the same vocab without the dummy prefix: what a
+    pieces.normalizer = normalizers.Replace(" ", "\u2581")  # model writing the completion emits
+    completion_ids = pieces.encode(completion).ids
+    assert tokenizer.decode(prompt_ids + completion_ids, skip_special_tokens=True) == prompt + completion
+    assert tokenizer.decode(completion_ids) == completion[1:]  # the defect: decoded alone, one space short
+    assert completion_text(tokenizer, prompt_ids, completion_ids) == completion

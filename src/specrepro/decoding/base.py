@@ -183,12 +183,22 @@ class Decoder(ABC):
         out.settle()
         out.gen.extra.update(self.memory_extras())
         if self.tokenizer is not None:
-            out.gen.text = self.tokenizer.decode(out.gen.token_ids, skip_special_tokens=True)
+            out.gen.text = completion_text(self.tokenizer, ids[0].tolist(), out.gen.token_ids)
         return out.gen
 
     @abstractmethod
     def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
         """Decode from `prompt_ids` (1, T), committing tokens to `out` until `out.done`."""
+
+
+def completion_text(tokenizer, prompt_ids: list[int], token_ids: list[int]) -> str:
+    """The completion's text as it reads after the prompt: the prompt and completion decoded together, less the
+    prompt's text. Decoded alone, a LLaMA tokenizer drops the first token's leading space (HumanEval's indent)."""
+    head = tokenizer.decode(prompt_ids, skip_special_tokens=True)
+    whole = tokenizer.decode([*prompt_ids, *token_ids], skip_special_tokens=True)
+    if whole.startswith(head):
+        return whole[len(head) :]
+    return tokenizer.decode(token_ids, skip_special_tokens=True)  # a prompt whose text the completion changes
 
 
 def parameters_beside(module: torch.nn.Module, model: torch.nn.Module) -> int:
