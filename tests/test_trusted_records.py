@@ -565,3 +565,24 @@ def test_ar_steps_decoded_past_eos_and_thrown_away_count_in_its_step_time():
     assert paired_speedup([turn | {"verify_time": 0.2, "ar_discarded_steps": 6}])["verify_cost_paired"] == (
         pytest.approx(0.1 / (0.8 / 8))
     )
+
+
+def test_a_run_scored_by_other_scoring_code_is_scored_again_without_decoding(tmp_path):
+    """Scoring is not part of a run's identity: a complete run whose answers another version of the scorer scored
+    (a fixed GSM8K answer rule) is scored again from its recorded texts, its tokens kept, not decoded again."""
+    run = ["run", *FAST, "dataset=gsm8k", "dataset.limit=2", "logger=none"]
+    specrepro(*run, cwd=tmp_path)
+    [ar] = run_dirs(tmp_path).values()
+    rows = [json.loads(line) for line in (ar / "generations.jsonl").read_text().splitlines()]
+    truth = json.loads((ar / "metrics.json").read_text())
+    assert {row["scored_with"] for row in rows} == {truth["scoring_code"]}
+    for row in rows:  # as an older scorer left them: every answer counted right
+        row.update(scores={"gsm8k_acc": 1.0}, scored_with="older")
+    (ar / "generations.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (ar / "metrics.json").write_text(json.dumps({**truth, "gsm8k_acc": 1.0, "scoring_code": "older"}))
+    specrepro(*run, cwd=tmp_path)
+    metrics = json.loads((ar / "metrics.json").read_text())
+    assert metrics["gsm8k_acc"] == truth["gsm8k_acc"] < 1.0 and metrics["scoring_code"] == truth["scoring_code"]
+    again = [json.loads(line) for line in (ar / "generations.jsonl").read_text().splitlines()]
+    assert [row["samples"] for row in again] == [row["samples"] for row in rows]
+    assert {row["scored_with"] for row in again} == {truth["scoring_code"]}

@@ -16,7 +16,8 @@ the forward steps, draft-length controllers, draft vocabularies, how models are 
 attention implementation, linear kernels) and how a prompt is rendered. What determines its timings besides:
 `ar` (timed beside every method), the suspension check and the runner's functions that warm up, compile, decode
 and time a turn (`DECODING_CODE`). What does not: input checks and their messages, scoring and summaries
-(computed from the recorded generations), the judge, tables, W&B logging, training loops (their artifacts count
+(computed from the recorded generations: a run scored by other scoring code, `SCORING_CODE`, is scored again from
+its recorded answers), the judge, tables, W&B logging, training loops (their artifacts count
 by content), and other methods. A decoder that relies on another module says so in `Decoder.code_modules`."""
 
 from __future__ import annotations
@@ -237,6 +238,19 @@ def code_fingerprint(method: str) -> str:
             )
         digest.update(f"{piece}\0{_syntax_of(source, function)}\0".encode())
     digest.update(f"torch {torch.__version__}, transformers {metadata.version('transformers')}".encode())
+    return digest.hexdigest()[:16]
+
+
+# the code that scores a run's recorded answers (task metrics, the code sandbox): not part of a run's identity, so
+# a fixed scorer scores old runs again from their texts instead of decoding them again (`runner.score_again`)
+SCORING_CODE = ("specrepro.metrics.quality", "specrepro.metrics.sandbox")
+
+
+def scoring_fingerprint() -> str:
+    """A hash of `SCORING_CODE` (each module's syntax tree without docstrings or message texts)."""
+    digest = hashlib.sha256()
+    for module in SCORING_CODE:
+        digest.update(f"{module}\0{_syntax_of(module_source(module))}\0".encode())
     return digest.hexdigest()[:16]
 
 

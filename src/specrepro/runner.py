@@ -27,6 +27,7 @@ from specrepro.decoding.steps import EagerSteps
 from specrepro.errors import SpecReproError
 from specrepro.identity import (
     code_fingerprint,
+    scoring_fingerprint,
     identity_name,
     loaded_weights,
     records_fingerprint,
@@ -100,6 +101,8 @@ def _run_locked(
         damage = record.damage()
         if damage is None and lacks_reference(cfg, record):
             log.info("run %s was made with reference=false: summarizing it again over its `ar` reference", name)
+        elif damage is None and record.metrics().get("scoring_code") != scoring_fingerprint():
+            log.info("run %s was scored by other scoring code: scoring its recorded answers again", name)
         elif damage is None:
             log.info("run %s is already complete; skipping (resume=false to redo it)", name)
             note_reused(f"run {name}")
@@ -121,6 +124,8 @@ def _run_locked(
     sampling = Sampling.from_config(cfg.decoding)
 
     rows = record.start(cfg, cfg.resume, loader.device, identity)
+    if score_again(rows, records, cfg):
+        record.replace_rows(rows)
     started_at = record.started_at()
     done = {row["id"] for row in rows}
     setting = setting_key(cfg, fingerprint, identities)
@@ -169,6 +174,7 @@ def _run_locked(
         data_fingerprint=fingerprint,
         setting_key=setting,  # all it computes but the code: runs of one key and other names had other code
         code_fingerprint=code_fingerprint(cfg.method.name),  # the code it decoded with (identity.code_fingerprint)
+        scoring_code=scoring_fingerprint(),  # the code that scored its answers (identity.SCORING_CODE)
         reference_key=ref_key,
         reference_run=reference.dir.name if reference else None,
         lossless_method=decoder.lossless,
@@ -273,14 +279,30 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
                 prompts.append(prompt)
                 first_prompt = first_prompt or ids  # the first turn's: what the reference answer follows
         samples.append(turns)
-    # the last turn's answer is what the task metric scores
-    completions = [completion_for_scoring(record, turns[-1]["text"], cfg.dataset) for turns in samples]
-    scores = score_sample(cfg.dataset.metric, record.reference, completions, record.fields)
+    scores = task_scores(record, samples, cfg)
     answer = reference_response(record) if cfg.reference_nll else None
     if answer:  # after the prompt as decoded; the answer's special-token text is text too
         answer_ids = target.tokenizer(answer, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         scores["reference_nll"] = reference_nll(target.model, first_prompt, answer_ids)
-    return {"id": record.id, "index": index, "prompts": prompts, "samples": samples, "scores": scores}
+    row = {"id": record.id, "index": index, "prompts": prompts, "samples": samples, "scores": scores}
+    return row | {"scored_with": scoring_fingerprint()}
+
+
+def task_scores(record, samples: list[list[dict]], cfg: DictConfig) -> dict:
+    """The task metric's scores of a record's samples: each sample's last turn is the answer it scores."""
+    completions = [completion_for_scoring(record, turns[-1]["text"], cfg.dataset) for turns in samples]
+    return score_sample(cfg.dataset.metric, record.reference, completions, record.fields)
+
+
+def score_again(rows: list[dict], records: list, cfg: DictConfig) -> bool:
+    """Score again, from their recorded answers, the rows that other scoring code scored (`scored_with`), keeping
+    their reference NLL (the model's, not the scorer's); True if there were any."""
+    current, by_id = scoring_fingerprint(), {record.id: record for record in records}
+    stale = [row for row in rows if row.get("scored_with") != current]
+    for row in stale:
+        nll = {key: value for key, value in row["scores"].items() if key == "reference_nll"}
+        row.update(scores=task_scores(by_id[row["id"]], row["samples"], cfg) | nll, scored_with=current)
+    return bool(stale)
 
 
 def check_fits_context(ids: list[int], cfg: DictConfig, target: LoadedModel, record_id: str) -> None:

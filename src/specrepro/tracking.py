@@ -238,6 +238,11 @@ class RunRecord:
             os.fsync(handle.fileno())
 
     @_writing_record
+    def replace_rows(self, rows: list[dict]) -> None:
+        """Write `rows` in place of the recorded ones (scored again: `runner.score_again`), atomically."""
+        atomic_write(self.generations_path, "".join(json.dumps(_json_safe(row)) + "\n" for row in rows))
+
+    @_writing_record
     def finish(self, metrics: dict) -> None:
         atomic_write(self.metrics_path, json.dumps(_json_safe({**metrics, "complete": True}), indent=2) + "\n")
 
