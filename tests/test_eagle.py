@@ -309,3 +309,21 @@ def test_a_draft_vocabulary_larger_than_the_tokens_seen_is_filled_up_by_id():
     assert frequent_tokens(rows, 2, vocab_size=10).tolist() == [5, 3]
     with pytest.raises(SpecReproError, match="does not fit the target's 10"):
         frequent_tokens(rows, 11, vocab_size=10)
+
+
+def test_heldout_agreement_is_with_the_targets_top1_over_its_whole_vocabulary(sharp):
+    """With a reduced draft vocabulary, a draft that predicts the target's features exactly still misses every
+    position whose target top-1 lies outside its vocabulary: decoding rejects those drafts, so the held-out
+    agreement counts them as misses (not as hits against the best token of the draft vocabulary)."""
+    from specrepro.training.eagle_head import heldout_agreement
+
+    ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        features = sharp.model(input_ids=ids).last_hidden_state
+    top1 = sharp.lm_head(features[0, 1:]).argmax(-1)
+    vocab_ids = torch.tensor([t for t in range(64) if t != int(top1[0])])  # the first position's choice left out
+    draft = eagle(sharp, vocab_ids=vocab_ids).draft
+    draft.forward = lambda f, e, positions: features[:, 1:]  # an oracle: the target's next features
+    rows = [{"ids": ids[0].tolist(), "loss_mask": [True] * 40}]
+    agreement = heldout_agreement(draft, sharp.get_input_embeddings(), sharp.lm_head, rows, [features[0]], 1)
+    assert agreement == [round(float((top1 != top1[0]).float().mean()), 4)] and agreement[0] < 1

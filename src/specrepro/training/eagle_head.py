@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specrepro.data.config import DatasetConfig
+from specrepro.decoding import draft_vocab
 from specrepro.decoding.eagle import EagleDraft
 from specrepro.registry import register_component
 from specrepro.training import cost
@@ -76,20 +77,28 @@ def eagle_terms(draft: EagleDraft, predicted: torch.Tensor, batch: dict):
 
 @torch.no_grad()
 def heldout_agreement(
-    draft: EagleDraft, embed: nn.Module, rows: list[dict], features: list[torch.Tensor], depths: int
+    draft: EagleDraft,
+    embed: nn.Module,
+    lm_head: nn.Module,
+    rows: list[dict],
+    features: list[torch.Tensor],
+    depths: int,
 ) -> list[float]:
-    """Top-1 agreement with the target at draft depths 0 .. depths - 1 on held-out conversations: depth d reads
-    the draft's own depth d - 1 predictions as its input features (f^_i in place of f_i at every position, the
-    context too: a simplification of drafting, where the context keeps the target's features)."""
+    """Top-1 agreement with the target (its `lm_head` over the whole vocabulary, as decoding accepts a draft) at
+    draft depths 0 .. depths - 1 on held-out conversations: depth d reads the draft's own depth d - 1 predictions as
+    its input features (f^_i in place of f_i at every position, the context too: a simplification of drafting, where
+    the context keeps the target's features)."""
     device = next(draft.parameters()).device
     hits, total = torch.zeros(depths), torch.zeros(depths)
     for start in range(0, len(rows), 4):
         batch = {k: v.to(device) for k, v in pack(rows[start : start + 4], features[start : start + 4]).items()}
         inputs, valid = batch["features"][:, :-1], batch["mask"][:, 1:]
-        target_top1 = draft.logits(batch["features"][:, 1:][valid]).argmax(-1)  # the same at every depth
+        true = batch["features"][:, 1:][valid]
+        target_top1 = lm_head(true.to(lm_head.weight.dtype)).argmax(-1)  # the same at every depth
         for d in range(depths):
             predicted = draft_pass(draft, embed, batch, inputs)
-            hits[d] += (draft.logits(predicted[valid]).argmax(-1) == target_top1).sum()
+            drafted = draft_vocab.token_ids(draft.vocab_ids, draft.logits(predicted[valid]).argmax(-1))
+            hits[d] += (drafted == target_top1).sum()
             total[d] += valid.sum()
             inputs = torch.cat([batch["features"][:, :1], predicted[:, :-1].to(inputs.dtype)], 1)
     return [round(float(a), 4) for a in hits / total.clamp(min=1)]
@@ -118,7 +127,7 @@ def train_eagle_head(cfg, target, work_dir, log_metrics, device):
         draft.vocab_ids.copy_(vocab_ids)
     draft = draft.to(device).attach_lm_head(model.lm_head)
     embed = model.get_input_embeddings()
-    before = heldout_agreement(draft, embed, held, held_features, spec.heldout_depths)
+    before = heldout_agreement(draft, embed, model.lm_head, held, held_features, spec.heldout_depths)
 
     def batch_for_step(step: int, micro: int) -> dict:
         picked = micro_batch_indices(step, micro, len(train_rows), spec.loop)
@@ -147,7 +156,9 @@ def train_eagle_head(cfg, target, work_dir, log_metrics, device):
         "draft_parameters": draft.num_parameters(),  # the shared LM head is the target's: not counted
         "extra_memory_pct": 100.0 * draft.num_parameters() / target_parameters,
         "heldout_top1_by_depth_before": before,
-        "heldout_top1_by_depth_after": heldout_agreement(draft, embed, held, held_features, spec.heldout_depths),
+        "heldout_top1_by_depth_after": heldout_agreement(
+            draft, embed, model.lm_head, held, held_features, spec.heldout_depths
+        ),
         "train_sequences": len(train_rows),
         "train_tokens": sum(len(r["ids"]) for r in train_rows),
         "heldout_sequences": len(held),
