@@ -188,6 +188,26 @@ def test_conversation_tokens_mask_the_assistant_turns():
     assert short == ids[:12] and short_mask == mask[:12]
 
 
+def test_conversation_tokens_of_a_tokenizer_without_a_chat_template_are_the_plain_transcript():
+    """A tokenizer without a chat template (Vicuna's) renders conversations as prompts do without one."""
+    from transformers import AutoTokenizer
+
+    from specrepro.data.prompts import plain_transcript
+    from specrepro.models.loading import embedded_checkpoint
+    from specrepro.training.eagle_data import conversation_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_checkpoint())
+    tokenizer.chat_template = None
+    messages = [
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Add 2 and 2."},
+    ]
+    ids, mask = conversation_tokens(messages, tokenizer, 512)
+    assert tokenizer.decode(ids) == plain_transcript(messages)
+    assert tokenizer.decode([t for t, m in zip(ids, mask) if m]) == " Hello! How can I help?"
+
+
 def test_a_truncated_package_json_keeps_its_complete_records(tmp_path):
     from specrepro.data.files import complete_list_items
 

@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 from specrepro import suspension
 from specrepro.config import weights_identity
 from specrepro.data import load_records
+from specrepro.data.prompts import plain_transcript
 from specrepro.errors import SpecReproError
 from specrepro.identity import weights_key
 from specrepro.tracking import config_hash
@@ -37,13 +38,14 @@ MESSAGE_CHARS = 16_000  # a message is cut to this many characters before tokeni
 
 
 def conversation_tokens(messages: list[dict], tokenizer, max_tokens: int) -> tuple[list[int], list[bool]]:
-    """One conversation's token ids under the tokenizer's chat template, cut at `max_tokens`, and a mask of the
-    tokens inside assistant turns (EAGLE's loss mask). Each message's tokens are those the template adds for it
-    (the template rendered up to it less the template rendered up to the one before)."""
+    """One conversation's token ids under the tokenizer's chat template (without one, the plain transcript prompts
+    use), cut at `max_tokens`, and a mask of the tokens inside assistant turns (EAGLE's loss mask). Each message's
+    tokens are those the template adds for it (the template rendered up to it less the template rendered up to the
+    one before)."""
     ids, mask, rendered = [], [], ""
     for end, message in enumerate(messages, start=1):
         shown = [{"role": m["role"], "content": m["content"][:MESSAGE_CHARS]} for m in messages[:end]]
-        text = tokenizer.apply_chat_template(shown, tokenize=False)
+        text = render(shown, tokenizer)
         if not text.startswith(rendered):
             raise SpecReproError(
                 "the chat template renders a conversation's prefix differently from the whole; "
@@ -56,6 +58,15 @@ def conversation_tokens(messages: list[dict], tokenizer, max_tokens: int) -> tup
         if len(ids) >= max_tokens:
             break
     return ids[:max_tokens], mask[:max_tokens]
+
+
+def render(messages: list[dict], tokenizer) -> str:
+    """Messages as text: the tokenizer's chat template, or the plain transcript prompts use without one (its
+    closing "Assistant:" cue is the next reply's start, so a transcript ending on a reply leaves it out)."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    text = plain_transcript(messages)
+    return text.removesuffix("\nAssistant:") if messages[-1]["role"] == "assistant" else text
 
 
 def conversation_rows(conversations, tokenizer, max_tokens: int) -> list[dict]:
