@@ -4,6 +4,8 @@ updates, leaves autograd to torch, and keeps every lossless decoder equal to `ar
 from __future__ import annotations
 
 import copy
+from argparse import Namespace
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
-from specrepro.models import kernels
+from specrepro.models import LoadedModel, kernels
 from specrepro.models.kernels import PackedLinear, set_linear_kernel
 from tests.conftest import tiny_llama
 
@@ -112,6 +114,29 @@ def test_switching_kernels_and_bad_name():
     assert all(type(m) is PackedLinear for m in model.modules() if isinstance(m, torch.nn.Linear))
     with pytest.raises(SpecReproError, match="linear_kernel=mkl"):
         set_linear_kernel(model, "mkl")
+
+
+def test_bench_kernels_times_no_weight_packing(monkeypatch):
+    """experiments/bench_kernels.py's `ar` arms: a switch back to oneDNN makes new PackedLinears, whose first
+    forward packs every weight (0.3-1.3 s on the embedded model); that is set-up, so no timed generation pays it."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "experiments"))
+    import bench_kernels
+
+    model = tiny_llama(vocab_size=20000)  # the bench's forwards read token ids up to 20000
+    monkeypatch.setattr(bench_kernels, "load_model", lambda *args: LoadedModel(model, None, "tiny"))
+    monkeypatch.setattr(bench_kernels, "gsm8k_prompts", lambda tokenizer, limit: [[1, 5, 9, 2]] * limit)
+    timed_packs = []
+    generate = ARDecoder.generate
+
+    def timed(decoder, prompt, sampling, max_new_tokens, *args):
+        if max_new_tokens == 3:  # the timed budget below
+            timed_packs.append(any(m._packed is None for m in model.modules() if isinstance(m, PackedLinear)))
+        return generate(decoder, prompt, sampling, max_new_tokens, *args)
+
+    monkeypatch.setattr(ARDecoder, "generate", timed)
+    settings = {kernel: lambda model, kernel=kernel: set_linear_kernel(model, kernel) for kernel in kernels.KERNELS}
+    bench_kernels.compare_settings(settings, Namespace(dtype="float32", repeats=1, prompts=3, max_new_tokens=3))
+    assert len(timed_packs) == 6 and not any(timed_packs)
 
 
 def test_greedy_ar_and_pld_agree_under_both_kernels():
