@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specrepro.config import HardwareConfig
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
@@ -137,6 +138,19 @@ def test_bench_kernels_times_no_weight_packing(monkeypatch):
     settings = {kernel: lambda model, kernel=kernel: set_linear_kernel(model, kernel) for kernel in kernels.KERNELS}
     bench_kernels.compare_settings(settings, Namespace(dtype="float32", repeats=1, prompts=3, max_new_tokens=3))
     assert len(timed_packs) == 6 and not any(timed_packs)
+
+
+def test_bench_attention_settings_differ_in_attention_only(monkeypatch):
+    """experiments/bench_attention.py: every setting pads its linears' inputs to the same rows (those runs use), or
+    a row-invariant setting's two-row padding would be timed as attention."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "experiments"))
+    from bench_attention import use
+
+    model, rows = tiny_llama(), set()
+    for attention in ("sdpa", "row_invariant"):
+        use(attention, model)
+        rows |= {m.min_rows for m in model.modules() if isinstance(m, PackedLinear)}
+    assert rows == {HardwareConfig().linear_min_rows}
 
 
 def test_greedy_ar_and_pld_agree_under_both_kernels():
