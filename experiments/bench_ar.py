@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import gsm8k_prompts, run_script, timed_generate
+from common import gsm8k_prompts, positive_int, run_script, timed_generate
 
 from specrepro.config import HardwareConfig, ModelConfig
 from specrepro.decoding.ar import ARDecoder
@@ -24,7 +24,7 @@ ARMS = ("ar", "generate_ours", "generate_stock")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=20)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=None)

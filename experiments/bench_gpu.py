@@ -52,7 +52,7 @@ from statistics import fmean
 
 import psutil
 import torch
-from common import composed, gsm8k_prompts, provenance_lines, run_script, timed_generate
+from common import composed, gsm8k_prompts, positive_int, provenance_lines, run_script, timed_generate
 from tqdm import tqdm
 
 from specrepro import registry
@@ -299,7 +299,7 @@ def markdown(figures: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=5)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument(
         "--widths",
@@ -356,6 +356,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     began = time.perf_counter()
+    if not all(w.strip().isdigit() for w in args.widths.split(",")):
+        raise SpecReproError(f"--widths takes comma-separated step widths (1,4,16), got {args.widths!r}")
     hardware = HardwareConfig(
         device=args.device,
         dtype=args.dtype,

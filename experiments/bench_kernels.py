@@ -22,7 +22,7 @@ from functools import partial
 from typing import Callable
 
 import torch
-from common import gsm8k_prompts
+from common import gsm8k_prompts, positive_int
 from transformers import DynamicCache
 
 from specrepro.config import ModelConfig
@@ -50,7 +50,7 @@ def benchmark_args(description: str, dtype: str, configure: Callable | None = No
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--prompts", type=int, default=5)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

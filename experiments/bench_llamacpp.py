@@ -33,7 +33,7 @@ from statistics import fmean, median
 
 import numpy as np
 import torch
-from common import composed, gsm8k_prompts, provenance_lines, run_script
+from common import composed, gsm8k_prompts, positive_int, provenance_lines, run_script
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
@@ -207,7 +207,7 @@ def markdown(figures: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=10)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--threads", type=int, default=None, help="both engines' threads (default: torch's)")
     parser.add_argument(
         "--pld",

@@ -104,6 +104,15 @@ def composed(group: str, spec: str):
     return compose_config("run", [f"{group}={name}", *overrides])[group]
 
 
+def positive_int(value: str) -> int:
+    """An argparse type: a positive integer (a budget of new tokens); argparse refuses anything else in its usage
+    error, where a budget of 0 would end in a traceback from the first generation."""
+    number = int(value)
+    if number < 1:
+        raise ValueError(value)
+    return number
+
+
 def run_script(main) -> None:
     """Run a script's `main`: a user's mistake (an unknown preset or override, a missing artifact) ends as one
     line on stderr and exit status 2, as the specrepro command's do."""

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import composed, gsm8k_prompts, run_script, timed_generate
+from common import composed, gsm8k_prompts, positive_int, run_script, timed_generate
 from torch.profiler import ProfilerActivity, profile
 
 from specrepro.config import HardwareConfig
@@ -69,7 +69,7 @@ def profiled(fn, device: torch.device, tokens: int, top: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--tokens", type=positive_int, default=256)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--top", type=int, default=12)

@@ -216,6 +216,18 @@ def test_an_unknown_model_preset_is_one_line():
     assert "no_such_model" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("argument", "error"),
+    [(["--widths", "1,4,x"], "--widths takes comma-separated step widths"), (["--max-new-tokens", "0"], "'0'")],
+)
+def test_a_bad_width_or_token_budget_is_refused_without_a_traceback(argument, error):
+    """A typo in --widths, or a budget of no new tokens, ended in a ValueError's traceback (from int(), from the
+    first generation's check) after the model had loaded."""
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", *argument], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("bench_gpu.py: error: ") and error in proc.stderr
+
+
 def test_gpu_check_keeps_its_steps_within_one_budget_and_returns_one_log(tmp_path):
     """A lent machine's call ends at its limit: past BUDGET_S no step starts, and a step gets what is left."""
     fake_python = tmp_path / "python"  # names a card, and runs each step as a command that outlasts its limit
