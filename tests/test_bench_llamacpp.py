@@ -73,3 +73,15 @@ def test_the_committed_page_is_the_one_its_committed_figures_give(monkeypatch):
     figures = json.loads((ROOT / "results" / "cpu" / "llamacpp.json").read_text())
     assert (ROOT / "results" / "cpu" / "llamacpp.md").read_text() == markdown(figures)
     assert figures["prompts"] == figures["prompts_asked"] and not figures["provenance"]["code"].get("dirty")
+
+
+def test_the_page_says_where_our_pld_left_our_ar(monkeypatch):
+    """The page said "Our `pld` equals our `ar` token for token here" whatever its figures counted."""
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    from bench_llamacpp import markdown
+
+    figures = json.loads((ROOT / "results" / "cpu" / "llamacpp.json").read_text())
+    figures["identical"]["pld"] = figures["prompts"] - 1
+    text = markdown(figures)
+    assert "equals our `ar`" not in text
+    assert f"left our `ar`'s tokens on 1 of {figures['prompts']} prompts here" in text
