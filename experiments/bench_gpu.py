@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 import time
@@ -164,6 +165,12 @@ def draft_ms_per_round(rows: list[dict]) -> float:
     round after the prompt's; 0.0 for a method with no draft phase (Jacobi, SPACE draft inside verification)."""
     rounds = sum(len(r["accepted"] or []) for r in rows)
     return 1e3 * sum(r["draft_seconds"] for r in rows) / rounds if rounds else 0.0
+
+
+def mat(rows: list[dict]) -> float:
+    """Tokens an arm committed per target forward after the prompt's; NaN where it ran none (a budget of one token)."""
+    steps = sum(r["steps"] for r in rows)
+    return sum(len(r["tokens"]) - 1 for r in rows) / steps if steps else math.nan
 
 
 def weights(identities: dict) -> str:
@@ -500,7 +507,7 @@ def main() -> None:
                         if compiled_twins(arm)
                         else {}
                     ),
-                    "mat": sum(len(r["tokens"]) - 1 for r in results[arm]) / sum(r["steps"] for r in results[arm]),
+                    "mat": mat(results[arm]),
                     "draft_ms_per_round": draft_ms_per_round(results[arm]),
                 }
                 for arm in speculative

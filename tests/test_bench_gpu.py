@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -226,6 +227,21 @@ def test_a_bad_width_or_token_budget_is_refused_without_a_traceback(argument, er
     proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", *argument], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("bench_gpu.py: error: ") and error in proc.stderr
+
+
+def test_a_one_token_budget_gives_figures_not_a_traceback(tmp_path):
+    """With --max-new-tokens 1 every arm commits its token in the prefill and runs no step: MAT was 0 / 0, a
+    ZeroDivisionError after the first prompt was timed, before any figure was written."""
+    out = tmp_path / "bench.json"
+    model = "tiny_random model.random.num_layers=1"
+    common = ["--device", "cpu", "--backend", "eager", "--model", model, "--limit", "1", "--widths", "1,4"]
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), *common, "--max-new-tokens", "1", "--json", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert math.isnan(json.loads(out.read_text())["speculative"]["pld_eager"]["mat"])
 
 
 def test_gpu_check_keeps_its_steps_within_one_budget_and_returns_one_log(tmp_path):
