@@ -66,6 +66,11 @@ def profiled(fn, device: torch.device, tokens: int, top: int) -> dict:
     }
 
 
+def multiples(value: str) -> list[int]:
+    """--cache-multiples: positive integers, comma-separated."""
+    return [positive_int(multiple) for multiple in value.split(",")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32")
@@ -75,6 +80,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument(
         "--cache-multiples",
+        type=multiples,
         default="64",
         help="our arms' static cache lengths round up to these multiples (one arm each, ar_compiled_c<N>)",
     )
@@ -120,9 +126,9 @@ def main() -> None:
         f"ar_compiled_c{multiple}{suffix}": ARDecoder(
             target.model,
             target.tokenizer,
-            steps=CompiledSteps(target.model, args.backend, mode, hardware.compile_widths, int(multiple), **setting),
+            steps=CompiledSteps(target.model, args.backend, mode, hardware.compile_widths, multiple, **setting),
         )
-        for multiple in args.cache_multiples.split(",")
+        for multiple in args.cache_multiples
         for suffix, setting in settings.items()
     }
     eos = sorted(next(iter(decoders.values())).eos_ids)

@@ -218,15 +218,21 @@ def test_an_unknown_model_preset_is_one_line():
 
 
 @pytest.mark.parametrize(
-    ("argument", "error"),
-    [(["--widths", "1,4,x"], "--widths takes comma-separated step widths"), (["--max-new-tokens", "0"], "'0'")],
+    ("script", "argument", "error"),
+    [
+        ("bench_gpu.py", ["--widths", "1,4,x"], "--widths takes comma-separated step widths"),
+        ("bench_gpu.py", ["--max-new-tokens", "0"], "'0'"),
+        ("profile_steps.py", ["--cache-multiples", "64,0"], "'64,0'"),
+    ],
 )
-def test_a_bad_width_or_token_budget_is_refused_without_a_traceback(argument, error):
-    """A typo in --widths, or a budget of no new tokens, ended in a ValueError's traceback (from int(), from the
-    first generation's check) after the model had loaded."""
-    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", *argument], capture_output=True, text=True)
+def test_a_bad_width_or_token_budget_is_refused_without_a_traceback(script, argument, error):
+    """A typo in --widths, a budget of no new tokens or a cache multiple of 0 ended in a traceback (int()'s
+    ValueError, the first generation's, a ZeroDivisionError sizing the cache) after the model had loaded."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.parent / script), "--device", "cpu", *argument], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("bench_gpu.py: error: ") and error in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"{script}: error: ") and error in proc.stderr
 
 
 def test_a_one_token_budget_gives_figures_not_a_traceback(tmp_path):
