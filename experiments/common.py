@@ -15,7 +15,7 @@ from transformers import CompileConfig
 
 from specrepro.cli import CONF_DIR
 from specrepro.config import register_configs
-from specrepro.data import DatasetConfig, load_records, render_prompt
+from specrepro.data import DatasetConfig, load_records, prompt_ids
 from specrepro.decoding.device import device_sync
 from specrepro.errors import SpecReproError, one_line
 from specrepro.provenance import machine_label
@@ -33,10 +33,7 @@ def gsm8k_prompts(tokenizer, limit: int, few_shot: int = 0) -> list[list[int]]:
         limit=limit,
         metric="gsm8k_acc",
     )
-    return [
-        tokenizer(render_prompt(r, tokenizer, dataset), add_special_tokens=False)["input_ids"]
-        for r in load_records(dataset)
-    ]
+    return [prompt_ids(record, tokenizer, dataset) for record in load_records(dataset)]
 
 
 def timed_generate(

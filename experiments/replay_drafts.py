@@ -3,9 +3,9 @@
 Greedy verification accepts the longest drafted path the target's argmax follows, and the target's greedy output is
 the `ar` run's, so a drafter that reads only the committed tokens (`pld`, `rest`: not one that reads the target's
 logits or hidden states) has the MAT the replay gives: each step it drafts after the tokens committed so far, the
-longest drafted path the recorded output follows is accepted, plus the target's token. A prompt is the recorded
-rendered text tokenized as text (the harness's own ids differ only where a record's text holds a special token's
-string). Prints, per `ar` run (its dataset category), the MAT and the mean rows a step verifies (the drafts and the
+longest drafted path the recorded output follows is accepted, plus the target's token. A prompt's ids are the
+harness's own (`prompt_ids` of the run's records), each turn of a multi-turn record after its recorded earlier
+answers. Prints, per `ar` run (its dataset category), the MAT and the mean rows a step verifies (the drafts and the
 last token), then their mean over the runs: a way to compare presets before timing them.
 
     .venv/bin/python experiments/replay_drafts.py "rest_pld" "pld" --runs 'results/runs/*-ar-spec_bench-greedy-*'
@@ -22,6 +22,7 @@ import torch
 from common import compose_config, run_script
 from omegaconf import OmegaConf
 
+from specrepro.data import load_records, prompt_ids
 from specrepro.decoding import build_decoder
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, main_chain
 from specrepro.errors import SpecReproError
@@ -81,13 +82,16 @@ def main() -> None:
             raise SpecReproError(f"method '{name}' drafts from the target's forwards: a replay cannot draft as it does")
         mats = []
         for run in runs:
-            category = OmegaConf.load(run / "config.yaml").dataset.get("category")
+            dataset = OmegaConf.load(run / "config.yaml").dataset
+            category, records = dataset.get("category"), {record.id: record for record in load_records(dataset)}
             totals = [0, 0, 0]
             for line in (run / "generations.jsonl").read_text().splitlines():
                 row = json.loads(line)
-                for prompt, turn in zip(row["prompts"], row["samples"]):
-                    ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-                    totals = [a + b for a, b in zip(totals, replay(decoder, ids, turn[0]["token_ids"]))]
+                history = []
+                for turn in row["samples"][0]:  # greedy: the one sample, every turn after its earlier answers
+                    ids = prompt_ids(records[row["id"]], target.tokenizer, dataset, history)
+                    totals = [a + b for a, b in zip(totals, replay(decoder, ids, turn["token_ids"]))]
+                    history.append(turn["text"])
             tokens, steps, rows = totals
             mats.append(tokens / max(steps, 1))
             print(

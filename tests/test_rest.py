@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +26,7 @@ from specrepro.errors import SpecReproError
 from specrepro.training.rest_datastore import RestDatastoreConfig, build_rest_datastore, corpus_documents
 from tests.test_decoding import prompts
 from tests.conftest import greedy_beside_ar
+from tests.test_runner import run_dirs, specrepro
 from tests.test_lossless_sampling import PROMPT, VOCAB, exact, models, p_value  # noqa: F401  (module fixtures)
 
 GREEDY = Sampling()
@@ -218,6 +222,27 @@ def test_the_replay_of_recorded_outputs_takes_the_steps_decoding_takes(target, c
         gen = decoder.generate(prompt, GREEDY, 30)
         tokens, steps, rows = replay(decoder, prompt, ar.generate(prompt, GREEDY, 30).token_ids)
         assert (tokens, steps, rows) == (29, gen.steps, gen.steps + sum(gen.drafted))
+
+
+def test_the_replay_takes_every_turn_of_a_multi_turn_run(tmp_path):
+    """replay_drafts.py replays each turn of an MT-Bench `ar` run after its recorded earlier answers, on the harness's
+    own prompt ids: its pld MAT is the pld run's (it had replayed each record's first turn only)."""
+    setting = ["model=tiny_random", "dataset=mt_bench", "dataset.limit=2", "decoding.max_new_tokens=24"]
+    quiet = ["hardware.threads=1", "logger=none"]
+    specrepro("run", *setting, "method=pld", "timing.warmup_tokens=4", *quiet, cwd=tmp_path)
+    [ar] = [path for key, path in run_dirs(tmp_path).items() if key.startswith("ar:")]
+    [pld] = [path for key, path in run_dirs(tmp_path).items() if key.startswith("pld:")]
+    script = Path(__file__).parents[1] / "experiments" / "replay_drafts.py"
+    overrides = ["--overrides", "hardware.threads=1", "model=tiny_random"]
+    proc = subprocess.run(
+        [sys.executable, str(script), "pld", "--runs", str(ar), *overrides],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+    )
+    replayed = float(re.search(r"mean MAT over 1 runs (\d+\.\d+)", proc.stdout)[1])
+    assert replayed == round(json.loads((pld / "metrics.json").read_text())["mat"], 2) > 1.0
 
 
 def test_the_recipe_checks_the_corpus_against_every_leaderboard_question():
