@@ -18,10 +18,9 @@ layer instead of one.
 
 In bf16 (and fp16) these calls, and the one-token step's, run in fp32 on the upcast query, keys and values, and
 round the output back. The cast is exact, so rows stay bit-identical to the steps, and one-query calls are
-cheaper in fp32 on this CPU: with bf16 rows a T-token forward cost 1.35 / 1.75 / 4.26 / 8.82 one-token steps
-at T = 3 / 5 / 16 / 36, with fp32 rows 1.07 / 1.20 / 2.00 / 3.47 (SDPA in one call: 0.98 / 1.04 / 1.42 / 2.30;
-experiments/bench_attention.py, 1 thread). With the flag `ar` itself takes this path, so speedups are measured
-against the same kernels.
+cheaper in fp32 on a CPU without native bf16 (experiments/bench_attention.py prints a T-token forward's cost in
+one-token steps for bf16 rows, fp32 rows and one SDPA call). With the flag `ar` itself takes this path, so
+speedups are measured against the same kernels.
 
 A caller may name the rows that must be exact (`exact_rows=` in the model call, passed down to attention):
 only those take the one-row path, and the rest come from one SDPA call (in fp32 too). SPACE names its k + 1
