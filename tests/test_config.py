@@ -313,6 +313,8 @@ def test_the_data_a_run_decodes_is_part_of_its_name_and_reference():
         ),
         ("hardware.compile_widths=[0,4]", "hardware.compile_widths must be positive widths, got [0, 4]"),
         ("hardware.compile_guards=none", "hardware.compile_guards must be one of all, differentiating, got none"),
+        ("hardware.device=gpu", "hardware.device must be auto, cpu, cuda, cuda:<index> or mps, got gpu"),
+        ("hardware.device=cuda:1", None),
         (
             "hardware.compile_freezing=true hardware.compile_backend=aot_eager",
             "hardware.compile_freezing is inductor's: it needs hardware.compile_backend=inductor, got aot_eager",
@@ -328,6 +330,14 @@ def test_the_schemas_refuse_bad_values_in_one_line(override, message):
     with pytest.raises(SpecReproError) as refused:
         check_run_config(cfg)
     assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+def test_a_device_torch_does_not_name_is_refused_by_train_too():
+    """torch.device("gpu") raised a RuntimeError's traceback, in `run` as it named the run and in `train`."""
+    from specrepro.training import train
+
+    with pytest.raises(SpecReproError, match="^hardware.device must be auto, cpu, cuda, cuda:<index> or mps, got gpu$"):
+        train(compose_run("model=tiny_random", "hardware.device=gpu", config="train"))
 
 
 def test_the_schemas_compile_backends_are_the_compiled_steps_backends():

@@ -133,6 +133,7 @@ class LoggerConfig:
 # config needs no torch; tests/test_config.py keeps the two equal)
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager", "cudagraphs")
 COMPILE_GUARDS = ("all", "differentiating")
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # what `hardware.device` may name (torch.device's spelling)
 
 
 @dataclass
@@ -167,6 +168,7 @@ class HardwareConfig:
     compile_freezing: bool = False
 
     def __post_init__(self) -> None:
+        check_device(self.device)
         check_threads(self.threads)
         if self.compile_backend not in COMPILE_BACKENDS:
             raise SpecReproError(
@@ -188,6 +190,12 @@ class HardwareConfig:
             )
         if not self.compile_widths or min(self.compile_widths) < 1:
             raise SpecReproError(f"hardware.compile_widths must be positive widths, got {list(self.compile_widths)}")
+
+
+def check_device(device: str) -> None:
+    """`hardware.device`: auto, or a device torch names (`gpu` would fail inside torch, after the run is named)."""
+    if not DEVICE.fullmatch(device):
+        raise SpecReproError(f"hardware.device must be auto, cpu, cuda, cuda:<index> or mps, got {device}")
 
 
 def available_cores() -> int:
