@@ -117,6 +117,7 @@ def test_multirun_over_datasets_with_offline_wandb(tmp_path):
         ("dataset.path=/nonexistent/data.jsonl", "/nonexistent/data.jsonl"),
         ("results_dir=/proc/specrepro", "cannot write the run record"),
         ("model.name=/tmp/elsewhere/llama", "model.name '/tmp/elsewhere/llama' names run and artifact directories"),
+        ("model.random.vocab_size=10", "but model 'tiny_random' embeds only 10 tokens: model.tokenizer must be"),
     ],
 )
 def test_bad_input_gives_one_line_and_nonzero_exit(tmp_path, override, message):

@@ -201,6 +201,7 @@ def longest_prompt(records: list, cfg: DictConfig, target: LoadedModel) -> int:
     longest = 0
     for rec in records:
         ids = prompt_ids(rec, target.tokenizer, cfg.dataset, [])
+        check_in_vocabulary(ids, cfg, target, rec.id)
         check_fits_context(ids, cfg, target, rec.id)
         answers = len(rec.turns) - 1
         last = prompt_ids(rec, target.tokenizer, cfg.dataset, [""] * answers) if answers else ids
@@ -303,6 +304,16 @@ def score_again(rows: list[dict], records: list, cfg: DictConfig) -> bool:
         nll = {key: value for key, value in row["scores"].items() if key == "reference_nll"}
         row.update(scores=task_scores(by_id[row["id"]], row["samples"], cfg) | nll, scored_with=current)
     return bool(stale)
+
+
+def check_in_vocabulary(ids: list[int], cfg: DictConfig, target: LoadedModel, record_id: str) -> None:
+    """Refuse a prompt with a token the model has no embedding for (its tokenizer is another model's)."""
+    rows = target.model.get_input_embeddings().num_embeddings
+    if ids and max(ids) >= rows:
+        raise SpecReproError(
+            f"record {record_id}: the tokenizer gives token id {max(ids)}, but model '{cfg.model.name}' embeds only "
+            f"{rows} tokens: model.tokenizer must be the model's own"
+        )
 
 
 def check_fits_context(ids: list[int], cfg: DictConfig, target: LoadedModel, record_id: str) -> None:
