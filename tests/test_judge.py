@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from types import SimpleNamespace
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from omegaconf import OmegaConf
 
@@ -12,6 +13,7 @@ import pytest
 
 from specrepro.data.records import Record
 from specrepro.errors import SpecReproError
+from specrepro.models import LoadedModel
 from specrepro.metrics.judge import (
     FORCED_RATING_CUE,
     CachedJudge,
@@ -19,9 +21,11 @@ from specrepro.metrics.judge import (
     grade,
     judge_messages,
     judge_prompts,
+    local_chat,
     openai_chat,
     parse_rating,
 )
+from tests.conftest import tiny_llama
 from tests.test_runner import FAST, run_dirs, specrepro
 
 
@@ -203,6 +207,19 @@ def test_openai_backend_without_key_is_one_clear_error(monkeypatch):
     monkeypatch.delenv("NO_SUCH_JUDGE_KEY", raising=False)
     with pytest.raises(SpecReproError, match="NO_SUCH_JUDGE_KEY"):
         openai_chat(JudgeConfig(name="openai", model="m", api_key_env="NO_SUCH_JUDGE_KEY"))
+
+
+def test_a_local_judge_without_a_chat_template_is_one_clear_error():
+    """A base model's tokenizer has no chat template: apply_chat_template raised a ValueError's traceback after
+    the whole run was decoded."""
+
+    class BaseModelLoader:
+        def load_model(self, cfg):
+            return LoadedModel(model=tiny_llama(), tokenizer=SimpleNamespace(chat_template=None), name=cfg.name)
+
+    cfg = OmegaConf.create({"name": "local", "model": {"name": "llama2_13b"}})
+    with pytest.raises(SpecReproError, match="^judge model 'llama2_13b' has no chat template"):
+        local_chat(cfg, BaseModelLoader())
 
 
 LOCAL_JUDGE = [

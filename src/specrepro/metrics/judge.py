@@ -144,6 +144,11 @@ def local_chat(cfg, loader) -> Callable[[list[dict]], str]:
     judge = loader.load_model(cfg.model)
     if judge.tokenizer is None:
         raise SpecReproError(f"judge model '{cfg.model.name}' has no tokenizer")
+    if not judge.tokenizer.chat_template:
+        raise SpecReproError(
+            f"judge model '{cfg.model.name}' has no chat template (a base model): judge with a chat model, "
+            "e.g. model@judge.model=llama2_13b_chat"
+        )
     decoder = ARDecoder(judge.model, judge.tokenizer)
 
     def chat(messages: list[dict]) -> str:
