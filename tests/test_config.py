@@ -305,6 +305,9 @@ def test_the_data_a_run_decodes_is_part_of_its_name_and_reference():
     [
         ("decoding.top_p=0", "decoding.top_p must be in (0, 1], got 0"),
         ("decoding=sample", None),
+        ("decoding.do_sample=true", "decoding.do_sample=true contradicts decoding=greedy, which names the run"),
+        ("decoding=sample decoding.do_sample=false", "decoding.do_sample=false contradicts decoding=sample"),
+        ("decoding.do_sample=true decoding.name=greedy_t1", None),
         ("decoding.num_samples=0", "decoding.num_samples must be positive, got 0"),
         ("timing.order=random", "timing.order must be one of ar_first, alternate, got random"),
         (

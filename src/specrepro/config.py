@@ -94,6 +94,9 @@ def weights_identity(model_cfg) -> dict:
     return {k: v for k, v in content.items() if k not in PLACEMENT}
 
 
+SAMPLES = {"greedy": False, "sample": True}  # whether the shipped decoding presets, which name runs, sample
+
+
 @dataclass
 class DecodingConfig:
     name: str = "greedy"
@@ -110,6 +113,11 @@ class DecodingConfig:
             raise SpecReproError(f"decoding.max_new_tokens must be positive, got {self.max_new_tokens}")
         if self.num_samples <= 0:
             raise SpecReproError(f"decoding.num_samples must be positive, got {self.num_samples}")
+        if SAMPLES.get(self.name, self.do_sample) != self.do_sample:
+            raise SpecReproError(
+                f"decoding.do_sample={str(self.do_sample).lower()} contradicts decoding={self.name}, which names the "
+                f"run: use decoding={'sample' if self.do_sample else 'greedy'}, or give the setting a decoding.name"
+            )
         if self.do_sample and self.temperature <= 0:
             raise SpecReproError("decoding.do_sample=true needs decoding.temperature > 0 (use decoding=greedy instead)")
         if not 0 < self.top_p <= 1:
