@@ -317,6 +317,8 @@ def test_the_data_a_run_decodes_is_part_of_its_name_and_reference():
         ("hardware.compile_widths=[0,4]", "hardware.compile_widths must be positive widths, got [0, 4]"),
         ("hardware.compile_guards=none", "hardware.compile_guards must be one of all, differentiating, got none"),
         ("hardware.device=gpu", "hardware.device must be auto, cpu, cuda, cuda:<index> or mps, got gpu"),
+        ("logger.mode=ofline", "logger.mode must be one of online, offline, disabled (or null), got ofline"),
+        ("logger.name=wandbb", "logger.name must be one of none, wandb, got wandbb"),
         ("hardware.device=cuda:1", None),
         (
             "hardware.compile_freezing=true hardware.compile_backend=aot_eager",
@@ -335,12 +337,21 @@ def test_the_schemas_refuse_bad_values_in_one_line(override, message):
     assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
 
 
-def test_a_device_torch_does_not_name_is_refused_by_train_too():
-    """torch.device("gpu") raised a RuntimeError's traceback, in `run` as it named the run and in `train`."""
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("hardware.device=gpu", "hardware.device must be auto, cpu, cuda, cuda:<index> or mps, got gpu"),
+        ("logger.mode=ofline", "logger.mode must be one of online, offline, disabled (or null), got ofline"),
+    ],
+)
+def test_train_refuses_a_device_or_logger_that_cannot_work_in_one_line(override, message):
+    """torch.device("gpu") raised a RuntimeError's traceback, in `run` as it named the run and in `train`; a W&B
+    mode wandb does not know logged nothing, after a warning of several lines."""
     from specrepro.training import train
 
-    with pytest.raises(SpecReproError, match="^hardware.device must be auto, cpu, cuda, cuda:<index> or mps, got gpu$"):
-        train(compose_run("model=tiny_random", "hardware.device=gpu", config="train"))
+    with pytest.raises(SpecReproError) as refused:
+        train(compose_run("model=tiny_random", override, config="train"))
+    assert str(refused.value) == message
 
 
 def test_the_schemas_compile_backends_are_the_compiled_steps_backends():

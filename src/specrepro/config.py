@@ -126,6 +126,10 @@ class DecodingConfig:
             raise SpecReproError(f"decoding.top_k must be 0 (off) or positive, got {self.top_k}")
 
 
+LOGGERS = ("none", "wandb")
+WANDB_MODES = ("online", "offline", "disabled")
+
+
 @dataclass
 class LoggerConfig:
     name: str = "none"  # none | wandb
@@ -135,6 +139,17 @@ class LoggerConfig:
     tags: List[str] = field(default_factory=list)
     mode: Optional[str] = None  # online | offline | disabled; default: $WANDB_MODE, else online if logged in
     init_timeout: float = 15.0  # seconds to reach the W&B server before the run is logged offline instead
+
+    def __post_init__(self) -> None:
+        if self.name not in LOGGERS:  # another name logged nothing, without a word
+            raise SpecReproError(f"logger.name must be one of {', '.join(LOGGERS)}, got {self.name}")
+        if self.mode is not None and self.mode not in WANDB_MODES:
+            raise SpecReproError(f"logger.mode must be one of {', '.join(WANDB_MODES)} (or null), got {self.mode}")
+
+
+def check_logger(logger) -> None:
+    """A `logger` config's values, in one line (`run` checks them with the other schemas, `train` here)."""
+    OmegaConf.to_object(OmegaConf.merge(LoggerConfig, logger))
 
 
 # torch.compile's backends that compiled steps take (decoding/steps.py's BACKENDS, kept here so that checking a
@@ -284,8 +299,9 @@ class TrainRunConfig:
 
 def check_run_config(cfg) -> None:
     """Refuse values that cannot work, before any model is loaded: names that cannot label a directory, and what
-    the decoding, timing and hardware schemas refuse (their `__post_init__`), each in one line."""
+    the logger, decoding, timing and hardware schemas refuse (their `__post_init__`), each in one line."""
     check_names(cfg)
+    check_logger(cfg.logger)
     for key, schema in (("decoding", DecodingConfig), ("timing", TimingConfig), ("hardware", HardwareConfig)):
         OmegaConf.to_object(OmegaConf.merge(schema, cfg[key]))
 
