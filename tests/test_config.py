@@ -319,6 +319,11 @@ def test_the_data_a_run_decodes_is_part_of_its_name_and_reference():
         ("hardware.device=gpu", "hardware.device must be auto, cpu, cuda, cuda:<index> or mps, got gpu"),
         ("logger.mode=ofline", "logger.mode must be one of online, offline, disabled (or null), got ofline"),
         ("logger.name=wandbb", "logger.name must be one of none, wandb, got wandbb"),
+        # what Hydra's message for a misspelled key advises: the key is added, and was ignored by the run
+        ("+decoding.max_new_token=4", "decoding.max_new_token is not a setting of decoding, and would be ignored"),
+        ("+model.random.hiden_size=8", "model.random.hiden_size is not a setting of model.random, and would be"),
+        ("+method.window=3", "method.window is not a setting of method, and would be ignored (method has: name)"),
+        ("method=lookahead ++method.window=3", None),
         ("hardware.device=cuda:1", None),
         (
             "hardware.compile_freezing=true hardware.compile_backend=aot_eager",

@@ -6,9 +6,12 @@ a key that the schema does not know fails at composition with Hydra's own messag
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 import re
 import tempfile
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, List, Optional
@@ -297,10 +300,31 @@ class TrainRunConfig:
     resume: bool = True  # skip a finished artifact; resume an interrupted training from its checkpoint
 
 
+def check_known_keys(node, schema: type, where: str) -> None:
+    """Refuse a key of `node` (at any depth) that its schema lacks: one added with `+` or `++`, as Hydra's message
+    for a misspelled key advises, would be ignored by the run, which would still take another name."""
+    hints = typing.get_type_hints(schema)
+    for key, value in node.items():
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), list(hints), n=1)
+            hint = f"did you mean {where}.{close[0]}?" if close else f"{where} has: {', '.join(hints)}"
+            raise SpecReproError(f"{where}.{key} is not a setting of {where}, and would be ignored ({hint})")
+        if dataclasses.is_dataclass(hints[key]) and OmegaConf.is_dict(value):
+            check_known_keys(value, hints[key], f"{where}.{key}")
+
+
 def check_run_config(cfg) -> None:
-    """Refuse values that cannot work, before any model is loaded: names that cannot label a directory, and what
-    the logger, decoding, timing and hardware schemas refuse (their `__post_init__`), each in one line."""
+    """Refuse values that cannot work, before any model is loaded: names that cannot label a directory, keys no
+    schema has, and what the logger, decoding, timing and hardware schemas refuse (their `__post_init__`), each in
+    one line."""
+    from specrepro.data.config import DatasetConfig
+
     check_names(cfg)
+    registry.load()
+    schemas = {"model": ModelConfig, "method": registry.method(cfg.method.name).schema, "dataset": DatasetConfig}
+    schemas |= {"decoding": DecodingConfig, "logger": LoggerConfig, "timing": TimingConfig, "hardware": HardwareConfig}
+    for key, schema in schemas.items():
+        check_known_keys(cfg[key], schema, key)
     check_logger(cfg.logger)
     for key, schema in (("decoding", DecodingConfig), ("timing", TimingConfig), ("hardware", HardwareConfig)):
         OmegaConf.to_object(OmegaConf.merge(schema, cfg[key]))
