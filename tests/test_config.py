@@ -347,11 +347,16 @@ def test_the_schemas_refuse_bad_values_in_one_line(override, message):
     [
         ("hardware.device=gpu", "hardware.device must be auto, cpu, cuda, cuda:<index> or mps, got gpu"),
         ("logger.mode=ofline", "logger.mode must be one of online, offline, disabled (or null), got ofline"),
+        (
+            "+training.loop.stepz=3",
+            "training.loop.stepz is not a setting of training.loop, and would be ignored (did you mean "
+            "training.loop.steps?)",
+        ),
     ],
 )
 def test_train_refuses_a_device_or_logger_that_cannot_work_in_one_line(override, message):
     """torch.device("gpu") raised a RuntimeError's traceback, in `run` as it named the run and in `train`; a W&B
-    mode wandb does not know logged nothing, after a warning of several lines."""
+    mode wandb does not know logged nothing, after a warning of several lines; a key added with `+` was ignored."""
     from specrepro.training import train
 
     with pytest.raises(SpecReproError) as refused:

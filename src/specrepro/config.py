@@ -304,12 +304,13 @@ def check_known_keys(node, schema: type, where: str) -> None:
     """Refuse a key of `node` (at any depth) that its schema lacks: one added with `+` or `++`, as Hydra's message
     for a misspelled key advises, would be ignored by the run, which would still take another name."""
     hints = typing.get_type_hints(schema)
-    for key, value in node.items():
+    content = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node  # unresolved: only its keys count
+    for key, value in content.items():
         if key not in hints:
             close = difflib.get_close_matches(str(key), list(hints), n=1)
             hint = f"did you mean {where}.{close[0]}?" if close else f"{where} has: {', '.join(hints)}"
             raise SpecReproError(f"{where}.{key} is not a setting of {where}, and would be ignored ({hint})")
-        if dataclasses.is_dataclass(hints[key]) and OmegaConf.is_dict(value):
+        if dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
             check_known_keys(value, hints[key], f"{where}.{key}")
 
 

@@ -9,7 +9,15 @@ from accelerate import PartialState
 from omegaconf import DictConfig, OmegaConf
 
 from specrepro import registry
-from specrepro.config import check_device, check_logger, check_names, check_threads, weights_identity
+from specrepro.config import (
+    ModelConfig,
+    check_device,
+    check_known_keys,
+    check_logger,
+    check_names,
+    check_threads,
+    weights_identity,
+)
 from specrepro.models import ModelLoader
 from specrepro.provenance import now, provenance
 from specrepro.reuse import note_reused
@@ -69,6 +77,9 @@ def train(cfg) -> Path:
     check_device(cfg.hardware.device)
     check_threads(cfg.hardware.threads)
     check_logger(cfg.logger)
+    registry.load()
+    check_known_keys(cfg.model, ModelConfig, "model")
+    check_known_keys(cfg.training, registry.component(cfg.training.component).schema, "training")
     final = artifact_path(cfg)
     if trained_already(cfg, final, say_damage=False):  # before the lock: one on read-only storage is reused too
         return final
