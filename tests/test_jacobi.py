@@ -50,6 +50,22 @@ def test_a_model_that_repeats_itself_fast_forwards():
     assert max(gen.extra["fast_forwarded"]) > 1 and sum(gen.extra["stationary"]) > 0
 
 
+def test_an_eos_inside_a_fast_forwarded_block_cuts_its_counters():
+    """The tokens an iteration fixes after an EOS are thrown away: they are neither fast-forwarded nor stationary."""
+    model = tiny_llama(vocab_size=64, seed=2, logit_scale=3.0)
+    prompt = list(range(3, 20))
+    ar = ARDecoder(model)
+    ar.eos_ids = set()
+    reference = ar.generate(prompt, GREEDY, 40).token_ids  # settles into a repeated pair: long fast-forwards
+    for eos in reference[1:16]:
+        decoder = JacobiDecoder(model, block_size=16)
+        decoder.eos_ids = {eos}
+        gen = decoder.generate(prompt, GREEDY, 40)
+        assert gen.extra["fast_forwarded"] == gen.accepted
+        from_guesses = [a - 1 for a in gen.accepted[:-1]] + [gen.accepted[-1] - 1 + gen.last_step_cut]
+        assert all(s <= g for s, g in zip(gen.extra["stationary"], from_guesses))
+
+
 def test_jacobi_is_greedy_only():
     with pytest.raises(SpecReproError):
         JacobiDecoder(tiny_llama()).generate([3, 4, 5], Sampling(do_sample=True), 8)

@@ -17,8 +17,9 @@ is reached, at the price of an n-token forward every iteration. Still exact: eve
 argmax of a forward on a verified prefix.
 
 Per iteration (= one target forward = one step) `Generation.extra` records
-- `fast_forwarded`: tokens fixed by the iteration (Table 3 counts the one that is correct anyway too);
-- `stationary`: tokens fixed by the iteration that already held that value, unchanged, in the state of
+- `fast_forwarded`: tokens fixed by the iteration and committed (none past an EOS; Table 3 counts the one
+  that is correct anyway too);
+- `stationary`: tokens fixed by the iteration and committed that already held that value, unchanged, in the state of
   the previous iteration although an earlier position of that state was still wrong (a correct token
   that "remains unaltered through subsequent iterations despite being preceded by inaccurate tokens");
   each generation's mean per iteration (`stationary_per_iteration`), averaged over the run's generations as
@@ -113,11 +114,11 @@ class JacobiDecoder(Decoder):
             with out.timed("verify"):  # one parallel Jacobi update of every position (Eq. 3)
                 update = self.steps(state, cache, past=past).logits[0].argmax(-1).tolist()  # the round's one read
             n_fixed = next((i for i, guess in enumerate(guesses) if guess != update[i]), len(guesses))
-            tokens = update[: n_fixed + 1]
             past += 1 + n_fixed
             crop_cache(cache, past)  # keep the KV of the converged prefix only (Alg. 3 line 12)
-            fast_forwarded.append(len(tokens))
-            stationary.append(sum(since < step for since in held_since[:n_fixed]))
+            kept = out.commit(update[: n_fixed + 1], drafted=len(state[0]) - 1)  # cut at an EOS
+            fast_forwarded.append(len(kept))
+            stationary.append(sum(since < step for since in held_since[: min(n_fixed, len(kept))]))
             # line 13: z_next beyond i*; a sliding window also keeps the last position's prediction (of the next token)
             new_guesses = update[n_fixed + 1 : len(guesses) + self.sliding]
             held_since = [
@@ -126,7 +127,6 @@ class JacobiDecoder(Decoder):
             ]
             held_since += [step + 1] * (len(new_guesses) - len(held_since))
             guesses = new_guesses
-            out.commit(tokens, drafted=len(state[0]) - 1)
         out.gen.extra.update(
             block_size=self.block_size,
             fast_forwarded=fast_forwarded,
