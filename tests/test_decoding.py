@@ -20,7 +20,14 @@ from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder, lookup_ngram
 from specrepro.decoding.sampling import Sampling, warp_logits
 from specrepro.decoding.sps import SPSDecoder
-from specrepro.decoding.verify import crop_cache, greedy_verify, keep_tree_path, tree_attention, tree_verify
+from specrepro.decoding.verify import (
+    crop_cache,
+    greedy_verify,
+    keep_tree_path,
+    speculative_verify,
+    tree_attention,
+    tree_verify,
+)
 from tests.conftest import host_reads
 
 GREEDY = Sampling()
@@ -230,6 +237,15 @@ def test_greedy_verify_accepts_the_matching_prefix():
     assert greedy_verify(torch.tensor([3, 4, 5]), logits) == ([3, 4, 9], 2)
     assert greedy_verify(torch.tensor([3, 4, 9]), logits) == ([3, 4, 9, 1], 3)
     assert greedy_verify(torch.tensor([7, 4, 9]), logits) == ([3], 0)
+
+
+def test_a_uniform_draw_of_zero_accepts_no_draft_the_target_rules_out(monkeypatch):
+    """torch.rand draws from [0, 1): u = 0 passes u * q(x) <= p(x) for p(x) = 0 too (a pld draft top-k leaves out)."""
+    logits = torch.tensor([[4.0, 3.0, 0.0, -1.0], [0.0, 4.0, 3.0, -1.0]])
+    sampling = Sampling(do_sample=True, top_k=2)
+    monkeypatch.setattr(torch, "rand", lambda n, generator=None, device=None: torch.zeros(n, device=device))
+    tokens, n_accepted = speculative_verify(torch.tensor([3]), None, logits, sampling, torch.Generator())
+    assert n_accepted == 0 and tokens[0] in (0, 1)
 
 
 def test_a_tree_verification_sees_ancestors_and_accepts_the_matching_path():

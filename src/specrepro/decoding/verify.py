@@ -60,8 +60,9 @@ def speculative_verify(
     u = torch.rand(k, generator=rng, device=drafts.device)
     if k == 0:  # nothing drafted: a token from p
         return [int(sample(p[0], rng))], 0
-    # on the device, read once at the end: n_accepted = the drafts before the first rejection (u < p/q <=> accept)
-    n_accepted = (u * q_draft <= p_draft).cumprod(0).sum().view(1)
+    # on the device, read once at the end: n_accepted = the drafts before the first rejection (u < p/q <=> accept;
+    # torch.rand can draw u = 0, which must not accept a token p rules out)
+    n_accepted = ((u * q_draft <= p_draft) & (p_draft > 0)).cumprod(0).sum().view(1)
     at = p.index_select(0, n_accepted)[0]  # p where the first rejection is (or the bonus row)
     draw_from = at
     if resample_residual:  # norm(max(p - q, 0)) after a rejection, p for the bonus token
