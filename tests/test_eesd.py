@@ -192,6 +192,17 @@ def test_greedy_eesd_with_break_even_beta_ts_equals_ar():
     assert gen.token_ids == reference and sum(gen.drafted) > 0
 
 
+@pytest.mark.parametrize("decision", ["bernoulli", "break_even"])
+def test_beta_ts_steps_are_as_wide_as_its_longest_round(decision):
+    """Compiled steps warm up to `max_step_width`: a break-even round drafts up to k_max once theta is high, whatever
+    the prior's first draw says."""
+    target = tiny_llama(vocab_size=64, seed=1)
+    decoder = eesd(target, 1, "beta_ts", k_max=16, beta_decision=decision, shared_head=True)
+    decoder.eos_ids = set()
+    gen = decoder.generate([5, 6, 7, 8] * 6, GREEDY, 120)
+    assert 1 + max(gen.drafted) <= decoder.max_step_width == 17
+
+
 def test_cali_ts_posterior_and_theta_hat_updates_by_hand():
     cali = CaliTS(sigma_m=0.2, sigma_s=0.5, theta0=0.5, k_max=8, rng=np.random.default_rng(0))
     assert cali.posterior(0.9) == pytest.approx((0.9, 0.04))  # no verification yet: the model prior alone

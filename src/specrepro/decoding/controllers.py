@@ -150,6 +150,10 @@ class BetaTS(DraftLengthController):
         self.alpha, self.beta, self.k_max, self.rng, self.counting = alpha0, beta0, k_max, rng, counting
         self.decision, self.break_even = decision, break_even
 
+    @property
+    def max_length(self) -> int:
+        return self.k_max  # a break-even round's length is drawn: `next_length` would draw one (and use the rng)
+
     def next_length(self) -> int:
         if self.decision == "bernoulli":
             return self.k_max
