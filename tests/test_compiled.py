@@ -16,6 +16,7 @@ from specrepro.decoding.eagle import DRAFT_CACHE, EagleConfig, EagleDecoder, Eag
 from specrepro.decoding.eesd import EarlyExitHead, EESDConfig, EESDDecoder
 from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
 from specrepro.decoding.jacobi import JacobiDecoder
+from specrepro.decoding.lookahead import LookaheadConfig, LookaheadDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.self_sd import SelfSDConfig, SelfSDDecoder
 from specrepro.decoding.sampling import Sampling
@@ -23,6 +24,7 @@ from specrepro.decoding.sar_draft import SARDraftConfig, SARDraftDecoder, head_f
 from specrepro.decoding.space import SpaceDecoder
 from specrepro.decoding.sps import SPSDecoder
 from specrepro.decoding.steps import STEPS_ATTRIBUTE, CompiledSteps, EagerSteps
+from specrepro.decoding.token_recycling import TokenRecyclingConfig, TokenRecyclingDecoder
 from specrepro.decoding.verify import crop_cache, tree_attention
 from specrepro.config import RandomArchConfig
 from specrepro.errors import SpecReproError
@@ -177,6 +179,25 @@ def test_steps_checking_only_differentiating_guards_equal_eager_ar(differentiati
     eager_ar = ARDecoder(differentiating_target, steps=EagerSteps(differentiating_target))
     for prompt in prompts():
         assert decoder.generate(prompt, GREEDY, 40).token_ids == eager_ar.generate(prompt, GREEDY, 40).token_ids
+
+
+@pytest.mark.parametrize("name", ["lookahead", "token_recycling"])
+def test_a_step_wider_than_every_bucket_fits_the_static_cache_at_the_budgets_end(name):
+    """Lookahead's window and Token Recycling's tree are verified whole until the budget's last tokens, in steps wider
+    than the largest width (run uncompiled): the cache warmed up for the longest prompt holds their rows too."""
+    from specrepro.runner import compile_steps_for
+
+    model = torch_llama(vocab_size=64, seed=1, num_layers=2, logit_scale=3.0)
+    model.generation_config.eos_token_id = None
+    eager_ar = ARDecoder(model, steps=EagerSteps(model))
+    setattr(model, STEPS_ATTRIBUTE, CompiledSteps(model, backend="eager", widths=[1, 4, 16]))
+    if name == "lookahead":
+        decoder = LookaheadDecoder(model, None, LookaheadConfig(window=8, ngram=4, guesses=8))  # 49 rows
+    else:
+        decoder = TokenRecyclingDecoder(model, None, TokenRecyclingConfig())  # 81 rows
+    prompt, budget = [5, 6, 7, 8] * 6, 88  # 24 + 88 + the widest bucket (16) = 128 positions: no rounding slack
+    compile_steps_for(len(prompt) + budget, [decoder])
+    assert decoder.generate(prompt, GREEDY, budget).token_ids == eager_ar.generate(prompt, GREEDY, budget).token_ids
 
 
 def test_the_hardware_config_picks_the_guards_the_loaded_steps_check():

@@ -174,6 +174,7 @@ class CompiledSteps(EagerSteps):
         # positions a cache keeps past the last real one: a padded step writes up to a width there; row-invariant
         # steps leave a drafter that writes ahead (EAGLE's levels, each padded to the width) a width more
         self.spare = self.widths[-1] * (2 if row_invariant else 1)
+        self.widest = 0  # the widest step `warm_up` was told of: one past the buckets runs uncompiled on the cache too
         # cache lengths round up to a multiple of this. Every step attends the whole cache under a mask: in fp32 on
         # an H200, a 1024-position cache (a multiple of 512) cost 5.9 ms a token where 576 positions cost 4.7
         self.cache_multiple = cache_multiple
@@ -238,7 +239,7 @@ class CompiledSteps(EagerSteps):
     def new_cache(self, length: int, name: str = "target") -> StaticCache:
         """The static cache of that name, emptied. Every cache has one size, reallocated (new graphs) only when
         `length` outgrows it: a drafter's own cache, asked for after the target's, is as long as the target's."""
-        needed = length + self.spare
+        needed = length + self.room
         if self.cache_len < needed:
             if self.caches:
                 log.warning("the static cache grows past %d positions: its graphs are compiled again", self.cache_len)
@@ -255,7 +256,12 @@ class CompiledSteps(EagerSteps):
         return self.caches[name]
 
     def holds(self, length: int) -> bool:
-        return bool(self.caches) and length + self.spare <= self.cache_len
+        return bool(self.caches) and length + self.room <= self.cache_len
+
+    @property
+    def room(self) -> int:
+        """Positions a cache keeps past a generation's length: for the spare and for the widest step's rows."""
+        return max(self.spare, self.widest)
 
     def tree_inputs(self, tree) -> dict:
         """An uncompiled tree step's mask, widened to the static cache's length (its keys are all of its rows)."""
@@ -397,6 +403,7 @@ class CompiledSteps(EagerSteps):
         the seconds it took (the record's `compile_time`)."""
         start = time.perf_counter()
         self.warmed = False
+        self.widest = max(self.widest, max_width)
         cache = self.new_cache(length)
         device = next(self.model.parameters()).device
         if self.row_invariant and max_width > self.widths[-1]:
