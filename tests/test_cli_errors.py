@@ -51,6 +51,21 @@ def test_an_unknown_sweep_value_is_one_line_before_any_job_runs(tmp_path):
     assert not (tmp_path / "results" / "runs").exists()  # pld did not run either
 
 
+@pytest.mark.parametrize(
+    "command, expected, absent",
+    [  # Hydra's advice to add a misspelled key with `+` is dropped: the run refuses a key no schema has
+        (["run", "decoding.max_new_token=4"], "Key 'max_new_token' not in 'DecodingConfig'", "To append"),
+        (["train", "method=pld"], "(a method with no recipe trains nothing: run it)", "Traceback"),
+        (["reproduce"], "the following arguments are required: paper", "paper, overrides"),
+    ],
+)
+def test_a_command_that_cannot_start_says_what_to_do_in_one_line(tmp_path, command, expected, absent):
+    proc = specrepro(*command, cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    (line,) = error_lines(proc.stderr)[-1:]
+    assert expected in line and absent not in proc.stderr
+
+
 def test_a_sweep_over_methods_with_a_key_only_they_have_says_how_to_set_it(tmp_path):
     """Hydra composes a sweep's config first with the default method (`ar`), which has no `window`."""
     sweep = ["run", "-m", *FAST, "dataset.limit=1", "logger=none", "method=lookahead,lookahead_small"]

@@ -64,9 +64,11 @@ def hydra_error_line(exc: CompactHydraException) -> str:
     """A Hydra config error on one line: an unknown option with the group's options, a bad value with its key."""
     if isinstance(exc, MissingConfigException) and exc.options:
         group = exc.missing_cfg_file.rsplit("/", 1)[0]
-        return f"{exc.missing_cfg_file} is not a config; {group} is one of: {', '.join(exc.options)}"
+        untrained = " (a method with no recipe trains nothing: run it)" if group == "training" else ""
+        return f"{exc.missing_cfg_file} is not a config; {group} is one of: {', '.join(exc.options)}{untrained}"
     cause = f": {one_line(exc.__cause__)}" if exc.__cause__ is not None else ""
-    return one_line(exc) + cause
+    # not Hydra's advice to add a misspelled key with `+`: the run refuses a key no schema has
+    return re.sub(r"\. To append to your config use \+\S+", "", one_line(exc)) + cause
 
 
 def sweep_hint(exc: CompactHydraException, args: list[str]) -> str:

@@ -451,7 +451,7 @@ def main(args: list[str]) -> None:
         prog="specrepro reproduce", description="Train, run and tabulate one paper (or all) from nothing cached."
     )
     parser.add_argument("paper", help=f"a pipeline in {PIPELINES_DIR} (without .yaml), a pipeline file, or all")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides added to every train and run stage")
+    parser.add_argument("overrides", nargs="*", default=[], help="Hydra overrides added to every train and run stage")
     parser.add_argument(
         "--results-dir",
         default="results",
