@@ -9,7 +9,7 @@ round differently). `sdpa_repeat_kv` is transformers' own choice, which copies t
 n_rep times for a multi-token forward; `sdpa` (the harness's) lets SDPA group the heads itself (`enable_gqa`,
 bit-identical). The oneDNN linear kernel throughout, its inputs padded to `hardware.linear_min_rows` rows in every
 setting, as runs pad them: `hardware.row_invariant` pads one row to at least two, which alone makes a 1-token
-forward slower at `linear_min_rows=1` (64 against 52 ms, fp32, 1 thread), so the settings differ in attention only.
+forward slower at `linear_min_rows=1`, so the settings differ in attention only.
 
     .venv/bin/python experiments/bench_attention.py --threads 1                   # bf16
     .venv/bin/python experiments/bench_attention.py --threads 1 --dtype float32

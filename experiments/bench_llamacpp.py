@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 import time
@@ -144,6 +145,12 @@ def our_forward_timer(model, ids: list[int]):
 def width_cost(seconds, width: int) -> float:
     """A forward over `width` tokens in one-token forwards: the median over REPEATS pairs timed back to back."""
     return median(seconds(width) / seconds(1) for _ in range(REPEATS))
+
+
+def mean_accepted(results: list[dict]) -> float:
+    """An arm's tokens after the prefill's per step; NaN where it ran no step (a one-token budget)."""
+    steps = sum(r["steps"] for r in results)
+    return sum(len(r["tokens"]) - 1 for r in results) / steps if steps else math.nan
 
 
 def shared_prefix(a: list[int], b: list[int]) -> int:
@@ -293,10 +300,7 @@ def main() -> None:
                 arm: sum(len(r["tokens"]) for r in results[arm]) / sum(r["seconds"] for r in results[arm])
                 for arm in ARMS
             },
-            "mat": {
-                arm: sum(len(r["tokens"]) - 1 for r in results[arm]) / max(1, sum(r["steps"] for r in results[arm]))
-                for arm in ARMS
-            },
+            "mat": {arm: mean_accepted(results[arm]) for arm in ARMS},
             "lookup_speedup": {arm: paired(arm, base) for arm, base in LOOKUPS.items()},
             "llamacpp_ar_over_ar": paired("llamacpp_ar", "ar"),
             "identical": {

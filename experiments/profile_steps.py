@@ -35,7 +35,7 @@ from specrepro.runner import compile_steps_for
 from specrepro.tracking import atomic_write
 
 
-def profiled(fn, device: torch.device, tokens: int, top: int) -> dict:
+def profiled(fn, device: torch.device, top: int) -> dict:
     """fn() under torch.profiler: per-token wall and kernel milliseconds, and the `top` kernels by total time."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     device_sync(device)
@@ -157,7 +157,7 @@ def main() -> None:
         produced = fn()
         device_sync(loader.device)
         unprofiled = 1e3 * (time.perf_counter() - start) / produced
-        arm = figures[name] = profiled(fn, loader.device, args.tokens, args.top)
+        arm = figures[name] = profiled(fn, loader.device, args.top)
         arm["unprofiled_ms_per_token"] = unprofiled
         # the unprofiled wall over the kernels' time: 1.0 when the kernels bound a token (the profiler adds host time)
         arm["wall_over_kernel"] = unprofiled / arm["kernel_ms_per_token"] if arm["kernel_ms_per_token"] else None

@@ -4,6 +4,7 @@ llama-cpp-python (an optional, source-built package), so its end-to-end test run
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,12 @@ def test_the_page_says_where_our_pld_left_our_ar(monkeypatch):
     text = markdown(figures)
     assert "equals our `ar`" not in text
     assert f"left our `ar`'s tokens on 1 of {figures['prompts']} prompts here" in text
+
+
+def test_an_arm_that_ran_no_step_has_no_mean_accepted_tokens(monkeypatch):
+    """A one-token budget commits every token in the prefill: MAT is undefined (NaN), not an impossible 0.00."""
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    from bench_llamacpp import mean_accepted
+
+    assert math.isnan(mean_accepted([{"tokens": [5], "steps": 0}, {"tokens": [7], "steps": 0}]))
+    assert mean_accepted([{"tokens": [5, 6, 7], "steps": 1}, {"tokens": [1, 2], "steps": 1}]) == 1.5
