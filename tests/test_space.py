@@ -100,6 +100,19 @@ def test_cache_surgery_with_accepted_candidates(wrong_every, k):
     assert max(gen.accepted) == k + 1 if wrong_every > k + 1 else max(gen.accepted) > 1
 
 
+@pytest.mark.parametrize("eos_at", [9, 10, 11])
+def test_accepted_per_position_counts_no_candidate_past_an_eos(eos_at):
+    """A step cut at an EOS inside its accepted candidates counts only the candidates it committed."""
+    model, prompt = tiny_llama(seed=2, logit_scale=3.0), list(range(3, 20))
+    ar = ARDecoder(model).generate(prompt, GREEDY, 40).token_ids
+    decoder = OracleSpace(model, ar, 1000, 4)
+    decoder.eos_ids = {ar[eos_at]}
+    gen = decoder.generate(prompt, GREEDY, 40)
+    assert gen.token_ids == ar[: ar.index(ar[eos_at]) + 1]
+    committed_drafts = sum(gen.accepted) - gen.steps + gen.last_step_cut  # a cut step kept drafts only
+    assert sum(gen.extra["accepted_per_position"]) == committed_drafts
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_greedy_space_equals_ar_with_untrained_masks(seed):
     model, prompt = tiny_llama(seed=seed, logit_scale=3.0), list(range(3, 20))

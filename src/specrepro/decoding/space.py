@@ -156,8 +156,8 @@ class SpaceDecoder(Decoder):
                 )
             n_cached += n_accepted + 1
             crop_cache(cache, n_cached)  # the anchor and accepted candidates; rejects and masks dropped
-            accepted_per_position[:n_accepted] += 1
-            out.commit(tokens, drafted=k)
+            kept = out.commit(tokens, drafted=k)
+            accepted_per_position[: min(n_accepted, len(kept))] += 1  # none past an EOS or the budget
             if out.done:
                 break
             with out.timed("draft"):  # the mask group after the last accepted real token guesses past the new token
