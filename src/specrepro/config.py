@@ -121,6 +121,11 @@ class DecodingConfig:
                 f"decoding.do_sample={str(self.do_sample).lower()} contradicts decoding={self.name}, which names the "
                 f"run: use decoding={'sample' if self.do_sample else 'greedy'}, or give the setting a decoding.name"
             )
+        if self.num_samples > 1 and not self.do_sample:  # n greedy copies: a pass@k of them would be pass@1's
+            raise SpecReproError(
+                f"decoding.num_samples={self.num_samples} under greedy decoding decodes one completion "
+                f"{self.num_samples} times: use decoding=sample for several (pass@k), timing.repeats to time again"
+            )
         if self.do_sample and self.temperature <= 0:
             raise SpecReproError("decoding.do_sample=true needs decoding.temperature > 0 (use decoding=greedy instead)")
         if not 0 < self.top_p <= 1:
