@@ -4,6 +4,7 @@ import gzip
 import json
 import logging
 import re
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -17,6 +18,7 @@ from specrepro.data import (
     DatasetConfig,
     completion_for_scoring,
     load_records,
+    prompt_format,
     prompt_ids,
     render_prompt,
 )
@@ -397,3 +399,12 @@ def test_a_file_of_the_wrong_shape_is_one_line_naming_it(tmp_path, setting, cont
         settings["task"] = "sharegpt"
     with pytest.raises(SpecReproError, match=f"{re.escape(str(given))}: .*{message}"):
         load_records(config(**settings))
+
+
+def test_the_prompt_format_says_when_a_chat_dataset_falls_back_to_a_plain_transcript():
+    """A run records how its prompts were written: a tokenizer without a chat template gets a User/Assistant
+    transcript for a chat dataset, which the run's metrics say (`prompt_format`) instead of leaving it silent."""
+    chat, completion = compose_dataset("gsm8k", "limit=1"), compose_dataset("humaneval", "limit=1")
+    templated, bare = SimpleNamespace(chat_template="{{ messages }}"), SimpleNamespace(chat_template=None)
+    assert prompt_format(templated, chat) == "chat template" and prompt_format(bare, chat) == "plain transcript"
+    assert prompt_format(templated, completion) == prompt_format(bare, completion) == "completion"

@@ -66,6 +66,7 @@ def test_method_run_records_everything_and_finds_its_reference(tmp_path):
     assert metrics["complete"] and metrics["n_samples"] == 3
     assert metrics["lossless"] == 1.0
     assert metrics["reference_run"] in {p.name for p in runs.values()}
+    assert metrics["prompt_format"] == "chat template"  # the embedded tokenizer's
     for key in ("tokens_per_s", "speedup_mean", "speedup_total", "mat", "accept_rate", "gsm8k_acc"):
         assert key in metrics
     rows = [json.loads(line) for line in (pld_dir / "generations.jsonl").read_text().splitlines()]

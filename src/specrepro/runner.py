@@ -19,7 +19,14 @@ from tqdm import tqdm
 
 from specrepro import suspension
 from specrepro.config import check_run_config
-from specrepro.data import completion_for_scoring, load_records, prompt_ids, reference_response, render_prompt
+from specrepro.data import (
+    completion_for_scoring,
+    load_records,
+    prompt_format,
+    prompt_ids,
+    reference_response,
+    render_prompt,
+)
 from specrepro.decoding import build_decoder, validate_method_config
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
@@ -114,6 +121,11 @@ def _run_locked(
     target = load_target(cfg, loader)
     decoder = build_decoder(cfg.method, target, loader)  # before the reference run: a bad method fails fast
     longest = longest_prompt(records, cfg, target)  # every first turn fits, checked before anything is decoded
+    written_as = prompt_format(target.tokenizer, cfg.dataset)
+    if written_as == "plain transcript":
+        log.warning(
+            "run %s: model %s has no chat template: chat prompts are a User/Assistant transcript", name, cfg.model.name
+        )
 
     ref_key = reference_key(cfg, fingerprint)
     reference = ar_reference(cfg, ref_key, name, group) if cfg.reference and cfg.method.name != "ar" else None
@@ -172,6 +184,7 @@ def _run_locked(
         decoding=cfg.decoding.name,
         n_samples=len(rows),
         data_fingerprint=fingerprint,
+        prompt_format=written_as,  # the tokenizer's chat template, a plain transcript (it has none), or completion
         setting_key=setting,  # all it computes but the code: runs of one key and other names had other code
         code_fingerprint=code_fingerprint(cfg.method.name),  # the code it decoded with (identity.code_fingerprint)
         scoring_code=scoring_fingerprint(),  # the code that scored its answers (identity.SCORING_CODE)

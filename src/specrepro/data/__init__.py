@@ -2,7 +2,7 @@
 
 from specrepro.data.config import DatasetConfig
 from specrepro.data.files import BUNDLED_DIR
-from specrepro.data.prompts import completion_for_scoring, prompt_ids, render_prompt
+from specrepro.data.prompts import completion_for_scoring, prompt_format, prompt_ids, render_prompt
 from specrepro.data.records import Record, gsm8k_final_answer, load_records, reference_response
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "completion_for_scoring",
     "gsm8k_final_answer",
     "load_records",
+    "prompt_format",
     "prompt_ids",
     "reference_response",
     "render_prompt",

@@ -217,9 +217,17 @@ def _render(record, tokenizer, cfg, history: Sequence[str], as_text: Callable[[s
         messages.append({"role": "user", "content": text})
         if index < turn:
             messages.append({"role": "assistant", "content": history[index]})
-    if cfg.prompt_style == "chat" and getattr(tokenizer, "chat_template", None):
+    if prompt_format(tokenizer, cfg) == "chat template":
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return plain_transcript(messages)
+
+
+def prompt_format(tokenizer, cfg) -> str:
+    """How a record's first turn is written: "completion" (the templated text), "chat template" (the tokenizer's),
+    or "plain transcript" (a chat dataset on a tokenizer without a chat template)."""
+    if cfg.prompt_style != "chat":
+        return "completion"
+    return "chat template" if getattr(tokenizer, "chat_template", None) else "plain transcript"
 
 
 ROLE_NAMES = {"system": "System", "user": "User", "assistant": "Assistant"}
