@@ -91,6 +91,17 @@ def test_interrupted_run_resumes_from_finished_samples(tmp_path):
     assert json.loads((run_dir / "metrics.json").read_text())["n_samples"] == 3
 
 
+def test_a_sampled_later_turn_draws_afresh_rather_than_replaying_the_first_turns_draws(tmp_path):
+    # near-uniform distributions on both turns: the first turn's noise replayed would copy its answer token for token
+    args = ["decoding=sample", "decoding.temperature=100", "decoding.top_p=1.0", "decoding.num_samples=2"]
+    specrepro("run", *FAST, "method=ar", "dataset=mt_bench", "dataset.limit=1", "logger=none", *args, cwd=tmp_path)
+    (row,) = [json.loads(line) for line in (next(iter(run_dirs(tmp_path).values())) / "generations.jsonl").open()]
+    for first, second in row["samples"]:
+        assert first["seed"] != second["seed"]
+        assert first["token_ids"] != second["token_ids"]
+    assert [turns[0]["seed"] for turns in row["samples"]] == [0, 1]  # a first turn's seed is as before
+
+
 def test_multirun_over_datasets_with_offline_wandb(tmp_path):
     out = specrepro(
         "run", "-m", *FAST, "dataset=gsm8k,humaneval,xsum,mt_bench", "dataset.limit=2", "logger=wandb", cwd=tmp_path

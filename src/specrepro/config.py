@@ -109,7 +109,7 @@ class DecodingConfig:
     top_p: float = 1.0  # 1.0 = off
     max_new_tokens: int = 128
     num_samples: int = 1  # completions per prompt (pass@k needs n >= k)
-    seed: int = 0  # sample i of prompt j uses seed + 1000 * j + i
+    seed: int = 0  # sample i of prompt j uses seed + 1000 * j + i (a later turn: runner.sample_seed)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:

@@ -265,7 +265,7 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
             decoders, length = [decoder, *baselines.values()], len(ids) + cfg.decoding.max_new_tokens
             # a later turn's prompt holds answers that can outgrow the static caches: compile for it here, untimed
             compiled_s = compile_steps_for(length, decoders) if turn and not holds(length, decoders) else 0.0
-            seed = sample_seed(cfg, index, s)
+            seed = sample_seed(cfg, index, s, turn)
             method_first = method_timed_first(cfg.timing.order, index, s, turn)
             gen, timed_beside = decode_turn(
                 decoder, baselines, ids, sampling, cfg.decoding.max_new_tokens, seed, cfg.timing.repeats, method_first
@@ -339,8 +339,11 @@ def check_fits_context(ids: list[int], cfg: DictConfig, target: LoadedModel, rec
         )
 
 
-def sample_seed(cfg: DictConfig, index: int, sample: int) -> int:
-    return cfg.decoding.seed + 1000 * index + sample
+def sample_seed(cfg: DictConfig, index: int, sample: int, turn: int = 0) -> int:
+    """The seed of one turn of a record's sample: a later turn's is its own, not the first turn's draws replayed
+    on the next prompt (which copies an answer into the next turn when the two turns' distributions are alike).
+    Turns lie 2**32 / golden ratio apart, modulo 2**32: torch's CPU generator reads a seed's low 32 bits only."""
+    return (cfg.decoding.seed + 1000 * index + sample + 0x9E3779B9 * turn) % 2**32
 
 
 METHOD = "method"  # the method's own arm among the baselines' (`ar`, `eager_ar`) in `decode_turn`
