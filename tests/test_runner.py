@@ -326,6 +326,18 @@ def test_timing_repeats_that_decode_differently_are_refused():
         decode_turn(method, {}, [1, 2, 3], None, 8, seed=0, repeats=2)
 
 
+@pytest.mark.parametrize(
+    "method", ["method=token_recycling", "method=self_sd method.attn_skip=[1] method.skip_set=null"]
+)
+def test_timing_repeats_are_refused_for_a_method_that_learns_across_generations(tmp_path, method):
+    """A repeat would decode the turn with what the method learnt from decoding it (token_recycling's MAT went from
+    1.00 to 5.00 with timing.repeats=2), and a sampled run stopped as if its kernels were nondeterministic."""
+    args = ["run", *FAST, *method.split(), "dataset.limit=1", "logger=none", "timing.repeats=2"]
+    proc = specrepro(*args, cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "learnt from it" in proc.stderr, proc.stderr[-2000:]
+    assert run_dirs(tmp_path) == {}  # refused before its `ar` reference was run
+
+
 def test_training_minutes_leave_out_a_pause_of_the_process():
     """`suspension.clock()` (training and data-generation seconds) stands still while the process is stopped:
     a child stopped for 3 s, 0.6 s into a 2 s sleep, times about 1 s (the pause counts from the last heartbeat),

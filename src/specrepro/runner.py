@@ -120,6 +120,7 @@ def _run_locked(
     loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
     target = load_target(cfg, loader)
     decoder = build_decoder(cfg.method, target, loader)  # before the reference run: a bad method fails fast
+    check_repeatable(cfg, decoder)
     longest = longest_prompt(records, cfg, target)  # every first turn fits, checked before anything is decoded
     written_as = prompt_format(target.tokenizer, cfg.dataset)
     if written_as == "plain transcript":
@@ -206,6 +207,17 @@ def _run_locked(
     record.finish(metrics)
     log_to_wandb(cfg, record, name, group, metrics, rows)
     return metrics
+
+
+def check_repeatable(cfg: DictConfig, decoder) -> None:
+    """Refuse timing.repeats > 1 for a method whose generations change what later ones draft: each repeat would
+    decode a turn with what the one before learnt from it, and the fastest kept would be the best informed."""
+    if cfg.timing.repeats > 1 and decoder.carries_state:
+        raise SpecReproError(
+            f"timing.repeats={cfg.timing.repeats} decodes each turn again after method '{cfg.method.name}' learnt "
+            "from it (state carried across generations): use timing.repeats=1, or turn the carry off "
+            "(token_recycling: method.persist=false; self_sd: method.carry_gamma=false)"
+        )
 
 
 def longest_prompt(records: list, cfg: DictConfig, target: LoadedModel) -> int:

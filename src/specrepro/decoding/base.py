@@ -121,6 +121,7 @@ class Decoder(ABC):
     draft_model_steps: list = []
     drafter_calls: list = []  # (drafter step, inputs) of each input shape its `steps.drafter_step`s take: warmed up too
     code_modules: tuple = ()  # other modules whose code shapes its tokens or timings (identity.py)
+    carries_state = False  # a generation changes what later ones draft (a hot-start matrix, a carried draft length)
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, steps: EagerSteps | None = None):
         self.model = model

@@ -241,6 +241,10 @@ class SelfSDDecoder(DraftVerifyDecoder):
             attn_skip, mlp_skip = skip_set.attn_skip, skip_set.mlp_skip
         return cls(target.model, target.tokenizer, attn_skip, mlp_skip, cfg)
 
+    @property
+    def carries_state(self) -> bool:
+        return self.cfg.control == "adaptive" and self.cfg.carry_gamma
+
     def new_controller(self) -> DraftLengthController:
         if isinstance(self.controller, AdaptiveDraftExit) and self.cfg.carry_gamma:
             self.gamma = self.controller.gamma

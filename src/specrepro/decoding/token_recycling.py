@@ -168,6 +168,10 @@ class TokenRecyclingDecoder(DraftVerifyDecoder):
         return FixedLength(max(self.template.depths))  # the tree's depth; the loop caps it at the budget
 
     @property
+    def carries_state(self) -> bool:
+        return self.cfg.persist
+
+    @property
     def verifies_trees(self) -> bool:
         return True
 
