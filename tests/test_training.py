@@ -28,7 +28,7 @@ from tests.test_runner import FAST, run_dirs, specrepro
 
 def regression_setup():
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))  # dropout: as LoRA
     data = torch.randn(64, 4), torch.randn(64, 1)
 
     def batch_for_step(step, micro):
@@ -48,6 +48,7 @@ def test_warmup_then_cosine_schedule():
 
 
 def test_interrupted_training_resumes_exactly(tmp_path):
+    """The same weights as an uninterrupted training, dropout masks included (the random state is restored)."""
     cfg = LoopConfig(steps=6, grad_accum=2, lr=0.1, warmup_steps=2, checkpoint_every=2, log_every=1)
     model, loss_fn, batch_for_step = regression_setup()
     train_loop(model, loss_fn, batch_for_step, cfg, tmp_path / "straight")

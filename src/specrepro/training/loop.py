@@ -186,12 +186,12 @@ def train_loop(
     progress = _Progress()
     accelerator.register_for_checkpointing(scheduler, progress)
     latest = work_dir / LATEST
+    torch.manual_seed(cfg.seed)  # a resume then restores the generators as they were at its checkpoint (dropout)
     if latest.is_file():
         accelerator.load_state(str(work_dir / latest.read_text().strip()))
         log.info("resuming training from step %d (%s)", progress.step, work_dir)
         note_reused(f"training steps 1-{progress.step} of {work_dir.name}")
     start, resumed_seconds, clock = progress.step, progress.seconds, suspension.clock()
-    torch.manual_seed(cfg.seed + start)
     trained.train()
     bar = tqdm(
         range(start, cfg.steps),
