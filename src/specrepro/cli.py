@@ -115,6 +115,8 @@ def run_job(cfg: DictConfig) -> None:
 
 
 def train_job(cfg: DictConfig) -> None:
+    from accelerate import PartialState
+
     from specrepro.training import train
 
     try:
@@ -123,7 +125,8 @@ def train_job(cfg: DictConfig) -> None:
         if (error := as_user_error(exc)) is None:
             raise
         fail(str(error))
-    print(f"artifact: {path}")
+    if PartialState().is_main_process:  # once for a launch of several processes
+        print(f"artifact: {path}")
 
 
 def hydra_app(config_name: str, task, args: list[str]) -> None:

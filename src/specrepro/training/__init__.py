@@ -19,6 +19,7 @@ from specrepro.config import (
     weights_identity,
 )
 from specrepro.models import ModelLoader
+from specrepro.models.loading import resolve_device
 from specrepro.provenance import now, provenance
 from specrepro.reuse import note_reused
 from specrepro.tracking import config_hash, wandb_init
@@ -72,9 +73,10 @@ def train(cfg) -> Path:
 
     In one process, or in each process of an `accelerate launch` / torchrun: every process prepares the data
     (each its share, see training/shards.py) and trains; the main process alone logs to W&B and publishes."""
-    state = PartialState()  # first: under a multi-GPU launch it selects this process's GPU
-    check_names(cfg)
     check_device(cfg.hardware.device)
+    # first: under a launch it selects this process's GPU, or on the CPU joins the processes over gloo
+    state = PartialState(cpu=resolve_device(cfg.hardware.device).type == "cpu")
+    check_names(cfg)
     check_threads(cfg.hardware.threads)
     check_logger(cfg.logger)
     registry.load()
