@@ -170,8 +170,9 @@ def train_loop(
 
     loss_fn(model, batch) -> (loss, extra logs); batch_for_step(step, micro) -> this process's share of the
     micro-batch (see `micro_batch_indices`), tensors on device. In one process this is plain training; under
-    `accelerate launch` gradients are averaged over processes, so the global batch (batch_size x grad_accum)
-    and the loss history do not depend on the process count. Only the main process logs.
+    `accelerate launch` gradients are averaged over processes: the global batch (batch_size x grad_accum) does not
+    depend on the process count, but each process's loss is a mean over its share's tokens, so N processes train
+    as one whose micro-batches are those shares. Only the main process logs.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     accelerator = _accelerator(cfg, device)
