@@ -102,6 +102,42 @@ def test_a_sampled_later_turn_draws_afresh_rather_than_replaying_the_first_turns
     assert [turns[0]["seed"] for turns in row["samples"]] == [0, 1]  # a first turn's seed is as before
 
 
+def test_an_ar_reference_finished_by_a_parallel_job_is_reused_under_resume_false(tmp_path):
+    """Two method runs of a parallel sweep with resume=false both find no `ar` reference and run it; the second,
+    having waited for the reference's lock, reuses what the first made instead of decoding it again under the
+    first method run's finished numbers."""
+    import shutil
+    import time
+
+    from specrepro.locks import run_lock
+
+    args = ["run", *FAST, "dataset=gsm8k", "dataset.limit=2", "logger=none"]
+    made = tmp_path / "made"
+    made.mkdir()
+    specrepro(*args, "method=ar", cwd=made)
+    [ar] = run_dirs(made).values()
+    parallel = tmp_path / "parallel"
+    waiting = parallel / "results" / "runs" / ar.name
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    with run_lock(waiting), open(tmp_path / "log", "w") as log:  # the other job, decoding the reference
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specrepro.cli", *args, "method=pld", "resume=false"],
+            cwd=parallel,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        while "no `ar` reference run" not in (tmp_path / "log").read_text() and proc.poll() is None:
+            time.sleep(0.2)
+        shutil.copytree(
+            ar, waiting, ignore=shutil.ignore_patterns(".lock"), dirs_exist_ok=True
+        )  # the other job's reference, complete
+    assert proc.wait(timeout=600) == 0, (tmp_path / "log").read_text()[-3000:]
+    assert (waiting / "metrics.json").read_text() == (ar / "metrics.json").read_text()  # not decoded again
+    [pld] = [run for key, run in run_dirs(parallel).items() if key.startswith("pld:")]
+    assert json.loads((pld / "metrics.json").read_text())["reference_run"] == ar.name
+
+
 def test_multirun_over_datasets_with_offline_wandb(tmp_path):
     out = specrepro(
         "run", "-m", *FAST, "dataset=gsm8k,humaneval,xsum,mt_bench", "dataset.limit=2", "logger=wandb", cwd=tmp_path

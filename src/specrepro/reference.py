@@ -20,9 +20,11 @@ def find_reference(cfg: DictConfig, ref_key: str) -> RunRecord | None:
 
 
 def reference_config(cfg: DictConfig) -> DictConfig:
-    """The config of `cfg`'s `ar` reference: the same run with method `ar`, untimed beside anything."""
+    """The config of `cfg`'s `ar` reference: the same run with method `ar`, untimed beside anything. Resumed even
+    under `resume=false`, which redoes the run asked for, not its reference: one that a parallel job finished while
+    this one waited for its lock is reused, not decoded again under the records that job's run already used."""
     content = OmegaConf.to_container(cfg, resolve=True)
-    content.update(method={"name": "ar"}, run_name=None, reference=False)
+    content.update(method={"name": "ar"}, run_name=None, reference=False, resume=True)
     content["timing"]["paired"] = False
     return OmegaConf.create(content)
 
