@@ -131,6 +131,32 @@ def test_ctrl_c_during_a_run_says_how_to_resume_in_one_line(tmp_path):
     )
 
 
+def test_ctrl_c_while_the_methods_import_is_one_line_too(tmp_path):
+    """The methods' modules (torch, transformers) take seconds to import before Hydra starts: Ctrl-C there too."""
+    (tmp_path / "slow_methods.py").write_text(
+        "import pathlib, time\npathlib.Path('importing').touch()\ntime.sleep(60)\n"
+    )
+    args = ["run", *FAST, "logger=none"]
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specrepro.cli", *args],
+        cwd=tmp_path,
+        env=env | {"SPECREPRO_PLUGINS": "slow_methods"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # as in a terminal
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "importing").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in stderr, stderr[-2000:]
+    assert error_lines(stderr)[-1].startswith("specrepro: interrupted; finished work is kept")
+
+
 @pytest.mark.parametrize("full_file", ["generations.jsonl", "metrics.json"])  # as the run starts, as it finishes
 def test_a_full_disk_under_results_dir_is_one_line_naming_the_run_directory(tmp_path, monkeypatch, full_file):
     from specrepro import runner, tracking

@@ -150,10 +150,6 @@ def hydra_app(config_name: str, task, args: list[str]) -> None:
         if not str(exc).startswith("Only one of --run, --multirun"):
             raise
         fail(str(exc))
-    except KeyboardInterrupt:
-        command = " ".join(["specrepro", config_name, *map(shlex.quote, args)])
-        print(f"specrepro: interrupted; finished work is kept: run `{command}` again to resume", file=sys.stderr)
-        sys.exit(130)
     except BrokenPipeError:  # stdout closed early (`specrepro run --help | head`)
         quiet_closed_stdout()
     finally:
@@ -196,10 +192,13 @@ def main() -> None:
         print(USAGE)
         return
     command, rest = args[0], args[1:]
-    if command == "run":
-        hydra_app("run", run_job, rest)
-    elif command == "train":
-        hydra_app("train", train_job, rest)
+    if command in ("run", "train"):
+        try:
+            hydra_app(command, run_job if command == "run" else train_job, rest)
+        except KeyboardInterrupt:  # also while the methods' modules import (torch, transformers: seconds)
+            again = " ".join(["specrepro", command, *map(shlex.quote, rest)])
+            print(f"specrepro: interrupted; finished work is kept: run `{again}` again to resume", file=sys.stderr)
+            sys.exit(130)
     elif command in SUBCOMMANDS:
         module, function = SUBCOMMANDS[command].split(":")
         try:
