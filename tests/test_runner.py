@@ -272,6 +272,31 @@ def test_a_turn_timed_across_a_suspension_is_timed_again():
     assert ResumedDuringOddDecodes.calls == 3  # not watching: the SIGCONT of the third is not counted
 
 
+def test_a_process_suspended_during_every_timing_of_a_turn_stops_in_one_line():
+    """Paused over and over (cpulimit, a scheduler slicing its time), every timing of a turn holds a pause: the run
+    stops with one line instead of timing that turn again forever."""
+    import signal
+
+    from specrepro import suspension
+    from specrepro.decoding.ar import ARDecoder
+    from specrepro.decoding.sampling import Sampling
+    from specrepro.runner import SUSPENDED_TIMINGS, decode_turn
+    from tests.conftest import tiny_llama
+
+    class AlwaysResumed(ARDecoder):
+        calls = 0
+
+        def _decode(self, *args):
+            AlwaysResumed.calls += 1
+            os.kill(os.getpid(), signal.SIGCONT)
+            super()._decode(*args)
+
+    method = AlwaysResumed(tiny_llama(), None)
+    with suspension.watching(), pytest.raises(SpecReproError, match="suspended during 5 timings of one turn"):
+        decode_turn(method, {}, [1, 2, 3], Sampling(do_sample=False), 4, seed=0)
+    assert AlwaysResumed.calls == SUSPENDED_TIMINGS
+
+
 class ScriptedArm:
     """A decoder stand-in whose successive generations take the given wall times and emit the given tokens."""
 

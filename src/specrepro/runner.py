@@ -359,6 +359,7 @@ def sample_seed(cfg: DictConfig, index: int, sample: int, turn: int = 0) -> int:
 
 
 METHOD = "method"  # the method's own arm among the baselines' (`ar`, `eager_ar`) in `decode_turn`
+SUSPENDED_TIMINGS = 5  # timings of one turn in a row a suspension may spoil before the run stops (`decode_turn`)
 
 
 def method_timed_first(order: str, index: int, sample: int, turn: int) -> bool:
@@ -381,9 +382,10 @@ def decode_turn(
     The baselines are timed right before the method, or right after it with `method_first`.
     With `repeats` R > 1 every arm decodes the turn R times, in turn, and keeps its fastest timing, the one least
     disturbed by other work on the machine (timeit's rule); its R decodings must agree token for token. A turn
-    during which the process was suspended is decoded again, so that no timing includes the pause."""
+    during which the process was suspended is decoded again, so that no timing includes the pause; a process
+    suspended during SUSPENDED_TIMINGS timings of one turn in a row is stopped in one line (it would never finish)."""
     arms = {METHOD: decoder, **baselines} if method_first else {**baselines, METHOD: decoder}
-    while True:
+    for _ in range(SUSPENDED_TIMINGS):
         resumes_before = suspension.resumes()
         fastest = {}
         for _ in range(repeats):
@@ -400,6 +402,10 @@ def decode_turn(
         if suspension.resumes() == resumes_before:
             return fastest.pop(METHOD), fastest
         log.warning("the process was suspended while a turn was timed: timing it again")
+    raise SpecReproError(
+        f"the process was suspended during {SUSPENDED_TIMINGS} timings of one turn in a row (paused over and over, "
+        "as by cpulimit or a scheduler slicing its time): no timing could leave the pauses out"
+    )
 
 
 def holds(length: int, decoders) -> bool:
