@@ -27,6 +27,24 @@ def test_a_second_job_of_one_run_waits_then_finds_it_recorded(tmp_path):
     assert seen == [True]
 
 
+def test_a_job_waiting_for_a_run_says_so(tmp_path, caplog):
+    """A second job of a run another job is decoding (maybe for hours) says why it waits, not a silent hang."""
+    run_dir = tmp_path / "runs" / "r"
+
+    def second_job():
+        with run_lock(run_dir):
+            pass
+
+    with run_lock(run_dir):
+        (run_dir / "metrics.json").write_text("{}")
+        other = threading.Thread(target=second_job)
+        with caplog.at_level("INFO", logger="specrepro.locks"):
+            other.start()
+            time.sleep(0.2)
+    other.join(timeout=10)
+    assert "waiting for another job to finish run r" in caplog.text
+
+
 def test_a_run_that_failed_before_recording_anything_leaves_no_directory(tmp_path):
     run_dir = tmp_path / "runs" / "r"
     with pytest.raises(RuntimeError), run_lock(run_dir):

@@ -56,7 +56,11 @@ def run_lock(run_dir: Path):
                 yield
                 return
             raise SpecReproError(f"cannot write the run record to {run_dir}: {exc.strerror or exc}") from None
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, or when a killed job's process dies
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another job to finish run %s", run_dir.name)
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, or when a killed job's process dies
         if lock_path.exists() and os.stat(lock_path).st_ino == os.fstat(handle.fileno()).st_ino:
             break
         handle.close()  # the holder removed the directory of a failed run: lock the new one
