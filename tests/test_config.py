@@ -309,6 +309,7 @@ def test_the_data_a_run_decodes_is_part_of_its_name_and_reference():
         ("decoding=sample decoding.do_sample=false", "decoding.do_sample=false contradicts decoding=sample"),
         ("decoding.do_sample=true decoding.name=greedy_t1", None),
         ("decoding.num_samples=0", "decoding.num_samples must be positive, got 0"),
+        ("decoding.seed=-1", "decoding.seed must be 0 or more, got -1"),
         ("decoding.num_samples=10", "decoding.num_samples=10 under greedy decoding decodes one completion 10 times"),
         ("timing.order=random", "timing.order must be one of ar_first, alternate, got random"),
         (

@@ -99,7 +99,21 @@ def test_a_sampled_later_turn_draws_afresh_rather_than_replaying_the_first_turns
     for first, second in row["samples"]:
         assert first["seed"] != second["seed"]
         assert first["token_ids"] != second["token_ids"]
-    assert [turns[0]["seed"] for turns in row["samples"]] == [0, 1]  # a first turn's seed is as before
+
+
+def test_no_two_turns_samples_or_decoding_seeds_share_a_random_stream():
+    """seed + 1000 * record + sample had made decoding.seed=1's samples decoding.seed=0's shifted by one, so a
+    sweep over seeds shared 9 of every 10 samples."""
+    from specrepro.runner import sample_seed
+
+    seeds = [
+        sample_seed(OmegaConf.create({"decoding": {"seed": seed}}), index, sample, turn)
+        for seed in range(3)
+        for index in range(20)
+        for sample in range(10)
+        for turn in range(2)
+    ]
+    assert len(set(seeds)) == len(seeds) and all(0 <= seed < 2**32 for seed in seeds)
 
 
 def test_an_ar_reference_finished_by_a_parallel_job_is_reused_under_resume_false(tmp_path):

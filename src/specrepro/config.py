@@ -109,13 +109,15 @@ class DecodingConfig:
     top_p: float = 1.0  # 1.0 = off
     max_new_tokens: int = 128
     num_samples: int = 1  # completions per prompt (pass@k needs n >= k)
-    seed: int = 0  # sample i of prompt j uses seed + 1000 * j + i (a later turn: runner.sample_seed)
+    seed: int = 0  # each turn of each sample of each prompt draws from its own stream (runner.sample_seed)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:
             raise SpecReproError(f"decoding.max_new_tokens must be positive, got {self.max_new_tokens}")
         if self.num_samples <= 0:
             raise SpecReproError(f"decoding.num_samples must be positive, got {self.num_samples}")
+        if self.seed < 0:
+            raise SpecReproError(f"decoding.seed must be 0 or more, got {self.seed}")
         if SAMPLES.get(self.name, self.do_sample) != self.do_sample:
             raise SpecReproError(
                 f"decoding.do_sample={str(self.do_sample).lower()} contradicts decoding={self.name}, which names the "

@@ -14,6 +14,7 @@ import logging
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 from omegaconf import DictConfig
 from tqdm import tqdm
 
@@ -352,10 +353,11 @@ def check_fits_context(ids: list[int], cfg: DictConfig, target: LoadedModel, rec
 
 
 def sample_seed(cfg: DictConfig, index: int, sample: int, turn: int = 0) -> int:
-    """The seed of one turn of a record's sample: a later turn's is its own, not the first turn's draws replayed
-    on the next prompt (which copies an answer into the next turn when the two turns' distributions are alike).
-    Turns lie 2**32 / golden ratio apart, modulo 2**32: torch's CPU generator reads a seed's low 32 bits only."""
-    return (cfg.decoding.seed + 1000 * index + sample + 0x9E3779B9 * turn) % 2**32
+    """The seed of one turn of a record's sample, a hash of (decoding.seed, record, sample, turn) by numpy's
+    SeedSequence (32 bits: torch's CPU generator reads no more), so no two share a random stream: not two turns
+    (the first turn's draws replayed on the next prompt copy its answer), not two `decoding.seed`s (seed + 1000 *
+    record + sample had made seed 1's samples seed 0's shifted by one)."""
+    return int(np.random.SeedSequence([cfg.decoding.seed, index, sample, turn]).generate_state(1)[0])
 
 
 METHOD = "method"  # the method's own arm among the baselines' (`ar`, `eager_ar`) in `decode_turn`
