@@ -333,9 +333,8 @@ def check_run_config(cfg) -> None:
     schemas |= {"decoding": DecodingConfig, "logger": LoggerConfig, "timing": TimingConfig, "hardware": HardwareConfig}
     for key, schema in schemas.items():
         check_known_keys(cfg[key], schema, key)
-    check_logger(cfg.logger)
-    for key, schema in (("decoding", DecodingConfig), ("timing", TimingConfig), ("hardware", HardwareConfig)):
-        OmegaConf.to_object(OmegaConf.merge(schema, cfg[key]))
+    for key in ("logger", "decoding", "timing", "hardware"):
+        OmegaConf.to_object(OmegaConf.merge(schemas[key], cfg[key]))
 
 
 def hydra_root(results_dir: str) -> str:

@@ -35,13 +35,13 @@ from specrepro.decoding.steps import EagerSteps
 from specrepro.errors import SpecReproError
 from specrepro.identity import (
     code_fingerprint,
-    scoring_fingerprint,
     identity_name,
     loaded_weights,
     records_fingerprint,
     reference_key,
     resolved_artifacts,
     run_name,
+    scoring_fingerprint,
     setting_key,
 )
 from specrepro.locks import run_lock
@@ -311,8 +311,14 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
     if answer:  # after the prompt as decoded; the answer's special-token text is text too
         answer_ids = target.tokenizer(answer, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         scores["reference_nll"] = reference_nll(target.model, first_prompt, answer_ids)
-    row = {"id": record.id, "index": index, "prompts": prompts, "samples": samples, "scores": scores}
-    return row | {"scored_with": scoring_fingerprint()}
+    return {
+        "id": record.id,
+        "index": index,
+        "prompts": prompts,
+        "samples": samples,
+        "scores": scores,
+        "scored_with": scoring_fingerprint(),
+    }
 
 
 def task_scores(record, samples: list[list[dict]], cfg: DictConfig) -> dict:
