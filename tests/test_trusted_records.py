@@ -477,7 +477,7 @@ def test_a_copy_without_git_records_the_commit_its_copier_names(monkeypatch):
 
 def test_results_the_harness_writes_do_not_make_the_checkout_dirty(tmp_path):
     """A pipeline rewrites committed files under results/ (tables, stages.json) as it goes: its next stage's
-    records must not call the code dirty for that. An edited source file or config does."""
+    records must not call the code dirty for that. An edited or a new source file or config does."""
     import subprocess
 
     from specrepro.provenance import checkout_version
@@ -494,6 +494,10 @@ def test_results_the_harness_writes_do_not_make_the_checkout_dirty(tmp_path):
     assert checkout_version(package)["dirty"] is False
     (package / "provenance.py").write_text("x = 2\n")
     assert checkout_version(package)["dirty"] is True
+    git("checkout", "--", "."), (package / "new_method.py").write_text("y = 1\n")  # a new file changes the code too
+    assert checkout_version(package)["dirty"] is True
+    (package / "new_method.py").unlink(), (tmp_path / "results" / "paper" / "new_table.md").write_text("| c |\n")
+    assert checkout_version(package)["dirty"] is False
 
 
 def test_reading_the_checkout_version_never_writes_the_users_git_index(tmp_path):

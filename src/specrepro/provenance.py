@@ -29,8 +29,9 @@ def now() -> str:
 
 
 def checkout_version(source: Path = Path(__file__).resolve().parent) -> dict:
-    """The git commit of a source checkout as it is now, and whether its code and configs differ from it (what
-    the harness writes under results/, committed tables included, does not count); for a copy of a checkout
+    """The git commit of a source checkout as it is now, and whether its code and configs differ from it: an edited
+    or a new file that git does not ignore (what the harness writes under results/, committed tables included, does
+    not count); for a copy of a checkout
     without its .git (shipped to a lent GPU or a cluster node), the commit the copier names in SPECREPRO_COMMIT,
     its dirtiness unknown; otherwise none, and the record has the package version that is installed."""
 
@@ -48,7 +49,7 @@ def checkout_version(source: Path = Path(__file__).resolve().parent) -> dict:
     try:
         top = Path(git("rev-parse", "--show-toplevel"))
         if source.is_relative_to(top):
-            changed = git("status", "--porcelain", "--untracked-files=no", "--", ":(top,exclude)results")
+            changed = git("status", "--porcelain", "--", ":(top,exclude)results")
             return {"commit": git("rev-parse", "HEAD"), "dirty": bool(changed)}
     except (OSError, subprocess.SubprocessError):
         pass
