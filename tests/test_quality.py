@@ -96,6 +96,18 @@ def test_gsm8k_correct_compares_numbers():
     assert not gsm8k_correct("I do not know.", solution)
 
 
+
+def test_a_sampled_run_is_scored_on_every_sample_not_its_first():
+    """ROUGE and GSM8K scored completions[0] only: a run of 4 samples was scored on 1, and its score moved with
+    whichever sample came first. Each is now the mean over the samples."""
+    solution = "48+24 = <<48+24=72>>72\n#### 72"
+    answers = ["#### 72", "#### 71", "#### 72", "I do not know."]
+    assert score_sample("gsm8k_acc", solution, answers, {}) == {"gsm8k_acc": 0.5}
+    assert score_sample("gsm8k_acc", solution, answers[:1], {}) == {"gsm8k_acc": 1.0}
+    summaries = ["the cat sat on the mat", "alpha beta gamma"]
+    scores = score_sample("rouge", "the cat sat on the mat", summaries, {})
+    assert scores == pytest.approx({"rouge_l": 0.5, "rouge_2": 0.5})
+
 def test_pass_at_k_known_values():
     assert pass_at_k(10, 1, 1) == pytest.approx(0.1)
     assert pass_at_k(10, 10, 10) == 1.0
@@ -154,7 +166,7 @@ def test_a_builtin_name_the_task_asks_for_is_the_programs():
 
 def test_score_sample_dispatch():
     assert score_sample("rouge", "the cat sat", ["the cat sat"], {}) == {"rouge_l": 1.0, "rouge_2": 1.0}
-    assert score_sample("gsm8k_acc", "#### 12", ["so 12", "ignored"], {}) == {"gsm8k_acc": 1.0}
+    assert score_sample("gsm8k_acc", "#### 12", ["so 12"], {}) == {"gsm8k_acc": 1.0}
     assert score_sample("gsm8k_acc", "#### 12", ["so 13"], {}) == {"gsm8k_acc": 0.0}
     assert score_sample("mt_bench", None, ["an answer"], {}) == {}
     assert score_sample("none", None, [], {}) == {}

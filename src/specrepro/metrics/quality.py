@@ -93,8 +93,9 @@ def score_sample(
 ) -> dict[str, float]:
     """Quality scores of one sample under `metric` (one of METRICS); {} for metrics judged elsewhere.
 
-    - "rouge": rouge_l, rouge_2 of completions[0] against `reference`;
-    - "gsm8k_acc": 1.0 / 0.0 for completions[0];
+    - "rouge": rouge_l, rouge_2 against `reference`, each the mean over the completions (a sampled run's every
+      sample, not only its first);
+    - "gsm8k_acc": the fraction of the completions whose answer is right (1.0 / 0.0 for one);
     - "pass_at_k": every completion is a full program (prompt + completion), run in the sandbox with the
       task's tests (`task_tests`) in a process of their own; n_correct, n, pass@1, and pass@10 when n >= 10;
     - "spec_bench": a Spec-Bench record by its category's metric (SPEC_BENCH_METRICS), {} for the others;
@@ -109,9 +110,10 @@ def score_sample(
     if not completions:
         raise ValueError(f"metric {metric!r} needs at least one completion")
     if metric == "rouge":
-        return rouge(completions[0], reference)
+        scores = [rouge(completion, reference) for completion in completions]
+        return {key: sum(score[key] for score in scores) / len(scores) for key in scores[0]}
     if metric == "gsm8k_acc":
-        return {"gsm8k_acc": float(gsm8k_correct(completions[0], reference))}
+        return {"gsm8k_acc": sum(gsm8k_correct(c, reference) for c in completions) / len(completions)}
     return _pass_at_k_scores(completions, fields, reference, timeout_s)
 
 
