@@ -446,6 +446,42 @@ def test_an_unreachable_wandb_server_costs_at_most_its_timeout_and_logs_offline(
     assert elapsed < 90  # was ~100 s in wandb.init's own timeout alone
 
 
+
+def test_a_record_summarised_again_updates_its_wandb_run_instead_of_adding_one(monkeypatch, tmp_path):
+    """A run re-scored, or summarised again over its `ar` reference, was logged as a second W&B run of the same
+    name, and W&B tables counted it twice. Its W&B id now comes from the record (its name and first start), so it
+    resumes the run it was logged to; a record decoded anew (a new start) is a new W&B run."""
+    import types
+
+    from specrepro import tracking
+    from tests.test_config import compose_run
+
+    inits = []
+
+    class FakeRun:
+        summary: dict = {}
+
+        def log(self, data):
+            pass
+
+        def finish(self):
+            pass
+
+    def init(mode, **kwargs):
+        inits.append(kwargs)
+        return FakeRun()
+
+    table = types.SimpleNamespace(add_data=lambda *row: None)
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init, Table=lambda columns: table))
+    cfg = compose_run(*FAST, "logger=wandb", "logger.mode=offline")
+    record = tracking.RunRecord(tmp_path / "runs" / "a-run")
+    record.dir.mkdir(parents=True)
+    for started_at in ("2026-12-06T10:00:00+00:00", "2026-12-06T10:00:00+00:00", "2026-12-06T11:00:00+00:00"):
+        record.provenance_path.write_text(json.dumps({"started_at": started_at}))
+        tracking.log_to_wandb(cfg, record, "a-run", None, {"mat": 1.0}, [])
+    assert [kwargs["resume"] for kwargs in inits] == ["allow"] * 3
+    assert inits[0]["id"] == inits[1]["id"] != inits[2]["id"]
+
 def test_a_footer_tells_cpus_of_one_model_name_apart_by_their_vector_instructions():
     """One EPYC model name covers CPUs with and without AVX-512, whose kernels (and so draft and verify costs)
     differ: the footer names what torch ran on; records made before it say only the model."""

@@ -291,11 +291,18 @@ _wandb_unreachable = False  # once the server did not answer, later runs of this
 
 
 def wandb_init(
-    cfg, name: str, run_dir: Path, group: str | None = None, job_type: str = "decode", origin: dict | None = None
+    cfg,
+    name: str,
+    run_dir: Path,
+    group: str | None = None,
+    job_type: str = "decode",
+    origin: dict | None = None,
+    run_id: str | None = None,
 ):
     """Start a W&B run for this job (None when logger=none); never raises. An online run whose server does not
     answer within `logger.init_timeout` is logged offline instead (said once per process). `origin` is the
-    record's provenance (default: this process's)."""
+    record's provenance (default: this process's); `run_id`: the W&B run to resume if it exists (a record logged
+    again updates its W&B run instead of adding one)."""
     global _wandb_unreachable
     if cfg.logger.name != "wandb":
         return None
@@ -314,6 +321,8 @@ def wandb_init(
             dir=str(run_dir),
             reinit="finish_previous",
         )
+        if run_id:
+            kwargs |= dict(id=run_id, resume="allow")
         mode = wandb_mode(cfg.logger)
         if mode == "online" and not _wandb_unreachable:
             try:
@@ -333,9 +342,16 @@ def wandb_init(
         return None
 
 
+def wandb_run_id(record: RunRecord) -> str:
+    """The W&B run id of a run record: its name and when it first started (what a resume keeps)."""
+    return hashlib.sha1(f"{record.dir.name}@{record.started_at()}".encode()).hexdigest()[:16]
+
+
 def log_to_wandb(cfg, record: RunRecord, run_name: str, group: str | None, metrics: dict, rows: list[dict]) -> None:
-    """Log a finished run to W&B: summary metrics and a per-sample table. Failures never touch the record."""
-    run = wandb_init(cfg, run_name, record.dir, group, origin=metrics.get("provenance"))
+    """Log a finished run to W&B: summary metrics and a per-sample table. Failures never touch the record. A record
+    summarised again (re-scored, or given its `ar` reference) updates the W&B run it was first logged to; a record
+    decoded anew (`resume=false`) is a new W&B run."""
+    run = wandb_init(cfg, run_name, record.dir, group, origin=metrics.get("provenance"), run_id=wandb_run_id(record))
     if run is None:
         return
     try:
