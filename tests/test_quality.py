@@ -96,7 +96,6 @@ def test_gsm8k_correct_compares_numbers():
     assert not gsm8k_correct("I do not know.", solution)
 
 
-
 def test_a_sampled_run_is_scored_on_every_sample_not_its_first():
     """ROUGE and GSM8K scored completions[0] only: a run of 4 samples was scored on 1, and its score moved with
     whichever sample came first. Each is now the mean over the samples."""
@@ -107,6 +106,7 @@ def test_a_sampled_run_is_scored_on_every_sample_not_its_first():
     summaries = ["the cat sat on the mat", "alpha beta gamma"]
     scores = score_sample("rouge", "the cat sat on the mat", summaries, {})
     assert scores == pytest.approx({"rouge_l": 0.5, "rouge_2": 0.5})
+
 
 def test_pass_at_k_known_values():
     assert pass_at_k(10, 1, 1) == pytest.approx(0.1)

@@ -446,7 +446,6 @@ def test_an_unreachable_wandb_server_costs_at_most_its_timeout_and_logs_offline(
     assert elapsed < 90  # was ~100 s in wandb.init's own timeout alone
 
 
-
 def test_a_record_summarised_again_updates_its_wandb_run_instead_of_adding_one(monkeypatch, tmp_path):
     """A run re-scored, or summarised again over its `ar` reference, was logged as a second W&B run of the same
     name, and W&B tables counted it twice. Its W&B id now comes from the record (its name and first start), so it
@@ -481,6 +480,7 @@ def test_a_record_summarised_again_updates_its_wandb_run_instead_of_adding_one(m
         tracking.log_to_wandb(cfg, record, "a-run", None, {"mat": 1.0}, [])
     assert [kwargs["resume"] for kwargs in inits] == ["allow"] * 3
     assert inits[0]["id"] == inits[1]["id"] != inits[2]["id"]
+
 
 def test_a_footer_tells_cpus_of_one_model_name_apart_by_their_vector_instructions():
     """One EPYC model name covers CPUs with and without AVX-512, whose kernels (and so draft and verify costs)
