@@ -1,7 +1,7 @@
 """Quality metrics: ROUGE, GSM8K accuracy, pass@k (code run in the sandbox), and per-sample dispatch.
 
-Heavy libraries (rouge-score pulls in nltk, ~1 s; evaluate pulls in transformers pipelines) are imported
-on first use, so importing this module stays cheap.
+ROUGE is rouge-score's, called directly: it is what `evaluate`'s rouge metric wraps, and evaluate would load that
+metric from the Hub at run time. rouge-score pulls in nltk (~1 s), so it is imported on first use.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-from pathlib import Path
 from typing import Optional
 
 from specrepro.metrics.sandbox import run_program
@@ -17,7 +16,6 @@ from specrepro.metrics.sandbox import run_program
 METRICS = ("rouge", "gsm8k_acc", "pass_at_k", "mt_bench", "spec_bench", "none")
 # Spec-Bench's categories with a gold answer, each scored by the metric of the benchmark it comes from
 SPEC_BENCH_METRICS = {"math_reasoning": "gsm8k_acc", "summarization": "rouge", "translation": "rouge"}
-_EVALUATE_MODULES = Path(__file__).parent / "evaluate_modules"
 _NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
 _MARKED_NUMBER = re.compile(rf"####\s*({_NUMBER.pattern})")  # GSM8K's "#### 72"; not a markdown "#### Step 2"
 
@@ -33,25 +31,6 @@ def rouge(prediction: str, reference: str) -> dict[str, float]:
     """ROUGE-L and ROUGE-2 F-measure of one prediction (rouge-score, Porter stemming)."""
     scores = _rouge_scorer().score(reference, prediction)
     return {"rouge_l": scores["rougeL"].fmeasure, "rouge_2": scores["rouge2"].fmeasure}
-
-
-@functools.lru_cache(maxsize=None)
-def _evaluate_rouge():
-    import evaluate
-
-    return evaluate.load(str(_EVALUATE_MODULES / "rouge"), keep_in_memory=True)
-
-
-def rouge_corpus(predictions: list[str], references: list[str]) -> dict[str, float]:
-    """Mean ROUGE-L / ROUGE-2 F over a corpus, via the local `evaluate` module (never the hub).
-
-    Measured on a 2-core CPU: importing evaluate costs ~2-3 s once per process (most of it transformers,
-    which a run has loaded anyway) and loading the module ~0.3 s; scoring 200 pairs takes ~30 ms against
-    ~13 ms for `rouge` directly. Per-sample scores are `rouge`; the module averages those same numbers.
-    """
-    if len(predictions) != len(references):
-        raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
-    return _evaluate_rouge().compute(predictions=predictions, references=references)
 
 
 def gsm8k_answer(text: str) -> Optional[str]:

@@ -1,1 +1,0 @@
-"""Local `evaluate` metric modules, loaded by directory path (`evaluate.load(path)`), never from the hub."""

@@ -1,1 +1,0 @@
-"""The local ROUGE module; `evaluate.load` reads rouge.py from this directory."""
