@@ -13,6 +13,7 @@ import functools
 from collections import Counter
 
 import torch
+from torch import nn
 
 from specrepro.decoding.sampling import Sampling, probs, sample
 
@@ -32,6 +33,15 @@ def draft_index(vocab_ids: torch.Tensor | None, tokens: torch.Tensor, vocab_size
     index = torch.full((vocab_size,), MISSING, dtype=torch.long, device=tokens.device)
     index[vocab_ids] = torch.arange(len(vocab_ids), device=tokens.device)
     return index[tokens]
+
+
+def head_rows(lm_head: nn.Linear, vocab_ids: torch.Tensor) -> nn.Linear:
+    """A copy of `lm_head`'s rows of the draft vocabulary, as a head of its own (frozen or trained by its owner)."""
+    weight = lm_head.weight
+    rows = nn.Linear(lm_head.in_features, len(vocab_ids), bias=False, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        rows.weight.copy_(weight[vocab_ids.to(weight.device)])
+    return rows
 
 
 def full_vocab_logits(vocab_ids: torch.Tensor | None, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

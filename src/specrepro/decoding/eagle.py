@@ -98,17 +98,8 @@ class EagleDraft(nn.Module):
         """Score with the target's LM head, or its draft-vocabulary rows."""
         if self.vocab_ids is None:
             self.lm_head = [lm_head]
-            return self
-        rows = nn.Linear(
-            lm_head.in_features,
-            len(self.vocab_ids),
-            bias=False,
-            device=lm_head.weight.device,
-            dtype=lm_head.weight.dtype,
-        ).requires_grad_(False)
-        with torch.no_grad():
-            rows.weight.copy_(lm_head.weight[self.vocab_ids.to(lm_head.weight.device)])
-        self.lm_head = [rows]
+        else:
+            self.lm_head = [draft_vocab.head_rows(lm_head, self.vocab_ids).requires_grad_(False)]
         return self
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:

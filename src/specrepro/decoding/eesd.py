@@ -161,13 +161,9 @@ class EarlyExitHead(torch.nn.Module):
             self.vocab_ids = None
             self.lm_head = None if shared_head else _copy_module(target.lm_head)
         else:  # the target's head rows of the draft vocabulary, as a trainable copy
-            full = target.lm_head.weight
-            self.register_buffer("vocab_ids", draft_vocab_ids.to(device=full.device, dtype=torch.long))
-            self.lm_head = torch.nn.Linear(
-                full.shape[1], len(self.vocab_ids), bias=False, device=full.device, dtype=full.dtype
-            )
-            with torch.no_grad():
-                self.lm_head.weight.copy_(full[self.vocab_ids])
+            device = target.lm_head.weight.device
+            self.register_buffer("vocab_ids", draft_vocab_ids.to(device=device, dtype=torch.long))
+            self.lm_head = draft_vocab.head_rows(target.lm_head, self.vocab_ids)
         self._target = [target]  # not a submodule: the frozen target is neither trained nor saved
         self.calibration: CalibrationPredictor | None = None
 

@@ -165,16 +165,7 @@ class DraftHead(nn.Module):
         elif self.vocab_ids is None:
             self.target_lm_head = [lm_head]
         else:
-            rows = nn.Linear(
-                lm_head.in_features,
-                len(self.vocab_ids),
-                bias=False,
-                device=lm_head.weight.device,
-                dtype=lm_head.weight.dtype,
-            ).requires_grad_(False)
-            with torch.no_grad():
-                rows.weight.copy_(lm_head.weight[self.vocab_ids.to(lm_head.weight.device)])
-            self.target_lm_head = [rows]
+            self.target_lm_head = [draft_vocab.head_rows(lm_head, self.vocab_ids).requires_grad_(False)]
         return self
 
     def full_vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
