@@ -197,7 +197,7 @@ def hub_reachable() -> bool:
 
 
 def _from_pretrained(loader, ident: str, **kwargs):
-    """from_pretrained that tries the local cache first; a local directory that holds no checkpoint, or an id that
+    """from_pretrained that tries the local cache first; a local directory that holds no whole checkpoint, or an id that
     is neither cached nor reachable (hub offline or unreachable) or fails to download, becomes one clear line."""
     what = "tokenizer" if loader is AutoTokenizer else "model"
     # transformers 5 does not pass local_files_only on to its adapter lookup, which would then ask the hub
@@ -205,7 +205,7 @@ def _from_pretrained(loader, ident: str, **kwargs):
     if Path(ident).is_dir():  # transformers, too, takes an existing directory before a hub id of the same name
         try:
             return loader.from_pretrained(ident, local_files_only=True, **local, **kwargs)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a weights file cut short
             raise SpecReproError(
                 f"{what} directory '{ident}' holds no {what} transformers can load "
                 f"({one_line(exc)[:200]}): point model.id (or model.tokenizer) at a directory "
