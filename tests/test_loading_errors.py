@@ -297,6 +297,18 @@ def test_a_local_directory_without_a_checkpoint_is_refused_in_one_line(tmp_path,
         loading.load_model(ModelConfig(name="local", source="hf", id=None), torch.device("cpu"), torch.float32)
 
 
+def test_a_local_directory_under_the_home_directory_loads_by_its_tilde_path(tmp_path, monkeypatch):
+    """`model.id=~/models/x` is that directory, as the run's identity takes it, not a hub id that is not cached."""
+    from specrepro.config import ModelConfig
+
+    monkeypatch.setenv("SPECREPRO_CACHE", str(loading.cache_root()))  # the embedded tokenizer's, converted already
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_model(tmp_path / "models" / "tiny")
+    cfg = ModelConfig(name="local", source="hf", id="~/models/tiny", tokenizer="embedded")
+    loaded = loading.load_model(cfg, torch.device("cpu"), torch.float32)
+    assert loaded.model.config.vocab_size == 64
+
+
 def test_a_cached_hub_model_loads_without_asking_an_unreachable_hub(tmp_path, monkeypatch):
     """The adapter lookup of `from_pretrained(local_files_only=True)` would otherwise retry the hub for 23 s."""
     repo = tmp_path / "hf" / "hub" / "models--someorg--tiny"

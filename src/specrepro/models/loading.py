@@ -202,9 +202,10 @@ def _from_pretrained(loader, ident: str, **kwargs):
     what = "tokenizer" if loader is AutoTokenizer else "model"
     # transformers 5 does not pass local_files_only on to its adapter lookup, which would then ask the hub
     local = {} if loader is AutoTokenizer else {"adapter_kwargs": {"local_files_only": True}}
-    if Path(ident).is_dir():  # transformers, too, takes an existing directory before a hub id of the same name
+    directory = Path(ident).expanduser()  # `~/models/x`, as run identities (identity.py) and artifacts read it
+    if directory.is_dir():  # transformers, too, takes an existing directory before a hub id of the same name
         try:
-            return loader.from_pretrained(ident, local_files_only=True, **local, **kwargs)
+            return loader.from_pretrained(str(directory), local_files_only=True, **local, **kwargs)
         except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a weights file cut short
             raise SpecReproError(
                 f"{what} directory '{ident}' holds no {what} transformers can load "
