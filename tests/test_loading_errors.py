@@ -67,7 +67,7 @@ def fake_conversion(calls: list):
     return convert
 
 
-@pytest.mark.parametrize("damage", ["truncated", "missing tokenizer", "empty config"])
+@pytest.mark.parametrize("damage", ["truncated", "missing tokenizer", "missing chat template", "empty config"])
 def test_a_damaged_embedded_checkpoint_is_converted_again(tmp_path, monkeypatch, damage):
     calls = []
     monkeypatch.setattr(loading, "_convert_embedded", fake_conversion(calls))
@@ -76,6 +76,7 @@ def test_a_damaged_embedded_checkpoint_is_converted_again(tmp_path, monkeypatch,
     {
         "truncated": lambda: truncate(target / "model.safetensors"),
         "missing tokenizer": lambda: (target / "tokenizer.json").unlink(),
+        "missing chat template": lambda: (target / "chat_template.jinja").unlink(),
         "empty config": lambda: (target / "config.json").write_text(""),
     }[damage]()
     assert checkpoint_damage(target) is not None
