@@ -298,6 +298,19 @@ def test_a_local_directory_without_a_checkpoint_is_refused_in_one_line(tmp_path,
         loading.load_model(ModelConfig(name="local", source="hf", id=None), torch.device("cpu"), torch.float32)
 
 
+def test_a_device_this_machine_lacks_is_one_line(monkeypatch):
+    """`hardware.device=mps` without MPS, or a CUDA index past the devices: the schema takes both, and torch raised
+    its own traceback when the model moved there."""
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(SpecReproError, match="^hardware.device=mps but MPS is not available"):
+        loading.resolve_device("mps")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(SpecReproError, match=r"^hardware.device=cuda:1 but this process sees 1 CUDA device\(s\)"):
+        loading.resolve_device("cuda:1")
+    assert loading.resolve_device("cuda:0").type == loading.resolve_device("cuda").type == "cuda"
+
+
 def test_a_local_directory_under_the_home_directory_loads_by_its_tilde_path(tmp_path, monkeypatch):
     """`model.id=~/models/x` is that directory, as the run's identity takes it, not a hub id that is not cached."""
     from specrepro.config import ModelConfig

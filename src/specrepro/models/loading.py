@@ -74,7 +74,15 @@ def resolve_device(device: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SpecReproError(f"hardware.device={device} but CUDA is not available; use hardware.device=cpu or auto")
-    return torch.device(device)
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise SpecReproError("hardware.device=mps but MPS is not available; use hardware.device=cpu or auto")
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and (resolved.index or 0) >= torch.cuda.device_count():
+        raise SpecReproError(
+            f"hardware.device={device} but this process sees {torch.cuda.device_count()} CUDA device(s); "
+            "use hardware.device=cuda or cuda:<index below that>"
+        )
+    return resolved
 
 
 def resolve_dtype(dtype: str, key: str = "hardware.dtype") -> torch.dtype:
