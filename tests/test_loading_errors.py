@@ -311,6 +311,19 @@ def test_a_device_this_machine_lacks_is_one_line(monkeypatch):
     assert loading.resolve_device("cuda:0").type == loading.resolve_device("cuda").type == "cuda"
 
 
+def test_an_artifact_without_a_tokenizer_takes_the_configured_one(tmp_path):
+    """A model trained for a random target saves no tokenizer; `model.tokenizer` (what the error advises) gives it
+    one, where it was ignored and the run refused for want of a tokenizer."""
+    from specrepro.config import ModelConfig
+
+    path = write_artifact(tmp_path, "cllm-tiny")
+    cfg = ModelConfig(name="tiny", source="artifact", id=str(path), tokenizer="embedded")
+    loaded = loading.load_model(cfg, torch.device("cpu"), torch.float32, artifacts_dir=tmp_path)
+    assert loaded.tokenizer is not None and loaded.tokenizer.eos_token == "<|im_end|>"
+    cfg.tokenizer = None
+    assert loading.load_model(cfg, torch.device("cpu"), torch.float32, artifacts_dir=tmp_path).tokenizer is None
+
+
 def test_a_local_directory_under_the_home_directory_loads_by_its_tilde_path(tmp_path, monkeypatch):
     """`model.id=~/models/x` is that directory, as the run's identity takes it, not a hub id that is not cached."""
     from specrepro.config import ModelConfig

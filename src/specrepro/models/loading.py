@@ -365,7 +365,8 @@ def load_model(
             model = merged_adapter(path, dtype, artifacts_dir)
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **where)
-        tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
+        own_tokenizer = (path / "tokenizer_config.json").is_file()  # none when trained for a bare random model
+        tokenizer = AutoTokenizer.from_pretrained(path) if own_tokenizer else load_tokenizer(cfg.tokenizer, cfg)
     elif cfg.source == "hf":
         if not cfg.id:
             raise SpecReproError(
