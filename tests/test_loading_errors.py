@@ -360,6 +360,31 @@ def test_a_cached_hub_model_loads_without_asking_an_unreachable_hub(tmp_path, mo
     assert "Retrying" not in proc.stderr, proc.stderr[-3000:]
 
 
+def test_a_cached_hub_model_of_an_unknown_architecture_is_one_line(tmp_path, monkeypatch):
+    """transformers' ValueError for a model type it does not know was a traceback from the cache (a directory's was
+    one line already)."""
+    snapshot = tmp_path / "hf" / "hub" / "models--someorg--newarch" / "snapshots" / ("0" * 40)
+    write_model(snapshot, vocab_size=49152)
+    config = json.loads((snapshot / "config.json").read_text())
+    (snapshot / "config.json").write_text(json.dumps(config | {"model_type": "llama9000"}))
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_ENDPOINT", UNREACHABLE_HUB)
+    proc = specrepro(
+        "run",
+        *FAST,
+        "model.source=hf",
+        "model.id=someorg/newarch",
+        "dataset.limit=1",
+        "logger=none",
+        cwd=tmp_path,
+        check=False,
+    )
+    assert "model 'someorg/newarch' in the local Hugging Face cache" in one_error_line(proc)
+    assert "model type `llama9000`" in one_error_line(proc)
+
+
 def test_a_pinned_model_revision_is_not_asked_of_a_separate_tokenizer(tmp_path, monkeypatch):
     """`model.revision` is a commit of `model.id`'s repository; `model.tokenizer`, another repository, loads its own
     newest cached commit (it was refused as not cached, asked for the model's commit)."""

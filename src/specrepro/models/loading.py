@@ -225,6 +225,11 @@ def _from_pretrained(loader, ident: str, **kwargs):
         return loader.from_pretrained(ident, local_files_only=True, **local, **kwargs)
     except OSError:
         pass
+    except (ValueError, SafetensorError) as exc:  # cached, but not a checkpoint this transformers reads
+        raise SpecReproError(
+            f"{what} '{ident}' in the local Hugging Face cache ({hub_constants.HF_HUB_CACHE}) cannot be loaded "
+            f"({one_line(exc)[:200]})"
+        ) from None
     fix = f"download it while online (hf download {ident}) or use a local directory"
     offline = hub_constants.HF_HUB_OFFLINE
     if offline or not hub_reachable():
@@ -235,7 +240,7 @@ def _from_pretrained(loader, ident: str, **kwargs):
         )
     try:
         return loader.from_pretrained(ident, **kwargs)
-    except OSError as exc:
+    except (OSError, ValueError, SafetensorError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecReproError(f"{what} '{ident}' could not be loaded ({reason[:160]}): {fix}") from None
 
