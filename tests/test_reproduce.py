@@ -131,7 +131,9 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     cut.write_text(kept)
 
     other = tmp_path / "pipelines" / "other.yaml"  # another paper's pipeline training the same component
-    other.write_text(json.dumps({"paper": "other", "stages": [{"train": TRAIN}, {"table": "unused"}]}))
+    other.write_text(
+        json.dumps({"paper": "other", "stages": [{"train": TRAIN}, {"table": str(tmp_path / "tiny_table.yaml")}]})
+    )
     planned = specrepro("reproduce", str(other), "--dry-run", "--check-done", *args[2:], cwd=tmp_path).stdout
     assert f"made already: {next(a for a in artifacts if not a.startswith('.'))}" in planned
     specrepro("reproduce", str(other), "--stages", "1", *args[2:], cwd=tmp_path)
@@ -216,6 +218,17 @@ def test_stages_picks_stage_numbers_and_a_bad_pick_is_one_line(tmp_path):
             parse_stages(pick, 3)
     with pytest.raises(SpecReproError, match=r"--stages 3-1: a range goes from the lower stage up \(1-3\)"):
         parse_stages("3-1", 3)
+
+
+def test_a_table_stage_naming_no_table_fails_in_one_line_before_any_stage_runs(tmp_path):
+    """A mistyped table name is found by `--dry-run` and before the first stage, not after hours of training."""
+    pipeline = _pipeline(tmp_path)
+    pipeline.write_text(pipeline.read_text().replace(str(tmp_path / "tiny_table.yaml"), "tiny_tabel"))
+    for dry_run in (["--dry-run"], []):
+        proc = specrepro("reproduce", str(pipeline), *dry_run, "--stages", "1", cwd=tmp_path, check=False)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert "stage 3 (table tiny_tabel): no table spec 'tiny_tabel'" in proc.stderr, proc.stderr
+    assert not (tmp_path / "results" / "reproduce").exists()  # no stage ran
 
 
 def test_artifacts_a_pipeline_trained_into_its_own_folder_move_to_the_shared_one_unless_in_use(tmp_path):

@@ -20,15 +20,14 @@ there on its next call. Each stage is resumable on its own (a finished artifact 
 resumes), so a killed pipeline picks up where it stopped when called again. What each stage took is measured,
 not configured: every call records it in
 `<results dir>/<paper>/stages.json` beside the tables (minutes, machine, commit, date, command), and `--dry-run`
-(which reads only the pipeline and stages.json: seconds, no torch) shows it as the stage's expected time and sums it
-in one total over every stage. A stage that found something already made (`reuse.py`) is kept there only
-where no measurement of that stage exists yet. `--stages 2-3,9` runs only those stages: two lanes of one machine
-(or two machines sharing the results dir) each take stages that do not need the other's, with the pipeline's
-exact overrides. A table stage with `committed_inputs: true` also reads the inputs committed beside the table
-(`results/<paper>/runs/`): a pipeline that adds rows to another pipeline's table (cllm_long to cllm's) then writes
-the whole table on a machine that did not run the other one; where both hold a run of one name, the one that
-finished later takes its cell.
-"""
+(which reads only the pipeline, its table specs and stages.json: seconds, no torch) shows it as the stage's expected
+time and sums it in one total over every stage. A stage that found something already made (`reuse.py`) is kept there
+only where no measurement of that stage exists yet. `--stages 2-3,9` runs only those stages: two lanes of one machine
+(or two machines sharing the results dir) each take stages that do not need the other's, with the pipeline's exact
+overrides. A table stage with `committed_inputs: true` also reads the inputs committed beside the table
+(`results/<paper>/runs/`): a pipeline that adds rows to another pipeline's table (cllm_long to cllm's) then writes the
+whole table on a machine that did not run the other one; where both hold a run of one name, the one that finished later
+takes its cell."""
 
 from __future__ import annotations
 
@@ -133,6 +132,19 @@ def read_headlines(path: Path, spec: dict) -> list[Headline]:
         ]
     except Invalid as exc:
         raise SpecReproError(f"{path}: {exc}") from None
+
+
+def check_tables(stages: list[dict]) -> None:
+    """Every table stage's spec loads, before any stage runs: a table named wrong fails in one line now, not
+    after hours of training and decoding (and `--dry-run` finds it)."""
+    from specrepro.tables import TableSpec  # matplotlib, not torch: a dry run stays seconds
+
+    for i, stage in enumerate(stages, 1):
+        if "table" in stage:
+            try:
+                TableSpec.load(stage["table"])
+            except SpecReproError as exc:
+                raise SpecReproError(f"stage {i} ({describe(stage)}): {exc}") from None
 
 
 def describe(stage: dict) -> str:
@@ -384,9 +396,11 @@ def reproduce(
     check_done: bool = False,
 ) -> None:
     """Run (or, with dry_run, list) every stage of one paper's pipeline, or the stage numbers `only` names. A dry
-    run reads only the pipeline and its stages.json (no torch: seconds); `check_done` adds what each train and run
-    stage has made already, which composes and names every run (its code: the method modules, torch)."""
+    run reads only the pipeline, its table specs and its stages.json (no torch: seconds); `check_done` adds what
+    each train and run stage has made already, which composes and names every run (its code: the method modules,
+    torch)."""
     paper, stages = load_pipeline(name, pipelines_dir)
+    check_tables(stages)
     chosen = parse_stages(only, len(stages)) if only else set(range(1, len(stages) + 1))
     work_dir, out_dir = Path(results_dir) / "reproduce" / paper, Path(results_dir) / paper
     shared = work_dir.parent / SHARED_ARTIFACTS
