@@ -142,7 +142,7 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     assert reused["reused"], "the other pipeline's stage did not say it found the component already made"
 
     page = (tmp_path / "results" / SUMMARY_PAGE).read_text()  # refreshed by the table stage
-    assert page == summary_page(str(tmp_path / "results"), pipelines_dir=tmp_path / "pipelines")
+    assert page == summary_page(str(tmp_path / "results"), pipeline_file=pipeline)
     (row,) = [line for line in page.splitlines() if line.startswith("| tiny | lossless | reproduced |")]
     assert row.endswith("| [tiny_table](tiny/tiny_table.md) |") and "| – | 1.00 | " in row
     assert f"; {first['commit'][:10]}" in row and "unknown" not in row  # the table's machine; commit; date
@@ -417,6 +417,29 @@ def test_a_table_stage_with_committed_inputs_also_reads_the_runs_committed_besid
     md = (results / "two" / "two.md").read_text()
     assert "| ar | 1.00 | [1] |" in md and "| pld | 1.50 | [2] |" in md
     assert sorted(p.name for p in (results / "two" / "runs").iterdir()) == ["ar-run", "pld-run"]
+
+
+def test_a_pipeline_file_kept_elsewhere_adds_its_headlines_to_the_summary_and_keeps_every_other(tmp_path):
+    """A pipeline file outside experiments/reproduce/ refreshes results/SUMMARY.md with its headlines beside every
+    shipped pipeline's: not a page of its folder's alone (which wiped the shipped rows), and the folder's other
+    YAML files are not read as pipelines."""
+    from specrepro.reproduce import reproduce
+    from tests.test_tables import KEEP_TABLE, _record
+
+    results = tmp_path / "results"
+    _record(results / "reproduce" / "two", "pld-run", "pld", 1.5)
+    (tmp_path / "two.yaml").write_text(KEEP_TABLE.replace("paper: keep", "paper: two"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.yaml").write_text("")  # not a pipeline
+    (mine / "adds.yaml").write_text(
+        f"paper: two\nstages: [{{table: {tmp_path / 'two.yaml'}}}]\n"
+        "headline: [{table: two, row: [pld], column: MAT, claim: pld is fast, status: reproduced}]\n"
+    )
+    reproduce(str(mine / "adds.yaml"), str(results))
+    page = (results / SUMMARY_PAGE).read_text()
+    assert "| two | pld is fast | reproduced | – | 1.50 |" in page
+    assert "| cllm | CLLM + Jacobi decoding speeds up GSM8K | not reproduced |" in page  # a shipped pipeline's row
 
 
 @pytest.mark.parametrize("paper", sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")))

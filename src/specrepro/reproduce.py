@@ -453,11 +453,13 @@ def reproduce(
             f"{f' (the estimate in {measured_path} stays the earlier one)' if kept_earlier else ''}",
             flush=True,
         )
-        if "table" in stage:  # the headlines (of this pipeline and those beside it) follow the tables
+        if "table" in stage:  # the headlines (of every pipeline, and of this one's file) follow the tables
             from specrepro.summary import SUMMARY_PAGE, summary_page  # the table code: not imported by a dry run
 
-            beside = Path(name).parent if name.endswith(".yaml") else pipelines_dir
-            atomic_write(Path(results_dir) / SUMMARY_PAGE, summary_page(results_dir, pipelines_dir=beside))
+            pipeline_file = Path(name) if name.endswith(".yaml") else None
+            atomic_write(
+                Path(results_dir) / SUMMARY_PAGE, summary_page(results_dir, None, pipelines_dir, pipeline_file)
+            )
 
 
 def main(args: list[str]) -> None:

@@ -102,11 +102,18 @@ def versus_machines(item: Headline, table_csv: Path, machines: list[str]) -> str
 
 
 def summary_page(
-    results_dir: str = "results", page_dir: Path | None = None, pipelines_dir: Path = PIPELINES_DIR
+    results_dir: str = "results",
+    page_dir: Path | None = None,
+    pipelines_dir: Path = PIPELINES_DIR,
+    pipeline_file: Path | None = None,
 ) -> str:
-    """The summary page: one row per pipeline headline, its cells copied from the committed tables under
-    `results_dir` with their origin, the table linked relative to `page_dir` (default `results_dir`)."""
+    """The summary page: one row per headline of the pipelines in `pipelines_dir` (and of `pipeline_file`, one kept
+    elsewhere), its cells copied from the committed tables under `results_dir` with their origin, the table linked
+    relative to `page_dir` (default `results_dir`)."""
     page_dir = Path(page_dir or results_dir)
+    pipelines = sorted(pipelines_dir.glob("*.yaml"))
+    if pipeline_file is not None and pipeline_file.resolve() not in [path.resolve() for path in pipelines]:
+        pipelines.append(pipeline_file)
     lines = [
         "# What the harness found",
         "",
@@ -119,7 +126,7 @@ def summary_page(
         "| paper | claim | status | paper | here | measured on | table |",
         "|---|---|---|---|---|---|---|",
     ]
-    for path in sorted(pipelines_dir.glob("*.yaml")):
+    for path in pipelines:
         spec = yaml.safe_load(path.read_text())
         for item in read_headlines(path, spec):
             table = Path(results_dir) / spec["paper"] / f"{item.table}.csv"
