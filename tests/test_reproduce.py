@@ -419,6 +419,21 @@ def test_a_table_stage_with_committed_inputs_also_reads_the_runs_committed_besid
     assert sorted(p.name for p in (results / "two" / "runs").iterdir()) == ["ar-run", "pld-run"]
 
 
+def test_a_table_stage_whose_runs_fill_no_cell_fails_in_one_line(tmp_path):
+    """Runs of other settings than the table selects (`specrepro reproduce specbench_small dataset.limit=2`: six
+    runs decoded, the table selects the experiment's limit of 5) fail the table stage in one line, not a table of
+    dashes saying "no run yet" and "done"."""
+    from specrepro.reproduce import reproduce
+    from tests.test_tables import KEEP_TABLE, _record
+
+    results = tmp_path / "results"
+    _record(results / "reproduce" / "two", "sps-run", "sps", 2.0)  # no row of the table selects it
+    (tmp_path / "two.yaml").write_text(KEEP_TABLE.replace("paper: keep", "paper: two"))
+    (tmp_path / "other.yaml").write_text(f"paper: two\nstages: [{{table: {tmp_path / 'two.yaml'}}}]\n")
+    with pytest.raises(SpecReproError, match=r"two: stage 1 \(table .*two.yaml\): no run in .* fills a cell"):
+        reproduce(str(tmp_path / "other.yaml"), str(results))
+
+
 def test_a_pipeline_file_kept_elsewhere_adds_its_headlines_to_the_summary_and_keeps_every_other(tmp_path):
     """A pipeline file outside experiments/reproduce/ refreshes results/SUMMARY.md with its headlines beside every
     shipped pipeline's: not a page of its folder's alone (which wiped the shipped rows), and the folder's other

@@ -376,6 +376,14 @@ def runs_done(stage: dict, work_dir: Path, overrides: list[str]) -> str:
     return f"{done} of {len(jobs)} run(s) done{other_code}"
 
 
+def names_a_run(csv_path: Path) -> bool:
+    """Whether a table's CSV names a run behind one of its cells (none: a table of dashes)."""
+    from specrepro.plots import table_rows  # matplotlib: not imported by a dry run
+
+    header, *body = table_rows(csv_path.read_text())
+    return any(row[header.index("runs")] for row in body)
+
+
 def run_stage(command: list[str], work_dir: Path) -> tuple[int, float, list[str]]:
     """Run one stage's process: its exit status, minutes, and what it reported reusing (`reuse.py`)."""
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -433,6 +441,11 @@ def reproduce(
             raise SpecReproError(
                 f"{paper}: stage {i} ({describe(stage)}) failed with exit status {returncode}; "
                 f"run `specrepro reproduce {name}` again to resume from it"
+            )
+        if "table" in stage and not names_a_run(out_dir / f"{Path(stage['table']).stem}.csv"):
+            raise SpecReproError(
+                f"{paper}: stage {i} ({describe(stage)}): no run in {work_dir} fills a cell of its table (the runs "
+                "there have other settings than it selects: an override of one, such as dataset.limit?)"
             )
         kept_earlier = "table" not in stage and not record_minutes(
             measured_path,
