@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from specrepro.errors import SpecReproError
-from specrepro.reproduce import PIPELINES_DIR, load_pipeline, parse_stages
+from specrepro.reproduce import PIPELINES_DIR, load_pipeline, parse_stages, stage_overrides
 from specrepro.summary import SUMMARY_PAGE, summary_page
 from tests.test_runner import FAST, specrepro
 from tests.test_training import TINY_TRAINING
@@ -218,6 +218,20 @@ def test_stages_picks_stage_numbers_and_a_bad_pick_is_one_line(tmp_path):
             parse_stages(pick, 3)
     with pytest.raises(SpecReproError, match=r"--stages 3-1: a range goes from the lower stage up \(1-3\)"):
         parse_stages("3-1", 3)
+
+
+def test_an_override_reaches_only_the_stages_whose_config_has_its_setting(tmp_path):
+    """`specrepro reproduce <paper> dataset.limit=2` gave the override to every stage, and the first train stage
+    failed on "Key 'dataset' not in 'TrainRunConfig'". A run-only setting now reaches run stages only, a training
+    setting train stages only, and a setting both have (model, hardware) or Hydra's own, both."""
+    overrides = ["dataset.limit=2", "+training.extra=1", "~judge", "model=tiny_random", "hardware.threads=1"]
+    assert stage_overrides("run", overrides) == ["dataset.limit=2", "~judge", "model=tiny_random", "hardware.threads=1"]
+    assert stage_overrides("train", overrides) == ["+training.extra=1", "model=tiny_random", "hardware.threads=1"]
+    assert stage_overrides("run", ["hydra.job.chdir=false"]) == stage_overrides("train", ["hydra.job.chdir=false"])
+    proc = specrepro(
+        "reproduce", str(_pipeline(tmp_path)), "--dry-run", "--check-done", "dataset.limit=1", cwd=tmp_path, check=False
+    )
+    assert proc.returncode == 0 and "[1/3] train" in proc.stdout, proc.stderr
 
 
 def test_a_table_stage_naming_no_table_fails_in_one_line_before_any_stage_runs(tmp_path):

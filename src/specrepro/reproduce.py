@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
@@ -180,8 +180,23 @@ def stage_command(stage: dict, work_dir: Path, out_dir: Path, overrides: list[st
         *map(str, stage[kind]),
         f"results_dir={work_dir}",
         f"artifacts_dir={work_dir.parent / SHARED_ARTIFACTS}",
-        *overrides,
+        *stage_overrides(kind, overrides),
     ]
+
+
+def stage_overrides(kind: str, overrides: list[str]) -> list[str]:
+    """The pipeline's overrides a `kind` stage takes: those of a setting only the other kind has are left out
+    (`dataset.limit=2` reaches run stages, `training.loop.steps=10` train stages), the rest (model, hardware, a
+    Hydra or `+experiment` override) reach both."""
+    from specrepro.config import RunConfig, TrainRunConfig
+
+    own, other = (RunConfig, TrainRunConfig) if kind == "run" else (TrainRunConfig, RunConfig)
+    own_keys, other_keys = ({field.name for field in fields(schema)} for schema in (own, other))
+
+    def key(override: str) -> str:
+        return override.split("=", 1)[0].lstrip("+~").split(".", 1)[0]
+
+    return [o for o in overrides if key(o) in own_keys or key(o) not in other_keys]
 
 
 def read_measured(path: Path) -> dict:
@@ -480,7 +495,13 @@ def main(args: list[str]) -> None:
         prog="specrepro reproduce", description="Train, run and tabulate one paper (or all) from nothing cached."
     )
     parser.add_argument("paper", help=f"a pipeline in {PIPELINES_DIR} (without .yaml), a pipeline file, or all")
-    parser.add_argument("overrides", nargs="*", default=[], help="Hydra overrides added to every train and run stage")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        default=[],
+        help="Hydra overrides added to every train and run stage whose config has their setting "
+        "(dataset.limit=2: run stages only; training.loop.steps=10: train stages only)",
+    )
     parser.add_argument(
         "--results-dir",
         default="results",
