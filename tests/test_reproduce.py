@@ -234,6 +234,28 @@ def test_an_override_reaches_only_the_stages_whose_config_has_its_setting(tmp_pa
     assert proc.returncode == 0 and "[1/3] train" in proc.stdout, proc.stderr
 
 
+def test_reproduce_all_runs_every_pipeline_past_one_that_fails(monkeypatch, tmp_path, capsys):
+    """`reproduce all` stopped at the first failing pipeline, saying to call that one again, and the pipelines after
+    it never ran. Each pipeline now runs; the failures are named at the end in one line."""
+    from specrepro import reproduce
+
+    for name in ("a_fails", "b_runs", "c_runs"):
+        (tmp_path / f"{name}.yaml").write_text("")
+    ran = []
+
+    def pipeline(name, *args, **kwargs):
+        ran.append(name)
+        if name == "a_fails":
+            raise SpecReproError("a_fails: stage 1 (train method=x) failed with exit status 2")
+
+    monkeypatch.setattr(reproduce, "PIPELINES_DIR", tmp_path)
+    monkeypatch.setattr(reproduce, "reproduce", pipeline)
+    with pytest.raises(SpecReproError, match=r"1 of 3 pipelines failed \(a_fails\); the others ran"):
+        reproduce.main(["all"])
+    assert ran == ["a_fails", "b_runs", "c_runs"]
+    assert "specrepro: error: a_fails: stage 1" in capsys.readouterr().err
+
+
 def test_a_table_stage_naming_no_table_fails_in_one_line_before_any_stage_runs(tmp_path):
     """A mistyped table name is found by `--dry-run` and before the first stage, not after hours of training."""
     pipeline = _pipeline(tmp_path)

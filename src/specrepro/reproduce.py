@@ -526,6 +526,21 @@ def main(args: list[str]) -> None:
         raise SpecReproError("--stages picks stages of one pipeline, not of all")
     if opts.check_done and not opts.dry_run:
         raise SpecReproError("--check-done goes with --dry-run (a run finds what is done as it goes)")
-    names = sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")) if opts.paper == "all" else [opts.paper]
+    if opts.paper != "all":
+        reproduce(
+            opts.paper, opts.results_dir, opts.overrides, opts.dry_run, only=opts.stages, check_done=opts.check_done
+        )
+        return
+    failed = []  # a failed pipeline does not stop the others: each resumes on its own
+    names = sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml"))
     for name in names:
-        reproduce(name, opts.results_dir, opts.overrides, opts.dry_run, only=opts.stages, check_done=opts.check_done)
+        try:
+            reproduce(name, opts.results_dir, opts.overrides, opts.dry_run, check_done=opts.check_done)
+        except SpecReproError as exc:
+            print(f"specrepro: error: {one_line(exc)}", file=sys.stderr, flush=True)
+            failed.append(name)
+    if failed:
+        raise SpecReproError(
+            f"{len(failed)} of {len(names)} pipelines failed ({', '.join(failed)}); the others ran: "
+            "`specrepro reproduce <pipeline>` resumes each"
+        )
