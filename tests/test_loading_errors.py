@@ -324,6 +324,20 @@ def test_an_artifact_without_a_tokenizer_takes_the_configured_one(tmp_path):
     assert loading.load_model(cfg, torch.device("cpu"), torch.float32, artifacts_dir=tmp_path).tokenizer is None
 
 
+def test_the_embedded_model_takes_the_configured_tokenizer(tmp_path, monkeypatch):
+    """`model.tokenizer` ("the tokenizer source when it differs") was ignored for source=embedded: the run still used
+    the embedded tokenizer, under a name that hashed the other one."""
+    from specrepro.config import ModelConfig
+
+    tokenizer = loading.load_tokenizer("embedded", ModelConfig(name="t"))
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"
+    tokenizer.save_pretrained(tmp_path / "own_tokenizer")
+    monkeypatch.setattr(loading, "embedded_checkpoint", lambda cache_dir: write_model(tmp_path / "embedded"))
+    cfg = ModelConfig(name="smollm2", source="embedded", tokenizer=str(tmp_path / "own_tokenizer"))
+    loaded = loading.load_model(cfg, torch.device("cpu"), torch.float32)
+    assert loaded.tokenizer.chat_template == "{{ messages[0]['content'] }}"
+
+
 def test_a_local_directory_under_the_home_directory_loads_by_its_tilde_path(tmp_path, monkeypatch):
     """`model.id=~/models/x` is that directory, as the run's identity takes it, not a hub id that is not cached."""
     from specrepro.config import ModelConfig

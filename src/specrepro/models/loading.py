@@ -363,7 +363,7 @@ def load_model(
     elif cfg.source == "embedded":
         path = embedded_checkpoint(cfg.cache_dir)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **where)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(cfg.tokenizer, cfg) if cfg.tokenizer else AutoTokenizer.from_pretrained(path)
     elif cfg.source == "artifact":
         path = resolve_artifact(cfg.id, artifacts_dir)
         if (path / "adapter_config.json").is_file():
