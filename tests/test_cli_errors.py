@@ -157,6 +157,35 @@ def test_ctrl_c_while_the_methods_import_is_one_line_too(tmp_path):
     assert error_lines(stderr)[-1].startswith("specrepro: interrupted; finished work is kept")
 
 
+def test_ctrl_c_during_a_pipeline_stage_is_one_line_too(tmp_path):
+    """`specrepro reproduce` waits for a stage's process: Ctrl-C reaches both, and neither prints a traceback."""
+    (tmp_path / "slow_methods.py").write_text(
+        "import pathlib, time\npathlib.Path('importing').touch()\ntime.sleep(60)\n"
+    )
+    (tmp_path / "slow.yaml").write_text(f"paper: slow\nstages:\n  - {{run: [{', '.join(FAST)}, logger=none]}}\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specrepro.cli", "reproduce", "slow.yaml"],
+        cwd=tmp_path,
+        env=env | {"SPECREPRO_PLUGINS": "slow_methods"},  # the stage's process sleeps as it imports the methods
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "importing").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole foreground group
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in stderr, stderr[-2000:]
+    assert error_lines(stderr)[-1] == (
+        "specrepro: interrupted; finished work is kept: run `specrepro reproduce slow.yaml` again to resume"
+    )
+
+
 @pytest.mark.parametrize("full_file", ["generations.jsonl", "metrics.json"])  # as the run starts, as it finishes
 def test_a_full_disk_under_results_dir_is_one_line_naming_the_run_directory(tmp_path, monkeypatch, full_file):
     from specrepro import runner, tracking

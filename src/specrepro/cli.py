@@ -192,25 +192,30 @@ def main() -> None:
         print(USAGE)
         return
     command, rest = args[0], args[1:]
-    if command in ("run", "train"):
-        try:
-            hydra_app(command, run_job if command == "run" else train_job, rest)
-        except KeyboardInterrupt:  # also while the methods' modules import (torch, transformers: seconds)
-            again = " ".join(["specrepro", command, *map(shlex.quote, rest)])
-            print(f"specrepro: interrupted; finished work is kept: run `{again}` again to resume", file=sys.stderr)
-            sys.exit(130)
-    elif command in SUBCOMMANDS:
-        module, function = SUBCOMMANDS[command].split(":")
-        try:
-            getattr(importlib.import_module(module), function)(rest)  # only its own imports: a dry run is seconds
-        except BrokenPipeError:  # stdout closed early (`specrepro reproduce all --dry-run | head`)
-            quiet_closed_stdout()
-        except Exception as exc:
-            if (error := as_user_error(exc)) is None:
-                raise
-            fail(str(error))
-    else:
+    if command not in ("run", "train", *SUBCOMMANDS):
         fail(f"unknown command '{command}'\n{USAGE}")
+    try:
+        if command in ("run", "train"):
+            hydra_app(command, run_job if command == "run" else train_job, rest)
+        else:
+            subcommand(command, rest)
+    except KeyboardInterrupt:  # also while the methods' modules import (torch, transformers: seconds)
+        again = " ".join(["specrepro", command, *map(shlex.quote, rest)])
+        print(f"specrepro: interrupted; finished work is kept: run `{again}` again to resume", file=sys.stderr)
+        sys.exit(130)
+
+
+def subcommand(command: str, rest: list[str]) -> None:
+    """`specrepro table|reproduce|summary|compare ...`: a user error in one line."""
+    module, function = SUBCOMMANDS[command].split(":")
+    try:
+        getattr(importlib.import_module(module), function)(rest)  # only its own imports: a dry run is seconds
+    except BrokenPipeError:  # stdout closed early (`specrepro reproduce all --dry-run | head`)
+        quiet_closed_stdout()
+    except Exception as exc:
+        if (error := as_user_error(exc)) is None:
+            raise
+        fail(str(error))
 
 
 if __name__ == "__main__":
