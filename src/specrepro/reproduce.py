@@ -512,7 +512,7 @@ def main(args: list[str]) -> None:
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="list the stages, their expected time and what is done already; run nothing",
+        help="list the stages and their expected time (--check-done: what is made already); run nothing",
     )
     parser.add_argument(
         "--check-done",
