@@ -4,11 +4,12 @@ A run's name ends in a hash of everything that changes what it computes: the res
 where results go and how they are logged), the trained artifacts its references resolve to now and the models
 it loads from a local directory (each by name and content digest) or from the hub cache (by commit), the
 content of the records it decodes, the code that determines its tokens and timings (`code_fingerprint`), the
-machine that times it (`timing_machine`) and the record version. A record is resumed, skipped or used as a
-reference only under the same hash, so an edited dataset file, a newer artifact, one retrained under the same name
-with other weights, a checkpoint saved again at the same path, a newer download of a hub model, a fix to the
-method's code, or another machine (another GPU, or another CPU model, vector width or core count) is a new run:
-never a run whose samples, or whose `ar` reference, another machine timed.
+machine and threads that time it (`timing_machine`, `timing_threads`) and the record version. A record is resumed,
+skipped or used as a reference only under the same hash, so an edited dataset file, a newer artifact, one retrained
+under the same name with other weights, a checkpoint saved again at the same path, a newer download of a hub model,
+a fix to the method's code, another machine (another GPU, or another CPU model, vector width or core count) or
+another thread count (`hardware.threads`, or with null OMP_NUM_THREADS) is a new run: never a run whose samples, or
+whose `ar` reference, another machine or thread count timed.
 
 The code is a declared set, not whatever the runner imports. What determines a run's tokens: the method's
 classes (its module, a method it extends), the Decoder contract, the draft-verify loop, verification, sampling,
