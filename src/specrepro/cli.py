@@ -1,5 +1,6 @@
 """Entry points: `specrepro run ...` (decode + score + record), `specrepro train ...`, `specrepro table NAME`,
-`specrepro reproduce PAPER` (train + run + table, from experiments/reproduce/), `specrepro compare RUN OTHER_RUN`.
+`specrepro reproduce PAPER` (train + run + table, from experiments/reproduce/), `specrepro summary`,
+`specrepro compare RUN OTHER_RUN`.
 
 `run` and `train` are Hydra apps over the configs in `conf/` (shipped as the package specrepro.conf); every
 override, `-m` multirun and `--config-dir DIR` (more config files, e.g. DIR/method/<preset>.yaml) works.
