@@ -126,6 +126,7 @@ def test_a_run_timed_in_alternating_order_measures_the_advantage_of_the_arm_time
     "gen, problem",
     [
         (_gen([31], [3]), "31 tokens from 3 drafts"),  # hf_assisted's collapsed counting on transformers 5.24
+        (_gen([3], [1]), "3 tokens from 1 drafts"),  # one more than the drafts and the target's own token
         (_gen([2, 0], [1, 1]), "no token"),
         (_gen([1, 1], [0, 0], steps=1), "1 steps but 2"),
         (_gen([1, 1], [0, 0], n_tokens=9), "9 tokens but the steps committed 2"),
@@ -626,3 +627,53 @@ def test_a_run_scored_by_other_scoring_code_is_scored_again_without_decoding(tmp
     again = [json.loads(line) for line in (ar / "generations.jsonl").read_text().splitlines()]
     assert [row["samples"] for row in again] == [row["samples"] for row in rows]
     assert {row["scored_with"] for row in again} == {truth["scoring_code"]}
+
+
+def test_every_speed_figure_of_a_run_and_its_speedups_over_ar_are_computed_as_named():
+    """Two turns with hand-counted steps against an `ar` reference: each figure a table reports, by its definition."""
+    from specrepro.metrics.speed import speedups
+
+    def timed(gen, wall, draft, verify):
+        return gen | {"wall_time": wall, "draft_time": draft, "verify_time": verify}
+
+    gens = [timed(_gen([3, 2, 1], [3, 3, 2]), 2.0, 0.3, 0.6), timed(_gen([1, 1], [2, 2]), 0.5, 0.1, 0.2)]
+    ar = [timed(_gen([1] * 6, [0] * 6), 3.5, 0.0, 0.6), timed(_gen([1, 1], [0, 0]), 1.0, 0.0, 0.2)]
+    metrics = speed_metrics(gens)
+    assert metrics["new_tokens"] == 10 and metrics["steps"] == 5
+    assert metrics["tokens_per_s"] == pytest.approx((7 / 2.0 + 3 / 0.5) / 2)  # the mean of the turns' rates
+    assert metrics["total_tokens_per_s"] == pytest.approx(10 / 2.5)
+    assert metrics["mat"] == pytest.approx((6 + 2) / 5)  # tokens committed after the prefill, per step
+    assert metrics["accept_rate"] == pytest.approx(3 / 12)  # drafts taken (3: not the target's own) of 12
+    assert metrics["draft_token_share"] == pytest.approx(3 / 10)
+    assert metrics["hm"] == pytest.approx(100 * 2 * 0.25 * 0.3 / 0.55)
+    assert metrics["mean_drafted_per_step"] == pytest.approx(12 / 5)
+    assert (metrics["draft_ms_per_step"], metrics["verify_ms_per_step"]) == pytest.approx((80.0, 160.0))
+    over_ar = speedups(gens, ar)
+    assert over_ar["speedup_mean"] == pytest.approx(4.75 / ((7 / 3.5 + 3 / 1.0) / 2))
+    assert over_ar["speedup_total"] == pytest.approx((10 / 2.5) / (10 / 4.5))
+    assert (over_ar["draft_cost"], over_ar["verify_cost"]) == pytest.approx((0.8, 1.6))  # ar: 100 ms a step
+
+
+def test_a_summary_pairs_each_turn_with_its_own_reference_and_averages_a_score_over_the_records_scored():
+    """The reference's records in another order still pair by id; a score only some records have (Spec-Bench's
+    categories, a reference NLL) is the mean over those records, not over all."""
+    from specrepro.metrics.speed import lossless
+    from specrepro.metrics.summary import summarize
+
+    def row(rid, tokens, wall, scores):
+        gen = {**_gen([1] * (len(tokens) - 1), [0] * (len(tokens) - 1)), "token_ids": tokens, "wall_time": wall}
+        return {"id": rid, "prompts": [rid], "scores": scores, "samples": [[gen]]}
+
+    rows = [row("a", [1, 2, 3, 4], 1.0, {"gsm8k_acc": 1.0}), row("b", [5, 6], 1.0, {"rouge_l": 0.5})]
+    rows.append(row("c", [8, 9, 2], 1.0, {"rouge_l": 0.25}))  # `ar`'s tokens and one more: not the same output
+    reference = [row("c", [8, 9], 1.0, {}), row("b", [5, 7], 0.5, {}), row("a", [1, 2, 3, 4], 2.0, {})]
+    metrics = summarize(rows, reference, greedy=True)
+    assert metrics["lossless"] == pytest.approx(1 / 3)
+    assert metrics["speedup_mean"] == pytest.approx((4 + 2 + 3) / (2 + 4 + 2))
+    assert metrics["gsm8k_acc"] == 1.0 and metrics["rouge_l"] == 0.375
+    assert math.isnan(lossless([{"token_ids": [1]}] * 2, [{"token_ids": [1]}]))  # unpaired: no fraction
+    paired = [
+        {**r, "samples": [[{**r["samples"][0][0], "ar_wall_time": 1.0, "ar_tokens": 2, "ar_token_ids": [5, 7]}]]}
+        for r in rows
+    ]
+    assert summarize(paired, None, greedy=True)["lossless_paired"] == 0.0  # against the `ar` timed beside each
