@@ -383,3 +383,82 @@ def test_a_completion_keeps_its_leading_space_under_a_llama_tokenizer():
     assert tokenizer.decode(prompt_ids + completion_ids, skip_special_tokens=True) == prompt + completion
     assert tokenizer.decode(completion_ids) == completion[1:]  # the defect: decoded alone, one space short
     assert completion_text(tokenizer, prompt_ids, completion_ids) == completion
+
+
+def test_warpers_are_transformers_temperature_top_k_and_top_p():
+    """warp_logits keeps exactly the tokens transformers' warpers keep, at their values; a tie at the top-p
+    boundary keeps one token, as transformers does; `ar`'s sampled token is warped too (top-k 1: the argmax)."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    from specrepro.decoding.sampling import pick_token
+
+    logits = 3 * torch.randn(6, 40, generator=torch.Generator().manual_seed(0))
+    for temperature, top_k, top_p in ((0.7, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.6), (0.5, 8, 0.9), (1.0, 1, 1.0)):
+        expected = TemperatureLogitsWarper(temperature)(None, logits.clone())
+        expected = TopKLogitsWarper(top_k)(None, expected) if top_k else expected
+        expected = TopPLogitsWarper(top_p)(None, expected) if top_p < 1 else expected
+        torch.testing.assert_close(warp_logits(logits, Sampling(True, temperature, top_k, top_p)), expected)
+    assert torch.isfinite(warp_logits(torch.zeros(2), Sampling(True, 1.0, 0, 0.5))).sum() == 1
+    top1 = Sampling(True, 1.0, 1, 1.0)
+    assert {int(pick_token(logits[0], top1, torch.Generator().manual_seed(s))) for s in range(20)} == {
+        int(logits[0].argmax())
+    }
+
+
+def _emitted_distributions_match(verify, target_rows, n=1500):
+    """Run `verify(rng, draws)` n times (fresh seeds); the token it emits at each position must follow that
+    position's `target_rows(tokens, path)` distribution (chi-square p > 1e-3, none where it is 0)."""
+    from collections import defaultdict
+
+    from scipy.stats import chisquare
+
+    counts = defaultdict(lambda: torch.zeros(5))
+    for seed in range(n):
+        tokens, path = verify(torch.Generator().manual_seed(seed), torch.Generator().manual_seed(10**6 + seed))
+        for position, token in enumerate(tokens):
+            counts[target_rows(position, path)][token] += 1
+    for row, observed in counts.items():
+        expected = TARGET_P[row] * observed.sum()
+        assert observed[expected == 0].sum() == 0, f"row {row} emitted a token the target rules out"
+        assert chisquare(observed[expected > 0], expected[expected > 0]).pvalue > 1e-3, (row, observed, expected)
+
+
+# warped target distributions (top-k 4 of 5 rules one token out in each row) and draft distributions
+TARGET_LOGITS = torch.tensor(
+    [[2.0, 1.0, 0.0, -1.0, 0.5], [0.0, 2.5, -1.0, 1.0, 0.3], [1.0, -2.0, 0.0, 1.5, 0.2], [0.0, 0.1, 1.2, -3.0, 0.4]]
+)
+SAMPLED = Sampling(do_sample=True, temperature=0.8, top_k=4)
+TARGET_P = warp_logits(TARGET_LOGITS, SAMPLED).softmax(-1)
+DRAFT_Q = torch.tensor([[0.1, 0.6, 0.0, 0.2, 0.1], [0.3, 0.1, 0.4, 0.0, 0.2], [0.2, 0.2, 0.2, 0.2, 0.2]])
+
+
+def test_speculative_sampling_of_a_chain_emits_each_token_from_the_target_distribution():
+    """speculative_verify on fixed p and q: with drafts drawn from q, or deterministic (q None) and one of them
+    ruled out by p, the first token follows p's first row and each later one, once reached, its own row."""
+
+    def sampled_chain(rng, draws):
+        drafts = torch.multinomial(DRAFT_Q[:2], 1, generator=draws).view(-1)
+        return speculative_verify(drafts, DRAFT_Q[:2], TARGET_LOGITS[:3], SAMPLED, rng)[0], None
+
+    def deterministic_chain(rng, draws):
+        return speculative_verify(torch.tensor([0, 2]), None, TARGET_LOGITS[:3], SAMPLED, rng)[0], None
+
+    for verify in (sampled_chain, deterministic_chain):
+        _emitted_distributions_match(verify, lambda position, path: position)
+
+
+def test_speculative_sampling_of_a_tree_emits_each_token_from_the_target_distribution():
+    """tree_verify: a sampled chain 0 -> 1 with a deterministic sibling 2 of node 0, and three deterministic
+    siblings (one repeated, one ruled out by p): the first token follows p at the root, the next that of the
+    node it follows."""
+
+    def sampled_tree(rng, draws):
+        drafts = torch.cat([torch.multinomial(DRAFT_Q[:2], 1, generator=draws).view(-1), torch.tensor([4])])
+        q = torch.cat([DRAFT_Q[:2], torch.nn.functional.one_hot(drafts[2:], 5).float()])
+        return tree_verify(drafts, [-1, 0, -1], q, TARGET_LOGITS, SAMPLED, rng)
+
+    def deterministic_siblings(rng, draws):
+        return tree_verify(torch.tensor([0, 3, 0]), [-1, -1, -1], None, TARGET_LOGITS, SAMPLED, rng)
+
+    _emitted_distributions_match(sampled_tree, lambda position, path: 0 if position == 0 else path[position - 1] + 1)
+    _emitted_distributions_match(deterministic_siblings, lambda position, path: 0 if position == 0 else path[0] + 1)
