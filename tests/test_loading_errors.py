@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -296,6 +297,15 @@ def test_a_local_directory_without_a_checkpoint_is_refused_in_one_line(tmp_path,
         loading.load_model(cfg, torch.device("cpu"), torch.float32)
     with pytest.raises(SpecReproError, match="model.source=hf needs model.id"):
         loading.load_model(ModelConfig(name="local", source="hf", id=None), torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize("path", ["/nonexistent/llama", "./not_here", "~/no_such_model"])
+def test_a_model_path_that_does_not_exist_is_named_as_one(path):
+    """A missing directory was looked up as a hub id, and the error advised `hf download /nonexistent/llama`."""
+    from transformers import AutoModelForCausalLM
+
+    with pytest.raises(SpecReproError, match=f"model directory '{re.escape(path)}' does not exist"):
+        loading._from_pretrained(AutoModelForCausalLM, path)
 
 
 def test_a_device_this_machine_lacks_is_one_line(monkeypatch):

@@ -212,6 +212,8 @@ def _from_pretrained(loader, ident: str, **kwargs):
     # transformers 5 does not pass local_files_only on to its adapter lookup, which would then ask the hub
     local = {} if loader is AutoTokenizer else {"adapter_kwargs": {"local_files_only": True}}
     directory = Path(ident).expanduser()  # `~/models/x`, as run identities (identity.py) and artifacts read it
+    if ident.startswith(("/", "./", "../", "~")) and not directory.is_dir():  # a path, never a hub id
+        raise SpecReproError(f"{what} directory '{ident}' does not exist: point model.id (or model.tokenizer) at one")
     if directory.is_dir():  # transformers, too, takes an existing directory before a hub id of the same name
         try:
             return loader.from_pretrained(str(directory), local_files_only=True, **local, **kwargs)
