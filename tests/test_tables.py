@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import shutil
+import types
 from pathlib import Path
 
 import pytest
@@ -976,7 +977,7 @@ def test_the_commands_that_read_records_start_without_torch():
 def test_a_trend_plot_fits_log_x_and_extrapolates_with_the_lines_interval(tmp_path):
     """`kind: trend` reads a run's trained-component metrics (`trained.<component>.<key>`, a list item by
     position), fits y = a + b log10(x) and writes the figure and a page with the slope and the extrapolated values."""
-    from specrepro.plots import log_linear_fit
+    from specrepro.plots import draw_trend, log_linear_fit
 
     exact = log_linear_fit([10, 100, 1000], [1.0, 1.5, 2.0])
     assert exact["slope"] == pytest.approx(0.5) and exact["predict"](10_000) == pytest.approx((2.5, 0.0), abs=1e-9)
@@ -984,6 +985,13 @@ def test_a_trend_plot_fits_log_x_and_extrapolates_with_the_lines_interval(tmp_pa
     value, margin = noisy["predict"](100_000)
     assert margin > noisy["predict"](300)[1] > 0  # the line is pinned best inside the measured range
     assert log_linear_fit([10, 100], [1.0, 2.0]) is None
+    assert log_linear_fit([100, 100, 100], [1.0, 1.2, 1.1]) is None  # one x: no slope (was a division by zero)
+    trend = types.SimpleNamespace(
+        columns=["MAT"], x="Conversations", xlabel=None, extrapolate={}, targets=None, reference=None
+    )
+    here = {"Conversations": [0, 10, 100, 1000], "MAT": [1.0, 1.0, 1.5, 2.0]}  # an untrained head at x = 0
+    _, lines = draw_trend(trend, here, "a learning curve")  # its log10(0) made the fit nan
+    assert lines[2].startswith("| MAT | 3 (and 1 at x <= 0, off the log axis) | +0.5 (")
 
     runs = [
         RunInfo(

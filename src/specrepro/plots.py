@@ -115,9 +115,9 @@ def draw(plot, label_cells: list[tuple[str, ...]], here: dict[str, list], title:
 
 
 def log_linear_fit(xs: list[float], ys: list[float]) -> dict | None:
-    """The least-squares line y = a + b log10(x) through the points, with what a 95% interval of its value at a new x
-    needs (`predict`); None with fewer than three points (no spread left to estimate)."""
-    if len(xs) < 3:
+    """The least-squares line y = a + b log10(x) through the points (x > 0), with what a 95% interval of its value at
+    a new x needs (`predict`); None with fewer than three points (no spread left to estimate) or one x (no slope)."""
+    if len(xs) < 3 or len(set(xs)) < 2:
         return None
     u, y = np.log10(np.asarray(xs, dtype=float)), np.asarray(ys, dtype=float)
     slope, intercept = np.polyfit(u, y, 1)
@@ -134,7 +134,6 @@ def log_linear_fit(xs: list[float], ys: list[float]) -> dict | None:
         "slope": float(slope),
         "intercept": float(intercept),
         "spread": spread,
-        "n": len(u),
         "slope_ci95": t * spread / math.sqrt(sxx),
         "predict": predict,
     }
@@ -198,13 +197,17 @@ def draw_trend(plot, here: dict[str, list], title: str) -> tuple[plt.Figure, lis
     ]
     for axes, column in zip(panels[0], columns):
         points = [(x, y) for x, y in zip(here[plot.x], here[column]) if x is not None and y is not None]
+        off_axis = sum(x <= 0 for x, _ in points)  # a log axis has no place for them
+        points = [(x, y) for x, y in points if x > 0]
+        count = f"{len(points)}" + (f" (and {off_axis} at x <= 0, off the log axis)" if off_axis else "")
         axes.scatter([x for x, _ in points], [y for _, y in points], color="black", s=30, zorder=3, label="measured")
         axes.set_xscale("log")
         axes.set_xlabel(plot.x if plot.xlabel is None else plot.xlabel)
         axes.set_title(column, fontsize=9)
         fit = log_linear_fit([x for x, _ in points], [y for _, y in points])
         if fit is None:
-            lines.append(f"| {column} | {len(points)} | fewer than 3 points: no fit |" + " – |" * len(extrapolate))
+            why = "fewer than 3 points" if len(points) < 3 else "one x value"
+            lines.append(f"| {column} | {count} | {why}: no fit |" + " – |" * len(extrapolate))
             continue
         reach = [x for x, _ in points] + list(extrapolate.values())
         grid = np.logspace(math.log10(min(reach)), math.log10(max(reach)), 100)
@@ -232,7 +235,7 @@ def draw_trend(plot, here: dict[str, list], title: str) -> tuple[plt.Figure, lis
             )
             cells.append(f"{value:.3g} ({value - margin:.3g} to {value + margin:.3g})")
         lines.append(
-            f"| {column} | {fit['n']} | {fit['slope']:+.3g} ({fit['slope'] - fit['slope_ci95']:+.3g} to "
+            f"| {column} | {count} | {fit['slope']:+.3g} ({fit['slope'] - fit['slope_ci95']:+.3g} to "
             f"{fit['slope'] + fit['slope_ci95']:+.3g}) | " + " | ".join(cells) + " |"
         )
         if plot.reference is not None:
