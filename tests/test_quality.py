@@ -30,6 +30,13 @@ def test_rouge_identical_disjoint_and_partial():
     assert scores["rouge_2"] == pytest.approx(3 / 5)
 
 
+def test_rouge_is_the_f_measure_not_the_recall():
+    # a prediction of 3 tokens inside a 6-token reference: LCS precision 1, recall 1/2, F 2/3; bigrams 2 of 2 and 2 of 5
+    scores = rouge("the cat sat", "the cat sat on the mat")
+    assert scores["rouge_l"] == pytest.approx(2 / 3)
+    assert scores["rouge_2"] == pytest.approx(2 * 1 * 0.4 / 1.4)
+
+
 def test_rouge_stems_words():
     assert rouge("cats running", "cat runs") == {"rouge_l": 1.0, "rouge_2": 1.0}
 
@@ -46,6 +53,7 @@ def test_rouge_stems_words():
         ("the marker has no number: 8 then ####", "8"),
         ("#### Step 1: one box\n3 * 4 = 12\n#### Step 2: five boxes\n12 * 5 = 60", "60"),  # markdown headings
         ("#### 60\n#### Check: 5 * 12", "60"),
+        ("#### 12\nthen five boxes: 12 * 5\n#### 60", "60"),  # a corrected answer: the last marked number
         ("no digits at all", None),
         ("", None),
     ],
