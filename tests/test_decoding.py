@@ -101,6 +101,16 @@ def test_drafting_methods_take_fewer_steps_when_drafts_match(target):
     assert all(a == 5 for a in self_draft.accepted[:-1])
 
 
+def test_a_step_records_every_token_it_drafted_not_only_those_accepted(target, draft):
+    """The acceptance rate divides the accepted drafts by `drafted`: each step counts the k drafts it verified
+    (k fixed at 4, less only where the budget leaves less room), rejected ones included."""
+    budget = 40
+    gen = SPSDecoder(target, None, draft, 4, "fixed", 16).generate(prompts()[0], GREEDY, budget)
+    before = [1 + sum(gen.accepted[:i]) for i in range(gen.steps)]  # tokens committed before each step
+    assert gen.drafted == [min(4, budget - n - 1) for n in before]
+    assert any(a < d + 1 for a, d in zip(gen.accepted, gen.drafted))  # some drafts were rejected
+
+
 def test_an_sps_tree_drafts_from_the_committed_tokens_after_a_sibling_wins(monkeypatch):
     """A tree's accepted sibling is not what the draft cached at its position (the chain's token was): every round
     must draft what the draft model, run afresh on the committed tokens, drafts. Keeping the chain's token stayed
