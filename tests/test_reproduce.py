@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from specrepro.errors import SpecReproError
-from specrepro.reproduce import PIPELINES_DIR, load_pipeline, parse_stages, stage_overrides
+from specrepro.reproduce import (
+    PIPELINES_DIR,
+    load_pipeline,
+    parse_stages,
+    regenerating_command,
+    stage_overrides,
+)
 from specrepro.summary import SUMMARY_PAGE, summary_page
 from tests.test_runner import FAST, specrepro
 from tests.test_training import TINY_TRAINING
@@ -232,6 +238,15 @@ def test_an_override_reaches_only_the_stages_whose_config_has_its_setting(tmp_pa
         "reproduce", str(_pipeline(tmp_path)), "--dry-run", "--check-done", "dataset.limit=1", cwd=tmp_path, check=False
     )
     assert proc.returncode == 0 and "[1/3] train" in proc.stdout, proc.stderr
+
+
+def test_the_regenerating_command_is_quoted_and_names_a_results_dir_of_its_own():
+    """A table's Regenerate line and stages.json's commands joined words with spaces (an override holding a space or
+    quote came out broken) and left out `--results-dir`, so the command wrote elsewhere than the pipeline had."""
+    assert regenerating_command("sar", "results", ["model=tiny_random"]) == "specrepro reproduce sar model=tiny_random"
+    assert regenerating_command("sar", "/data/res", ["run_name='a b'"], "--stages", "2") == (
+        "specrepro reproduce sar --results-dir /data/res --stages 2 'run_name='\"'\"'a b'\"'\"''"
+    )
 
 
 def test_reproduce_all_runs_every_pipeline_past_one_that_fails(monkeypatch, tmp_path, capsys):

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -197,6 +198,13 @@ def stage_overrides(kind: str, overrides: list[str]) -> list[str]:
         return override.split("=", 1)[0].lstrip("+~").split(".", 1)[0]
 
     return [o for o in overrides if key(o) in own_keys or key(o) not in other_keys]
+
+
+def regenerating_command(name: str, results_dir: str | Path, overrides, *options: str) -> str:
+    """The `specrepro reproduce` call that makes a pipeline's results again, quoted for a shell: its results
+    directory where it is not the default, then `options` and the overrides."""
+    where = [] if str(results_dir) == "results" else ["--results-dir", str(results_dir)]
+    return shlex.join(["specrepro", "reproduce", name, *where, *options, *overrides])
 
 
 def read_measured(path: Path) -> dict:
@@ -427,7 +435,7 @@ def reproduce(
     chosen = parse_stages(only, len(stages)) if only else set(range(1, len(stages) + 1))
     work_dir, out_dir = Path(results_dir) / "reproduce" / paper, Path(results_dir) / paper
     shared = work_dir.parent / SHARED_ARTIFACTS
-    paper_command = " ".join(["specrepro reproduce", name, *overrides])
+    paper_command = regenerating_command(name, results_dir, overrides)
     measured_path = out_dir / "stages.json"
     measured = read_measured(measured_path)
     print(f"{paper}: {len(stages)} stages; runs in {work_dir}, artifacts in {shared}, tables in {out_dir}")
@@ -472,7 +480,7 @@ def reproduce(
                 "commit": version["commit"],
                 "dirty": version["dirty"],
                 "date": now(),
-                "command": " ".join(["specrepro reproduce", name, "--stages", str(i), *overrides]),
+                "command": regenerating_command(name, results_dir, overrides, "--stages", str(i)),
             },
         )
         print(
