@@ -1061,3 +1061,13 @@ def test_a_trend_gives_the_budget_at_which_its_line_reaches_another_tables_cell(
     plot.targets = {"Mean speedup": {"csv": "board.csv", "row": "eagle"}}
     with pytest.raises(SpecReproError, match="has no row 'eagle'"):
         write_plots(spec.plots, path, ["Budget"], spec.title)
+
+
+def test_a_tables_regenerating_command_is_quoted_for_a_shell():
+    """Words were joined with spaces: a results directory or W&B group holding a space regenerated another table."""
+    from specrepro.tables import table_command
+
+    local = table_command("t", ["results/my runs"], "local", None, None, None, None, False)
+    assert local == "specrepro table t --results-dir 'results/my runs'"
+    wandb = table_command("t", [], "wandb", "proj", None, "sweep 1", "out", True)
+    assert wandb == "specrepro table t --source wandb --project proj --group 'sweep 1' --out-dir out --keep-rows"

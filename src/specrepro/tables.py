@@ -47,6 +47,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 from dataclasses import dataclass, field
 from importlib.resources import files
@@ -816,15 +817,17 @@ def newest_copies(runs: list[RunInfo]) -> list[RunInfo]:
 
 
 def table_command(name, results_dirs, source, project, entity, group, out_dir, keep_rows) -> str:
-    """The `specrepro table` command that regenerates a table as it was written now."""
-    parts = ["specrepro table", str(name)]
+    """The `specrepro table` command that regenerates a table as it was written now, quoted for a shell."""
+    parts = ["specrepro", "table", str(name)]
     if source == "wandb":
-        parts += ["--source wandb", f"--project {project}"]
-        parts += [f"--{key} {value}" for key, value in (("entity", entity), ("group", group)) if value]
+        parts += ["--source", "wandb", "--project", str(project)]
+        parts += [
+            word for key, value in (("entity", entity), ("group", group)) if value for word in (f"--{key}", value)
+        ]
     else:
-        parts += [f"--results-dir {directory}" for directory in results_dirs]
-    parts += [f"--out-dir {out_dir}"] * (out_dir is not None) + ["--keep-rows"] * keep_rows
-    return " ".join(parts)
+        parts += [word for directory in results_dirs for word in ("--results-dir", str(directory))]
+    parts += ["--out-dir", str(out_dir)] * (out_dir is not None) + ["--keep-rows"] * keep_rows
+    return shlex.join(parts)
 
 
 def write_table(
