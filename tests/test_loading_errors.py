@@ -33,6 +33,16 @@ def write_model(path: Path, vocab_size: int = 64) -> Path:
     return path
 
 
+def cached_hub_model(hf_home: Path, repo: str, commit: str = "0" * 40) -> Path:
+    """A tiny random LLaMA (SmolLM2's vocabulary size) in the Hugging Face cache under `hf_home`, as `hf download`
+    leaves it: its snapshot directory."""
+    cached = hf_home / "hub" / f"models--{repo.replace('/', '--')}"
+    write_model(cached / "snapshots" / commit, vocab_size=49152)
+    (cached / "refs").mkdir()
+    (cached / "refs" / "main").write_text(commit)
+    return cached / "snapshots" / commit
+
+
 def write_artifact(root: Path, name: str, complete: bool = True) -> Path:
     path = write_model(root / name)
     if complete:
@@ -362,11 +372,7 @@ def test_a_local_directory_under_the_home_directory_loads_by_its_tilde_path(tmp_
 
 def test_a_cached_hub_model_loads_without_asking_an_unreachable_hub(tmp_path, monkeypatch):
     """The adapter lookup of `from_pretrained(local_files_only=True)` would otherwise retry the hub for 23 s."""
-    repo = tmp_path / "hf" / "hub" / "models--someorg--tiny"
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    write_model(repo / "snapshots" / commit, vocab_size=49152)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
+    cached_hub_model(tmp_path / "hf", "someorg/tiny")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_ENDPOINT", UNREACHABLE_HUB)
     proc = specrepro(
@@ -387,12 +393,9 @@ def test_a_cached_hub_model_loads_without_asking_an_unreachable_hub(tmp_path, mo
 def test_a_cached_hub_model_of_an_unknown_architecture_is_one_line(tmp_path, monkeypatch):
     """transformers' ValueError for a model type it does not know was a traceback from the cache (a directory's was
     one line already)."""
-    snapshot = tmp_path / "hf" / "hub" / "models--someorg--newarch" / "snapshots" / ("0" * 40)
-    write_model(snapshot, vocab_size=49152)
+    snapshot = cached_hub_model(tmp_path / "hf", "someorg/newarch")
     config = json.loads((snapshot / "config.json").read_text())
     (snapshot / "config.json").write_text(json.dumps(config | {"model_type": "llama9000"}))
-    (snapshot.parent.parent / "refs").mkdir()
-    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_ENDPOINT", UNREACHABLE_HUB)
     proc = specrepro(
@@ -414,15 +417,10 @@ def test_a_pinned_model_revision_is_not_asked_of_a_separate_tokenizer(tmp_path, 
     newest cached commit (it was refused as not cached, asked for the model's commit)."""
     from transformers import AutoTokenizer
 
-    hub = tmp_path / "hf" / "hub"
     commits = {"tiny": "0123456789abcdef0123456789abcdef01234567", "tok": "89abcdef0123456789abcdef0123456789abcdef"}
-    write_model(hub / "models--someorg--tiny" / "snapshots" / commits["tiny"], vocab_size=49152)
-    tokenizer_snapshot = hub / "models--someorg--tok" / "snapshots" / commits["tok"]
+    cached_hub_model(tmp_path / "hf", "someorg/tiny", commits["tiny"])
+    tokenizer_snapshot = cached_hub_model(tmp_path / "hf", "someorg/tok", commits["tok"])  # its tokenizer files:
     AutoTokenizer.from_pretrained(embedded_checkpoint()).save_pretrained(tokenizer_snapshot)
-    shutil.copy(embedded_checkpoint() / "config.json", tokenizer_snapshot)  # AutoTokenizer reads it too
-    for name, commit in commits.items():
-        (hub / f"models--someorg--{name}" / "refs").mkdir()
-        (hub / f"models--someorg--{name}" / "refs" / "main").write_text(commit)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_ENDPOINT", UNREACHABLE_HUB)
     specrepro(
