@@ -54,6 +54,12 @@ def test_augmentation_corrects_wrong_tokens_but_never_the_first():
     assert longest_run([1, 1, 2, 2, 2, 3]) == 3
 
 
+def test_repetition_filter_ignores_the_block_after_eos():
+    # a block's fixed point runs past the EOS; the official filter stops there, so must this one
+    assert longest_run([5, 6, 2] + [0] * 12, stop={2}) == 1
+    assert longest_run([5] + [0] * 12 + [2], stop={2}) == 12
+
+
 def test_distances_vanish_on_equal_distributions():
     logits = torch.randn(3, 10)
     for kind in ("fkl", "rkl", "jsd"):

@@ -6,8 +6,10 @@ block's prefix is prefix + y*. y^(0) is drawn uniformly with replacement from th
 state is re-fed whole every iteration on the prefix's KV cache, and iteration stops at y^(j+1) = y^(j).
 Options: the paper's augmentation (randomly correct wrong tokens; the official rule: skip the last two
 states, correct floor(#wrong/2) wrong positions drawn with replacement, never the first wrong one) and
-the official repetition filter (drop a prompt whose output has a run of `repeat_run` identical tokens),
-whose drop counts go to the artifact's metrics. Published as a `datasets` dataset (`cllm_trajectories-*`).
+a repetition filter after the official one: drop a prompt whose output, up to its EOS, has a run of
+`repeat_run` identical tokens (the official code drops each block whose prefix, prompt included, has such a
+run: the blocks before the repetition are kept there); the drop counts go to the artifact's metrics.
+Published as a `datasets` dataset (`cllm_trajectories-*`).
 
 Stage `train` (Alg. 2): full fine-tune (or LoRA) of the target on those trajectories with
 L = L_consistency + w * L_AR (Eq. 7):
@@ -128,9 +130,12 @@ def augment_states(states: list[list[int]], fixed_point: list[int], rng: random.
     return augmented
 
 
-def longest_run(tokens: list[int]) -> int:
+def longest_run(tokens: list[int], stop: set[int] = frozenset()) -> int:
+    """The longest run of one repeated token before the first `stop` token (the output ends there)."""
     best = run = 0
     for i, tok in enumerate(tokens):
+        if tok in stop:
+            break
         run = run + 1 if i and tok == tokens[i - 1] else 1
         best = max(best, run)
     return best
@@ -189,7 +194,7 @@ def collect_trajectories(cfg, target, work_dir, log_metrics, device):
     dropped_prompts = dropped_rows = prompt_index = 0
     for (source, prompt, reference), rows in zip(prompts, per_prompt):
         output = [tok for row in rows for tok in row["fixed_point"]]
-        if spec.repeat_run and longest_run(output) >= spec.repeat_run:
+        if spec.repeat_run and longest_run(output, eos_ids) >= spec.repeat_run:
             dropped_prompts, dropped_rows = dropped_prompts + 1, dropped_rows + len(rows)
             continue
         for row in rows:
