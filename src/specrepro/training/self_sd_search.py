@@ -46,7 +46,7 @@ class SelfSDSearchConfig:
     component: str = "self_sd_skip_set"
     search: str = "bayes"  # bayes (GP + UCB, bayesian-optimization) | random (the same number of uniform points)
     iterations: int = 200  # objective evaluations in all (paper: 1000; App. E: 200 already gives most of it)
-    init_points: int = 10  # random points before the GP proposes (bayes)
+    init_points: int = 10  # random points before the GP proposes (bayes); official code: 0, after probing known sets
     seed: int = 1  # official code: random_state=1
     kappa: float = 2.576  # UCB exploration (the library's default)
     # L-BFGS-B starts when maximising UCB (the library's default 10); its gradients over 2L variables are finite
