@@ -14,8 +14,9 @@ Variants (`variant`), all sharing the target's frozen input embeddings e(.):
 - redrafter: ReDrafter as the paper reads it (footnote 2): a 1-layer tanh RNN of size H/2
 - block: Medusa-1 heads on h_p alone (no recent-token dependency), K x (ResBlock + H x V head)
 The SAR head q_0 (App. A): W_3^T act(concat(W_p^T h_p, W_q^T h_q)) + b_3, W_p: H x P, W_q: dim(h_q) x P,
-W_3: 2P x V with P = 1024 in the paper (`proj_size`). `shared_lm_head` (not in the paper) makes W_3 2P x H
-followed by the target's frozen LM head (block: the ResBlocks feed it), for targets whose vocabulary is large
+W_3: 2P x V with P = 1024 in the paper (`proj_size`); W_p and W_q carry biases too (the paper gives none).
+`shared_lm_head` (not in the paper) makes W_3 2P x H followed by the target's frozen LM head (block: the ResBlocks
+feed it), for targets whose vocabulary is large
 against their size (SmolLM2-135M: a 2P x V W_3 is 75% of the target). `draft_vocab` = V > 0 (not in the paper;
 `decoding/draft_vocab.py`) makes the output layer score only the V most frequent tokens of the training data:
 W_3 is then 2P x V, or the shared head is the target's V rows, frozen.
