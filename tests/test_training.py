@@ -214,6 +214,18 @@ def test_held_out_settings_that_leave_nothing_to_train_or_measure_on_are_refused
         micro_batch_indices(0, 0, 0, LoopConfig())
 
 
+def test_every_epoch_shows_every_row_once_across_a_micro_batch_that_crosses_it():
+    """A micro-batch crossing an epoch's end wrapped within the old epoch's permutation: it showed that epoch's
+    first rows twice, and the next epoch's first rows were never shown."""
+    from specrepro.training.loop import LoopConfig, micro_batch_indices
+
+    loop = LoopConfig(batch_size=4, grad_accum=1)
+    shown = [row for step in range(10) for row in micro_batch_indices(step, 0, 7, loop)]  # 40 rows, 7 a epoch
+    for epoch in range(5):
+        assert sorted(shown[7 * epoch : 7 * epoch + 7]) == list(range(7))
+    assert micro_batch_indices(0, 0, 7, loop) == shown[:4]  # a pure function of the step, for exact resume
+
+
 def test_a_held_out_setting_out_of_range_is_one_line(tmp_path):
     out = specrepro("train", *TINY_TRAINING, "training.heldout_fraction=1.5", cwd=tmp_path, check=False)
     assert out.returncode == 2 and "training.heldout_fraction must be between 0 and 1, got 1.5" in out.stderr

@@ -16,6 +16,7 @@ import math
 import random
 import shutil
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -75,12 +76,21 @@ def micro_batch_indices(step: int, micro: int, n_rows: int, cfg: LoopConfig) -> 
         )
     if not n_rows:
         raise SpecReproError("no training rows: the recipe's data is empty after its limits and held-out split")
-    position = (step * cfg.grad_accum + micro) * cfg.batch_size
-    epoch, offset = divmod(position, n_rows)
-    order = list(range(n_rows))
-    random.Random(cfg.seed * 100003 + epoch).shuffle(order)
-    rows = [order[(offset + j) % n_rows] for j in range(cfg.batch_size)]
+    start = (step * cfg.grad_accum + micro) * cfg.batch_size
+    rows = [
+        _epoch_order(cfg.seed, epoch, n_rows)[offset]
+        for epoch, offset in (divmod(position, n_rows) for position in range(start, start + cfg.batch_size))
+    ]
     return rows[state.process_index :: state.num_processes]
+
+
+@lru_cache(maxsize=4)
+def _epoch_order(seed: int, epoch: int, n_rows: int) -> tuple[int, ...]:
+    """Epoch `epoch`'s permutation of the rows: each epoch shows every row once, a micro-batch that crosses into
+    the next epoch included."""
+    order = list(range(n_rows))
+    random.Random(seed * 100003 + epoch).shuffle(order)
+    return tuple(order)
 
 
 def lr_lambda(cfg: LoopConfig) -> Callable[[int], float]:
