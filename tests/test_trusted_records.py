@@ -481,6 +481,9 @@ def test_a_record_summarised_again_updates_its_wandb_run_instead_of_adding_one(m
         tracking.log_to_wandb(cfg, record, "a-run", None, {"mat": 1.0}, [])
     assert [kwargs["resume"] for kwargs in inits] == ["allow"] * 3
     assert inits[0]["id"] == inits[1]["id"] != inits[2]["id"]
+    record.provenance_path.unlink()  # with logger=none nothing of W&B's is computed, the id included
+    tracking.log_to_wandb(compose_run(*FAST, "logger=none"), record, "a-run", None, {"mat": 1.0}, [])
+    assert len(inits) == 3
 
 
 def test_a_footer_tells_cpus_of_one_model_name_apart_by_their_vector_instructions():

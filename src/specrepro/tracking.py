@@ -351,6 +351,8 @@ def log_to_wandb(cfg, record: RunRecord, run_name: str, group: str | None, metri
     """Log a finished run to W&B: summary metrics and a per-sample table. Failures never touch the record. A record
     summarised again (re-scored, or given its `ar` reference) updates the W&B run it was first logged to; a record
     decoded anew (`resume=false`) is a new W&B run."""
+    if cfg.logger.name != "wandb":
+        return
     run = wandb_init(cfg, run_name, record.dir, group, origin=metrics.get("provenance"), run_id=wandb_run_id(record))
     if run is None:
         return
