@@ -1,8 +1,9 @@
 """Benchmark on a GPU: eager against compiled decoding, ours and transformers', on the embedded model (or any).
 
 Arms, interleaved per prompt in one process (greedy, the same GSM8K prompts):
-- `ar_eager`: our `ar` on a DynamicCache in eager PyTorch, with torch's own linears as every arm here (CPU runs
-  elsewhere default to `hardware.linear_kernel=onednn`);
+- `ar_eager`: our `ar` on a DynamicCache in eager PyTorch, on the model as a run loads it without
+  `hardware.compile` (our attention; torch's own linears as every arm here: CPU runs elsewhere default to
+  `hardware.linear_kernel=onednn`); every eager arm of ours runs on that model;
 - `ar_compiled`: our `ar` with `hardware.compile` (static cache, torch.compile, CUDA graphs; decoding/steps.py);
 - with `--differentiating-guards`, `ar_compiled_differentiating_guards`: the same on steps of its own that, after
   warm-up, check only the guards that tell their graphs apart (`hardware.compile_guards=differentiating`): what
@@ -47,7 +48,7 @@ import math
 import shlex
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from statistics import fmean
 
@@ -63,7 +64,7 @@ from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.device import device_sync
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
 from specrepro.decoding.sampling import Sampling
-from specrepro.decoding.steps import CompiledSteps, EagerSteps
+from specrepro.decoding.steps import CompiledSteps
 from specrepro.errors import SpecReproError
 from specrepro.identity import artifact_identities, model_weights
 from specrepro.metrics.divergence import classify, rounding_widths, tree_rounding_widths
@@ -126,9 +127,9 @@ def copy_bandwidth(device: torch.device, gib: float = 1.0) -> float:
 
 
 def method_arms(
-    presets: str, target, stock: LoadedModel, loader, if_trained: bool = False, taken=()
+    presets: str, target, eager: LoadedModel, loader, if_trained: bool = False, taken=()
 ) -> tuple[dict, dict, dict]:
-    """`<label>_eager` (on the model as a user loads it, whose forwards are eager) and, where the method runs its
+    """`<label>_eager` (on `eager`, the model as a run loads it without compile) and, where the method runs its
     target forwards through the shared steps, `<label>_compiled` (on the compiled target), for each `;`-separated
     method preset with overrides, optionally labelled (`k3=sar_draft method.k=3`; the label is the preset's name
     otherwise); and, per label, the spec and the trained artifacts (name, content digest) it loaded from the
@@ -153,7 +154,7 @@ def method_arms(
                 raise
             missing[label] = {"spec": spec, "why": str(exc).splitlines()[0]}
             continue
-        arms[f"{label}_eager"] = build_decoder(method, stock, loader)
+        arms[f"{label}_eager"] = build_decoder(method, eager, loader)
         if decoder.compilable:
             arms[f"{label}_compiled"] = build_decoder(method, target, loader)
         specs[label] = {"spec": spec, "artifacts": artifact_identities(found)}
@@ -285,6 +286,14 @@ def markdown(figures: dict) -> str:
         ],
         *([f"- Target: {weights(figures['model_weights'])}"] if figures.get("model_weights") else []),
         *(
+            [
+                f"- Attention: `{figures['attention']['ours']}` in our eager arms, `{figures['attention']['compiled']}`"
+                f" in compiled ones, `{figures['attention']['generate']}` in transformers' `generate`."
+            ]
+            if "attention" in figures
+            else []
+        ),
+        *(
             []
             if prov["machine"].get("gpu")
             else [
@@ -377,13 +386,20 @@ def main() -> None:
     loader = ModelLoader.for_hardware(hardware, args.artifacts_dir)
     model_cfg = composed("model", args.model)
     target = loader.load_model(model_cfg)  # its steps compiled (hardware.compile)
-    stock = load_model(model_cfg, loader.device, loader.dtype).model  # as a user loads it
+    stock = load_model(model_cfg, loader.device, loader.dtype).model  # as a user loads it: transformers' arms
+    # our eager arms: the attention of the compiled steps (on a CPU, SDPA's own GQA: ~10% of a verification)
+    uncompiled = ModelLoader.for_hardware(replace(hardware, compile=False), args.artifacts_dir).load_model(model_cfg)
     prompts = gsm8k_prompts(target.tokenizer, args.limit, few_shot=1)
-    model, eager = target.model, EagerSteps(target.model)
+    model = target.model
+    attention = {  # transformers' name of each model's attention: ours on every arm but transformers' own
+        "ours": uncompiled.model.config._attn_implementation,
+        "compiled": model.config._attn_implementation,
+        "generate": stock.config._attn_implementation,
+    }
     decoders = {
-        "ar_eager": ARDecoder(model, target.tokenizer, steps=eager),
+        "ar_eager": ARDecoder(uncompiled.model, target.tokenizer),
         "ar_compiled": ARDecoder(model, target.tokenizer),
-        "pld_eager": PLDDecoder(model, target.tokenizer, PLDConfig(), steps=eager),
+        "pld_eager": PLDDecoder(uncompiled.model, target.tokenizer, PLDConfig()),
         "pld_compiled": PLDDecoder(model, target.tokenizer, PLDConfig()),
     }
     mode = decoders["ar_compiled"].steps.mode  # the loader's: CUDA graphs on a GPU
@@ -395,10 +411,9 @@ def main() -> None:
         decoders["pld_compiled_row_invariant"] = PLDDecoder(
             model, target.tokenizer, PLDConfig(), steps=decoders["ar_compiled_row_invariant"].steps
         )
-    user_loaded = LoadedModel(stock, target.tokenizer, target.name)
-    trained, method_specs, _ = method_arms(args.methods, target, user_loaded, loader)
+    trained, method_specs, _ = method_arms(args.methods, target, uncompiled, loader)
     if_trained, if_trained_specs, untrained = method_arms(
-        args.trained_methods, target, user_loaded, loader, if_trained=True, taken=method_specs
+        args.trained_methods, target, uncompiled, loader, if_trained=True, taken=method_specs
     )  # --methods' win
     decoders |= trained | if_trained
     method_specs |= if_trained_specs
@@ -467,6 +482,7 @@ def main() -> None:
             "model": model_cfg.name,
             "dtype": args.dtype,
             "model_weights": target_weights,
+            "attention": attention,
             "methods": method_specs,
             "untrained_methods": untrained,
             "prompts": len(results["ar_eager"]),

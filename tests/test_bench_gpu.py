@@ -74,6 +74,8 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     }  # jacobi and eesd run on compiled steps too
     assert arms <= set(figures["tok_per_s"]) and figures["model"] == "tiny_random"
     assert figures["prompts"] == figures["prompts_asked"] == 2
+    # our eager arms, methods' among them, run the attention compiled steps do; `generate` transformers' own
+    assert figures["attention"] == {"ours": "specrepro_sdpa", "compiled": "specrepro_sdpa", "generate": "sdpa"}
     assert all(n == 2 for n in figures["identical_to_ar_eager"].values())  # greedy: every arm decodes what ar does
     assert figures["speculative"]["jacobi_eager"]["mat"] >= 1.0
     # compiled drafts commit what eager ones do, round for round (EESD's exit layer once did not)
@@ -110,6 +112,7 @@ def test_bench_runs_every_arm_and_writes_its_figures(tmp_path, monkeypatch):
     page = (tmp_path / "bench.md").read_text()
     assert page == markdown(figures) and "| `eesd1_compiled` |" in page and figures["date"] in page
     assert "- `eesd1`: `eesd1=eesd method.head=none method.num_layers=1`, nothing trained" in page
+    assert "- Attention: `specrepro_sdpa` in our eager arms, `specrepro_sdpa` in compiled ones, `sdpa` in" in page
     assert (
         "- Compiled `ar` checking after warm-up only the guards that tell its graphs apart"
         " (`hardware.compile_guards=differentiating`) over compiled" in page
