@@ -36,7 +36,7 @@ def sharp():
     return tiny_llama(vocab_size=64, num_layers=2, logit_scale=3.0)
 
 
-@pytest.mark.parametrize("depth,top_k,total", [(3, 1, 3), (1, 4, 4), (4, 3, 8), (6, 10, 60)])
+@pytest.mark.parametrize("depth,top_k,total", [(3, 1, 3), (1, 4, 4), (4, 3, 8), (6, 10, 59)])
 def test_greedy_eagle_equals_ar_for_chains_and_dynamic_trees(sharp, depth, top_k, total):
     prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
     reference = ARDecoder(sharp).generate(prompt, GREEDY, 40).token_ids
@@ -317,6 +317,20 @@ def test_the_leaderboard_decodes_the_largest_eagle_budget():
         if arg.startswith("method.head=eagle")
     ]
     assert largest == [trained[-1]] * 2
+
+
+def test_the_default_tree_is_eagle2s_and_the_leaderboard_pins_the_60_nodes_it_ran():
+    """EAGLE-2's total_token=60 counts the root (its cnets.py drafts total_token - 1 = 59): the default verifies 60
+    rows. The committed leaderboard row drafted 60 nodes, so its run stage pins them rather than read the default."""
+    from specrepro.reproduce import composed, load_pipeline
+    from specrepro.tables import TableSpec
+
+    [default] = composed({"run": []}, "run", [["method=eagle"]])
+    assert EagleConfig().total_tokens == default.method.total_tokens == 59
+    _, leaderboard = load_pipeline("spec_bench")
+    [stage] = [s["run"] for s in leaderboard if "run" in s and "method=eagle" in s["run"]]
+    [row] = [row for row in TableSpec.load("spec_bench").rows if row.label[0] == "eagle"]
+    assert row.select["method.total_tokens"] == 60 and "method.total_tokens=60" in stage
 
 
 def test_a_draft_vocabulary_larger_than_the_tokens_seen_is_filled_up_by_id():

@@ -55,7 +55,7 @@ class EagleConfig(MethodConfig):
     name: str = "eagle"
     depth: int = 6  # EAGLE-2: expansion levels (the most tokens a round can accept before the bonus token)
     top_k: int = 10  # EAGLE-2: nodes expanded per level, and children per expanded node
-    total_tokens: int = 60  # drafted nodes kept after reranking, verified with the root (EAGLE-2's 60 counts the root)
+    total_tokens: int = 59  # drafted nodes kept after reranking, verified with the root (EAGLE-2's total_token=60)
     draft_vocab: int = 0  # V > 0: the draft scores only V frequent tokens (chosen at training; beyond the paper)
     head: str = "eagle_head"  # trained draft artifact (newest matching); "none": an untrained random draft
 
