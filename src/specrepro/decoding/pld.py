@@ -1,7 +1,10 @@
 """`pld`: prompt-lookup decoding (Saxena 2023): draft the tokens that followed the last n-gram's earlier occurrence.
 
 Training-free. The n-gram (longest first, `max_ngram` down to `min_ngram`) is searched in the prompt and
-the generated text; the `num_pred_tokens` tokens after the match are the draft.
+the generated text; the `num_pred_tokens` tokens after the match are the draft. Beyond the reference code
+(apoorvumang/prompt-lookup-decoding's find_candidate_pred_tokens): it takes the earliest occurrence with a full
+`num_pred_tokens` continuation, transformers' PromptLookupCandidateGenerator the earliest with any; the default
+here is the latest occurrence with any (`match`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ class PLDConfig(MethodConfig):
     min_ngram: int = 1
     num_pred_tokens: int = 10  # draft length (the controller's start value)
     controller: str = "fixed"  # fixed | heuristic
-    match: str = "latest"  # latest | earliest occurrence of the n-gram (transformers takes the earliest)
+    match: str = "latest"  # latest | earliest occurrence of the n-gram (Saxena's code and transformers: earliest)
 
     def __post_init__(self):
         self.require(self.max_ngram >= 1, "max_ngram", ">= 1")
