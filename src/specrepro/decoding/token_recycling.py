@@ -15,8 +15,10 @@ yet filled (-1) drafts nothing below it. The paper's template (80 nodes, depth 6
 token_recycling.yaml's. M persists across generations in the paper ("hot start"); `persist=false`
 starts each generation from an empty M. Either way M only chooses drafts, never what is committed.
 
-Beyond the paper: the prefill updates M from its last row only (the prefill keeps one row of logits; the paper's
-code projects every prompt row onto the vocabulary, a prompt-length LM head this CPU would pay in full).
+Beyond the paper's code (Spec-Bench's evaluation/inference_recycling.py, whose "2.2.2" template is PAPER_TREE):
+the prefill's last row updates M before the first draft. That code prefills all but the last prompt token without
+touching M and makes the last one the first tree's root, so M learns its row only after that tree; it starts M at
+zeros (token 0 drafted everywhere) where -1 here drafts nothing.
 """
 
 from __future__ import annotations
