@@ -3,7 +3,8 @@ continuations that followed the context's longest suffix in a datastore of respo
 
 Training-free; the datastore is built once (`specrepro train method=rest`, training/rest_datastore.py) and loaded
 as an artifact. It is one token array, the documents (responses) one after the other, each followed by a separator
-(-1), with its suffix array (section 3.1, the datastore; exact-match retrieval over it as REST's DraftRetriever).
+(-1), with its suffix array (section 3.1, the datastore; exact-match retrieval over it as REST's DraftRetriever,
+whose Writer.add_entry joins the documents with no separator: there a match or continuation may cross into the next).
 
 Drafting, every step:
 - retrieval (section 3.2): the longest suffix of the context, at most `max_suffix` tokens (n_max, REST's 16) and

@@ -1,12 +1,12 @@
 """REST's datastore (He et al., 2024, section 3.1), built once and published as an artifact like a trained component.
 
-REST builds its chat datastore from ShareGPT conversations (and UltraChat for the large one); here the documents are
-the assistant turns of `conversations` (the responses a chat model writes: `roles`) and the human-written responses
-(`reference_response`) of the `responses` sets, each tokenized with the target's tokenizer as plain text (no chat
-template, no special tokens: what the target writes inside its turn). decoding/rest.py's `Datastore` keeps them as
-one token array with its suffix array. What the build took (reading and tokenizing the corpus, the leaderboard
-check, the suffix sort) is the artifact's `compute_minutes`, and its size `datastore_mb`: the leaderboard's cost
-columns read them as a training cost.
+REST builds its chat datastore from ShareGPT conversations, every turn (and UltraChat for the large one); here the
+documents are the assistant turns of `conversations` (the responses a chat model writes: `roles`) and the human-written
+responses (`reference_response`) of the `responses` sets, each tokenized with the target's tokenizer as plain text (no
+chat template, no special tokens: what the target writes inside its turn). decoding/rest.py's `Datastore` keeps them as
+one token array with its suffix array. What the build took (reading and tokenizing the corpus, the leaderboard check,
+the suffix sort) is the artifact's `compute_minutes`, and its size `datastore_mb`: the leaderboard's cost columns read
+them as a training cost.
 
 Never the leaderboard's own questions: a corpus that is the `leaderboard` set itself is refused, and so is a corpus
 with any document sharing a passage with one of its questions (data/overlap.py: a stretch of 90 characters or more,
