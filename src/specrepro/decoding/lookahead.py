@@ -9,7 +9,10 @@ Training-free. Each step is one target forward of two branches:
   (the paper's attention-mask figure). Each last-level row's argmax is the next Jacobi iteration's token of its
   column: the column read down the levels plus it is an n-gram, added to the pool keyed by its first token; then
   the oldest level is dropped and the new tokens become the newest. Level 0 starts as W tokens drawn from the
-  context, and for the first N - 2 steps the levels only fill up (no n-gram is complete yet);
+  context, and for the first N - 2 steps the levels only fill up (no n-gram is complete yet). The authors' code
+  (lade/decoding.py update_token_map, models/modeling_llama.py jforward_multilevel) lays the window one position
+  earlier: level 0's first column is the last committed token itself and W - 1 guesses follow it, so its first
+  n-gram starts with that token and a forward takes (G + W)(N - 1) rows, one fewer than here;
 - the verification branch: up to G n-grams of the pool whose first token is the last committed token (the G
   most recently added), each a chain of N - 1 drafts after it, merged into a trie.
 
