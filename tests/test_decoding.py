@@ -16,6 +16,7 @@ from specrepro import decoding
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.base import GenerationBuilder, completion_text
 from specrepro.decoding.controllers import FixedLength, HeuristicLength
+from specrepro.decoding.draft_vocab import alternatives
 from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder, lookup_ngram
 from specrepro.decoding.sampling import Sampling, warp_logits
@@ -324,6 +325,10 @@ def test_lookup_ngram_finds_the_continuation():
     assert lookup_ngram(tokens, 3, 1, 2, latest=True) == [5, 7]
     assert lookup_ngram(tokens, 3, 1, 2, latest=False) == [4, 9]
     assert lookup_ngram([1, 2, 3], 3, 1, 5, latest=True) == []
+    # the longest n-gram wins over a later shorter one: (1, 2, 3) -> 4, not (2, 3) -> 5
+    assert lookup_ngram([1, 2, 3, 4, 9, 2, 3, 5, 1, 2, 3], 3, 1, 1, latest=True) == [4]
+    assert lookup_ngram([5, 1, 7, 1], 3, 1, 1, latest=True) == [7]  # down to min_ngram itself
+    assert lookup_ngram([5, 1, 7, 1], 3, 2, 1, latest=True) == []
 
 
 def test_controllers():
@@ -335,6 +340,13 @@ def test_controllers():
     assert heuristic.next_length() == 7
     heuristic.update(7, 2)
     assert heuristic.next_length() == 6
+
+
+def test_alternatives_are_the_next_best_draft_tokens_without_the_chosen_one():
+    logits = torch.tensor([0.1, 3.0, 2.0, 5.0, 1.0])
+    assert alternatives(None, logits, torch.tensor(3), 2).tolist() == [1, 2]
+    assert alternatives(None, logits, torch.tensor(4), 2).tolist() == [3, 1]  # a sampled token outside the best
+    assert alternatives(torch.tensor([10, 11, 12, 13, 14]), logits, torch.tensor(13), 3).tolist() == [11, 12, 14]
 
 
 def test_warpers_keep_top_k_and_nucleus():

@@ -125,6 +125,27 @@ def test_draft_with_every_layer_but_the_last_is_the_target_itself():
     assert [a - 1 for a in gen.accepted] == gen.drafted  # every draft accepted
 
 
+def test_each_round_drafts_the_early_exit_models_greedy_chain_on_the_committed_tokens():
+    """The exit layer's cache, carried across rounds, gives the drafts its from-scratch pass would."""
+    target = tiny_llama(vocab_size=64, num_layers=4, logit_scale=3.0)
+    decoder, rounds = eesd(target, 2, "fixed", k=3), []
+    propose = decoder.propose
+
+    def recorded_propose(state, tokens, *rest):
+        rounds.append((tokens.clone(), propose(state, tokens, *rest)))
+        return rounds[-1][1]
+
+    decoder.propose = recorded_propose
+    decoder.generate(torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3)), GREEDY, 30)
+    for tokens, proposal in rounds:
+        chain = tokens
+        with torch.no_grad():
+            for _ in range(len(proposal.drafts)):
+                z = decoder.head.hidden(first_layers_hidden(target, chain, 2))[0, -1]
+                chain = torch.cat([chain, decoder.head.logits(z).argmax().view(1, 1)], 1)
+        assert proposal.drafts.tolist() == chain[0, tokens.shape[1] :].tolist()
+
+
 def test_sampling_runs_through_speculative_verification():
     target = tiny_llama(vocab_size=64, num_layers=3)
     prompt = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(0))

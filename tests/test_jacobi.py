@@ -82,3 +82,42 @@ def test_jacobi_reproduces_ar_on_the_embedded_model(embedded):
         for block_size, sliding in ((16, False), (4, True)):
             gen = JacobiDecoder(embedded.model, tok, block_size, sliding).generate(ids, GREEDY, 64, seed=i)
             assert gen.token_ids == reference.token_ids
+
+
+class RecordedSteps:
+    """The decoder's steps, recording each Jacobi iteration's (state, position of its first token, update)."""
+
+    def __init__(self, steps):
+        self.steps, self.records = steps, []
+
+    def __getattr__(self, name):
+        return getattr(self.steps, name)
+
+    def __call__(self, state, cache, past=None, **kwargs):
+        output = self.steps(state, cache, past=past, **kwargs)
+        if past is not None:
+            self.records.append((state[0].tolist(), past, output.logits[0].argmax(-1).tolist()))
+        return output
+
+
+@pytest.mark.parametrize("sliding", [False, True])
+def test_the_next_state_and_the_stationary_count_follow_from_each_iteration(sliding):
+    """Line 13 of Alg. 3: the next state's guesses are the update past the fixed prefix (a sliding window keeps the
+    last position's prediction too); a fixed token is stationary where the previous state held it at its position."""
+    model = tiny_llama(vocab_size=8, seed=0, logit_scale=30.0)
+    model.generation_config.eos_token_id = None
+    decoder = JacobiDecoder(model, block_size=8, sliding=sliding)
+    decoder.steps = RecordedSteps(decoder.steps)
+    gen = decoder.generate([1, 2, 3, 4] * 6, GREEDY, 64)
+    records = decoder.steps.records
+    previous: dict[int, int] = {}
+    for (state, past, update), (following, _, _), stationary in zip(
+        records, records[1:] + [([], 0, [])], gen.extra["stationary"]
+    ):
+        guesses = state[1:]
+        n_fixed = next((i for i, guess in enumerate(guesses) if guess != update[i]), len(guesses))
+        kept = len(guesses) - n_fixed - (not sliding)
+        assert following[1 : 1 + kept] == update[n_fixed + 1 : n_fixed + 1 + kept][: len(following) - 1]
+        assert stationary == sum(previous.get(past + 1 + i) == guesses[i] for i in range(n_fixed))
+        previous = {past + 1 + i: guess for i, guess in enumerate(guesses)}
+    assert sum(gen.extra["stationary"]) > 0

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from specrepro import decoding
 from specrepro.decoding.ar import ARDecoder
@@ -41,6 +43,23 @@ def test_the_window_is_a_tree_whose_ancestors_are_the_papers_mask():
     seen = allow[row, 5:].nonzero().flatten().tolist()
     assert seen == [0, 1 + 2, 1 + 3, 1 + 6, 1 + 9]
     assert positions[row] == 5 + 1 + 1 + 2  # t + 1 + i + l, t = 5
+
+
+def test_a_step_reads_the_newest_levels_rows_and_adds_each_columns_ngram_to_the_pool(target):
+    """W = 2, N = 3: a full window of two levels; the forward's argmax on the newest level's rows is the next
+    level, each column read down the levels plus it is an n-gram keyed by its first token, the oldest level goes."""
+    decoder = LookaheadDecoder(target, None, LookaheadConfig(window=2, ngram=3, guesses=2))
+    state = decoder.start(None, None, 0)
+    state.pool.add((7, 8, 9))
+    state.last_token, state.levels = 7, [[10, 11], [20, 21]]
+    proposal = decoder.propose(state, torch.tensor([[1, 2, 7]]), 2, GREEDY, None, decoder.new_controller())
+    drafts = proposal.drafts.tolist()
+    assert drafts[:2] == [8, 9] and [drafts[row - 1] for row in state.newest_rows] == [20, 21]
+    logits = torch.zeros(1, 1 + len(drafts), 64)
+    logits[0, state.newest_rows[0], 30] = logits[0, state.newest_rows[1], 31] = 1.0
+    decoder.after_verify(state, torch.tensor([[1, 2, 7, 8, 5]]), SimpleNamespace(logits=logits), [0, 1])
+    assert state.levels == [[20, 21], [30, 31]] and state.last_token == 5
+    assert state.pool.candidates(10) == [(20, 30)] and state.pool.candidates(11) == [(21, 31)]
 
 
 @pytest.mark.parametrize("option", [{"window": 0}, {"ngram": 1}, {"guesses": 0}])

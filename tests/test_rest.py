@@ -131,7 +131,7 @@ def test_the_proposal_is_a_trie_within_the_budget(target):
     for parent in proposal.parents:
         assert parent < len(depth)
         depth.append(1 + (depth[parent] if parent >= 0 else 0))
-    assert max(depth) <= 3 and proposal.parents[:2] == [-1, 0]  # the main chain first
+    assert max(depth) == 3 and proposal.parents[:2] == [-1, 0]  # the main chain first, as deep as k allows
 
 
 def test_the_config_is_the_papers_setting(target):

@@ -65,6 +65,27 @@ def test_drafting_follows_the_matrix_and_skips_unfilled_rows_and_their_subtrees(
     assert draft_tree(matrix, 0, tree_template(SMALL_TREE, 3), max_depth=3) == ([], [])
 
 
+def test_a_left_out_node_renumbers_the_parents_after_it_and_drafts_nothing_below_it():
+    matrix = torch.full((10, 3), -1)
+    matrix[0] = torch.tensor([9, 9, 9])  # an unfilled node's token (-1) must not read row 0 for its children
+    matrix[1] = torch.tensor([2, 3, 4])
+    matrix[3] = torch.tensor([5, -1, -1])
+    matrix[4] = torch.tensor([6, -1, -1])
+    matrix[5] = torch.tensor([7, -1, -1])
+    # token 2's row is empty: template nodes 3, 4 (under 2) and 7 (under node 3) are left out
+    drafts, parents = draft_tree(matrix, 1, tree_template(SMALL_TREE, 3), max_depth=3)
+    assert drafts == [2, 3, 4, 5, 6, 7] and parents == [-1, -1, -1, 1, 2, 3]
+
+
+def test_every_row_of_a_verification_recycles_its_candidates(target):
+    decoder = TokenRecyclingDecoder(target, None, TokenRecyclingConfig(candidates=3, tree=SMALL_TREE, persist=False))
+    state = decoder.start(None, None, 0)
+    input_ids = torch.tensor([[5, 9, 12, 9, 40]])
+    output = decoder.target_forward(state, input_ids, decoder.steps.new_cache(8))
+    top3 = output.logits[0].topk(3).indices
+    assert state.matrix[[5, 12, 9, 40]].tolist() == top3[[0, 2, 3, 4]].tolist()  # token 9 keeps its last row's
+
+
 @pytest.mark.parametrize("persist", [True, False])
 @pytest.mark.parametrize("tree", [PAPER_TREE, SMALL_TREE])
 def test_greedy_equals_ar(target, tree, persist):
