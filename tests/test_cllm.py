@@ -23,6 +23,7 @@ from specrepro.training.cllm import (
     find_trajectories,
     jacobi_trajectories,
     longest_run,
+    row_losses,
 )
 from tests.conftest import tiny_llama
 from tests.test_runner import run_dirs, specrepro
@@ -65,6 +66,42 @@ def test_distances_vanish_on_equal_distributions():
     for kind in ("fkl", "rkl", "jsd"):
         assert torch.allclose(distance(logits, logits, kind), torch.zeros(3), atol=1e-5)
         assert (distance(logits, torch.randn(3, 10), kind) > 0).all()
+
+
+def test_distances_are_the_kl_divergences_they_name():
+    p_logits, q_logits = torch.randn(3, 10), torch.randn(3, 10)
+    log_p, log_q = p_logits.log_softmax(-1), q_logits.log_softmax(-1)
+
+    def kl(log_a, log_b):
+        return (log_a.exp() * (log_a - log_b)).sum(-1)
+
+    log_m = (0.5 * (log_p.exp() + log_q.exp())).log()
+    torch.testing.assert_close(distance(p_logits, q_logits, "fkl"), kl(log_p, log_q))
+    torch.testing.assert_close(distance(p_logits, q_logits, "rkl"), kl(log_q, log_p))
+    torch.testing.assert_close(distance(p_logits, q_logits, "jsd"), 0.5 * (kl(log_p, log_m) + kl(log_q, log_m)))
+
+
+@pytest.mark.parametrize("consistency", ["global", "local"])
+def test_row_losses_compare_the_blocks_predictions_and_score_the_fixed_point_as_next_tokens(consistency):
+    """Consistency: D(logits on prefix + y*, logits on prefix + y) at the rows predicting the block's tokens, from
+    the first token the two states differ at; AR: the fixed point's response tokens, each from the row before it."""
+    model = tiny_llama(vocab_size=64, seed=5)
+    prompt, prefix, fixed, state = list(range(3, 15)), list(range(3, 15)) + [20, 21], [30, 31, 32, 33], [30, 40, 41, 33]
+    row = {"prefix_ids": prefix, "prompt_len": len(prompt), "states": [state], "fixed_point": fixed}
+    spec = CLLMTrainingConfig(block_size=4)
+    spec.loss.consistency, spec.loss.label_smoothing = consistency, 0.0
+    got_consistency, got_ar = row_losses(model, row, spec, random.Random(0), torch.device("cpu"))
+    with torch.no_grad():
+        on_fixed, on_state = (
+            model(torch.tensor([prefix + fixed])).logits[0],
+            model(torch.tensor([prefix + state])).logits[0],
+        )
+        block = slice(len(prefix) - 1 + 1, len(prefix) - 1 + 4)  # the states first differ at the block's token 1
+        expected = distance(on_fixed[block], on_state[block], "fkl").mean()
+        ids = torch.tensor(prefix + fixed)
+        ar = torch.nn.functional.cross_entropy(on_fixed[len(prompt) - 1 : -1], ids[len(prompt) :])
+    torch.testing.assert_close(got_consistency.detach(), expected)
+    torch.testing.assert_close(got_ar.detach(), ar)
 
 
 @pytest.mark.parametrize("consistency,ar_target", [("global", "teacher"), ("local", "teacher"), ("global", "gt")])

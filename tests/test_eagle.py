@@ -82,6 +82,30 @@ def test_the_dynamic_tree_expands_the_top_k_by_cumulative_confidence(sharp):
     assert all(parents[i] == -1 or parents[i] in kept for i in kept)
 
 
+def test_each_tree_value_is_its_parents_times_the_teacher_forced_draft_probability_of_its_path(sharp):
+    """A node at depth d is the pair (its parent's predicted feature, its token) at the position after the committed
+    pairs and its d - 1 ancestors, seeing those alone: the draft's teacher-forced pass over that path gives it."""
+    decoder = eagle(sharp, 3, 3, 8)
+    state = decoder.start(None, None, 0)
+    prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
+    committed = torch.cat([prompt, prompt[:, :1]], 1)
+    output = decoder.target_forward(state, prompt, decoder.steps.new_cache(20))
+    decoder.after_verify(state, committed, output, list(range(9)))
+    tree = dynamic_tree(decoder, state, 3, 3)
+    tokens, values, parents = tree.tokens.tolist(), tree.values.tolist(), tree.parents.tolist()
+    for node in (i for i, parent in enumerate(parents) if parent >= 0 and parents[parent] >= 0):  # depth 3
+        path = [parents[parents[node]], parents[node], node]
+        features = torch.cat([output.hidden["features"], state.feature[:, None]], 1)  # f_0..f_8, then f^_9
+        pairs = committed[0, 1:].tolist()
+        for ancestor, child in zip(path, path[1:]):
+            pairs.append(tokens[ancestor])
+            with torch.no_grad():
+                f = decoder.draft(features, decoder.embed(torch.tensor([pairs])), torch.arange(len(pairs))[None])
+            p = decoder.scores(f[0, -1:])[0].exp()
+            assert values[child] == pytest.approx(values[ancestor] * float(p[tokens[child]]), rel=1e-5)
+            features = torch.cat([features, f[:, -1:]], 1)
+
+
 def test_rerank_keeps_the_best_nodes_as_a_tree_and_the_proposal_masks_it(sharp):
     tree = DraftTree(
         torch.tensor([5, 6, 7, 8, 9, 4]),
@@ -256,6 +280,8 @@ def test_eagle_training_killed_part_way_resumes_to_the_same_draft(tmp_path, monk
         cfg, target, tmp_path / "straight", lambda *a: None, torch.device("cpu")
     )
     assert len(history) == 4 and metrics["train_sequences"] >= 4 and len(metrics["heldout_top1_by_depth_after"]) == 4
+    for h in history:  # Eq. 5
+        assert h["loss"] == pytest.approx(h["loss_reg"] + cfg.training.w_cls * h["loss_cls"], rel=1e-5)
     assert metrics["compute_minutes"] * 60 >= history[-1]["seconds"] > 0
     pack, calls = eagle_head.pack, []
 
@@ -343,6 +369,29 @@ def test_a_draft_vocabulary_larger_than_the_tokens_seen_is_filled_up_by_id():
     assert frequent_tokens(rows, 2, vocab_size=10).tolist() == [5, 3]
     with pytest.raises(SpecReproError, match="does not fit the target's 10"):
         frequent_tokens(rows, 11, vocab_size=10)
+
+
+def test_the_loss_terms_pair_each_feature_with_the_next_token_and_score_the_next_feature(sharp):
+    """Training's pass reads (f_i, e(t_{i+1})) at position i; Eq. 3-4 score its output against f_{i+1} and
+    p_{i+2} = Softmax(LM_Head(f_{i+1})) where t_{i+1} is an assistant token. An oracle draft (the target's next
+    features) has no regression loss, the target's entropy as L_cls and a hit at every position."""
+    from specrepro.training.eagle_head import draft_pass, eagle_terms
+
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(7))
+    mask = torch.tensor([[False] * 4 + [True] * 8])
+    with torch.no_grad():
+        features = sharp.model(input_ids=ids).last_hidden_state
+    draft, seen = eagle(sharp).draft, {}
+    draft.forward = lambda f, e, positions: seen.update(f=f, e=e, positions=positions) or features[:, 1:]
+    embed = sharp.get_input_embeddings()
+    predicted = draft_pass(draft, embed, {"ids": ids, "features": features, "mask": mask})
+    torch.testing.assert_close(seen["f"], features[:, :-1])
+    torch.testing.assert_close(seen["e"], embed(ids[:, 1:]))
+    assert seen["positions"].tolist() == [list(range(11))]
+    loss_reg, loss_cls, hits, n = eagle_terms(draft, predicted, {"ids": ids, "features": features, "mask": mask})
+    p = sharp.lm_head(features[0, 4:]).float().softmax(-1)  # f_4..f_11: the features of the assistant tokens t_4..
+    assert float(loss_reg) == 0 and int(hits) == int(n) == 8
+    assert float(loss_cls) == pytest.approx(float(-(p * p.log()).sum(-1).mean()), rel=1e-5)
 
 
 def test_heldout_agreement_is_with_the_targets_top1_over_its_whole_vocabulary(sharp):

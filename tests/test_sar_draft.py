@@ -14,7 +14,7 @@ from specrepro.decoding.sar_draft import VARIANTS, DraftHead, SARDraftConfig, SA
 from specrepro.decoding.verify import keep_tree_path
 from specrepro.errors import SpecReproError
 from specrepro.training.distill_data import target_hidden_states
-from specrepro.training.sar_head import anchor_batch
+from specrepro.training.sar_head import anchor_batch, sar_terms
 from tests.conftest import tiny_llama
 from tests.test_runner import FAST, run_dirs, specrepro
 
@@ -75,6 +75,23 @@ def test_greedy_sar_with_a_token_tree_equals_ar(monkeypatch):
         sar(target, "block", tree_width=0)
 
 
+def test_each_draft_reads_the_whole_draft_prefix_from_the_last_committed_token():
+    """Eq. 5: the j-th draft token's q_0 reads d_1..d_j, d_1 the last committed token (convention A)."""
+    target = tiny_llama(vocab_size=64, num_layers=2, logit_scale=3.0)
+    decoder, prefixes, rounds = sar(target, "transformer", k=4), [], []
+    draft_logits, propose = decoder.next_draft_logits, decoder.propose
+
+    def recorded_propose(state, tokens, *rest):
+        rounds.append((tokens[0, -1].item(), propose(state, tokens, *rest)))
+        return rounds[-1][1]
+
+    decoder.next_draft_logits = lambda hp, prefix: prefixes.append(prefix.tolist()) or draft_logits(hp, prefix)
+    decoder.propose = recorded_propose
+    decoder.generate(torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1)), GREEDY, 20)
+    expected = [[last] + proposal.drafts[:j].tolist() for last, proposal in rounds for j in range(len(proposal.drafts))]
+    assert prefixes == expected and max(map(len, prefixes)) == 4
+
+
 @pytest.mark.parametrize("tree_width", [1, 4])
 def test_h_p_is_the_verified_row_that_produced_the_last_committed_token(tree_width):
     target = tiny_llama(vocab_size=64, num_layers=2, logit_scale=3.0)
@@ -117,6 +134,10 @@ def test_cached_training_hidden_states_and_anchors_follow_convention_a(tmp_path)
     assert batch["inputs"][6].tolist()[:2] == [21, 22] and batch["valid"][6].tolist() == [True, False, False]
     assert torch.equal(batch["hp"][6], hidden[1][1])
     assert len(anchor_batch(rows, hidden, 3, 4)["hp"]) == 4
+    # Eq. 8's p-term: the target's NLL of the continuation token each h_p predicted
+    loss_p = sar_terms(head_for(target, "transformer", 3, 32, 1, False), target, batch)[0]
+    logp = target.lm_head(batch["hp"]).log_softmax(-1)
+    assert float(loss_p) == pytest.approx(-float(logp[range(7), [9, 10, 11, 12, 13, 20, 21]].mean()), rel=1e-5)
 
 
 def test_a_conversations_anchors_and_targets_stay_inside_its_assistant_turns():
