@@ -158,3 +158,12 @@ def test_compare_names_the_faster_run_also_from_committed_copies_and_refuses_oth
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "specrepro: error: no-such-run: no such run directory, nor a run of that name in results/runs"
     ]
+
+
+def test_a_comparison_page_that_cannot_be_written_is_one_line(tmp_path):
+    from specrepro.compare import write_page
+
+    (tmp_path / "a_file").write_text("")
+    page = tmp_path / "a_file" / "page.md"  # unwritable for any user, root too
+    with pytest.raises(SpecReproError, match=re.escape(f"cannot write the comparison to {page}: ")):
+        write_page(page, [], [], "text", "specrepro compare a b")

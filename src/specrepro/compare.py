@@ -167,4 +167,7 @@ def write_page(path: Path, runs: list[RunRecord], others: list[RunRecord], text:
         "",
         *provenance_footer(infos, command),
     ]
-    atomic_write(path, "\n".join(lines) + "\n")
+    try:
+        atomic_write(path, "\n".join(lines) + "\n")
+    except OSError as exc:  # a read-only results dir, or a file where a folder of the path should be
+        raise SpecReproError(f"cannot write the comparison to {path}: {exc.strerror or exc}") from None
