@@ -606,6 +606,9 @@ def test_summary_and_dry_run_meet_bad_files_in_one_line(tmp_path):
 
     with pytest.raises(SpecReproError, match="missing: no such results directory"):
         summary_main(["--results-dir", str(tmp_path / "missing")])
+    (tmp_path / "a_file").write_text("")  # a page that cannot be written, for any user, root too
+    with pytest.raises(SpecReproError, match="cannot write .*a_file/SUMMARY.md: .*--out PAGE writes it elsewhere"):
+        summary_main(["--results-dir", str(tmp_path), "--out", str(tmp_path / "a_file" / "SUMMARY.md")])
     table = tmp_path / "t.csv"
     table.write_text("Method,MAT (here),runs\npld,1.50,run-1\n# Machine: m\n")
     assert headline_cells(table, ["pld"], "MAT") == ("–", "1.50")

@@ -151,5 +151,9 @@ def main(args: list[str]) -> None:
     if not Path(opts.results_dir).is_dir():
         raise SpecReproError(f"{opts.results_dir}: no such results directory")
     out = Path(opts.out or Path(opts.results_dir) / SUMMARY_PAGE)
-    atomic_write(out, summary_page(opts.results_dir, out.parent))
+    page = summary_page(opts.results_dir, out.parent)
+    try:
+        atomic_write(out, page)
+    except OSError as exc:  # read-only (archived) tables: the page can go elsewhere
+        raise SpecReproError(f"cannot write {out}: {exc.strerror or exc}; --out PAGE writes it elsewhere") from None
     print(f"wrote {out}")
