@@ -326,6 +326,8 @@ def test_the_data_a_run_decodes_is_part_of_its_name_and_reference():
         ("+model.random.hiden_size=8", "model.random.hiden_size is not a setting of model.random, and would be"),
         ("+method.window=3", "method.window is not a setting of method, and would be ignored (method has: name)"),
         ("method=lookahead ++method.window=3", None),
+        ("model.id=/ckpt", "model.id=/ckpt is not read by model smollm2_135m (model.source=embedded): load a hub"),
+        ("model=tiny_random model.id=x", "model.id=x is not read by model tiny_random (model.source=random): load"),
         ("hardware.device=cuda:1", None),
         (
             "hardware.compile_freezing=true hardware.compile_backend=aot_eager",
@@ -353,6 +355,11 @@ def test_the_schemas_refuse_bad_values_in_one_line(override, message):
             "+training.loop.stepz=3",
             "training.loop.stepz is not a setting of training.loop, and would be ignored (did you mean "
             "training.loop.steps?)",
+        ),
+        (
+            "model.id=/ckpt",
+            "model.id=/ckpt is not read by model tiny_random (model.source=random): load a hub id or local directory "
+            "with model=hf model.id=...",
         ),
     ],
 )

@@ -321,6 +321,16 @@ def check_known_keys(node, schema: type, where: str) -> None:
             check_known_keys(value, hints[key], f"{where}.{key}")
 
 
+def check_model_id(model) -> None:
+    """Refuse a `model.id` that the model's source does not read: the embedded or random model would be loaded and
+    the checkpoint it names silently passed over."""
+    if model.id and model.source in ("embedded", "random"):
+        raise SpecReproError(
+            f"model.id={model.id} is not read by model {model.name} (model.source={model.source}): "
+            "load a hub id or local directory with model=hf model.id=..."
+        )
+
+
 def check_run_config(cfg) -> None:
     """Refuse values that cannot work, before any model is loaded: names that cannot label a directory, keys no
     schema has, and what the logger, decoding, timing and hardware schemas refuse (their `__post_init__`), each in
@@ -333,6 +343,7 @@ def check_run_config(cfg) -> None:
     schemas |= {"decoding": DecodingConfig, "logger": LoggerConfig, "timing": TimingConfig, "hardware": HardwareConfig}
     for key, schema in schemas.items():
         check_known_keys(cfg[key], schema, key)
+    check_model_id(cfg.model)
     for key in ("logger", "decoding", "timing", "hardware"):
         OmegaConf.to_object(OmegaConf.merge(schemas[key], cfg[key]))
 
