@@ -36,9 +36,9 @@ LENGTHS = (1, 2, 3, 5, 8, 16, 36)
 
 def forward_ms(model, ids: torch.Tensor, length: int) -> float:
     cache = DynamicCache(config=model.config)
-    model(ids[:, :200], past_key_values=cache, logits_to_keep=1)
+    model(ids[:, :200], cache=cache, logits_to_keep=1)
     start = time.perf_counter()
-    model(ids[:, 200 : 200 + length], past_key_values=cache)
+    model(ids[:, 200 : 200 + length], cache=cache)
     return 1e3 * (time.perf_counter() - start)
 
 

@@ -101,7 +101,7 @@ def test_each_tree_value_is_its_parents_times_the_teacher_forced_draft_probabili
             pairs.append(tokens[ancestor])
             with torch.no_grad():
                 f = decoder.draft(features, decoder.embed(torch.tensor([pairs])), torch.arange(len(pairs))[None])
-            p = decoder.scores(f[0, -1:])[0].exp()
+                p = decoder.scores(f[0, -1:])[0].exp()
             assert values[child] == pytest.approx(values[ancestor] * float(p[tokens[child]]), rel=1e-5)
             features = torch.cat([features, f[:, -1:]], 1)
 
