@@ -328,6 +328,9 @@ def test_the_data_a_run_decodes_is_part_of_its_name_and_reference():
         ("method=lookahead ++method.window=3", None),
         ("model.id=/ckpt", "model.id=/ckpt is not read by model smollm2_135m (model.source=embedded): load a hub"),
         ("model=tiny_random model.id=x", "model.id=x is not read by model tiny_random (model.source=random): load"),
+        ("model.max_memory={0:1GiB}", "model.max_memory caps what model.device_map spreads: set model.device_map=auto"),
+        ("model.device_map=weird", "model.device_map=weird is not one of auto, balanced, balanced_low_0, sequential,"),
+        ("model.device_map=cuda:1", None),
         ("hardware.device=cuda:1", None),
         (
             "hardware.compile_freezing=true hardware.compile_backend=aot_eager",

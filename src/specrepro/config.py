@@ -321,13 +321,26 @@ def check_known_keys(node, schema: type, where: str) -> None:
             check_known_keys(value, hints[key], f"{where}.{key}")
 
 
-def check_model_id(model) -> None:
-    """Refuse a `model.id` that the model's source does not read: the embedded or random model would be loaded and
-    the checkpoint it names silently passed over."""
+BALANCING = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's device_map strategies
+PLACED_ON = re.compile(r"(cpu|cuda|mps|xpu|npu|hpu|meta|disk)(:\d+)?")  # a device_map that places the whole model
+
+
+def check_model(model) -> None:
+    """Refuse `model` settings that its loading would pass over or misread: a `model.id` that the embedded or random
+    model does not read (that model would be loaded, the checkpoint it names silently passed over), a `max_memory`
+    with no `device_map` to cap, and a `device_map` that is neither a strategy, a device nor {module: device}."""
     if model.id and model.source in ("embedded", "random"):
         raise SpecReproError(
             f"model.id={model.id} is not read by model {model.name} (model.source={model.source}): "
             "load a hub id or local directory with model=hf model.id=..."
+        )
+    device_map = model.get("device_map")
+    if model.get("max_memory") and not device_map:
+        raise SpecReproError("model.max_memory caps what model.device_map spreads: set model.device_map=auto too")
+    if isinstance(device_map, str) and device_map not in BALANCING and not PLACED_ON.fullmatch(device_map):
+        raise SpecReproError(
+            f"model.device_map={device_map} is not one of {', '.join(BALANCING)}, a device (cpu, cuda:0) "
+            "or {module name: device}"
         )
 
 
@@ -343,7 +356,7 @@ def check_run_config(cfg) -> None:
     schemas |= {"decoding": DecodingConfig, "logger": LoggerConfig, "timing": TimingConfig, "hardware": HardwareConfig}
     for key, schema in schemas.items():
         check_known_keys(cfg[key], schema, key)
-    check_model_id(cfg.model)
+    check_model(cfg.model)
     for key in ("logger", "decoding", "timing", "hardware"):
         OmegaConf.to_object(OmegaConf.merge(schemas[key], cfg[key]))
 

@@ -14,7 +14,7 @@ from specrepro.config import (
     check_device,
     check_known_keys,
     check_logger,
-    check_model_id,
+    check_model,
     check_names,
     check_threads,
     weights_identity,
@@ -82,7 +82,7 @@ def train(cfg) -> Path:
     check_logger(cfg.logger)
     registry.load()
     check_known_keys(cfg.model, ModelConfig, "model")
-    check_model_id(cfg.model)
+    check_model(cfg.model)
     check_known_keys(cfg.training, registry.component(cfg.training.component).schema, "training")
     final = artifact_path(cfg)
     if trained_already(cfg, final, say_damage=False):  # before the lock: one on read-only storage is reused too
