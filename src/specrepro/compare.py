@@ -22,7 +22,7 @@ from specrepro.errors import SpecReproError
 from specrepro.metrics.speed import relative_speedup
 from specrepro.provenance import machine_label
 from specrepro.tables import RunInfo, provenance_footer, setting_of
-from specrepro.tracking import RunRecord, atomic_write
+from specrepro.tracking import RunRecord, atomic_write, unwritable_in_one_line
 
 
 COMPARED = ("model", "decoding", "timing")  # settings whose difference the ratio carries (the methods differ anyway)
@@ -167,7 +167,5 @@ def write_page(path: Path, runs: list[RunRecord], others: list[RunRecord], text:
         "",
         *provenance_footer(infos, command),
     ]
-    try:
+    with unwritable_in_one_line(f"the comparison to {path}"):
         atomic_write(path, "\n".join(lines) + "\n")
-    except OSError as exc:  # a read-only results dir, or a file where a folder of the path should be
-        raise SpecReproError(f"cannot write the comparison to {path}: {exc.strerror or exc}") from None

@@ -17,7 +17,7 @@ from specrepro.errors import SpecReproError
 from specrepro.plots import table_rows
 from specrepro.reproduce import PIPELINES_DIR, Headline, read_headlines
 from specrepro.tables import MISSING_CELL, TABLES_DIR, TableSpec, cell_runs, local_runs, runs_origin
-from specrepro.tracking import atomic_write
+from specrepro.tracking import atomic_write, unwritable_in_one_line
 
 SUMMARY_PAGE = "SUMMARY.md"
 
@@ -152,8 +152,6 @@ def main(args: list[str]) -> None:
         raise SpecReproError(f"{opts.results_dir}: no such results directory")
     out = Path(opts.out or Path(opts.results_dir) / SUMMARY_PAGE)
     page = summary_page(opts.results_dir, out.parent)
-    try:
+    with unwritable_in_one_line(str(out), "--out PAGE writes it elsewhere"):  # read-only (archived) tables
         atomic_write(out, page)
-    except OSError as exc:  # read-only (archived) tables: the page can go elsewhere
-        raise SpecReproError(f"cannot write {out}: {exc.strerror or exc}; --out PAGE writes it elsewhere") from None
     print(f"wrote {out}")

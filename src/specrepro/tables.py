@@ -61,7 +61,7 @@ from specrepro.errors import SpecReproError, one_line
 from specrepro.metrics.speed import mean_ci95
 from specrepro.plots import KINDS, table_rows, write_plots
 from specrepro.provenance import machine_label
-from specrepro.tracking import RunRecord, atomic_write, complete_runs, wandb_mode
+from specrepro.tracking import RunRecord, atomic_write, complete_runs, unwritable_in_one_line, wandb_mode
 from specrepro.yaml_schema import Invalid, Label, Labels, build, kind, mapping, one_of, optional
 
 log = logging.getLogger(__name__)
@@ -890,15 +890,11 @@ def write_table(
             "cells and runs as in the previous table)",
             f"- {KEPT_ORIGIN.removeprefix('# ')}{'; '.join(origin)}",
         ]
-    try:
+    with unwritable_in_one_line(f"the table to {out_dir}", "--out-dir DIR writes it elsewhere"):  # archived records
         atomic_write(md_path, render_markdown(spec, header, body, footnotes, footer))
         atomic_write(csv_path, render_csv(header, body, footnotes, footer))
         write_inputs(out_dir, [by_name[n] for n in footnotes if n in by_name])
         write_plots(spec.plots, md_path.with_suffix(".csv"), spec.row_header, spec.title)
-    except OSError as exc:  # read-only (archived) records: the table can go elsewhere
-        raise SpecReproError(
-            f"cannot write the table to {out_dir}: {exc.strerror or exc}; --out-dir DIR writes it elsewhere"
-        ) from None
     return md_path
 
 

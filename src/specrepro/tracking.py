@@ -12,6 +12,7 @@ A run directory `results/runs/<run name>/` holds:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -30,6 +31,17 @@ from specrepro.metrics.speed import paired_ratio
 from specrepro.provenance import machine_label, now, provenance
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def unwritable_in_one_line(what: str, elsewhere: str = ""):
+    """A page writer's OSError (a read-only results dir, a file where a folder of the path should be) as one line:
+    "cannot write `what`: why", and `elsewhere`, the option that writes it elsewhere, where there is one."""
+    try:
+        yield
+    except OSError as exc:
+        hint = f"; {elsewhere}" if elsewhere else ""
+        raise SpecReproError(f"cannot write {what}: {exc.strerror or exc}{hint}") from None
 
 
 def atomic_write(path: Path, text: str) -> None:
