@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from specrepro.cli import CONF_DIR
-from specrepro.config import COMPILE_BACKENDS, check_names, check_run_config, register_configs
+from specrepro.config import COMPILE_BACKENDS, check_names, check_run_config, hydra_root, register_configs
 from specrepro.errors import SpecReproError
 
 register_configs()
@@ -90,6 +91,14 @@ def test_any_hub_id_or_local_path_is_a_model_named_by_its_last_part(model_id, na
 def test_a_name_that_cannot_label_a_directory_is_refused(config, override, message):
     with pytest.raises(SpecReproError, match=re.escape(message)):
         check_names(compose_run(override, config=config))
+
+
+@pytest.mark.parametrize("config", ["run", "train"])
+@pytest.mark.parametrize("key", ["results_dir", "artifacts_dir"])
+def test_an_empty_results_or_artifacts_dir_is_refused_not_read_as_the_working_directory(config, key):
+    with pytest.raises(SpecReproError, match=f"{key} is empty: name a directory"):
+        check_names(compose_run(f"{key}=", config=config))
+    assert Path(hydra_root("")).parent == Path(tempfile.gettempdir())  # Hydra's job dir is not put in the cwd either
 
 
 @pytest.mark.parametrize("run_name", ["../elsewhere", "a/b", ".hidden"])

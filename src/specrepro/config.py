@@ -46,6 +46,9 @@ def check_names(cfg) -> None:
     run_name = cfg.get("run_name")
     if run_name and (PurePath(run_name).name != run_name or run_name.startswith(".")):
         raise SpecReproError(f"run_name '{run_name}' must be a directory name under results/runs, not a path")
+    for key in ("results_dir", "artifacts_dir"):  # an empty one would write runs/ or artifacts into the cwd
+        if key in cfg and not str(cfg[key]).strip():
+            raise SpecReproError(f"{key} is empty: name a directory (by default {key}={getattr(RunConfig, key)})")
 
 
 @dataclass
@@ -363,8 +366,11 @@ def check_run_config(cfg) -> None:
 
 def hydra_root(results_dir: str) -> str:
     """Where Hydra puts its job dirs (conf/run.yaml): `<results_dir>/hydra`, or `specrepro-hydra` in the temp dir
-    when the results dir cannot be written (archived records, only reused: that needs no write access)."""
+    when the results dir cannot be written (archived records, only reused: that needs no write access) or is empty
+    (refused by the run: nothing is written into the working directory)."""
     root = Path(results_dir) / "hydra"
+    if not results_dir.strip():
+        return str(Path(tempfile.gettempdir()) / "specrepro-hydra")
     try:
         root.mkdir(parents=True, exist_ok=True)  # Hydra makes it next anyway
     except OSError:
