@@ -389,9 +389,9 @@ def test_the_loss_terms_pair_each_feature_with_the_next_token_and_score_the_next
     torch.testing.assert_close(seen["e"], embed(ids[:, 1:]))
     assert seen["positions"].tolist() == [list(range(11))]
     loss_reg, loss_cls, hits, n = eagle_terms(draft, predicted, {"ids": ids, "features": features, "mask": mask})
-    p = sharp.lm_head(features[0, 4:]).float().softmax(-1)  # f_4..f_11: the features of the assistant tokens t_4..
-    assert float(loss_reg) == 0 and int(hits) == int(n) == 8
-    assert float(loss_cls) == pytest.approx(float(-(p * p.log()).sum(-1).mean()), rel=1e-5)
+    p = sharp.lm_head(features[0, 4:]).detach().float().softmax(-1)  # f_4..f_11: the assistant tokens t_4.. features
+    assert loss_reg.item() == 0 and int(hits) == int(n) == 8
+    assert loss_cls.item() == pytest.approx(float(-(p * p.log()).sum(-1).mean()), rel=1e-5)
 
 
 def test_heldout_agreement_is_with_the_targets_top1_over_its_whole_vocabulary(sharp):

@@ -136,7 +136,7 @@ def test_cached_training_hidden_states_and_anchors_follow_convention_a(tmp_path)
     assert len(anchor_batch(rows, hidden, 3, 4)["hp"]) == 4
     # Eq. 8's p-term: the target's NLL of the continuation token each h_p predicted
     loss_p = sar_terms(head_for(target, "transformer", 3, 32, 1, False), target, batch)[0]
-    logp = target.lm_head(batch["hp"]).log_softmax(-1)
+    logp = target.lm_head(batch["hp"]).detach().log_softmax(-1)
     assert float(loss_p) == pytest.approx(-float(logp[range(7), [9, 10, 11, 12, 13, 20, 21]].mean()), rel=1e-5)
 
 
