@@ -52,7 +52,9 @@ step() {  # step NAME LIMIT COMMAND...: run one check (when STEPS names it) unde
   local rc=$?
   tail -n 25 "$out/.$name.log"
   cat "$out/.$name.log" >> "$log" && rm "$out/.$name.log"
-  [ "$rc" -eq 0 ] || { echo "gpu_check: $name exited with $rc (124: past its limit)" | tee -a "$log" >&2; failed=1; }
+  local why="its output is in $(basename "$log")"
+  [ "$rc" -ne 124 ] || why="past its limit"
+  [ "$rc" -eq 0 ] || { echo "gpu_check: $name exited with $rc ($why)" | tee -a "$log" >&2; failed=1; }
 }
 
 written() {  # written NAME LIMIT FILES COMMAND...: a step whose FILES (space-separated) go to results/gpu/, where they

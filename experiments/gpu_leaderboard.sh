@@ -53,7 +53,9 @@ step() {
   echo "gpu_leaderboard: '$label' (at most $left s)" | tee -a "$log" >&2
   timeout "$left" "$python" -m specrepro.cli "$@" "artifacts_dir=$artifacts" logger=none >> "$log" 2>&1
   local rc=$?
-  [ "$rc" -eq 0 ] || { echo "gpu_leaderboard: '$label' exited with $rc (124: past the budget)" | tee -a "$log" >&2; failed=1; }
+  local why="its error is in $(basename "$log")"
+  [ "$rc" -ne 124 ] || why="past the budget"
+  [ "$rc" -eq 0 ] || { echo "gpu_leaderboard: '$label' exited with $rc ($why)" | tee -a "$log" >&2; failed=1; }
 }
 
 for row in "${rows[@]}"; do
