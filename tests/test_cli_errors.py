@@ -307,3 +307,20 @@ def test_only_a_third_party_module_that_is_not_installed_is_a_user_error():
     assert as_user_error(KeyError("x")) is None
     error = SpecReproError("bad input")
     assert as_user_error(error) is error
+
+
+@pytest.mark.parametrize(
+    "module, args",
+    [("tables", ["spec_bench"]), ("summary", []), ("compare", ["a", "b"]), ("reproduce", ["cllm", "--dry-run"])],
+)
+def test_an_empty_results_dir_option_is_refused_not_read_as_the_working_directory(
+    module, args, tmp_path, monkeypatch, capsys
+):
+    """`--results-dir ''` read and wrote the working directory: `summary` wrote a SUMMARY.md there."""
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        importlib.import_module(f"specrepro.{module}").main([*args, "--results-dir", ""])
+    assert stop.value.code == 2 and not list(tmp_path.iterdir())
+    assert "argument --results-dir: is empty: name a directory" in capsys.readouterr().err

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from specrepro.config import results_directory
 from specrepro.errors import SpecReproError
 from specrepro.metrics.speed import relative_speedup
 from specrepro.provenance import machine_label
@@ -137,7 +138,12 @@ def main(argv: list[str]) -> None:
         "comma-separated, pool their turns: a method over several datasets)",
     )
     parser.add_argument("other", help="the run (or runs) it is measured against, on the same prompts")
-    parser.add_argument("--results-dir", default="results", help="where run names are looked up (default: results)")
+    parser.add_argument(
+        "--results-dir",
+        default="results",
+        type=results_directory,
+        help="where run names are looked up (default: results)",
+    )
     parser.add_argument(
         "--out",
         type=Path,

@@ -6,6 +6,7 @@ a key that the schema does not know fails at composition with Hydra's own messag
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import os
@@ -31,6 +32,13 @@ def name_of(model_id: str) -> str:
     """A hub id's or local path's last part as a model name: `meta-llama/Llama-2-7b-hf` -> `llama_2_7b_hf`
     (`model=hf`'s name, the resolver `${model_name:...}`)."""
     return re.sub(r"[^a-z0-9.]+", "_", PurePath(str(model_id)).name.lower()).strip("_.") or "model"
+
+
+def results_directory(value: str) -> str:
+    """An argparse type for `--results-dir`: an empty one would read and write the working directory."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("is empty: name a directory (by default results)")
+    return value
 
 
 def check_names(cfg) -> None:

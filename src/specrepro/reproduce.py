@@ -48,6 +48,7 @@ from typing import Annotated
 
 import yaml
 
+from specrepro.config import results_directory
 from specrepro.errors import SpecReproError, one_line
 from specrepro.locks import all_free, file_lock, lock_file
 from specrepro.provenance import checkout_version, device_description, machine_label, now
@@ -513,6 +514,7 @@ def main(args: list[str]) -> None:
     parser.add_argument(
         "--results-dir",
         default="results",
+        type=results_directory,
         help="runs under <dir>/reproduce/<paper>, artifacts under "
         "<dir>/reproduce/artifacts, "
         "tables under <dir>/<paper>",

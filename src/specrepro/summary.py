@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from specrepro.config import results_directory
 from specrepro.errors import SpecReproError
 from specrepro.plots import table_rows
 from specrepro.reproduce import PIPELINES_DIR, Headline, read_headlines
@@ -145,7 +146,12 @@ def main(args: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="specrepro summary", description="Copy each pipeline's headline cells from the committed tables."
     )
-    parser.add_argument("--results-dir", default="results", help="where the tables are (<dir>/<paper>/<table>.csv)")
+    parser.add_argument(
+        "--results-dir",
+        default="results",
+        type=results_directory,
+        help="where the tables are (<dir>/<paper>/<table>.csv)",
+    )
     parser.add_argument("--out", default=None, help=f"the page to write (default <results dir>/{SUMMARY_PAGE})")
     opts = parser.parse_args(args)
     if not Path(opts.results_dir).is_dir():

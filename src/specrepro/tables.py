@@ -57,6 +57,7 @@ from typing import Annotated
 
 import yaml
 
+from specrepro.config import results_directory
 from specrepro.errors import SpecReproError, one_line
 from specrepro.metrics.speed import mean_ci95
 from specrepro.plots import KINDS, table_rows, write_plots
@@ -905,6 +906,7 @@ def main(args: list[str]) -> None:
         "--results-dir",
         action="append",
         default=None,
+        type=results_directory,
         help="where the run records are (<dir>/runs; repeat it to read several, e.g. new records and "
         "a committed table's inputs) and, for the first, where the table goes (default: results)",
     )
