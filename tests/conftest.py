@@ -110,10 +110,7 @@ SLOW_MODULES = {"tests/test_compiled.py"}
 
 def pytest_collection_modifyitems(config, items):
     """Mark `slow` every test that loads the embedded model, starts a process or does the heavy work above
-    (`make test-fast` leaves them out), so that a new test is sorted by what it does, not by remembering a marker.
-    Then run the embedded model's tests first and the other slow ones next (an otherwise stable order): xdist deals
-    the first tests out in turn, so its workers start on the longest ones and finish together on the short ones,
-    not one worker on a two-minute test while the other waits."""
+    (`make test-fast` leaves them out), so that a new test is sorted by what it does, not by remembering a marker."""
     for item in items:
         fixtures = getattr(item, "_fixtureinfo", None)
         functions = [getattr(item, "function", None)] + [
@@ -123,17 +120,12 @@ def pytest_collection_modifyitems(config, items):
             if defs
         ]
         if (
-            _uses_the_embedded_model(item)
+            item.get_closest_marker("embedded")
             or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
             or item.nodeid.split("::")[0] in SLOW_MODULES
             or any(_starts_a_process(f, set()) for f in functions if f is not None)
         ):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: (not _uses_the_embedded_model(item), not item.get_closest_marker("slow")))
-
-
-def _uses_the_embedded_model(item) -> bool:
-    return bool(item.get_closest_marker("embedded")) or "embedded" in getattr(item, "fixturenames", ())
 
 
 def _starts_a_process(function, seen: set) -> bool:
