@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -98,3 +100,13 @@ def test_a_method_yaml_whose_schema_no_module_registers_names_the_plugins_variab
     check_method_schemas(["--config-dir", str(tmp_path), "method=pld"])  # a registered one: no complaint
     with pytest.raises(SpecReproError, match="method 'toy' .* extends method_schema_toy.*SPECREPRO_PLUGINS=my_methods"):
         check_method_schemas(["--config-dir", str(tmp_path), "-m", "method=pld,toy"])
+
+
+def test_loading_every_method_and_trainer_leaves_the_libraries_of_rarer_paths_unimported():
+    """Every CLI process registers every method and trainer, so what their modules import, each process (and each
+    of the suite's hundreds) pays for: `datasets` (training data, Hub datasets) and `scipy.stats` (one interval of
+    alternating-order runs) take seconds to import, and are imported only where used."""
+    rarer = ("datasets", "scipy.stats", "peft", "matplotlib", "wandb", "evaluate")
+    code = "import json, sys; import specrepro.config as c; c.register_configs(); print(json.dumps(list(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert not set(rarer) & set(json.loads(out.stdout))

@@ -16,7 +16,6 @@ import re
 import zlib
 from pathlib import Path
 
-import datasets
 
 from specrepro.errors import SpecReproError
 
@@ -128,6 +127,8 @@ def _parse_json_lines(file: Path) -> list[dict]:
 
 def _read_hub(hub_id: str, hf_config: str | None, split: str) -> list[dict]:
     """Rows of a Hugging Face Hub dataset split (needs the network, or HF_HUB_OFFLINE=1 with a cached copy)."""
+    import datasets  # slow to import: only Hub datasets need it
+
     try:
         with _quiet_datasets():
             return datasets.load_dataset(hub_id, hf_config, split=split).to_list()
@@ -142,6 +143,8 @@ def _read_hub(hub_id: str, hf_config: str | None, split: str) -> list[dict]:
 @contextlib.contextmanager
 def _quiet_datasets():
     """Silence `datasets` progress bars and logs, and Hub retry warnings, for the duration."""
+    import datasets
+
     bars_were_on = datasets.utils.is_progress_bar_enabled()
     datasets_level = datasets.utils.logging.get_verbosity()
     hub_logger = logging.getLogger("huggingface_hub")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from statistics import fmean, stdev
 
-from scipy import stats
+from scipy import special
 
 
 def _rate(gen: dict) -> float:
@@ -32,7 +32,7 @@ def ci95(values: list[float]) -> float:
     """Half-width of the 95% confidence interval of the mean of `values` (Student's t); NaN for fewer than two."""
     if len(values) < 2:
         return math.nan
-    return float(stats.t.ppf(0.975, len(values) - 1)) * stdev(values) / math.sqrt(len(values))
+    return float(special.stdtrit(len(values) - 1, 0.975)) * stdev(values) / math.sqrt(len(values))
 
 
 # keys whose `<key>_ci95` is `ci95` over each of a run's `n_generations` turns
@@ -48,11 +48,11 @@ def mean_ci95(runs: list[dict], key: str) -> float:
     counts = [m.get("n_generations", 0) for m in runs]
     if key not in STUDENT_T_KEYS or not runs or any(not math.isfinite(h) or n < 2 for h, n in zip(half_widths, counts)):
         return math.nan
-    variances = [(h / stats.t.ppf(0.975, n - 1)) ** 2 for h, n in zip(half_widths, counts)]
+    variances = [(h / special.stdtrit(n - 1, 0.975)) ** 2 for h, n in zip(half_widths, counts)]
     if not sum(variances):
         return 0.0
     dof = sum(variances) ** 2 / sum(v**2 / (n - 1) for v, n in zip(variances, counts))
-    return float(stats.t.ppf(0.975, dof)) * math.sqrt(sum(variances)) / len(runs)
+    return float(special.stdtrit(dof, 0.975)) * math.sqrt(sum(variances)) / len(runs)
 
 
 def speed_metrics(gens: list[dict]) -> dict[str, float]:
@@ -157,6 +157,8 @@ def order_effect(paired: list[dict], ratios: list[float], suffix: str = "") -> d
     second = [math.log(r) for g, r in zip(paired, ratios) if g.get("method_timed_first") is False]
     if len(first) < 2 or len(second) < 2:
         return {}
+    from scipy import stats  # ~2 s to import: only runs timed in alternating order need it
+
     low, high = stats.ttest_ind(second, first, equal_var=False).confidence_interval(0.95)
     return {
         f"order_effect_paired{suffix}": math.exp((fmean(second) - fmean(first)) / 2),

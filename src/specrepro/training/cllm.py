@@ -29,11 +29,10 @@ import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict
+from typing import TYPE_CHECKING, Dict
 
 import torch
 import torch.nn.functional as F
-from datasets import Dataset, load_from_disk
 from transformers import DynamicCache
 
 from specrepro import suspension
@@ -50,6 +49,9 @@ from specrepro.training.artifacts import find_matching_artifact, read_metadata
 from specrepro.training.loop import LoopConfig, micro_batch_indices, train_loop
 from specrepro.training.shards import BATCHES_SUFFIX, map_batches
 from specrepro.training.lora import LoRAConfig, with_lora
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +213,8 @@ def collect_trajectories(cfg, target, work_dir, log_metrics, device):
         prompt_index += 1
     if not columns["source"]:
         raise SpecReproError("no Jacobi trajectories were kept: add prompts or relax training.repeat_run")
+    from datasets import Dataset  # slow to import: only where it is used
+
     dataset = Dataset.from_dict(columns)
     iterations = [len(s) for s in columns["states"]]
     metrics = {
@@ -374,6 +378,8 @@ def train_consistency(cfg, target, work_dir, log_metrics, device):
     spec = cfg.training
     source = find_trajectories(cfg) / "trajectories"
     trajectory_minutes = cost.artifact_minutes(source.parent)
+    from datasets import load_from_disk
+
     dataset = load_from_disk(str(source))
     held = set(range(spec.heldout_prompts))
     heldout = [r for r in dataset if r["prompt_index"] in held and len(r["prefix_ids"]) == r["prompt_len"]]

@@ -23,9 +23,9 @@ import logging
 import shutil
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from datasets import Dataset, load_from_disk
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
@@ -41,6 +41,9 @@ from specrepro.tracking import config_hash
 from specrepro.training import cost
 from specrepro.training.loop import LoopConfig, micro_batch_indices
 from specrepro.training.shards import making_cache, map_batches, write_once
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +170,8 @@ def continuation_dataset(
     """Rows {source, prompt_ids, continuation_ids}; generated once (by a copy of the target cast to `dtype`
     when that differs from the target's own), then loaded from `cache_dir`; a generation killed part-way resumes
     at its batch."""
+    from datasets import Dataset, load_from_disk  # slow to import: only where it is used
+
     with making_cache(cache_dir, "the target continuations") as saved:
         if (cache_dir / "dataset_info.json").is_file():
             log.info("re-using target continuations from %s", cache_dir)
@@ -273,6 +278,8 @@ def teacher_labeled_dataset(
     Off-policy distillation data (DistillSpec): one batched teacher-forced forward per sequence gives a
     label for every response token, far cheaper than generating the same number of tokens.
     """
+    from datasets import Dataset, load_from_disk  # slow to import: only where it is used
+
     with making_cache(cache_dir, "the target labels") as saved:
         if (cache_dir / "dataset_info.json").is_file():
             log.info("re-using target labels from %s", cache_dir)
