@@ -16,7 +16,6 @@ import re
 import zlib
 from pathlib import Path
 
-
 from specrepro.errors import SpecReproError
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"

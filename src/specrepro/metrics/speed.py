@@ -157,7 +157,7 @@ def order_effect(paired: list[dict], ratios: list[float], suffix: str = "") -> d
     second = [math.log(r) for g, r in zip(paired, ratios) if g.get("method_timed_first") is False]
     if len(first) < 2 or len(second) < 2:
         return {}
-    from scipy import stats  # ~2 s to import: only runs timed in alternating order need it
+    from scipy import stats  # slow to import: only runs timed in alternating order need it
 
     low, high = stats.ttest_ind(second, first, equal_var=False).confidence_interval(0.95)
     return {
