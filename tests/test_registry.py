@@ -105,7 +105,7 @@ def test_a_method_yaml_whose_schema_no_module_registers_names_the_plugins_variab
 def test_loading_every_method_and_trainer_leaves_the_libraries_of_rarer_paths_unimported():
     """Every CLI process registers every method and trainer, so what their modules import, each process (and each
     of the suite's hundreds) pays for: `datasets` (training data, Hub datasets) and `scipy.stats` (one interval of
-    alternating-order runs) take seconds to import, and are imported only where used."""
+    alternating-order runs) take most of a second each to import, and are imported only where used."""
     rarer = ("datasets", "scipy.stats", "peft", "matplotlib", "wandb", "evaluate")
     code = "import json, sys; import specrepro.config as c; c.register_configs(); print(json.dumps(list(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
