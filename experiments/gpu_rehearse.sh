@@ -5,7 +5,7 @@
 # and installs the rest into it as on the machine (gpu_carry.sh, then gpu_setup.sh, in a clone of this commit),
 # then runs gpu_check.sh's bench and test steps (a probe that names a card "rehearsal"; the bench on the CPU, one
 # prompt, eager backend), its profile script (4 tokens) and gpu_leaderboard.sh's rows at smoke size. A module the machine lacks shows in a log as
-# one line naming it; a trained row whose artifact was not named here fails in its one line.
+# one line naming it; a trained row whose artifact was not named here is not run, and the log names what it lacks.
 # Usage: bash experiments/gpu_rehearse.sh [ARTIFACT_DIR ...]   (what gpu_carry.sh would carry; takes ~15 minutes)
 # REHEARSE_DIR (/tmp/gpu_rehearse): the venv, the clone and the two calls' OUT_DIRs. Needs the package index.
 set -euo pipefail

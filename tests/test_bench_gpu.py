@@ -478,3 +478,28 @@ def test_gpu_leaderboard_runs_its_rows_within_the_budget_and_packs_their_runs(tm
     assert re.search(r"'method=rest \(REST's datastore\)' skipped: 1?\d s left", skipped.stderr)
     assert re.search(r"'method=pld .*' skipped: 1?\d s left", skipped.stderr)
     assert "no run was written" in skipped.stderr
+
+
+def test_gpu_leaderboards_default_rows_leave_out_the_trained_rows_whose_artifacts_were_not_carried(tmp_path):
+    """Of the default rows, a trained row is run only where its artifact was carried, and the log names the artifact
+    each row left out lacks (a budget of 10 s skips every row that is run, so no process starts)."""
+    script = Path(__file__).parents[1] / "experiments" / "gpu_leaderboard.sh"
+    carried = tmp_path / "carried"
+    (carried / "eagle_head-smollm2_135m-2e89ec14").mkdir(parents=True)
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RESULTS": str(tmp_path / "results")}
+    proc = subprocess.run(
+        ["bash", str(script), str(tmp_path / "out")],
+        env=env | {"ARTIFACTS": str(carried), "BUDGET_S": "40", "PACK_S": "30"},
+        capture_output=True,
+        text=True,
+    )
+    not_run = re.findall(r"'(method=[^']*)' not run: no (\S+) under (\S+) \(not carried\)", proc.stderr)
+    assert [(row, needs) for row, needs, where in not_run] == [
+        ("method=sar_draft method.draft_vocab=4096 method.k=2", "sar_head-smollm2_135m-*"),
+        ("method=eesd method.draft_vocab=4096", "eesd_head-smollm2_135m-*"),
+        ("method=self_sd_tree", "self_sd_skip_set-smollm2_135m-*"),
+    ] and {where for *_, where in not_run} == {str(carried)}
+    skipped = re.findall(r"'(method=[^']*)' skipped: \d+ s left", proc.stderr)
+    assert skipped[-1] == "method=eagle_tree_small method.head=eagle_head-smollm2_135m-2e89ec14"
+    assert skipped[0] == "method=pld" and len(skipped) == 6  # the training-free rows, then the carried one
+    assert "not carried" in (tmp_path / "out" / "gpu_leaderboard.log").read_text()
