@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specrepro import provenance
 from specrepro.config import HardwareConfig
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.pld import PLDConfig, PLDDecoder
@@ -188,13 +189,15 @@ def test_greedy_pld_equals_ar_with_padded_rows():
     assert pld.token_ids == ar.token_ids and sum(pld.accepted) > len(pld.accepted)
 
 
-def test_bf16_work_on_a_cpu_without_native_bf16_is_warned_about(monkeypatch, caplog):
-    """bf16 autocast or a bf16 teacher on an AVX2-only CPU runs several times slower than fp32: one warning."""
-    monkeypatch.setattr(kernels, "onednn_dtypes", lambda: frozenset({torch.float32}))
+@pytest.mark.parametrize(("avx512_bf16", "amx"), [(False, False), (True, False), (False, True)])
+def test_bf16_work_on_a_cpu_without_native_bf16_is_warned_about(monkeypatch, caplog, avx512_bf16, amx):
+    """bf16 autocast or a bf16 teacher runs several times slower than fp32 on a CPU without AVX512-BF16 or AMX, an
+    AVX-512 one whose oneDNN runs a bf16 linear too: one warning, there only, and its records say so."""
+    monkeypatch.setattr(kernels, "onednn_dtypes", lambda: frozenset({torch.float32, torch.bfloat16}))
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     with caplog.at_level("WARNING", logger="specrepro.models.kernels"):
         kernels.warn_if_bf16_is_slow("training.loop.bf16_autocast")
-    assert ["without native bfloat16" in r.getMessage() for r in caplog.records] == [True]
-    monkeypatch.setattr(kernels, "onednn_dtypes", lambda: frozenset({torch.float32, torch.bfloat16}))
-    caplog.clear()
-    kernels.warn_if_bf16_is_slow("training.loop.bf16_autocast")
-    assert not caplog.records
+    native = avx512_bf16 or amx
+    assert ["without native bfloat16" in r.getMessage() for r in caplog.records] == ([] if native else [True])
+    assert provenance.device_description()["cpu_native_bf16"] is native

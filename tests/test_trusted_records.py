@@ -24,7 +24,7 @@ from specrepro.metrics.speed import (
     paired_speedup,
     speed_metrics,
 )
-from specrepro.models.kernels import onednn_available
+from specrepro.models.kernels import native_bf16
 from tests.test_runner import FAST, run_dirs, specrepro
 
 
@@ -416,7 +416,7 @@ def test_records_carry_provenance_and_are_readable_by_the_team(tmp_path):
     assert origin["versions"]["torch"] and origin["versions"]["transformers"]
     assert origin["machine"]["cpu"] and origin["machine"]["cpu_cores"] >= 1 and origin["threads"] == 1
     assert origin["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # e.g. AVX2, AVX512
-    assert origin["machine"]["cpu_native_bf16"] == onednn_available(torch.bfloat16)
+    assert origin["machine"]["cpu_native_bf16"] == native_bf16()  # AVX512-BF16 or AMX, not AVX-512 alone
     assert origin["dtype"] == "float32" and origin["kernels"]["linear_kernel"] == "onednn"
     assert origin["started_at"] <= origin["finished_at"]
 

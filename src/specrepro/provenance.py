@@ -82,17 +82,17 @@ def cpu_name() -> str:
 
 def device_description(device: torch.device | str | None = None) -> dict:
     """The CPU (model, cores, the widest vector instructions torch uses on it: one EPYC model name covers CPUs with
-    and without AVX-512, whose kernels differ; whether it runs a bfloat16 linear natively, which AVX-512 alone does
+    and without AVX-512, whose kernels differ; whether it computes in bfloat16 natively, which AVX-512 alone does
     not say and every bf16 figure on a CPU depends on) and, when the run is on one, the GPU (name, count)."""
     import torch  # here, as below: the commands that only read records (tables, compare) start without torch
 
-    from specrepro.models.kernels import onednn_available
+    from specrepro.models.kernels import native_bf16
 
     info = {
         "cpu": cpu_name(),
         "cpu_cores": os.cpu_count(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_native_bf16": onednn_available(torch.bfloat16),
+        "cpu_native_bf16": native_bf16(),
     }
     if device is not None and torch.device(device).type == "cuda":
         info.update(gpu=torch.cuda.get_device_name(torch.device(device)), gpu_count=torch.cuda.device_count())
