@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from specrepro.decoding import draft_vocab
@@ -84,7 +85,7 @@ class EagleDraft(nn.Module):
             "draft_vocab": draft_vocab_size,
             "config": config.to_dict(),
         }
-        config = type(config).from_dict(self.settings["config"])
+        config = llama_layer_config(type(config).from_dict(self.settings["config"]))
         config._attn_implementation = "sdpa"
         self.fc = nn.Linear(2 * H, H)  # FC(concat(f_i, e(t_{i+1}))): 2H -> H
         self.layer = LlamaDecoderLayer(config, layer_idx=0)  # index 0 of the draft's own cache
@@ -145,6 +146,22 @@ class EagleDraft(nn.Module):
         draft = cls(type(target_config).from_dict(settings["config"]), settings["draft_vocab"])
         draft.load_state_dict(load_file(str(path / DRAFT_FILES[1])))
         return draft.eval()
+
+
+def llama_layer_config(config) -> LlamaConfig:
+    """The draft layer's config: the target's, or for another LLaMA-like target (Qwen2, Mistral) a LLaMA config of
+    its shape, as the authors' draft is a LLaMA layer whatever the target (LlamaDecoderLayer reads attributes, such as
+    attention_bias, that other architectures' configs lack). A target with no rotary LLaMA-style layers is refused."""
+    if isinstance(config, LlamaConfig):
+        return config
+    shape = ("num_key_value_heads", "rms_norm_eps", "rope_parameters", "hidden_act", "intermediate_size")
+    if missing := [name for name in shape if getattr(config, name, None) is None]:
+        raise SpecReproError(
+            f"eagle drafts with a LLaMA decoder layer on the target's rotary embeddings: {config.model_type} models "
+            f"are not LLaMA-like (their config has no {', '.join(missing)})"
+        )
+    names = ("hidden_size", "num_attention_heads", "head_dim", "max_position_embeddings", "vocab_size", *shape)
+    return LlamaConfig(**{name: getattr(config, name, None) for name in names})
 
 
 LAYER_KEYS = ("q_proj.", "k_proj.", "v_proj.", "o_proj.")  # saved before the layer was transformers' own

@@ -1,0 +1,68 @@
+"""Methods on the architectures besides LLaMA that `model=hf model.id=...` loads: each method, built from its config
+as a run builds it (untrained components), decodes greedily token for token as `ar` does, or refuses the
+architecture up front in one line that names it. Tiny random models of each: Qwen2 (q/k/v biases and a tied LM head,
+as Qwen2.5's), Mistral (a sliding window, as Mistral-7B-v0.1's) and GPT-2 (learned positions, no `model.model`)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, MistralConfig, Qwen2Config
+
+from specrepro import registry
+from specrepro.decoding.ar import ARDecoder
+from specrepro.errors import SpecReproError
+from tests.conftest import greedy_beside_ar
+
+SHAPE = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+INIT = 0.2  # weights this large make tiny random models write varied text (at 0.02 a tied one repeats a token)
+CONFIGS = {
+    "qwen2": lambda: Qwen2Config(**SHAPE, num_key_value_heads=2, tie_word_embeddings=True, initializer_range=INIT),
+    "mistral": lambda: MistralConfig(**SHAPE, num_key_value_heads=2, sliding_window=4096, initializer_range=INIT),
+    "gpt2": lambda: GPT2Config(
+        vocab_size=64,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=128,
+        bos_token_id=1,
+        eos_token_id=2,
+        initializer_range=INIT,
+    ),
+}
+# each method's options for a run without a trained artifact
+METHODS = {
+    "pld": {},
+    "token_recycling": {"candidates": 4, "tree": [[4], [3, 2, 1, 1]]},
+    "lookahead": {"window": 4, "ngram": 3, "guesses": 3},
+    "jacobi": {"block_size": 4},
+    "self_sd": {"attn_skip": [1], "mlp_skip": [0], "control": "fixed", "k": 3},
+    "eagle": {"head": "none", "depth": 3, "top_k": 2, "total_tokens": 5},
+}
+REFUSED = {("gpt2", "self_sd"), ("gpt2", "eagle")}  # LLaMA-style rotary decoder layers are what they run
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def arch(request):
+    """(name, tiny random model) of one architecture."""
+    torch.manual_seed(0)
+    return request.param, AutoModelForCausalLM.from_config(CONFIGS[request.param]()).eval()
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_each_method_equals_ar_on_other_architectures_or_refuses_them_in_one_line(arch, method):
+    name, model = arch
+    registry.load()
+    target = types.SimpleNamespace(model=model, tokenizer=None, name=name, identity={"name": name})
+    entry = registry.method(method)
+    if (name, method) in REFUSED:
+        with pytest.raises(SpecReproError) as refused:
+            entry.decoder.from_config(entry.schema(**METHODS[method]), target, None)
+        assert name in str(refused.value).lower() and "\n" not in str(refused.value)
+        return
+    decoder = entry.decoder.from_config(entry.schema(**METHODS[method]), target, None)
+    prompts = [[5, 9, 13, 5, 9, 13, 21, 30], [7, 3, 40, 41, 42, 7, 3, 40]]
+    for _ in greedy_beside_ar(decoder, ARDecoder(model), prompts, budgets=(24,), stop_at_eos=False):
+        pass
