@@ -708,6 +708,32 @@ def test_steps_of_differently_shaped_models_each_keep_their_own_recompile_limit(
         assert ARDecoder(model, steps=each).generate(prompts()[0], GREEDY, 4).token_ids == reference
 
 
+@pytest.mark.parametrize("window", [4096, 16])
+def test_a_sliding_window_model_compiles_within_its_window_and_refuses_a_longer_cache(window):
+    """Mistral-7B-v0.1's layers all attend in a sliding window: transformers' static layer for one counts its length
+    in a Python int, which dynamo guards on, so compiled `ar` stopped at the recompile limit on its first tokens.
+    Within the window the steps' layers are full ones (what the window would hide is no key at all); a cache longer
+    than the window is refused in one line."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    model = MistralForCausalLM(
+        MistralConfig(**shape, num_key_value_heads=2, sliding_window=window, initializer_range=0.2)
+    ).eval()
+    steps = CompiledSteps(model, backend="aot_eager", widths=[1, 4])
+    if window < 64:
+        with pytest.raises(SpecReproError, match="attention window of 16 tokens"):
+            steps.warm_up(max_width=4, length=40)
+        return
+    steps.warm_up(max_width=4, length=40)
+    for prompt in prompts()[:2]:
+        reference = ARDecoder(model, steps=EagerSteps(model)).generate(prompt, GREEDY, 12)
+        assert ARDecoder(model, steps=steps).generate(prompt, GREEDY, 12).token_ids == reference.token_ids
+        pld = PLDDecoder(model, None, PLDConfig(), steps=steps).generate(prompt, GREEDY, 12)
+        assert pld.token_ids == reference.token_ids
+
+
 def test_a_compiled_two_turn_run_compiles_for_a_second_turn_that_outgrows_its_caches_untimed(tmp_path):
     """The tiny random model's first answer re-tokenizes longer than it was decoded, so the second turn outgrows the
     caches sized up front: the reference `ar` run compiles for it before timing it and adds that to compile_time;

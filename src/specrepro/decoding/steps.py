@@ -39,6 +39,7 @@ from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import StaticLayer
 from transformers.masking_utils import create_causal_mask
 
 from specrepro.decoding.device import device_sync
@@ -253,7 +254,7 @@ class CompiledSteps(EagerSteps):
         if name in self.caches:
             crop_cache(self.caches[name], 0)  # a write-position reset: stale rows stay masked until overwritten
         else:  # its layers are allocated when first written: a drafter's one-layer cache holds one
-            self.caches[name] = StaticCache(config=self.model.config, max_cache_len=self.cache_len)
+            self.caches[name] = static_cache(self.model.config, self.cache_len)
         return self.caches[name]
 
     def holds(self, length: int) -> bool:
@@ -449,6 +450,24 @@ class CompiledSteps(EagerSteps):
         self.warmed = True
         device_sync(self.model.device)  # the warm-up's last kernels ran: its seconds are all of it
         return time.perf_counter() - start
+
+
+def static_cache(config, length: int) -> StaticCache:
+    """A StaticCache of `length` positions whose layers are all full ones. A sliding-window layer (Mistral's, every
+    layer of Mistral-7B-v0.1) keeps its length as a Python int, which a compiled graph guards on: a graph per
+    position, until dynamo's recompile limit stops the run. A window as long as the cache hides no key, so full
+    layers attend as it does (the steps pass their own causal mask); a shorter window is refused."""
+    cache = StaticCache(config=config, max_cache_len=length)
+    for index, layer in enumerate(cache.layers):
+        if getattr(layer, "is_sliding", False):
+            if layer.max_cache_len < length:
+                raise SpecReproError(
+                    f"hardware.compile's static cache of {length} positions (the longest prompt and the budget, "
+                    f"rounded up) is longer than {config.model_type}'s attention window of {layer.max_cache_len} "
+                    "tokens, which compiled steps cannot slide: run with hardware.compile=false"
+                )
+            cache.layers[index] = StaticLayer(max_cache_len=length)
+    return cache
 
 
 def own_code(fn):
