@@ -39,6 +39,7 @@ METHODS = {
     "lookahead": {"window": 4, "ngram": 3, "guesses": 3},
     "jacobi": {"block_size": 4},
     "self_sd": {"attn_skip": [1], "mlp_skip": [0], "control": "fixed", "k": 3},
+    "sar_draft": {"head": "none", "shared_lm_head": True, "proj_size": 32},
     "eagle": {"head": "none", "depth": 3, "top_k": 2, "total_tokens": 5},
 }
 REFUSED = {("gpt2", "self_sd"), ("gpt2", "eagle")}  # LLaMA-style rotary decoder layers are what they run

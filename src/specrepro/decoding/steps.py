@@ -113,7 +113,7 @@ class EagerSteps:
         for a decoder that runs the head only on the rows it reads. `exact_rows`: the rows that must equal a
         one-row step bit for bit under `hardware.row_invariant` (models/attention.py)."""
         rows = {} if exact_rows is None else {"exact_rows": exact_rows}
-        return self.model.model(
+        return self.model.base_model(
             input_ids, cache=cache, **self.mask_inputs(input_ids, tree, past), **rows
         ).last_hidden_state
 
@@ -235,7 +235,9 @@ class CompiledSteps(EagerSteps):
 
     def _forward_hidden(self, input_ids, mask, positions, cache):
         return (
-            self.model.model(input_ids, attention_mask=mask, position_ids=positions, cache=cache).last_hidden_state,
+            self.model.base_model(
+                input_ids, attention_mask=mask, position_ids=positions, cache=cache
+            ).last_hidden_state,
         )
 
     def new_cache(self, length: int, name: str = "target") -> StaticCache:
@@ -391,7 +393,7 @@ class CompiledSteps(EagerSteps):
         """Row-invariant steps read logits as the LM head of the last hidden states: refuse a model whose own
         forward computes them otherwise (a soft-cap, a scale), which would change every method's output unseen."""
         logits = self.model(input_ids).logits
-        if not torch.equal(self.model.lm_head(self.model.model(input_ids).last_hidden_state), logits):
+        if not torch.equal(self.model.lm_head(self.model.base_model(input_ids).last_hidden_state), logits):
             raise SpecReproError(
                 f"hardware.row_invariant on compiled steps needs logits = lm_head(last hidden states); "
                 f"{type(self.model).__name__} computes them otherwise: set hardware.row_invariant=false"

@@ -248,7 +248,7 @@ def target_argmax_labels(
         for i, (prompt, response) in enumerate(batch):
             ids[i, : len(prompt) + len(response)] = torch.tensor(prompt + response)
             attention[i, : len(prompt) + len(response)] = 1
-        hidden = model.model(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
+        hidden = model.base_model(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
         # position t predicts token t + 1: the positions from the prompt's last token to the response's last but one
         return [
             model.lm_head(hidden[i, len(prompt) - 1 : len(prompt) + len(response) - 1]).argmax(-1).tolist()
@@ -358,7 +358,7 @@ def continuation_hidden(model, rows: list[dict], prompt_tokens: int) -> list[tor
     ids = torch.zeros((len(seqs), max(map(len, seqs))), dtype=torch.long)
     for i, seq in enumerate(seqs):  # right padding: a causal mask keeps it away from real positions
         ids[i, : len(seq)] = torch.tensor(seq)
-    hidden = model.model(input_ids=ids.to(device)).last_hidden_state
+    hidden = model.base_model(input_ids=ids.to(device)).last_hidden_state
     # position t predicts token t + 1: from the prompt's last token to the continuation's last but one
     return [hidden[i, len(p) - 1 : len(s) - 1] for i, (p, s) in enumerate(zip(prompts, seqs))]
 
