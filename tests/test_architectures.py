@@ -39,10 +39,15 @@ METHODS = {
     "lookahead": {"window": 4, "ngram": 3, "guesses": 3},
     "jacobi": {"block_size": 4},
     "self_sd": {"attn_skip": [1], "mlp_skip": [0], "control": "fixed", "k": 3},
+    "eesd": {"head": "none", "num_layers": 1, "shared_head": True, "control": "fixed", "k": 3},
     "sar_draft": {"head": "none", "shared_lm_head": True, "proj_size": 32},
     "eagle": {"head": "none", "depth": 3, "top_k": 2, "total_tokens": 5},
 }
-REFUSED = {("gpt2", "self_sd"), ("gpt2", "eagle")}  # LLaMA-style rotary decoder layers are what they run
+REFUSED = {
+    ("gpt2", "self_sd"),
+    ("gpt2", "eesd"),
+    ("gpt2", "eagle"),
+}  # LLaMA-style rotary decoder layers are what they run
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -67,3 +72,21 @@ def test_each_method_equals_ar_on_other_architectures_or_refuses_them_in_one_lin
     prompts = [[5, 9, 13, 5, 9, 13, 21, 30], [7, 3, 40, 41, 42, 7, 3, 40]]
     for _ in greedy_beside_ar(decoder, ARDecoder(model), prompts, budgets=(24,), stop_at_eos=False):
         pass
+
+
+@pytest.mark.parametrize("method", ["eesd", "eagle"])
+def test_training_refuses_an_architecture_the_method_cannot_run_before_making_its_data(method, tmp_path):
+    """`specrepro train` for a method that refuses GPT-2 stops in the same one line, before it generates or caches
+    any training data (eagle's training stopped in a traceback while extracting the target's features)."""
+    from specrepro.training import eagle_head, eesd_head
+    from tests.test_config import compose_run
+
+    depth = ["method.num_layers=1"] if method == "eesd" else []  # within its depth: the architecture is refused
+    cfg = compose_run(f"method={method}", *depth, f"artifacts_dir={tmp_path}", config="train")
+    model = AutoModelForCausalLM.from_config(CONFIGS["gpt2"]()).eval()
+    target = types.SimpleNamespace(model=model, tokenizer=None, name="gpt2", identity={"name": "gpt2"})
+    train = {"eesd": eesd_head.train_eesd_head, "eagle": eagle_head.train_eagle_head}[method]
+    with pytest.raises(SpecReproError) as refused:
+        train(cfg, target, tmp_path / "work", lambda *a: None, torch.device("cpu"))
+    assert "gpt2" in str(refused.value) and "\n" not in str(refused.value)
+    assert not any(tmp_path.iterdir())  # no data made

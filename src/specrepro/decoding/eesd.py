@@ -131,9 +131,15 @@ class EarlyExitHead(torch.nn.Module):
     """
 
     @staticmethod
-    def check_shape(target_config, num_layers: int, shared_head: bool, reduced_vocab: bool) -> None:
+    def check_shape(target: torch.nn.Module, num_layers: int, shared_head: bool, reduced_vocab: bool) -> None:
         """Refuse a head this target cannot have (before any training data is made for it)."""
-        depth = target_config.num_hidden_layers
+        body = getattr(target, "model", None)  # its layers run as LlamaModel.forward runs them (steps.run_layers)
+        if not all(hasattr(body, part) for part in ("embed_tokens", "layers", "norm", "rotary_emb")):
+            raise SpecReproError(
+                f"eesd runs the target's first layers itself, as a LLaMA's (model.embed_tokens, layers, norm, "
+                f"rotary_emb): {target.config.model_type} models ({type(target).__name__}) have no such layers"
+            )
+        depth = target.config.num_hidden_layers
         if not 1 <= num_layers < depth:
             raise SpecReproError(
                 f"eesd num_layers must be in [1, {depth - 1}] for this {depth}-layer target, got {num_layers}"
@@ -150,7 +156,7 @@ class EarlyExitHead(torch.nn.Module):
         draft_vocab_ids: torch.Tensor | None = None,
     ):
         super().__init__()
-        self.check_shape(target.config, num_layers, shared_head, draft_vocab_ids is not None)
+        self.check_shape(target, num_layers, shared_head, draft_vocab_ids is not None)
         self.num_layers, self.shared_head = num_layers, shared_head
         self.layer = _copy_module(target.model.layers[-1]) if exit_layer else None  # initialised from layer L
         if self.layer is not None:

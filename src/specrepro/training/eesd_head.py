@@ -186,7 +186,7 @@ def train_calibration(examples: dict, hidden_size: int, loop: LoopConfig, work_d
 def train_eesd_head(cfg, target, work_dir, log_metrics, device):
     """Self-distil the early-exit head (and the Cali-TS predictor); returns (head, metrics, history)."""
     spec, model = cfg.training, target.model
-    EarlyExitHead.check_shape(model.config, spec.num_layers, spec.shared_head, bool(spec.draft_vocab))  # before data
+    EarlyExitHead.check_shape(model, spec.num_layers, spec.shared_head, bool(spec.draft_vocab))  # before data
     for p in model.parameters():
         p.requires_grad_(False)
     cache = distill_cache_dir(
