@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, MistralConfig, Qwen2C
 
 from specrepro import registry
 from specrepro.decoding.ar import ARDecoder
+from specrepro.decoding.sampling import Sampling
 from specrepro.errors import SpecReproError
 from tests.conftest import greedy_beside_ar
 
@@ -43,11 +44,8 @@ METHODS = {
     "sar_draft": {"head": "none", "shared_lm_head": True, "proj_size": 32},
     "eagle": {"head": "none", "depth": 3, "top_k": 2, "total_tokens": 5},
 }
-REFUSED = {
-    ("gpt2", "self_sd"),
-    ("gpt2", "eesd"),
-    ("gpt2", "eagle"),
-}  # LLaMA-style rotary decoder layers are what they run
+# LLaMA-style rotary decoder layers are what they run
+REFUSED = {("gpt2", "self_sd"), ("gpt2", "eesd"), ("gpt2", "eagle")}
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -90,3 +88,27 @@ def test_training_refuses_an_architecture_the_method_cannot_run_before_making_it
         train(cfg, target, tmp_path / "work", lambda *a: None, torch.device("cpu"))
     assert "gpt2" in str(refused.value) and "\n" not in str(refused.value)
     assert not any(tmp_path.iterdir())  # no data made
+
+
+@pytest.mark.parametrize("method", ["pld", "token_recycling", "eagle"])
+def test_drafting_past_a_sliding_window_is_refused_in_one_line_and_ar_decodes_past_it(method):
+    """A sliding-window layer (Mistral's) drops keys once the window is reached, so a rejected draft cannot be rolled
+    back there: transformers' crop raised, or a tree's mask no longer fit the cache. A generation that could reach
+    the window while drafting is refused in one line naming it; one that stays within it decodes as `ar` does, and
+    `ar`, which never rolls back, decodes past it."""
+    torch.manual_seed(0)
+    shape = {**SHAPE, "num_key_value_heads": 2, "initializer_range": INIT}
+    model = AutoModelForCausalLM.from_config(MistralConfig(**shape, sliding_window=32)).eval()
+    registry.load()
+    target = types.SimpleNamespace(model=model, tokenizer=None, name="mistral", identity={"name": "mistral"})
+    entry = registry.method(method)
+    decoder = entry.decoder.from_config(entry.schema(**METHODS[method]), target, None)
+    prompt = [5, 9, 13, 5, 9, 13, 21, 30]
+    within = 32 - len(prompt) - decoder.max_step_width
+    for _ in greedy_beside_ar(decoder, ARDecoder(model), [prompt], budgets=(within,), stop_at_eos=False):
+        pass
+    for budget in (within + 1, 40):  # at 40 each raised transformers' crop error before
+        with pytest.raises(SpecReproError, match="mistral's sliding attention window of 32 tokens") as refused:
+            decoder.generate(prompt, Sampling(), budget)
+        assert "\n" not in str(refused.value)
+    assert len(ARDecoder(model).generate(prompt, Sampling(), 40).token_ids) == 40

@@ -28,6 +28,7 @@ class ARConfig(MethodConfig):
 @register_method(ARConfig)
 class ARDecoder(Decoder):
     name = "ar"
+    rolls_back = False  # it never rolls a token back
     compilable = True
 
     def __init__(self, model, tokenizer=None, steps=None, sync_every: int | None = None):

@@ -41,6 +41,7 @@ class HFAssistedConfig(MethodConfig):
 @register_method(HFAssistedConfig)
 class HFAssistedDecoder(Decoder):
     name = "hf_assisted"
+    rolls_back = False  # transformers' generate keeps its own cache
 
     def __init__(self, model, tokenizer, cfg: HFAssistedConfig, assistant=None):
         super().__init__(model, tokenizer)

@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import StaticLayer
+from transformers.cache_utils import DynamicSlidingWindowLayer, StaticLayer
 from transformers.masking_utils import create_causal_mask
 
 from specrepro.decoding.device import device_sync
@@ -452,6 +452,14 @@ class CompiledSteps(EagerSteps):
         self.warmed = True
         device_sync(self.model.device)  # the warm-up's last kernels ran: its seconds are all of it
         return time.perf_counter() - start
+
+
+def attention_window(config) -> int | None:
+    """The fewest past keys a layer of the model keeps (a sliding window: Mistral's, Gemma's local layers), None where
+    every layer keeps them all. Once a generation reaches it, such a layer has dropped the keys a rejected draft's
+    rollback would return to (transformers' `DynamicSlidingWindowLayer.crop` refuses)."""
+    layers = DynamicCache(config=config).layers
+    return min((layer.sliding_window for layer in layers if isinstance(layer, DynamicSlidingWindowLayer)), default=None)
 
 
 def static_cache(config, length: int) -> StaticCache:
