@@ -112,3 +112,22 @@ def test_drafting_past_a_sliding_window_is_refused_in_one_line_and_ar_decodes_pa
             decoder.generate(prompt, Sampling(), budget)
         assert "\n" not in str(refused.value)
     assert len(ARDecoder(model).generate(prompt, Sampling(), 40).token_ids) == 40
+
+
+def test_drafting_on_a_model_with_recurrent_layers_is_refused_in_one_line():
+    """A convolution or linear-attention layer (LFM2's, Qwen3-Next's) keeps a recurrent state that cropping the cache
+    does not roll back: pld's greedy output on a tiny LFM2 differed from `ar`'s even with no draft accepted. Methods
+    that roll back refuse such a model in one line; `ar` decodes it."""
+    from transformers import Lfm2Config
+
+    torch.manual_seed(0)
+    shape = {**SHAPE, "num_key_value_heads": 2, "initializer_range": INIT}
+    model = AutoModelForCausalLM.from_config(Lfm2Config(**shape, layer_types=["conv", "full_attention"])).eval()
+    registry.load()
+    target = types.SimpleNamespace(model=model, tokenizer=None, name="lfm2", identity={"name": "lfm2"})
+    for method in ("pld", "token_recycling"):
+        entry = registry.method(method)
+        with pytest.raises(SpecReproError, match="1 of lfm2's layers cannot do: their state is recurrent") as refused:
+            entry.decoder.from_config(entry.schema(**METHODS[method]), target, None)
+        assert "\n" not in str(refused.value)
+    assert len(ARDecoder(model).generate([5, 9, 13, 5, 9, 13], Sampling(), 12).token_ids) == 12

@@ -17,7 +17,7 @@ import torch
 
 from specrepro.decoding.device import device_sync
 from specrepro.decoding.sampling import Sampling
-from specrepro.decoding.steps import EagerSteps, attention_window, target_steps
+from specrepro.decoding.steps import EagerSteps, attention_window, recurrent_layers, target_steps
 from specrepro.errors import SpecReproError
 
 
@@ -130,6 +130,12 @@ class Decoder(ABC):
         self.eos_ids = _eos_ids(model, tokenizer)
         self.steps = steps or target_steps(model)  # how the target's forwards run: eager, or compiled
         self.attention_window = attention_window(model.config)
+        if self.rolls_back and (recurrent := recurrent_layers(model.config)):
+            raise SpecReproError(
+                f"method '{self.name}' rolls rejected drafts back in the target's cache, which {recurrent} of "
+                f"{model.config.model_type}'s layers cannot do: their state is recurrent (linear attention or a "
+                "convolution); run method=ar"
+            )
         if self.steps.compiled and not self.compilable:
             raise SpecReproError(
                 f"method '{self.name}' does not support hardware.compile (its target's forwards do "

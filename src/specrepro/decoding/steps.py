@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import DynamicSlidingWindowLayer, StaticLayer
+from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin, StaticLayer
 from transformers.masking_utils import create_causal_mask
 
 from specrepro.decoding.device import device_sync
@@ -460,6 +460,12 @@ def attention_window(config) -> int | None:
     rollback would return to (transformers' `DynamicSlidingWindowLayer.crop` refuses)."""
     layers = DynamicCache(config=config).layers
     return min((layer.sliding_window for layer in layers if isinstance(layer, DynamicSlidingWindowLayer)), default=None)
+
+
+def recurrent_layers(config) -> int:
+    """How many of the model's layers keep a recurrent state (linear attention or a convolution: LFM2's, Qwen3-Next's),
+    which cropping the cache does not roll back: a rejected draft would stay in it."""
+    return sum(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in DynamicCache(config=config).layers)
 
 
 def static_cache(config, length: int) -> StaticCache:
