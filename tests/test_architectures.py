@@ -131,3 +131,30 @@ def test_drafting_on_a_model_with_recurrent_layers_is_refused_in_one_line():
             entry.decoder.from_config(entry.schema(**METHODS[method]), target, None)
         assert "\n" not in str(refused.value)
     assert len(ARDecoder(model).generate([5, 9, 13, 5, 9, 13], Sampling(), 12).token_ids) == 12
+
+
+@pytest.mark.parametrize(
+    ("config", "method"),  # eagle refuses Gemma 2's and Cohere's configs before (not LLaMA-like)
+    [(config, method) for config in ("gemma2", "granite", "cohere") for method in ("sar_draft", "eesd")]
+    + [("granite", "eagle")],
+)
+def test_a_method_verifying_on_the_head_of_hidden_states_refuses_logits_computed_otherwise(method, config):
+    """eagle, sar_draft, space and eesd take the target's logits as lm_head(last hidden states); Gemma 2 soft-caps
+    them, Granite and Cohere scale them. The argmax stays, so a greedy run's `lossless` shows nothing, but a sampled
+    run verified against probabilities up to 0.4 away from the target's (on these tiny models). Refused in one line."""
+    from transformers import CohereConfig, Gemma2Config, GraniteConfig
+
+    shape = {**SHAPE, "num_key_value_heads": 2, "initializer_range": INIT}
+    made = {
+        "gemma2": lambda: Gemma2Config(**shape, head_dim=16, final_logit_softcapping=30.0),
+        "granite": lambda: GraniteConfig(**shape, logits_scaling=8.0),
+        "cohere": lambda: CohereConfig(**shape, logit_scale=0.0625),
+    }[config]()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(made).eval()
+    registry.load()
+    target = types.SimpleNamespace(model=model, tokenizer=None, name=config, identity={"name": config})
+    entry = registry.method(method)
+    with pytest.raises(SpecReproError, match=f"{config} models compute their logits otherwise") as refused:
+        entry.decoder.from_config(entry.schema(**METHODS[method]), target, None)
+    assert "\n" not in str(refused.value)

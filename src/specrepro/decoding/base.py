@@ -17,7 +17,13 @@ import torch
 
 from specrepro.decoding.device import device_sync
 from specrepro.decoding.sampling import Sampling
-from specrepro.decoding.steps import EagerSteps, attention_window, recurrent_layers, target_steps
+from specrepro.decoding.steps import (
+    EagerSteps,
+    attention_window,
+    recurrent_layers,
+    refuse_other_logits,
+    target_steps,
+)
 from specrepro.errors import SpecReproError
 
 
@@ -136,6 +142,8 @@ class Decoder(ABC):
                 f"{model.config.model_type}'s layers cannot do: their state is recurrent (linear attention or a "
                 "convolution); run method=ar"
             )
+        if self.reads_hidden_states:
+            refuse_other_logits(model, self.name)
         if self.steps.compiled and not self.compilable:
             raise SpecReproError(
                 f"method '{self.name}' does not support hardware.compile (its target's forwards do "

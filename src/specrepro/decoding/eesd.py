@@ -37,7 +37,7 @@ from specrepro.decoding.base import parameters_beside
 from specrepro.decoding.controllers import BetaTS, CaliTS, DraftLengthController, FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
 from specrepro.decoding.sampling import Sampling
-from specrepro.decoding.steps import EagerSteps
+from specrepro.decoding.steps import EagerSteps, refuse_other_logits
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.registry import MethodConfig, register_method
@@ -306,6 +306,7 @@ class EESDDecoder(DraftVerifyDecoder):
 
     def __init__(self, model, tokenizer, head: EarlyExitHead, cfg: EESDConfig):
         super().__init__(model, tokenizer)
+        refuse_other_logits(model, self.name)  # the verification's logits are lm_head(its own layers' output)
         if cfg.control == "cali_ts" and cfg.cali_mode != "sampling" and head.calibration is None:
             raise SpecReproError(
                 "eesd control=cali_ts needs a head artifact trained with its calibration predictor "

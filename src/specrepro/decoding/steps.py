@@ -392,8 +392,7 @@ class CompiledSteps(EagerSteps):
     def check_head(self, input_ids: torch.Tensor) -> None:
         """Row-invariant steps read logits as the LM head of the last hidden states: refuse a model whose own
         forward computes them otherwise (a soft-cap, a scale), which would change every method's output unseen."""
-        logits = self.model(input_ids).logits
-        if not torch.equal(self.model.lm_head(self.model.base_model(input_ids).last_hidden_state), logits):
+        if not logits_are_head_of_hidden(self.model, input_ids):
             raise SpecReproError(
                 f"hardware.row_invariant on compiled steps needs logits = lm_head(last hidden states); "
                 f"{type(self.model).__name__} computes them otherwise: set hardware.row_invariant=false"
@@ -460,6 +459,26 @@ def attention_window(config) -> int | None:
     rollback would return to (transformers' `DynamicSlidingWindowLayer.crop` refuses)."""
     layers = DynamicCache(config=config).layers
     return min((layer.sliding_window for layer in layers if isinstance(layer, DynamicSlidingWindowLayer)), default=None)
+
+
+def logits_are_head_of_hidden(model, input_ids: torch.Tensor | None = None) -> bool:
+    """Whether the model's logits are its LM head on its last hidden states, bit for bit, on `input_ids` (default:
+    four tokens). Gemma 2 soft-caps them, Granite and Cohere scale them: the argmax stays, the probabilities move."""
+    if input_ids is None:
+        input_ids = torch.arange(4, device=next(model.parameters()).device)[None] % model.config.vocab_size
+    with torch.inference_mode():
+        return torch.equal(model.lm_head(model.base_model(input_ids).last_hidden_state), model(input_ids).logits)
+
+
+def refuse_other_logits(model, method: str) -> None:
+    """Refuse `method`, which verifies on the LM head of the target's hidden states, for a model whose logits are
+    computed otherwise: its speculative sampling would keep another distribution than the target's."""
+    if not logits_are_head_of_hidden(model):
+        raise SpecReproError(
+            f"method '{method}' verifies drafts on lm_head(the target's last hidden states), but "
+            f"{model.config.model_type} models compute their logits otherwise (a soft-cap or a scale), so its "
+            "probabilities would not be the target's: run another method"
+        )
 
 
 def recurrent_layers(config) -> int:
