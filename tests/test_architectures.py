@@ -158,3 +158,20 @@ def test_a_method_verifying_on_the_head_of_hidden_states_refuses_logits_computed
     with pytest.raises(SpecReproError, match=f"{config} models compute their logits otherwise") as refused:
         entry.decoder.from_config(entry.schema(**METHODS[method]), target, None)
     assert "\n" not in str(refused.value)
+
+
+def test_eesd_refuses_a_model_whose_rotary_embedding_differs_per_layer_type():
+    """EESD runs the target's first layers itself with one rotary embedding, as LlamaModel.forward does; Gemma 3's
+    local and global layers each have their own (its `rotary_emb` takes the layer type), and eesd stopped in a
+    TypeError traceback. Refused in one line."""
+    from transformers import Gemma3TextConfig
+
+    torch.manual_seed(0)
+    shape = {**SHAPE, "num_key_value_heads": 2, "initializer_range": INIT}
+    model = AutoModelForCausalLM.from_config(Gemma3TextConfig(**shape, head_dim=16)).eval()
+    registry.load()
+    target = types.SimpleNamespace(model=model, tokenizer=None, name="gemma3", identity={"name": "gemma3"})
+    entry = registry.method("eesd")
+    with pytest.raises(SpecReproError, match="gemma3_text models give each layer type its own") as refused:
+        entry.decoder.from_config(entry.schema(**METHODS["eesd"]), target, None)
+    assert "\n" not in str(refused.value)

@@ -24,6 +24,7 @@ position join the chain as its first node's siblings (`draft_verify.DraftVerifyD
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +139,11 @@ class EarlyExitHead(torch.nn.Module):
             raise SpecReproError(
                 f"eesd runs the target's first layers itself, as a LLaMA's (model.embed_tokens, layers, norm, "
                 f"rotary_emb): {target.config.model_type} models ({type(target).__name__}) have no such layers"
+            )
+        if "layer_type" in inspect.signature(body.rotary_emb.forward).parameters:  # Gemma 3: local and global rope
+            raise SpecReproError(
+                f"eesd runs the target's first layers itself on one rotary embedding, as a LLaMA's: "
+                f"{target.config.model_type} models give each layer type its own"
             )
         depth = target.config.num_hidden_layers
         if not 1 <= num_layers < depth:
