@@ -42,7 +42,7 @@ class ARDecoder(Decoder):
 
     def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:
         past = prompt_ids.shape[1]
-        cache = self.steps.new_cache(past + out.max_new_tokens)
+        cache = self.steps.new_cache(past + out.max_new_tokens, rolls_back=False)  # the model's own layers
         with out.timed("prefill"):
             logits = self.steps(prompt_ids, cache, logits_to_keep=1).logits[0, -1]
             token = next_token(logits, sampling, rng)

@@ -19,7 +19,6 @@ from specrepro.decoding.device import device_sync
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import (
     EagerSteps,
-    attention_window,
     recurrent_layers,
     refuse_other_logits,
     target_steps,
@@ -128,14 +127,13 @@ class Decoder(ABC):
     drafter_calls: list = []  # (drafter step, inputs) of each input shape its `steps.drafter_step`s take: warmed up too
     code_modules: tuple = ()  # other modules whose code shapes its tokens or timings (identity.py)
     carries_state = False  # a generation changes what later ones draft (a hot-start matrix, a carried draft length)
-    rolls_back = True  # rejected drafts are cropped from the target's cache (steps.py): not past a sliding window
+    rolls_back = True  # rejected drafts are cropped from the target's cache (`steps.rollback_cache`)
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, steps: EagerSteps | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = _eos_ids(model, tokenizer)
         self.steps = steps or target_steps(model)  # how the target's forwards run: eager, or compiled
-        self.attention_window = attention_window(model.config)
         if self.rolls_back and (recurrent := recurrent_layers(model.config)):
             raise SpecReproError(
                 f"method '{self.name}' rolls rejected drafts back in the target's cache, which {recurrent} of "
@@ -190,7 +188,6 @@ class Decoder(ABC):
         if max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
         ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).view(1, -1)
-        self.check_window(ids.shape[1], max_new_tokens)
         rng = torch.Generator(device=self.device).manual_seed(seed)
         out = GenerationBuilder(max_new_tokens, self.eos_ids, self.device)
         device_sync(self.device)
@@ -203,18 +200,6 @@ class Decoder(ABC):
         if self.tokenizer is not None:
             out.gen.text = completion_text(self.tokenizer, ids[0].tolist(), out.gen.token_ids)
         return out.gen
-
-    def check_window(self, prompt_len: int, max_new_tokens: int) -> None:
-        """Refuse a generation whose cache could reach the target's sliding attention window while drafts are in
-        it: a rollback past the window cannot be undone (`attention_window`)."""
-        longest = prompt_len + max_new_tokens + self.max_step_width - 1  # committed tokens and one step's drafts
-        if self.rolls_back and self.attention_window is not None and longest >= self.attention_window:
-            raise SpecReproError(
-                f"method '{self.name}' rolls rejected drafts back in the target's cache, which "
-                f"{self.model.config.model_type}'s sliding attention window of {self.attention_window} tokens cannot "
-                f"do once reached: this generation's prompt ({prompt_len} tokens) and budget ({max_new_tokens}) reach "
-                f"it; lower decoding.max_new_tokens or shorten the prompts, or run method=ar"
-            )
 
     @abstractmethod
     def _decode(self, prompt_ids: torch.Tensor, sampling: Sampling, out: GenerationBuilder, rng) -> None:

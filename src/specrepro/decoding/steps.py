@@ -39,8 +39,13 @@ from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin, StaticLayer
-from transformers.masking_utils import create_causal_mask
+from transformers.cache_utils import (
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionCacheLayerMixin,
+    StaticLayer,
+)
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from specrepro.decoding.device import device_sync
 from specrepro.decoding.verify import additive_mask, crop_cache
@@ -70,11 +75,12 @@ class EagerSteps:
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
+        self.window = attention_window(model.config)
 
-    def new_cache(self, length: int, name: str = "target"):
+    def new_cache(self, length: int, name: str = "target", rolls_back: bool = True):
         """A cache for one generation of up to `length` positions: the target's, or (`name`) one a drafter keeps for
-        layers of its own."""
-        return DynamicCache(config=self.model.config)
+        layers of its own. One that `rolls_back` rejected rows keeps every key (`rollback_cache`)."""
+        return rollback_cache(self.model.config) if rolls_back else DynamicCache(config=self.model.config)
 
     def holds(self, length: int) -> bool:
         """Whether a generation of `length` positions runs without compiling anything new (eager: always)."""
@@ -136,7 +142,7 @@ class EagerSteps:
         """Decoder `layers` of the target's architecture on (1, n, d) hidden states that continue `cache`; `tree` as
         in `__call__` (its last n rows are these); `past`: the length the slice's first layer holds in `cache`, where
         the caller knows it (compiled steps read it from the device otherwise). Returns their output hidden states."""
-        return run_layers(self.model, hidden, layers, cache, tree)
+        return run_layers(self.model, hidden, layers, cache, tree, self.window)
 
     def drafter_step(self, fn):
         """`fn`, a drafter's own computation of tensors into one tensor (a draft head's forward), as it runs on
@@ -148,7 +154,8 @@ class EagerSteps:
         if tree is None:
             return {}
         allow, positions = tree
-        return {"attention_mask": additive_mask(allow, self.model.dtype), "position_ids": positions[None]}
+        mask = tree_mask(self.model.config, allow, positions, self.window, self.model.dtype)
+        return {"attention_mask": mask, "position_ids": positions[None]}
 
 
 class CompiledSteps(EagerSteps):
@@ -240,9 +247,10 @@ class CompiledSteps(EagerSteps):
             ).last_hidden_state,
         )
 
-    def new_cache(self, length: int, name: str = "target") -> StaticCache:
+    def new_cache(self, length: int, name: str = "target", rolls_back: bool = True) -> StaticCache:
         """The static cache of that name, emptied. Every cache has one size, reallocated (new graphs) only when
-        `length` outgrows it: a drafter's own cache, asked for after the target's, is as long as the target's."""
+        `length` outgrows it: a drafter's own cache, asked for after the target's, is as long as the target's. Its
+        layers all keep every key (`static_cache`), whether or not the caller rolls back."""
         needed = length + self.room
         if self.cache_len < needed:
             if self.caches:
@@ -454,11 +462,43 @@ class CompiledSteps(EagerSteps):
 
 
 def attention_window(config) -> int | None:
-    """The fewest past keys a layer of the model keeps (a sliding window: Mistral's, Gemma's local layers), None where
-    every layer keeps them all. Once a generation reaches it, such a layer has dropped the keys a rejected draft's
-    rollback would return to (transformers' `DynamicSlidingWindowLayer.crop` refuses)."""
+    """The fewest past positions a layer of the model attends (a sliding window: Mistral's, Gemma's local layers), None
+    where every layer attends them all."""
     layers = DynamicCache(config=config).layers
     return min((layer.sliding_window for layer in layers if isinstance(layer, DynamicSlidingWindowLayer)), default=None)
+
+
+def rollback_cache(config) -> DynamicCache:
+    """A DynamicCache whose layers all keep every key, for a decoder that crops rejected drafts off it. transformers'
+    sliding-window layer drops the keys past its window, which a rollback returns to (its `crop` refuses once the
+    window is reached), so here its window is applied by the attention mask alone: transformers' own for a chain
+    step, `tree_mask` for a tree's. Past the window such a layer then attends the whole cache under that mask."""
+    cache = DynamicCache(config=config)
+    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in cache.layers]
+    return cache
+
+
+def sliding_layer(config, layer) -> bool:
+    """Whether decoder `layer` of a model with a sliding window attends within it: its attention's own layer type
+    (Qwen2's, Gemma's, which a copy of the layer keeps), else the model's list of them, else yes (Mistral's)."""
+    types = getattr(config, "layer_types", None)
+    kind = getattr(layer.self_attn, "layer_type", None) or (types[layer.self_attn.layer_idx] if types else None)
+    return kind in (None, "sliding_attention")
+
+
+def tree_mask(config, allow: torch.Tensor, positions: torch.Tensor, window: int | None, dtype: torch.dtype):
+    """transformers' attention_mask for the rows of a tree step: `allow` (rows, keys), the keys each row sees
+    (`verify.tree_attention`: the cache's, then the rows'), `positions` (rows,) theirs. On a model with sliding layers
+    (`window`), a key `window` or more positions before a row is hidden from it in those layers (transformers'
+    sliding window): one mask where every layer slides (Mistral), else a mask per layer type (Qwen2, Gemma)."""
+    full = additive_mask(allow, dtype)
+    if window is None:
+        return full
+    keys = torch.cat([torch.arange(allow.shape[1] - len(positions), device=positions.device), positions])
+    sliding = additive_mask(allow & (positions[:, None] - keys[None] < window), dtype)
+    if not getattr(config, "layer_types", None):
+        return sliding
+    return {kind: sliding if kind == "sliding_attention" else full for kind in config.layer_types}
 
 
 def logits_are_head_of_hidden(model, input_ids: torch.Tensor | None = None) -> bool:
@@ -521,29 +561,26 @@ def pad_rows(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([x, x[:, -1:].expand(-1, width - x.shape[1], *x.shape[2:])], dim=1)
 
 
-def run_layers(model, hidden: torch.Tensor, layers, cache, tree=None) -> torch.Tensor:
+def run_layers(model, hidden: torch.Tensor, layers, cache, tree=None, window: int | None = None) -> torch.Tensor:
     """Run decoder `layers` of `model`'s architecture on (1, T, d) hidden states that continue `cache`, eagerly.
 
     What LlamaModel.forward does for its layers: positions follow the cache length of the first layer's cache
     slot (`layer_idx`), the causal mask is sized against that layer (layers may hold different lengths: a drafter
     that runs only the first layers writes only theirs), and rotary embeddings come from the model's `rotary_emb`.
     `tree` (allowed keys, positions) of a tree verification (`verify.tree_attention`) replaces the causal mask and
-    positions; its last T rows are these.
+    positions; its last T rows are these. `window`: the model's sliding window (`attention_window`), which its
+    sliding layers' masks apply.
     """
+    rows = hidden.shape[1]
     if tree is not None:
         allow, positions = tree
-        return apply_layers(
-            model,
-            hidden,
-            layers,
-            cache,
-            additive_mask(allow[-hidden.shape[1] :], hidden.dtype),
-            positions[-hidden.shape[1] :].unsqueeze(0),
-        )
+        mask = tree_mask(model.config, allow, positions, window, hidden.dtype)
+        mask = {kind: m[..., -rows:, :] for kind, m in mask.items()} if isinstance(mask, dict) else mask[..., -rows:, :]
+        return apply_layers(model, hidden, layers, cache, mask, positions[-rows:].unsqueeze(0))
     first = layers[0].self_attn.layer_idx
     past = cache.get_seq_length(first) if cache is not None else 0
-    position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device).unsqueeze(0)
-    mask = create_causal_mask(
+    position_ids = torch.arange(past, past + rows, device=hidden.device).unsqueeze(0)
+    masks = dict(
         config=model.config,
         inputs_embeds=hidden,
         attention_mask=None,
@@ -551,16 +588,22 @@ def run_layers(model, hidden: torch.Tensor, layers, cache, tree=None) -> torch.T
         position_ids=position_ids,
         layer_idx=first,
     )
+    mask = create_causal_mask(**masks)
+    if window is not None:
+        mask = {"full_attention": mask, "sliding_attention": create_sliding_window_causal_mask(**masks)}
     return apply_layers(model, hidden, layers, cache, mask, position_ids)
 
 
 def apply_layers(model, hidden: torch.Tensor, layers, cache, mask, position_ids) -> torch.Tensor:
-    """Decoder `layers` on `hidden` with a given attention mask and positions (the loop of LlamaModel.forward)."""
+    """Decoder `layers` on `hidden` with a given attention mask (or one per layer type: `tree_mask`) and positions
+    (the loop of LlamaModel.forward)."""
     rope = model.model.rotary_emb(hidden, position_ids=position_ids)
     for layer in layers:
+        if isinstance(mask, dict):
+            kind = "sliding_attention" if sliding_layer(model.config, layer) else "full_attention"
         hidden = layer(
             hidden,
-            attention_mask=mask,
+            attention_mask=mask[kind] if isinstance(mask, dict) else mask,
             position_ids=position_ids,
             cache=cache,
             use_cache=cache is not None,
