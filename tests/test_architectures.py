@@ -115,6 +115,27 @@ def test_drafting_past_a_sliding_window_decodes_as_ar_does(config, method):
         pass
 
 
+def test_eesd_refuses_a_model_whose_forward_is_more_than_its_layers():
+    """EESD verifies on the target's layers as it runs them itself (embed_tokens, layers, norm). A Granite whose
+    logits are unscaled passes the LM-head check, but its forward multiplies the embeddings: eesd's greedy output
+    differed from `ar`'s on two prompts. It is refused in one line; pld decodes it."""
+    from transformers import GraniteConfig
+
+    torch.manual_seed(0)
+    shape = {**SHAPE, "num_key_value_heads": 2, "initializer_range": INIT}
+    model = AutoModelForCausalLM.from_config(GraniteConfig(**shape, embedding_multiplier=4.0, logits_scaling=1.0))
+    registry.load()
+    target = types.SimpleNamespace(model=model.eval(), tokenizer=None, name="granite", identity={"name": "granite"})
+    entry = registry.method("eesd")
+    with pytest.raises(SpecReproError, match="granite models' forward computes more") as refused:
+        entry.decoder.from_config(entry.schema(**METHODS["eesd"]), target, None)
+    assert "\n" not in str(refused.value)
+    pld = registry.method("pld")
+    decoder = pld.decoder.from_config(pld.schema(), target, None)
+    for _ in greedy_beside_ar(decoder, ARDecoder(model), [[5, 9, 13, 5, 9, 13, 21, 30]], budgets=(24,)):
+        pass
+
+
 def test_drafting_on_a_model_with_recurrent_layers_is_refused_in_one_line():
     """A convolution or linear-attention layer (LFM2's, Qwen3-Next's) keeps a recurrent state that cropping the cache
     does not roll back: pld's greedy output on a tiny LFM2 differed from `ar`'s even with no draft accepted. Methods

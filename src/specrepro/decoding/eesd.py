@@ -38,7 +38,7 @@ from specrepro.decoding.base import parameters_beside
 from specrepro.decoding.controllers import BetaTS, CaliTS, DraftLengthController, FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
 from specrepro.decoding.sampling import Sampling
-from specrepro.decoding.steps import EagerSteps, refuse_other_logits
+from specrepro.decoding.steps import EagerSteps, attention_window, refuse_other_logits, run_layers
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.registry import MethodConfig, register_method
@@ -144,6 +144,12 @@ class EarlyExitHead(torch.nn.Module):
             raise SpecReproError(
                 f"eesd runs the target's first layers itself on one rotary embedding, as a LLaMA's: "
                 f"{target.config.model_type} models give each layer type its own"
+            )
+        if not layers_make_the_forward(target):
+            raise SpecReproError(
+                f"eesd verifies on the target's layers as it runs them itself (embed_tokens, the layers, norm), but "
+                f"{target.config.model_type} models' forward computes more (Granite's embedding multiplier, for one), "
+                "so its verification would not be the target's: run another method"
             )
         depth = target.config.num_hidden_layers
         if not 1 <= num_layers < depth:
@@ -253,6 +259,18 @@ def first_layers_hidden(
     (default: eagerly) after `past` positions of `cache` where the caller knows them."""
     embeds = target.model.embed_tokens(input_ids)
     return (steps or EagerSteps(target)).layers(target.model.layers[:num_layers], embeds, cache, tree, past)
+
+
+def layers_make_the_forward(target) -> bool:
+    """Whether the target's last hidden states are, bit for bit on four tokens, its layers run as `steps.run_layers`
+    runs them on embed_tokens' output, then its final norm: Granite multiplies its embeddings in its forward."""
+    input_ids = torch.arange(4, device=next(target.parameters()).device)[None] % target.config.vocab_size
+    body = target.model
+    with torch.inference_mode():
+        ours = body.norm(
+            run_layers(target, body.embed_tokens(input_ids), body.layers, None, None, attention_window(target.config))
+        )
+        return torch.equal(ours, target.base_model(input_ids).last_hidden_state)
 
 
 def find_head(ref: str, artifacts_dir, target, settings: dict) -> Path:
