@@ -9,6 +9,7 @@ import types
 
 import pytest
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, GPT2Config, MistralConfig, Qwen2Config
 
 from specrepro import registry
@@ -113,6 +114,47 @@ def test_drafting_past_a_sliding_window_decodes_as_ar_does(config, method):
     prompts = [[5, 9, 13, 5, 9, 13, 21, 30], [7, 3, 40, 41, 42, 7, 3, 40]]
     for _ in greedy_beside_ar(decoder, ARDecoder(model), prompts, budgets=(40,), stop_at_eos=False):
         pass
+
+
+# newer architectures, each with a 16-token sliding window the 32-token generations below pass: Gemma 3 (a rotary
+# embedding per layer type), Cohere 2 (parallel attention and MLP), gpt-oss (attention sinks, experts, rotary on half
+# a head) and Qwen3 (q/k norms); and what each refuses, by a phrase of its one-line refusal
+WINDOWED = {
+    "gemma3": lambda shape: transformers.Gemma3TextConfig(**shape, head_dim=16, final_logit_softcapping=None),
+    "cohere2": lambda shape: transformers.Cohere2Config(**shape, logit_scale=1.0),
+    "gpt_oss": lambda shape: transformers.GptOssConfig(
+        **shape, head_dim=16, num_local_experts=2, num_experts_per_tok=1
+    ),
+    "qwen3": lambda shape: transformers.Qwen3Config(**shape, head_dim=16, use_sliding_window=True, max_window_layers=1),
+}
+WINDOWED_REFUSALS = {
+    ("gemma3", "eesd"): "give each layer type its own",
+    ("gemma3", "eagle"): "not LLaMA-like",
+    ("cohere2", "self_sd"): "needs a LLaMA-family model",
+    ("cohere2", "eagle"): "not LLaMA-like",
+    ("gpt_oss", "self_sd"): "needs sdpa or flash attention",
+    ("gpt_oss", "eagle"): "rotary embedding is not a LLaMA one",  # it ran into a shape error in the draft layer
+}
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWED))
+def test_newer_architectures_decode_as_ar_past_their_windows_or_refuse_in_one_line(name):
+    torch.manual_seed(0)
+    shape = {**SHAPE, "num_key_value_heads": 2, "initializer_range": INIT, "sliding_window": 16}
+    model = AutoModelForCausalLM.from_config(WINDOWED[name](shape)).eval()
+    registry.load()
+    target = types.SimpleNamespace(model=model, tokenizer=None, name=name, identity={"name": name})
+    for method, options in METHODS.items():
+        entry = registry.method(method)
+        if (name, method) in WINDOWED_REFUSALS:
+            with pytest.raises(SpecReproError, match=WINDOWED_REFUSALS[name, method]) as refused:
+                entry.decoder.from_config(entry.schema(**options), target, None)
+            assert "\n" not in str(refused.value)
+            continue
+        decoder = entry.decoder.from_config(entry.schema(**options), target, None)
+        prompt = [[5, 9, 13, 5, 9, 13, 21, 30]]
+        for _ in greedy_beside_ar(decoder, ARDecoder(model), prompt, budgets=(32,), stop_at_eos=False):
+            pass
 
 
 def test_eesd_refuses_a_model_whose_forward_is_more_than_its_layers():

@@ -164,6 +164,26 @@ def llama_layer_config(config) -> LlamaConfig:
     return LlamaConfig(**{name: getattr(config, name, None) for name in names})
 
 
+def check_target(model) -> None:
+    """Refuse a target the draft cannot run on before anything is made for it: one without LLaMA-like layers
+    (`llama_layer_config`), or whose rotary embedding, which the draft layer attends on while drafting, is not the
+    LLaMA one of its shape that training gives the layer (gpt-oss's covers half a head). Compared at positions 0
+    and 1, within a half-precision copy's rounding of the frequencies."""
+    config = llama_layer_config(model.config)
+    rotary = getattr(model.base_model, "rotary_emb", None)
+    p = next(model.parameters())
+    x, positions = p.new_zeros(1, 2, config.hidden_size), torch.arange(2, device=p.device)[None]
+    ours = LlamaRotaryEmbedding(config).to(p.device)(x.float(), positions)
+    theirs = rotary(x, positions) if rotary is not None else ()
+    if len(theirs) != 2 or any(
+        a.shape != b.shape or not torch.allclose(a.float(), b, atol=1e-2) for a, b in zip(theirs, ours)
+    ):
+        raise SpecReproError(
+            f"eagle drafts with a LLaMA decoder layer on the target's rotary embeddings, but {model.config.model_type} "
+            "models' rotary embedding is not a LLaMA one of their shape: run another method"
+        )
+
+
 LAYER_KEYS = ("q_proj.", "k_proj.", "v_proj.", "o_proj.")  # saved before the layer was transformers' own
 
 
@@ -229,6 +249,7 @@ class EagleDecoder(DraftVerifyDecoder):
 
     def __init__(self, model, tokenizer, draft: EagleDraft, cfg: EagleConfig, steps=None):
         super().__init__(model, tokenizer, steps)
+        check_target(model)
         self.draft, self.cfg = draft, cfg
         if self.steps.compiled:  # a round's expanded rows follow the committed pairs, its last level padded
             rows = (cfg.depth - 2) * cfg.top_k + (self.steps.bucket(cfg.top_k) or cfg.top_k)

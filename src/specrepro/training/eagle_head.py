@@ -17,7 +17,7 @@ from torch import nn
 
 from specrepro.data.config import DatasetConfig
 from specrepro.decoding import draft_vocab
-from specrepro.decoding.eagle import EagleDraft, llama_layer_config
+from specrepro.decoding.eagle import EagleDraft, check_target
 from specrepro.registry import register_component
 from specrepro.training import cost
 from specrepro.training.distill_data import frequent_tokens
@@ -109,7 +109,7 @@ def heldout_agreement(
 def train_eagle_head(cfg, target, work_dir, log_metrics, device):
     """Train an EAGLE draft on the frozen target's cached features; returns (draft, metrics, history)."""
     spec, model = cfg.training, target.model
-    llama_layer_config(model.config)  # refuse a target the draft cannot have before its features are made
+    check_target(model)  # refuse a target the draft cannot run on before its features are made
     model.requires_grad_(False)
     rows, features, feature_seconds = conversation_features(cfg, target, spec, "EAGLE")
     held, train_rows = rows[: spec.heldout_sequences], rows[spec.heldout_sequences :]
