@@ -28,6 +28,7 @@ most frequent training tokens score the drafts.
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,14 +168,15 @@ def llama_layer_config(config) -> LlamaConfig:
 def check_target(model) -> None:
     """Refuse a target the draft cannot run on before anything is made for it: one without LLaMA-like layers
     (`llama_layer_config`), or whose rotary embedding, which the draft layer attends on while drafting, is not the
-    LLaMA one of its shape that training gives the layer (gpt-oss's covers half a head). Compared at positions 0
-    and 1, within a half-precision copy's rounding of the frequencies."""
+    LLaMA one of its shape that training gives the layer (gpt-oss's covers half a head; Gemma 3 keeps one per layer
+    type). Compared at positions 0 and 1, within a half-precision copy's rounding of the frequencies."""
     config = llama_layer_config(model.config)
     rotary = getattr(model.base_model, "rotary_emb", None)
     p = next(model.parameters())
     x, positions = p.new_zeros(1, 2, config.hidden_size), torch.arange(2, device=p.device)[None]
     ours = LlamaRotaryEmbedding(config).to(p.device)(x.float(), positions)
-    theirs = rotary(x, positions) if rotary is not None else ()
+    per_layer_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
+    theirs = rotary(x, positions) if rotary is not None and not per_layer_type else ()
     if len(theirs) != 2 or any(
         a.shape != b.shape or not torch.allclose(a.float(), b, atol=1e-2) for a, b in zip(theirs, ours)
     ):
