@@ -708,30 +708,34 @@ def test_steps_of_differently_shaped_models_each_keep_their_own_recompile_limit(
         assert ARDecoder(model, steps=each).generate(prompts()[0], GREEDY, 4).token_ids == reference
 
 
-@pytest.mark.parametrize("window", [4096, 16])
-def test_a_sliding_window_model_compiles_within_its_window_and_refuses_a_longer_cache(window):
+@pytest.mark.parametrize("config", ["mistral", "qwen2"])
+def test_a_sliding_window_model_compiles_and_decodes_past_its_window(config):
     """Mistral-7B-v0.1's layers all attend in a sliding window: transformers' static layer for one counts its length
-    in a Python int, which dynamo guards on, so compiled `ar` stopped at the recompile limit on its first tokens.
-    Within the window the steps' layers are full ones (what the window would hide is no key at all); a cache longer
-    than the window is refused in one line."""
-    from transformers import MistralConfig, MistralForCausalLM
+    in a Python int, which dynamo guards on, so compiled `ar` stopped at the recompile limit on its first tokens; and
+    it drops the keys a rollback returns to, so a cache longer than the window was refused. The steps' layers are
+    full ones and their masks apply the window, one for every layer (Mistral) or one per layer type (a Qwen2 with
+    use_sliding_window): compiled `ar`, pld and token_recycling decode 30 tokens, past a 16-token window, as eager
+    `ar` does. With the sliding layers' masks left unwindowed, compiled `ar` already differed."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     shape = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
-    model = MistralForCausalLM(
-        MistralConfig(**shape, num_key_value_heads=2, sliding_window=window, initializer_range=0.2)
-    ).eval()
+    shape.update(num_key_value_heads=2, sliding_window=16, initializer_range=0.2)
+    model = {
+        "mistral": lambda: MistralForCausalLM(MistralConfig(**shape)),
+        "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**shape, use_sliding_window=True, max_window_layers=1)),
+    }[config]().eval()
     steps = CompiledSteps(model, backend="aot_eager", widths=[1, 4])
-    if window < 64:
-        with pytest.raises(SpecReproError, match="attention window of 16 tokens"):
-            steps.warm_up(max_width=4, length=40)
-        return
     steps.warm_up(max_width=4, length=40)
+    decoders = [
+        ARDecoder(model, steps=steps),
+        PLDDecoder(model, None, PLDConfig(), steps=steps),
+        TokenRecyclingDecoder(model, None, TokenRecyclingConfig(candidates=2, tree=[[2], [1, 1]]), steps=steps),
+    ]
     for prompt in prompts()[:2]:
-        reference = ARDecoder(model, steps=EagerSteps(model)).generate(prompt, GREEDY, 12)
-        assert ARDecoder(model, steps=steps).generate(prompt, GREEDY, 12).token_ids == reference.token_ids
-        pld = PLDDecoder(model, None, PLDConfig(), steps=steps).generate(prompt, GREEDY, 12)
-        assert pld.token_ids == reference.token_ids
+        reference = ARDecoder(model, steps=EagerSteps(model)).generate(prompt, GREEDY, 30).token_ids
+        for decoder in decoders:
+            assert decoder.generate(prompt, GREEDY, 30).token_ids == reference
 
 
 def test_a_compiled_two_turn_run_compiles_for_a_second_turn_that_outgrows_its_caches_untimed(tmp_path):

@@ -385,7 +385,8 @@ class CompiledSteps(EagerSteps):
     def padded_mask(self, past: int, n: int, width: int, tree):
         """The (1, 1, width, cache) additive mask and the positions of n rows padded to `width` after `past`
         cached ones: real rows see what they would eagerly (the prefix and, in a tree, their ancestors), padding
-        rows continue the sequence causally."""
+        rows continue the sequence causally. A model's sliding layers get a mask of their own that also hides the
+        keys a window or more behind a row (`per_layer_type`)."""
         # three ops for a chain step (a view into key_positions would save one, but dynamo specializes a graph input
         # on its storage offset: a graph per position)
         positions = self.key_positions[:width] + past
@@ -395,7 +396,11 @@ class CompiledSteps(EagerSteps):
             allow[:n, : tree_allow.shape[1]] = tree_allow
             allow[:n, tree_allow.shape[1] :] = False
             positions = torch.cat([tree_positions, positions[n:]])
-        return torch.where(allow, *self.mask_values)[None, None], positions[None]
+        mask = torch.where(allow, *self.mask_values)[None, None]
+        if self.window is not None:  # a key's position is its index: a step's own rows are nearer than the window
+            near = positions[:, None] - self.key_positions[None] < self.window
+            mask = per_layer_type(self.model.config, mask, torch.where(allow & near, *self.mask_values)[None, None])
+        return mask, positions[None]
 
     def check_head(self, input_ids: torch.Tensor) -> None:
         """Row-invariant steps read logits as the LM head of the last hidden states: refuse a model whose own
@@ -417,6 +422,12 @@ class CompiledSteps(EagerSteps):
         self.widest = max(self.widest, max_width)
         cache = self.new_cache(length)
         device = next(self.model.parameters()).device
+        if self.window is not None and self.window <= self.room:
+            raise SpecReproError(
+                f"compiled steps take a key's cache index for its position, which a step's {self.room} spare rows "
+                f"could move past {self.model.config.model_type}'s attention window of {self.window}: run with "
+                "hardware.compile=false"
+            )
         if self.row_invariant and max_width > self.widths[-1]:
             raise SpecReproError(
                 f"hardware.row_invariant pads every compiled step to one width, {self.widths[-1]}, but this method's "
@@ -495,7 +506,12 @@ def tree_mask(config, allow: torch.Tensor, positions: torch.Tensor, window: int 
     if window is None:
         return full
     keys = torch.cat([torch.arange(allow.shape[1] - len(positions), device=positions.device), positions])
-    sliding = additive_mask(allow & (positions[:, None] - keys[None] < window), dtype)
+    return per_layer_type(config, full, additive_mask(allow & (positions[:, None] - keys[None] < window), dtype))
+
+
+def per_layer_type(config, full, sliding):
+    """The attention_mask a model with sliding layers takes: `sliding` where every layer slides (Mistral's), else a
+    mask per layer type (Qwen2's, Gemma's), `full` for the others."""
     if not getattr(config, "layer_types", None):
         return sliding
     return {kind: sliding if kind == "sliding_attention" else full for kind in config.layer_types}
@@ -528,20 +544,14 @@ def recurrent_layers(config) -> int:
 
 
 def static_cache(config, length: int) -> StaticCache:
-    """A StaticCache of `length` positions whose layers are all full ones. A sliding-window layer (Mistral's, every
-    layer of Mistral-7B-v0.1) keeps its length as a Python int, which a compiled graph guards on: a graph per
-    position, until dynamo's recompile limit stops the run. A window as long as the cache hides no key, so full
-    layers attend as it does (the steps pass their own causal mask); a shorter window is refused."""
+    """A StaticCache of `length` positions whose layers are all full ones. transformers' static sliding-window layer
+    (Mistral's, Gemma's local ones) keeps its length as a Python int, which a compiled graph guards on: a graph per
+    position, until dynamo's recompile limit stops the run; and it drops keys a rollback returns to. The steps' masks
+    apply the window instead (`CompiledSteps.padded_mask`)."""
     cache = StaticCache(config=config, max_cache_len=length)
-    for index, layer in enumerate(cache.layers):
-        if getattr(layer, "is_sliding", False):
-            if layer.max_cache_len < length:
-                raise SpecReproError(
-                    f"hardware.compile's static cache of {length} positions (the longest prompt and the budget, "
-                    f"rounded up) is longer than {config.model_type}'s attention window of {layer.max_cache_len} "
-                    "tokens, which compiled steps cannot slide: run with hardware.compile=false"
-                )
-            cache.layers[index] = StaticLayer(max_cache_len=length)
+    cache.layers = [
+        StaticLayer(max_cache_len=length) if getattr(layer, "is_sliding", False) else layer for layer in cache.layers
+    ]
     return cache
 
 
