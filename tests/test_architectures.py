@@ -239,3 +239,24 @@ def test_eesd_refuses_a_model_whose_rotary_embedding_differs_per_layer_type():
     with pytest.raises(SpecReproError, match="gemma3_text models give each layer type its own") as refused:
         entry.decoder.from_config(entry.schema(**METHODS["eesd"]), target, None)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("method", ["sps", "hf_assisted"])
+def test_a_draft_model_of_the_targets_architecture_decodes_as_ar_does(arch, method):
+    """sps and hf_assisted (mode assistant) with a draft of the target's architecture and vocabulary (another seed).
+    hf_assisted gave transformers an empty EOS list for a model with no EOS (this Qwen2 config): an IndexError there."""
+    from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
+    from specrepro.decoding.sps import SPSDecoder
+
+    name, model = arch
+    torch.manual_seed(1)
+    draft = AutoModelForCausalLM.from_config(CONFIGS[name]()).eval()
+    decoder = {
+        "sps": lambda: SPSDecoder(model, None, draft, 4, "fixed", 16),
+        "hf_assisted": lambda: HFAssistedDecoder(model, None, HFAssistedConfig(mode="assistant"), assistant=draft),
+    }[method]()
+    for prompt in ([5, 9, 13, 5, 9, 13, 21, 30], [7, 3, 40, 41, 42, 7, 3, 40]):
+        assert (
+            decoder.generate(prompt, Sampling(), 24).token_ids
+            == ARDecoder(model).generate(prompt, Sampling(), 24).token_ids
+        )

@@ -71,7 +71,9 @@ class HFAssistedDecoder(Decoder):
         return cls(target.model, target.tokenizer, cfg, assistant)
 
     def generate_kwargs(self, sampling: Sampling, max_new_tokens: int) -> dict:
-        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=not sampling.greedy, eos_token_id=sorted(self.eos_ids))
+        # a model with no EOS: generate takes None (an empty list raised an IndexError deep in transformers)
+        eos = sorted(self.eos_ids) or None
+        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=not sampling.greedy, eos_token_id=eos)
         if not sampling.greedy:
             kwargs.update(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
         else:
