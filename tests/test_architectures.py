@@ -5,6 +5,7 @@ as Qwen2.5's), Mistral (a sliding window, as Mistral-7B-v0.1's) and GPT-2 (learn
 
 from __future__ import annotations
 
+import random
 import types
 
 import pytest
@@ -260,3 +261,44 @@ def test_a_draft_model_of_the_targets_architecture_decodes_as_ar_does(arch, meth
             decoder.generate(prompt, Sampling(), 24).token_ids
             == ARDecoder(model).generate(prompt, Sampling(), 24).token_ids
         )
+
+
+def untrained(name: str):
+    """A fresh tiny random model of the architecture (for a test that trains it)."""
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(CONFIGS[name]()).eval()
+
+
+def short_loop(steps: int = 2, batch_size: int = 1):
+    from specrepro.training.loop import LoopConfig
+
+    return LoopConfig(steps=steps, batch_size=batch_size, warmup_steps=0, checkpoint_every=100, log_every=1)
+
+
+def test_cllm_consistency_training_with_lora_then_jacobi_on_it_equals_ar(arch, tmp_path, monkeypatch):
+    """CLLM's consistency stage on Jacobi trajectories of each architecture, with LoRA (merged into the model it
+    returns), then Jacobi on that model decodes as `ar` on it. LoRA named LLaMA's projections, which GPT-2 has none
+    of (its Conv1D c_attn, c_proj, c_fc): peft's NoMatchingPeftModuleError traceback."""
+    from datasets import Dataset
+
+    from specrepro.decoding.jacobi import JacobiDecoder
+    from specrepro.training import cllm
+    from specrepro.training.lora import LoRAConfig
+
+    model = untrained(arch[0])
+    prompts = [[5, 9, 13, 5, 9, 13, 21, 30], [7, 3, 40, 41, 42, 7, 3, 40]]
+    rows = [
+        {**row, "prompt_index": index, "prompt_len": len(prompt), "reference_ids": []}
+        for index, prompt in enumerate(prompts)
+        for row in cllm.jacobi_trajectories(model, prompt, 4, 8, set(), random.Random(0))
+    ]
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "trajectories" / "trajectories"))
+    monkeypatch.setattr(cllm, "find_trajectories", lambda cfg: tmp_path / "trajectories")
+    spec = cllm.CLLMTrainingConfig(block_size=4, heldout_prompts=1, eval_tokens=8, lora=LoRAConfig(r=4))
+    spec.loop = short_loop()
+    target = types.SimpleNamespace(model=model, tokenizer=None)
+    trained, _, _ = cllm.train_consistency(
+        types.SimpleNamespace(training=spec), target, tmp_path, lambda *a: None, torch.device("cpu")
+    )
+    for _ in greedy_beside_ar(JacobiDecoder(trained, block_size=4), ARDecoder(trained), prompts, (16,), False):
+        pass

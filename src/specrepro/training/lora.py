@@ -6,8 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
 
 @dataclass
 class LoRAConfig:
@@ -17,11 +15,12 @@ class LoRAConfig:
 
 
 def with_lora(model: torch.nn.Module, cfg: LoRAConfig, **options) -> torch.nn.Module:
-    """`model` with a LoRA adapter of rank `cfg.r` on its attention and MLP projections; `options` are further
-    peft `LoraConfig` fields."""
+    """`model` with a LoRA adapter of rank `cfg.r` on its attention and MLP projections (every linear but the LM
+    head: LLaMA's q/k/v/o/gate/up/down_proj, GPT-2's Conv1D c_attn/c_proj/c_fc); `options` are further peft
+    `LoraConfig` fields."""
     from peft import LoraConfig, get_peft_model
 
     return get_peft_model(
         model,
-        LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=TARGET_MODULES, **options),
+        LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules="all-linear", **options),
     )
