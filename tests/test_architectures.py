@@ -302,3 +302,43 @@ def test_cllm_consistency_training_with_lora_then_jacobi_on_it_equals_ar(arch, t
     )
     for _ in greedy_beside_ar(JacobiDecoder(trained, block_size=4), ARDecoder(trained), prompts, (16,), False):
         pass
+
+
+class MaskTokenizer:
+    """What SAR-SFT asks of a tokenizer besides the data (given here): [M]'s id, after the vocabulary; no text."""
+
+    eos_token_id, pad_token_id = 2, None
+
+    def add_tokens(self, tokens, special_tokens=False):
+        self.mask_id = 64
+
+    def convert_tokens_to_ids(self, token):
+        return self.mask_id
+
+    def decode(self, ids, skip_special_tokens=False):
+        return ""
+
+
+def test_space_sar_sft_with_lora_then_space_on_it_equals_ar(arch, tmp_path, monkeypatch):
+    """SPACE's SAR-SFT with LoRA on each architecture (the [M] row trainable in the embedding as the architecture
+    names it), then SPACE on the merged model decodes as `ar` on it. The trainable row was asked of a module named
+    `embed_tokens`, which GPT-2 (`wte`) has none of: a ValueError traceback from peft."""
+    from specrepro.decoding.space import SpaceDecoder
+    from specrepro.training import space_sft
+    from specrepro.training.lora import LoRAConfig
+
+    model = untrained(arch[0])
+    prompts = [[5, 9, 13, 5, 9, 13, 21, 30], [7, 3, 40, 41, 42, 7, 3, 40], [9, 8, 7, 6, 5, 4, 3, 2]]
+    answers = [ARDecoder(model).generate(prompt, Sampling(), 12).token_ids for prompt in prompts]
+    rows = [{"source": "s", "prompt_ids": p, "continuation_ids": a} for p, a in zip(prompts, answers)]
+    monkeypatch.setattr(space_sft, "reference_rows", lambda *args: rows)
+    spec = space_sft.SpaceSFTConfig(k=3, p_ar=0.0, groups=4, heldout_prompts=1, eval_tokens=8, lora=LoRAConfig(r=4))
+    spec.loop = short_loop(batch_size=2)
+    target = types.SimpleNamespace(model=model, tokenizer=MaskTokenizer())
+    trained, metrics, _ = space_sft.train_space_sft(
+        types.SimpleNamespace(training=spec), target, tmp_path, lambda *a: None, torch.device("cpu")
+    )
+    merged = trained.merge_and_unload()
+    decoder = SpaceDecoder(merged, None, metrics["mask_token_id"], 3)
+    for _ in greedy_beside_ar(decoder, ARDecoder(merged), prompts, (16,), False):
+        pass

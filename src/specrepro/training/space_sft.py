@@ -255,15 +255,12 @@ def train_space_sft(cfg, target, work_dir, log_metrics, device):
     model.eval()
     before = heldout_mat(model, tokenizer, eval_prompts, spec.k, spec.eval_tokens)
     if spec.lora.r:
-        # the new [M] row must learn too (and an untied head's row, so the adapter restores it)
-        model = with_lora(
-            model,
-            spec.lora,
-            trainable_token_indices={
-                "embed_tokens": [mask_id],
-                **({} if model.config.tie_word_embeddings else {"lm_head": [mask_id]}),
-            },
-        )
+        # the new [M] row must learn too (and an untied head's row, so the adapter restores it), in the modules
+        # as this architecture names them (LLaMA's embed_tokens and lm_head, GPT-2's wte)
+        names = {module: name.rsplit(".", 1)[-1] for name, module in model.named_modules()}
+        tables = [model.get_input_embeddings()]
+        tables += [] if model.config.tie_word_embeddings else [model.get_output_embeddings()]
+        model = with_lora(model, spec.lora, trainable_token_indices={names[table]: [mask_id] for table in tables})
     else:
         model.requires_grad_(True)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_of_turn
