@@ -77,7 +77,7 @@ def build_draft(target, arch: DraftArchConfig) -> LlamaForCausalLM:
         num_key_value_heads=arch.num_kv_heads,
         max_position_embeddings=tc.max_position_embeddings,
         rope_parameters=getattr(tc, "rope_parameters", None),
-        rms_norm_eps=tc.rms_norm_eps,
+        rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),  # LLaMA's default for a target without RMSNorm (GPT-2)
         tie_word_embeddings=True,
         bos_token_id=tc.bos_token_id,
         eos_token_id=tc.eos_token_id,
@@ -104,7 +104,8 @@ def build_draft(target, arch: DraftArchConfig) -> LlamaForCausalLM:
 
 def predicted_logits(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits at the masked positions only (the vocabulary head dominates a small draft's cost) and their labels."""
-    hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    body = model.base_model  # the draft's LLaMA body, or a teacher's of another architecture (GPT-2's `transformer`)
+    hidden = body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
     mask = batch["target_mask"]
     return model.lm_head(hidden[mask]), batch["labels"][mask]
 
