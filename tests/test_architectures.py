@@ -1,7 +1,9 @@
 """Methods on the architectures besides LLaMA that `model=hf model.id=...` loads: each method, built from its config
 as a run builds it (untrained components), decodes greedily token for token as `ar` does, or refuses the
-architecture up front in one line that names it. Tiny random models of each: Qwen2 (q/k/v biases and a tied LM head,
-as Qwen2.5's), Mistral (a sliding window, as Mistral-7B-v0.1's) and GPT-2 (learned positions, no `model.model`)."""
+architecture up front in one line that names it; so do the methods that train or build something first (cllm,
+space, sps's draft, rest's datastore), through their training code on tiny budgets. Tiny random models of each:
+Qwen2 (q/k/v biases and a tied LM head, as Qwen2.5's), Mistral (a sliding window, as Mistral-7B-v0.1's) and GPT-2
+(learned positions, no `model.model`)."""
 
 from __future__ import annotations
 
@@ -275,13 +277,14 @@ def short_loop(steps: int = 2, batch_size: int = 1):
     return LoopConfig(steps=steps, batch_size=batch_size, warmup_steps=0, checkpoint_every=100, log_every=1)
 
 
-def test_cllm_consistency_training_with_lora_then_jacobi_on_it_equals_ar(arch, tmp_path, monkeypatch):
+def test_cllm_consistency_training_with_lora_then_cllm_on_it_equals_ar(arch, tmp_path, monkeypatch):
     """CLLM's consistency stage on Jacobi trajectories of each architecture, with LoRA (merged into the model it
-    returns), then Jacobi on that model decodes as `ar` on it. LoRA named LLaMA's projections, which GPT-2 has none
-    of (its Conv1D c_attn, c_proj, c_fc): peft's NoMatchingPeftModuleError traceback."""
+    returns), published and loaded as the run's model, then `cllm` (Jacobi) on it decodes as `ar` on it. LoRA named
+    LLaMA's projections, which GPT-2 has none of (its Conv1D c_attn, c_proj, c_fc): peft's NoMatchingPeftModuleError
+    traceback."""
     from datasets import Dataset
 
-    from specrepro.decoding.jacobi import JacobiDecoder
+    from specrepro.decoding.jacobi import CLLMConfig, CLLMDecoder
     from specrepro.training import cllm
     from specrepro.training.lora import LoRAConfig
 
@@ -300,7 +303,12 @@ def test_cllm_consistency_training_with_lora_then_jacobi_on_it_equals_ar(arch, t
     trained, _, _ = cllm.train_consistency(
         types.SimpleNamespace(training=spec), target, tmp_path, lambda *a: None, torch.device("cpu")
     )
-    for _ in greedy_beside_ar(JacobiDecoder(trained, block_size=4), ARDecoder(trained), prompts, (16,), False):
+    trained.save_pretrained(tmp_path / "cllm-tiny")  # published as a full model, the run's model for method=cllm
+    cllm_model = AutoModelForCausalLM.from_pretrained(tmp_path / "cllm-tiny").eval()
+    decoder = CLLMDecoder.from_config(
+        CLLMConfig(block_size=4), types.SimpleNamespace(model=cllm_model, tokenizer=None), None
+    )
+    for _ in greedy_beside_ar(decoder, ARDecoder(cllm_model), prompts, (16,), False):
         pass
 
 
@@ -367,3 +375,27 @@ def test_an_sps_draft_distilled_from_the_target_drafts_as_ar_decodes(arch, loss,
     decoder = SPSDecoder(model, None, draft.eval(), 4, "fixed", 16)
     for _ in greedy_beside_ar(decoder, ARDecoder(model), prompts, (16,), False):
         pass
+
+
+def test_rest_with_a_datastore_built_for_the_target_decodes_as_ar_does(arch, tmp_path):
+    """REST's datastore built from a corpus with a (stand-in) tokenizer for the target, saved and read back for its
+    vocabulary, then REST on each architecture: the corpus holds the target's own continuations of the prompts, so
+    the trees retrieved are accepted, and the output is `ar`'s."""
+    from omegaconf import OmegaConf
+
+    from specrepro.decoding.rest import Datastore, RestConfig, RestDecoder
+    from specrepro.training.rest_datastore import build_rest_datastore
+    from tests.test_rest import CharTokenizer, conversations_file, recipe
+
+    _, model = arch
+    ar = ARDecoder(model)
+    ar.eos_ids = set()
+    prompts = [[5, 9, 13, 5, 9, 13, 21, 30], [7, 3, 40, 41, 42, 7, 3, 40]]
+    texts = ["".join(chr(64 + t) for t in p + ar.generate(p, Sampling(), 24).token_ids) for p in prompts]
+    cfg = OmegaConf.create({"training": recipe(conversations_file(tmp_path, texts))})
+    target = types.SimpleNamespace(model=model, tokenizer=CharTokenizer())  # chr(64 + t) is token t
+    store, _, _ = build_rest_datastore(cfg, target, tmp_path, None, "cpu")
+    store.save_pretrained(tmp_path)
+    decoder = RestDecoder(model, None, Datastore.from_pretrained(tmp_path, 64), RestConfig(tree_nodes=15))
+    for gen in greedy_beside_ar(decoder, ar, prompts, (24,), False):
+        assert gen.steps < len(gen.token_ids) / 2  # retrieved trees were accepted
