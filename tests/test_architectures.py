@@ -377,6 +377,24 @@ def test_an_sps_draft_distilled_from_the_target_drafts_as_ar_decodes(arch, loss,
         pass
 
 
+def test_cllm_trajectories_pass_a_sliding_window_and_reach_ars_tokens():
+    """Collecting Jacobi trajectories crops the target's cache after every iteration: on a sliding-window model
+    transformers' crop raised a RuntimeError once the window was reached. Its cache keeps every key now
+    (`steps.rollback_cache`), and the fixed points of 32 tokens past a 16-token window are `ar`'s greedy tokens."""
+    import random
+
+    from specrepro.training.cllm import jacobi_trajectories
+
+    torch.manual_seed(0)
+    shape = {**SHAPE, "num_key_value_heads": 2, "initializer_range": INIT}
+    model = AutoModelForCausalLM.from_config(MistralConfig(**shape, sliding_window=16)).eval()
+    prompt = [5, 9, 13, 5, 9, 13, 21, 30]
+    rows = jacobi_trajectories(model, prompt, 4, 32, set(), random.Random(0))
+    assert [token for row in rows for token in row["fixed_point"]] == ARDecoder(model).generate(
+        prompt, Sampling(), 32
+    ).token_ids
+
+
 def test_rest_with_a_datastore_built_for_the_target_decodes_as_ar_does(arch, tmp_path):
     """REST's datastore built from a corpus with a (stand-in) tokenizer for the target, saved and read back for its
     vocabulary, then REST on each architecture: the corpus holds the target's own continuations of the prompts, so

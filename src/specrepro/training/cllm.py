@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Dict
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
 
 from specrepro import suspension
 from specrepro.data import load_records, prompt_ids, reference_response
@@ -41,6 +40,7 @@ from specrepro.data.config import DatasetConfig
 from specrepro.decoding.base import _eos_ids
 from specrepro.decoding.jacobi import JacobiDecoder
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.steps import rollback_cache
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
@@ -97,7 +97,7 @@ def jacobi_trajectories(
 ) -> list[dict]:
     """One trajectory per n-token block: {prefix_ids, states y^(0..k-1), fixed_point y*} (Alg. 1)."""
     device = next(model.parameters()).device
-    cache = DynamicCache(config=model.config)
+    cache = rollback_cache(model.config)  # cropped after each iteration: past a sliding window too
     if len(prompt_ids) > 1:
         model(torch.tensor([prompt_ids[:-1]], device=device), cache=cache)
     prefix, rows = list(prompt_ids), []
