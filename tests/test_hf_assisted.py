@@ -8,6 +8,7 @@ import torch
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
 from specrepro.decoding.sampling import Sampling
+from tests.conftest import tiny_llama
 
 GREEDY = Sampling()
 CYCLE = [5, 6, 7, 8] * 6  # this target continues it with 22, 38, 22, 38, ...
@@ -64,3 +65,20 @@ def test_assistant_and_sampled_steps_keep_the_invariants(target, draft):
     for decoder, sampling in ((assistant, GREEDY), (assistant, sampled), (lookup, sampled)):
         for ids in PROMPTS.values():
             assert_step_invariants(*generate_counting_forwards(decoder, ids, sampling))
+
+
+@pytest.mark.parametrize("mode", ["plain", "prompt_lookup", "assistant"])
+def test_a_checkpoints_generation_config_does_not_change_what_generate_decodes(mode):
+    """`generate` fills every setting it is not given from the model's generation_config: a checkpoint's repetition
+    penalty (Qwen2.5-Instruct's is 1.05) or no-repeat n-gram size made hf_assisted's greedy output differ from `ar`'s
+    in every mode. It decodes by the run's settings alone now, and leaves both models' generation_config as they
+    were."""
+    target, assistant = tiny_llama(vocab_size=64, seed=1), tiny_llama(vocab_size=64, seed=2, num_layers=1)
+    for model in (target, assistant):
+        model.generation_config.repetition_penalty = 1.3
+        model.generation_config.no_repeat_ngram_size = 2
+    decoder = HFAssistedDecoder(target, None, HFAssistedConfig(mode=mode), assistant=assistant)
+    for ids in PROMPTS.values():
+        assert decoder.generate(ids, GREEDY, 40).token_ids == ARDecoder(target).generate(ids, GREEDY, 40).token_ids
+    for model in (target, assistant):
+        assert (model.generation_config.repetition_penalty, model.generation_config.no_repeat_ngram_size) == (1.3, 2)

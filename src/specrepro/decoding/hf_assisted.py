@@ -7,10 +7,12 @@ tokens each step commits, and a forward pre-hook on the target sees how many dra
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import GenerationConfig
 from transformers.generation import BaseStreamer
 
 from specrepro.config import ModelConfig
@@ -95,12 +97,13 @@ class HFAssistedDecoder(Decoder):
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng, device=rng.device)))
         hook = self.model.register_forward_pre_hook(recorder.record_forward, with_kwargs=True)
         try:
-            output = self.model.generate(
-                prompt_ids,
-                attention_mask=torch.ones_like(prompt_ids),
-                streamer=recorder,
-                **self.generate_kwargs(sampling, out.max_new_tokens),
-            )
+            with run_settings_only(self.model), run_settings_only(self.assistant):
+                output = self.model.generate(
+                    prompt_ids,
+                    attention_mask=torch.ones_like(prompt_ids),
+                    streamer=recorder,
+                    **self.generate_kwargs(sampling, out.max_new_tokens),
+                )
         finally:
             hook.remove()
         if [token for chunk in recorder.chunks for token in chunk] != output[0].tolist():
@@ -118,6 +121,24 @@ class HFAssistedDecoder(Decoder):
                 out.commit(tokens, drafted=max(fed_end - committed, 0))
             committed += len(tokens)
         out.gen.extra["phase_times"] = "not separable: HF interleaves drafting and verification"
+
+
+@contextlib.contextmanager
+def run_settings_only(model):
+    """While in it, `model.generate` decodes by the run's settings and transformers' defaults alone: `generate` fills
+    every setting it is not given from the model's generation_config (a checkpoint's generation_config.json: a
+    repetition penalty, as Qwen2.5-Instruct's 1.05, or a no-repeat n-gram size), so that one keeps only the model's
+    special tokens here. The assistant model's too (its drafts are generated the same way); None: nothing."""
+    if model is None:
+        yield
+        return
+    own = model.generation_config
+    tokens = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+    model.generation_config = GenerationConfig(**{name: getattr(own, name, None) for name in tokens})
+    try:
+        yield
+    finally:
+        model.generation_config = own
 
 
 class StepRecorder(BaseStreamer):
