@@ -285,3 +285,27 @@ def test_the_general_recipes_never_see_a_leaderboard_question(overrides):
     for name, dataset in prompt_sets.items():
         assert not [r.id for r in load_records(dataset) if shares_a_passage(r, known)], name
     assert [r.id for r in load_records(compose_dataset("alpaca_eval")) if shares_a_passage(r, known)] == ["791", "801"]
+
+
+def test_distillation_continuations_are_the_targets_greedy_tokens_whatever_its_generation_config():
+    """A draft distils the target's greedy continuations, which `generate` makes: it filled every setting it was
+    not given from the model's generation_config, so a checkpoint's repetition penalty (Qwen2.5-Instruct's 1.05)
+    changed them. They are `ar`'s greedy tokens now, and the model's generation_config is left as it was."""
+    import types
+
+    from specrepro.decoding.ar import ARDecoder
+    from specrepro.decoding.sampling import Sampling
+    from specrepro.training.distill_data import generate_continuations
+    from tests.conftest import tiny_llama
+
+    model = tiny_llama(vocab_size=64, seed=1)
+    model.generation_config.repetition_penalty = 1.3
+    tokenizer = types.SimpleNamespace(pad_token_id=0, eos_token_id=2)
+    prompts = [("a", [5, 9, 13, 5, 9, 13, 21, 30]), ("b", [7, 3, 40, 41, 42, 7, 3, 40])]
+    pairs, _ = generate_continuations(model, tokenizer, prompts, 24, 2, 64)
+    ar = ARDecoder(model)
+    ar.eos_ids = {0, 2}
+    assert [continuation for _, continuation in pairs] == [
+        ar.generate(ids, Sampling(), 24).token_ids for _, ids in prompts
+    ]
+    assert model.generation_config.repetition_penalty == 1.3

@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from specrepro import suspension
 from specrepro.config import weights_identity
 from specrepro.data import load_records, prompt_ids, reference_response, render_prompt
+from specrepro.decoding.hf_assisted import run_settings_only
 from specrepro.errors import SpecReproError
 from specrepro.identity import weights_key
 from specrepro.models import resolve_dtype
@@ -86,16 +87,17 @@ def generate_continuations(
         width = max(len(ids) for ids in encoded)
         input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in encoded], device=device)
         attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
-        output = model.generate(
-            input_ids,
-            attention_mask=attention,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad_id,
-            temperature=None,
-            top_p=None,
-            top_k=None,
-        )
+        with run_settings_only(model):  # greedy as decoding's: no repetition penalty from generation_config.json
+            output = model.generate(
+                input_ids,
+                attention_mask=attention,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad_id,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+            )
         pairs = []
         for ids, row in zip(encoded, output[:, width:].tolist()):
             stops = [i for i, tok in enumerate(row) if tok in stop_ids]
