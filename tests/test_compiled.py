@@ -738,6 +738,27 @@ def test_a_sliding_window_model_compiles_and_decodes_past_its_window(config):
             assert decoder.generate(prompt, GREEDY, 30).token_ids == reference
 
 
+def test_compiled_steps_refuse_a_cache_longer_than_attention_chunks_in_one_line():
+    """Compiled masks take a key's cache index for its position, which a tree's rows can carry across the edge of
+    Llama 4's attention chunks: a static cache longer than a chunk is refused in one line (eager steps mask chunks
+    exactly: tests/test_architectures.py)."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    shape = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    config = Llama4TextConfig(
+        **shape,
+        num_key_value_heads=2,
+        head_dim=16,
+        attention_chunk_size=16,
+        num_local_experts=2,
+        intermediate_size_mlp=128,
+    )
+    steps = CompiledSteps(Llama4ForCausalLM(config).eval(), backend="aot_eager", widths=[1, 4])
+    with pytest.raises(SpecReproError, match="attention chunks of 16 tokens") as refused:
+        steps.warm_up(max_width=4, length=40)
+    assert "\n" not in str(refused.value)
+
+
 def test_a_compiled_two_turn_run_compiles_for_a_second_turn_that_outgrows_its_caches_untimed(tmp_path):
     """The tiny random model's first answer re-tokenizes longer than it was decoded, so the second turn outgrows the
     caches sized up front: the reference `ar` run compiles for it before timing it and adds that to compile_time;

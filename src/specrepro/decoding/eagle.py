@@ -44,6 +44,7 @@ from specrepro.decoding import draft_vocab
 from specrepro.decoding.controllers import FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.steps import decoder_body
 from specrepro.decoding.verify import additive_mask, crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.registry import MethodConfig, register_method
@@ -171,7 +172,7 @@ def check_target(model) -> None:
     LLaMA one of its shape that training gives the layer (gpt-oss's covers half a head; Gemma 3 keeps one per layer
     type). Compared at positions 0 and 1, within a half-precision copy's rounding of the frequencies."""
     config = llama_layer_config(model.config)
-    rotary = getattr(model.base_model, "rotary_emb", None)
+    rotary = getattr(decoder_body(model), "rotary_emb", None)
     p = next(model.parameters())
     x, positions = p.new_zeros(1, 2, config.hidden_size), torch.arange(2, device=p.device)[None]
     ours = LlamaRotaryEmbedding(config).to(p.device)(x.float(), positions)

@@ -38,7 +38,7 @@ from specrepro.decoding.base import parameters_beside
 from specrepro.decoding.controllers import BetaTS, CaliTS, DraftLengthController, FixedLength
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
 from specrepro.decoding.sampling import Sampling
-from specrepro.decoding.steps import EagerSteps, attention_window, refuse_other_logits, run_layers
+from specrepro.decoding.steps import EagerSteps, attention_window, decoder_body, refuse_other_logits, run_layers
 from specrepro.decoding.verify import crop_cache
 from specrepro.errors import SpecReproError
 from specrepro.registry import MethodConfig, register_method
@@ -270,7 +270,7 @@ def layers_make_the_forward(target) -> bool:
         ours = body.norm(
             run_layers(target, body.embed_tokens(input_ids), body.layers, None, None, attention_window(target.config))
         )
-        return torch.equal(ours, target.base_model(input_ids).last_hidden_state)
+        return torch.equal(ours, decoder_body(target)(input_ids).last_hidden_state)
 
 
 def find_head(ref: str, artifacts_dir, target, settings: dict) -> Path:

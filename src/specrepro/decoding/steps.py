@@ -45,7 +45,11 @@ from transformers.cache_utils import (
     LinearAttentionCacheLayerMixin,
     StaticLayer,
 )
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.masking_utils import (
+    create_causal_mask,
+    create_chunked_causal_mask,
+    create_sliding_window_causal_mask,
+)
 
 from specrepro.decoding.device import device_sync
 from specrepro.decoding.verify import additive_mask, crop_cache
@@ -119,7 +123,7 @@ class EagerSteps:
         for a decoder that runs the head only on the rows it reads. `exact_rows`: the rows that must equal a
         one-row step bit for bit under `hardware.row_invariant` (models/attention.py)."""
         rows = {} if exact_rows is None else {"exact_rows": exact_rows}
-        return self.model.base_model(
+        return decoder_body(self.model)(
             input_ids, cache=cache, **self.mask_inputs(input_ids, tree, past), **rows
         ).last_hidden_state
 
@@ -242,7 +246,7 @@ class CompiledSteps(EagerSteps):
 
     def _forward_hidden(self, input_ids, mask, positions, cache):
         return (
-            self.model.base_model(
+            decoder_body(self.model)(
                 input_ids, attention_mask=mask, position_ids=positions, cache=cache
             ).last_hidden_state,
         )
@@ -386,7 +390,7 @@ class CompiledSteps(EagerSteps):
         """The (1, 1, width, cache) additive mask and the positions of n rows padded to `width` after `past`
         cached ones: real rows see what they would eagerly (the prefix and, in a tree, their ancestors), padding
         rows continue the sequence causally. A model's sliding layers get a mask of their own that also hides the
-        keys a window or more behind a row (`per_layer_type`)."""
+        keys a window or more behind a row (`local_masks`)."""
         # three ops for a chain step (a view into key_positions would save one, but dynamo specializes a graph input
         # on its storage offset: a graph per position)
         positions = self.key_positions[:width] + past
@@ -398,8 +402,11 @@ class CompiledSteps(EagerSteps):
             positions = torch.cat([tree_positions, positions[n:]])
         mask = torch.where(allow, *self.mask_values)[None, None]
         if self.window is not None:  # a key's position is its index: a step's own rows are nearer than the window
-            near = positions[:, None] - self.key_positions[None] < self.window
-            mask = per_layer_type(self.model.config, mask, torch.where(allow & near, *self.mask_values)[None, None])
+
+            def to_mask(seen):
+                return torch.where(seen, *self.mask_values)[None, None]
+
+            mask = local_masks(self.model.config, allow, positions, self.key_positions, to_mask)
         return mask, positions[None]
 
     def check_head(self, input_ids: torch.Tensor) -> None:
@@ -489,32 +496,56 @@ def rollback_cache(config) -> DynamicCache:
     return cache
 
 
-def sliding_layer(config, layer) -> bool:
-    """Whether decoder `layer` of a model with a sliding window attends within it: its attention's own layer type
-    (Qwen2's, Gemma's, which a copy of the layer keeps), else the model's list of them, else yes (Mistral's)."""
-    types = getattr(config, "layer_types", None)
-    kind = getattr(layer.self_attn, "layer_type", None) or (types[layer.self_attn.layer_idx] if types else None)
-    return kind in (None, "sliding_attention")
+def layer_kinds(config) -> list[str]:
+    """Each layer's attention type, as transformers' caches read them: the config's `layer_types`, else every layer
+    sliding where the config has a window (Mistral's), else full."""
+    if types := getattr(config, "layer_types", None):
+        return list(types)
+    kind = "sliding_attention" if getattr(config, "sliding_window", None) else "full_attention"
+    return [kind] * config.num_hidden_layers
+
+
+def layer_kind(config, layer) -> str:
+    """Decoder `layer`'s attention type: its attention's own (Qwen2's, Gemma's, which a copy of the layer keeps), else
+    the model's for its index."""
+    return getattr(layer.self_attn, "layer_type", None) or layer_kinds(config)[layer.self_attn.layer_idx]
+
+
+def local_masks(config, allow: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor, to_mask):
+    """`to_mask(allowed keys)` for each layer type of the model: a sliding layer hides the keys a window or more
+    positions before a row (`sliding_window`), a chunked one (Llama 4's) those in another chunk of its
+    `attention_chunk_size` positions. `allow` (rows, keys) holds what every layer may see, `rows` and `keys` their
+    positions. One mask where every layer is of one type (Mistral's), else one per type (a dict, as Qwen2, Gemma and
+    Llama 4 take it)."""
+    kinds = layer_kinds(config)
+    masks = {}
+    for kind in dict.fromkeys(kinds):
+        seen = allow
+        if kind == "sliding_attention":
+            seen = allow & (rows[:, None] - keys[None] < config.sliding_window)
+        elif kind == "chunked_attention":
+            chunk = config.attention_chunk_size
+            seen = allow & (rows[:, None] // chunk == keys[None] // chunk)
+        masks[kind] = to_mask(seen)
+    return masks if getattr(config, "layer_types", None) else masks[kinds[0]]
 
 
 def tree_mask(config, allow: torch.Tensor, positions: torch.Tensor, window: int | None, dtype: torch.dtype):
     """transformers' attention_mask for the rows of a tree step: `allow` (rows, keys), the keys each row sees
-    (`verify.tree_attention`: the cache's, then the rows'), `positions` (rows,) theirs. On a model with sliding layers
-    (`window`), a key `window` or more positions before a row is hidden from it in those layers (transformers'
-    sliding window): one mask where every layer slides (Mistral), else a mask per layer type (Qwen2, Gemma)."""
-    full = additive_mask(allow, dtype)
+    (`verify.tree_attention`: the cache's, then the rows'), `positions` (rows,) theirs. On a model with local layers
+    (a `window`: sliding or chunked), those layers see only the keys their window leaves (`local_masks`)."""
     if window is None:
-        return full
+        return additive_mask(allow, dtype)
     keys = torch.cat([torch.arange(allow.shape[1] - len(positions), device=positions.device), positions])
-    return per_layer_type(config, full, additive_mask(allow & (positions[:, None] - keys[None] < window), dtype))
+    return local_masks(config, allow, positions, keys, lambda seen: additive_mask(seen, dtype))
 
 
-def per_layer_type(config, full, sliding):
-    """The attention_mask a model with sliding layers takes: `sliding` where every layer slides (Mistral's), else a
-    mask per layer type (Qwen2's, Gemma's), `full` for the others."""
-    if not getattr(config, "layer_types", None):
-        return sliding
-    return {kind: sliding if kind == "sliding_attention" else full for kind in config.layer_types}
+def decoder_body(model):
+    """The model's decoder without its LM head, whose output's `last_hidden_state` the head reads: its `base_model`,
+    or its `model` where that names the model itself (Llama 4's text model, whose prefix names the multimodal one's
+    language model)."""
+    body = model.base_model
+    return getattr(model, "model", body) if body is model else body
 
 
 def logits_are_head_of_hidden(model, input_ids: torch.Tensor | None = None) -> bool:
@@ -523,7 +554,7 @@ def logits_are_head_of_hidden(model, input_ids: torch.Tensor | None = None) -> b
     if input_ids is None:
         input_ids = torch.arange(4, device=next(model.parameters()).device)[None] % model.config.vocab_size
     with torch.inference_mode():
-        return torch.equal(model.lm_head(model.base_model(input_ids).last_hidden_state), model(input_ids).logits)
+        return torch.equal(model.lm_head(decoder_body(model)(input_ids).last_hidden_state), model(input_ids).logits)
 
 
 def refuse_other_logits(model, method: str) -> None:
@@ -547,11 +578,19 @@ def static_cache(config, length: int) -> StaticCache:
     """A StaticCache of `length` positions whose layers are all full ones. transformers' static sliding-window layer
     (Mistral's, Gemma's local ones) keeps its length as a Python int, which a compiled graph guards on: a graph per
     position, until dynamo's recompile limit stops the run; and it drops keys a rollback returns to. The steps' masks
-    apply the window instead (`CompiledSteps.padded_mask`)."""
+    apply the window instead (`CompiledSteps.padded_mask`). They take a key's cache index for its position, which a
+    tree's rows can carry across a chunk's edge: a chunked layer (Llama 4's) shorter than the cache is refused."""
     cache = StaticCache(config=config, max_cache_len=length)
-    cache.layers = [
-        StaticLayer(max_cache_len=length) if getattr(layer, "is_sliding", False) else layer for layer in cache.layers
-    ]
+    for index, (layer, kind) in enumerate(zip(cache.layers, layer_kinds(config))):
+        if getattr(layer, "is_sliding", False):
+            if kind == "chunked_attention" and config.attention_chunk_size < length:
+                raise SpecReproError(
+                    f"hardware.compile's static cache of {length} positions (the longest prompt and the budget, "
+                    f"rounded up) is longer than {config.model_type}'s attention chunks of "
+                    f"{config.attention_chunk_size} tokens, which compiled steps cannot mask: run with "
+                    "hardware.compile=false"
+                )
+            cache.layers[index] = StaticLayer(max_cache_len=length)
     return cache
 
 
@@ -598,9 +637,10 @@ def run_layers(model, hidden: torch.Tensor, layers, cache, tree=None, window: in
         position_ids=position_ids,
         layer_idx=first,
     )
-    mask = create_causal_mask(**masks)
-    if window is not None:
-        mask = {"full_attention": mask, "sliding_attention": create_sliding_window_causal_mask(**masks)}
+    if window is None:
+        return apply_layers(model, hidden, layers, cache, create_causal_mask(**masks), position_ids)
+    made = {"sliding_attention": create_sliding_window_causal_mask, "chunked_attention": create_chunked_causal_mask}
+    mask = {kind: made.get(kind, create_causal_mask)(**masks) for kind in dict.fromkeys(layer_kinds(model.config))}
     return apply_layers(model, hidden, layers, cache, mask, position_ids)
 
 
@@ -609,11 +649,9 @@ def apply_layers(model, hidden: torch.Tensor, layers, cache, mask, position_ids)
     (the loop of LlamaModel.forward)."""
     rope = model.model.rotary_emb(hidden, position_ids=position_ids)
     for layer in layers:
-        if isinstance(mask, dict):
-            kind = "sliding_attention" if sliding_layer(model.config, layer) else "full_attention"
         hidden = layer(
             hidden,
-            attention_mask=mask[kind] if isinstance(mask, dict) else mask,
+            attention_mask=mask[layer_kind(model.config, layer)] if isinstance(mask, dict) else mask,
             position_ids=position_ids,
             cache=cache,
             use_cache=cache is not None,

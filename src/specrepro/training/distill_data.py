@@ -33,6 +33,7 @@ from specrepro import suspension
 from specrepro.config import weights_identity
 from specrepro.data import load_records, prompt_ids, reference_response, render_prompt
 from specrepro.decoding.hf_assisted import run_settings_only
+from specrepro.decoding.steps import decoder_body
 from specrepro.errors import SpecReproError
 from specrepro.identity import weights_key
 from specrepro.models import resolve_dtype
@@ -250,7 +251,7 @@ def target_argmax_labels(
         for i, (prompt, response) in enumerate(batch):
             ids[i, : len(prompt) + len(response)] = torch.tensor(prompt + response)
             attention[i, : len(prompt) + len(response)] = 1
-        hidden = model.base_model(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
+        hidden = decoder_body(model)(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
         # position t predicts token t + 1: the positions from the prompt's last token to the response's last but one
         return [
             model.lm_head(hidden[i, len(prompt) - 1 : len(prompt) + len(response) - 1]).argmax(-1).tolist()
@@ -360,7 +361,7 @@ def continuation_hidden(model, rows: list[dict], prompt_tokens: int) -> list[tor
     ids = torch.zeros((len(seqs), max(map(len, seqs))), dtype=torch.long)
     for i, seq in enumerate(seqs):  # right padding: a causal mask keeps it away from real positions
         ids[i, : len(seq)] = torch.tensor(seq)
-    hidden = model.base_model(input_ids=ids.to(device)).last_hidden_state
+    hidden = decoder_body(model)(input_ids=ids.to(device)).last_hidden_state
     # position t predicts token t + 1: from the prompt's last token to the continuation's last but one
     return [hidden[i, len(p) - 1 : len(s) - 1] for i, (p, s) in enumerate(zip(prompts, seqs))]
 

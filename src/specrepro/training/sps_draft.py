@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specrepro.data.config import DatasetConfig
+from specrepro.decoding.steps import decoder_body
 from specrepro.errors import SpecReproError
 from specrepro.registry import register_component
 from specrepro.training import cost
@@ -104,7 +105,7 @@ def build_draft(target, arch: DraftArchConfig) -> LlamaForCausalLM:
 
 def predicted_logits(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits at the masked positions only (the vocabulary head dominates a small draft's cost) and their labels."""
-    body = model.base_model  # the draft's LLaMA body, or a teacher's of another architecture (GPT-2's `transformer`)
+    body = decoder_body(model)  # the draft's LLaMA body, or a teacher's of another architecture (GPT-2's `transformer`)
     hidden = body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
     mask = batch["target_mask"]
     return model.lm_head(hidden[mask]), batch["labels"][mask]
