@@ -480,8 +480,8 @@ class CompiledSteps(EagerSteps):
 
 
 def attention_window(config) -> int | None:
-    """The fewest past positions a layer of the model attends (a sliding window: Mistral's, Gemma's local layers), None
-    where every layer attends them all."""
+    """The fewest past positions a layer of the model may attend (a sliding window: Mistral's, Gemma's local layers;
+    or Llama 4's attention chunks), None where every layer attends them all."""
     layers = DynamicCache(config=config).layers
     return min((layer.sliding_window for layer in layers if isinstance(layer, DynamicSlidingWindowLayer)), default=None)
 
@@ -617,8 +617,8 @@ def run_layers(model, hidden: torch.Tensor, layers, cache, tree=None, window: in
     slot (`layer_idx`), the causal mask is sized against that layer (layers may hold different lengths: a drafter
     that runs only the first layers writes only theirs), and rotary embeddings come from the model's `rotary_emb`.
     `tree` (allowed keys, positions) of a tree verification (`verify.tree_attention`) replaces the causal mask and
-    positions; its last T rows are these. `window`: the model's sliding window (`attention_window`), which its
-    sliding layers' masks apply.
+    positions; its last T rows are these. `window`: the model's `attention_window`, where its local layers' masks
+    (`local_masks`) hide keys.
     """
     rows = hidden.shape[1]
     if tree is not None:
