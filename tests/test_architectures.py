@@ -3,7 +3,8 @@ as a run builds it (untrained components), decodes greedily token for token as `
 architecture up front in one line that names it; so do the methods that train or build something first (cllm,
 space, sps's draft, rest's datastore), through their training code on tiny budgets. Tiny random models of each:
 Qwen2 (q/k/v biases and a tied LM head, as Qwen2.5's), Mistral (a sliding window, as Mistral-7B-v0.1's) and GPT-2
-(learned positions, no `model.model`)."""
+(learned positions, no `model.model`); and past a 16-token window, Mistral, a Qwen2 with sliding layers and the
+newer architectures of `WINDOWED`."""
 
 from __future__ import annotations
 
