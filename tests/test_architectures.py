@@ -173,6 +173,56 @@ def test_newer_architectures_decode_as_ar_past_their_windows_or_refuse_in_one_li
             pass
 
 
+# more architectures users load, without a window unless named: Phi-3 (fused q/k/v and gate/up, a 16-token window),
+# OLMo 2 (norms after attention and MLP), GLM (partial rotary), Phi (parallel attention and MLP, LayerNorm), StableLM
+# (partial rotary), Falcon (its own layer names), SmolLM3 (some layers without rotary), Gemma 2 (soft-capped logits, a
+# 16-token window) and OLMo 3 (a 16-token window); and which methods each refuses in one line
+MORE = {
+    "phi3": lambda shape: transformers.Phi3Config(**shape, sliding_window=16),
+    "olmo2": lambda shape: transformers.Olmo2Config(**shape),
+    "glm": lambda shape: transformers.GlmConfig(**shape, head_dim=16),
+    "phi": lambda shape: transformers.PhiConfig(**shape),
+    "stablelm": lambda shape: transformers.StableLmConfig(**shape),
+    "falcon": lambda shape: transformers.FalconConfig(
+        **{name: shape[name] for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")},
+        new_decoder_architecture=True,
+        num_kv_heads=2,
+    ),
+    "smollm3": lambda shape: transformers.SmolLM3Config(**shape),
+    "gemma2": lambda shape: transformers.Gemma2Config(**shape, head_dim=16, sliding_window=16),
+    "olmo3": lambda shape: transformers.Olmo3Config(**shape, sliding_window=16),
+}
+MORE_REFUSED = {
+    "olmo2": {"self_sd"},
+    "glm": {"eagle"},
+    "phi": {"self_sd", "eesd", "eagle"},
+    "stablelm": {"eagle"},
+    "falcon": {"self_sd", "eesd", "eagle"},
+    "gemma2": {"self_sd", "eesd", "sar_draft", "eagle"},
+    "olmo3": {"self_sd", "eesd", "eagle"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(MORE))
+def test_more_architectures_decode_as_ar_or_refuse_in_one_line(name):
+    torch.manual_seed(0)
+    shape = {**SHAPE, "num_key_value_heads": 2, "initializer_range": INIT, "pad_token_id": 0, "bos_token_id": 1}
+    model = AutoModelForCausalLM.from_config(MORE[name]({**shape, "eos_token_id": 2})).eval()
+    registry.load()
+    target = types.SimpleNamespace(model=model, tokenizer=None, name=name, identity={"name": name})
+    for method, options in METHODS.items():
+        entry = registry.method(method)
+        if method in MORE_REFUSED.get(name, ()):
+            with pytest.raises(SpecReproError) as refused:
+                entry.decoder.from_config(entry.schema(**options), target, None)
+            assert "\n" not in str(refused.value)
+            continue
+        decoder = entry.decoder.from_config(entry.schema(**options), target, None)
+        prompt = [[5, 9, 13, 5, 9, 13, 21, 30]]
+        for _ in greedy_beside_ar(decoder, ARDecoder(model), prompt, budgets=(32,), stop_at_eos=False):
+            pass
+
+
 def test_eesd_refuses_a_model_whose_forward_is_more_than_its_layers():
     """EESD verifies on the target's layers as it runs them itself (embed_tokens, layers, norm). A Granite whose
     logits are unscaled passes the LM-head check, but its forward multiplies the embeddings: eesd's greedy output
