@@ -1,12 +1,13 @@
-"""What drafting past a sliding window costs: a one-token step on the model's own sliding cache and on the full-key
-cache a decoder that rolls back keeps (`steps.rollback_cache`), side by side.
+"""What drafting past a sliding window costs: a one-token step on the model's own sliding cache, on the cache a
+decoder that rolls back keeps (`steps.rollback_cache`) and on a full-key cache (what that was before), side by side.
 
-transformers' sliding cache layer keeps only the window's keys, so it cannot give back a key a rollback returns to;
-the full-key cache keeps every key and its mask hides the ones past the window. Below the window the two hold the
-same keys; past it the full-key cache's sliding layers attend the whole cache under the mask. The model is the
-embedded one's weights in a Mistral, whose every layer slides (`--window` tokens). Prints, in one process
-(interleaved, medians of repeats), the per-token time of greedy one-token steps after contexts below and past the
-window on each cache, their ratio, and whether both decoded the same tokens.
+transformers' sliding cache layer keeps only the window's keys. A rolling-back decoder's layers record their past
+instead: a step's keys stay until the rollback, which trims the layer to its window again (`verify.crop_cache`).
+The full-key cache keeps every key and its mask hides the ones past the window: past the window its sliding layers
+attend the whole cache. The model is the embedded one's weights in a Mistral, whose every layer slides (`--window`
+tokens). Prints, in one process (interleaved, medians of repeats), the per-token time of greedy one-token steps
+after contexts below and past the window on each cache (the rolling-back one cropped after each step, as a
+decoder's rounds crop it), each one's ratio to the sliding cache, and whether all decoded the same tokens.
 
     .venv/bin/python experiments/bench_sliding_cache.py --threads 1
 """
@@ -19,10 +20,12 @@ import time
 
 import torch
 from transformers import DynamicCache, MistralConfig, MistralForCausalLM
+from transformers.cache_utils import DynamicLayer
 
 from common import run_script
 from specrepro.config import ModelConfig
 from specrepro.decoding.steps import rollback_cache
+from specrepro.decoding.verify import crop_cache
 from specrepro.models.loading import load_model
 
 
@@ -34,6 +37,13 @@ def sliding_copy(model, window: int) -> MistralForCausalLM:
     return mistral
 
 
+def full_key_cache(config) -> DynamicCache:
+    """A cache whose sliding layers keep every key, the window applied by the mask alone."""
+    cache = DynamicCache(config=config)
+    cache.layers = [DynamicLayer() for _ in cache.layers]
+    return cache
+
+
 @torch.inference_mode()
 def step_ms(model, cache, context: torch.Tensor, tokens: int) -> tuple[float, list[int]]:
     """Milliseconds per greedy one-token step after prefilling `context` into `cache`, and the tokens decoded."""
@@ -42,6 +52,7 @@ def step_ms(model, cache, context: torch.Tensor, tokens: int) -> tuple[float, li
     start = time.perf_counter()
     for _ in range(tokens):
         token = model(token, cache=cache, logits_to_keep=1).logits.argmax(-1)
+        crop_cache(cache, context.shape[1] + len(decoded) + 1)  # a round's rollback: nothing rejected
         decoded.append(int(token))
     return 1000 * (time.perf_counter() - start) / tokens, decoded
 
@@ -58,7 +69,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     target = load_model(ModelConfig(name="smollm2_135m", source="embedded"), torch.device("cpu"), torch.float32)
     model = sliding_copy(target.model, args.window)
-    caches = {"sliding": lambda: DynamicCache(config=model.config), "full_key": lambda: rollback_cache(model.config)}
+    caches = {
+        "sliding": lambda: DynamicCache(config=model.config),
+        "rollback": lambda: rollback_cache(model.config),
+        "full_key": lambda: full_key_cache(model.config),
+    }
     generator = torch.Generator().manual_seed(0)
     contexts = {n: torch.randint(100, 20000, (1, n), generator=generator) for n in args.contexts}
     times = {(name, n): [] for name in caches for n in contexts}
@@ -69,12 +84,16 @@ def main() -> None:
             for name, new_cache in caches.items():  # interleaved: drift on a shared machine hits both
                 ms, decoded[name] = step_ms(model, new_cache(), context, args.tokens)
                 times[name, n].append(ms)
-            same[n] &= decoded["sliding"] == decoded["full_key"]
+            same[n] &= decoded["sliding"] == decoded["rollback"] == decoded["full_key"]
     print(f"window={args.window} threads={torch.get_num_threads()} repeats={args.repeats} tokens={args.tokens}")
-    print("context  sliding ms/token  full-key ms/token  full-key / sliding  same tokens")
+    columns = "sliding ms/token  rollback ms/token  full-key ms/token  rollback / sliding  full-key / sliding"
+    print(f"context  {columns}  same")
     for n in contexts:
-        sliding, full = (statistics.median(times[name, n]) for name in caches)
-        print(f"{n:7}  {sliding:16.2f}  {full:17.2f}  {full / sliding:18.2f}  {same[n]}")
+        sliding, rollback, full = (statistics.median(times[name, n]) for name in caches)
+        print(
+            f"{n:7}  {sliding:16.2f}  {rollback:17.2f}  {full:17.2f}  {rollback / sliding:18.2f}  "
+            f"{full / sliding:18.2f}  {same[n]}"
+        )
 
 
 if __name__ == "__main__":

@@ -103,7 +103,9 @@ def test_drafting_past_a_sliding_window_decodes_as_ar_does(config, method):
     refused. A decoder that rolls back now keeps every key and applies the window through the mask (a chain's
     from transformers, a tree's from `steps.tree_mask`, one for every layer or one per layer type), and decodes
     as `ar`, on the model's own sliding cache, does past the window. With the tree masks left unwindowed,
-    token_recycling, eesd and eagle differed from `ar` here."""
+    token_recycling, eesd and eagle differed from `ar` here. Its sliding layers hold the window's keys between rounds,
+    as `ar`'s do (they held every key, and attended them all); with a tree's rows copied by position alone, or its
+    masks left the width of every key, token_recycling and eagle differed from `ar` or stopped."""
     torch.manual_seed(0)
     shape = {**SHAPE, "num_key_value_heads": 2, "initializer_range": INIT}
     windowed = {
@@ -115,9 +117,14 @@ def test_drafting_past_a_sliding_window_decodes_as_ar_does(config, method):
     target = types.SimpleNamespace(model=model, tokenizer=None, name=config, identity={"name": config})
     entry = registry.method(method)
     decoder = entry.decoder.from_config(entry.schema(**METHODS[method]), target, None)
+    caches = []
+    new_cache = decoder.steps.new_cache
+    decoder.steps.new_cache = lambda *args, **kwargs: caches.append(new_cache(*args, **kwargs)) or caches[-1]
     prompts = [[5, 9, 13, 5, 9, 13, 21, 30], [7, 3, 40, 41, 42, 7, 3, 40]]
     for _ in greedy_beside_ar(decoder, ARDecoder(model), prompts, budgets=(40,), stop_at_eos=False):
-        pass
+        layer = caches[0].layers[-1]  # a sliding layer of the target's cache
+        assert layer.cumulative_length > 40 and layer.keys.shape[-2] <= 15 + decoder.max_step_width
+        caches.clear()
 
 
 # newer architectures, each with a 16-token sliding window the 32-token generations below pass: Gemma 3 (a rotary

@@ -40,7 +40,6 @@ from typing import NamedTuple
 import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import (
-    DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionCacheLayerMixin,
     StaticLayer,
@@ -487,12 +486,15 @@ def attention_window(config) -> int | None:
 
 
 def rollback_cache(config) -> DynamicCache:
-    """A DynamicCache whose layers all keep every key, for a decoder that crops rejected drafts off it. transformers'
-    sliding-window layer drops the keys past its window, which a rollback returns to (its `crop` refuses once the
-    window is reached), so here its window is applied by the attention mask alone: transformers' own for a chain
-    step, `tree_mask` for a tree's. Past the window such a layer then attends the whole cache under that mask."""
+    """A DynamicCache a decoder can crop rejected drafts off. transformers' sliding-window layer (Mistral's, Gemma's
+    local layers, Llama 4's chunked ones) keeps only the last keys its window reaches, which a rollback can need back;
+    here each one records its past (`activate_past_recording`): a step's keys stay until `verify.crop_cache` drops the
+    rejected ones and trims the layer to its window again. Such a layer gives a step only the keys its window reaches
+    (and transformers' chain masks only their columns); a tree's mask keeps only theirs too (`held_columns`)."""
     cache = DynamicCache(config=config)
-    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in cache.layers]
+    for layer in cache.layers:
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            layer.activate_past_recording()
     return cache
 
 
@@ -530,14 +532,33 @@ def local_masks(config, allow: torch.Tensor, rows: torch.Tensor, keys: torch.Ten
     return masks if getattr(config, "layer_types", None) else masks[kinds[0]]
 
 
-def tree_mask(config, allow: torch.Tensor, positions: torch.Tensor, window: int | None, dtype: torch.dtype):
+def tree_mask(config, allow: torch.Tensor, positions: torch.Tensor, window: int | None, dtype, rows: int | None = None):
     """transformers' attention_mask for the rows of a tree step: `allow` (rows, keys), the keys each row sees
     (`verify.tree_attention`: the cache's, then the rows'), `positions` (rows,) theirs. On a model with local layers
-    (a `window`: sliding or chunked), those layers see only the keys their window leaves (`local_masks`)."""
+    (a `window`: sliding or chunked), those layers see only the keys their window leaves (`local_masks`), and their
+    masks only the columns of the keys their cache gives the forward (`held_columns`); `rows`: how many of the last
+    rows the forward runs (default: all)."""
     if window is None:
         return additive_mask(allow, dtype)
     keys = torch.cat([torch.arange(allow.shape[1] - len(positions), device=positions.device), positions])
-    return local_masks(config, allow, positions, keys, lambda seen: additive_mask(seen, dtype))
+    masks = local_masks(config, allow, positions, keys, lambda seen: additive_mask(seen, dtype))
+    return held_columns(config, masks, allow.shape[1] - (len(positions) if rows is None else rows))
+
+
+def held_columns(config, masks, past: int):
+    """Each local layer type's mask (`local_masks`) cut to the keys a `rollback_cache` layer of that type gives a
+    forward after `past` cached positions: the last window - 1 (as transformers' `get_mask_sizes` counts them), then
+    the forward's own. A row at position p or more sees no key before p - window + 1, in a window or in a chunk."""
+
+    sizes = {"sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
+
+    def cut(kind: str, mask: torch.Tensor) -> torch.Tensor:
+        size = getattr(config, sizes[kind]) if kind in sizes else None
+        return mask[..., max(past - size + 1, 0) :] if size else mask
+
+    if isinstance(masks, dict):
+        return {kind: cut(kind, mask) for kind, mask in masks.items()}
+    return cut(layer_kinds(config)[0], masks)
 
 
 def decoder_body(model):
@@ -623,7 +644,7 @@ def run_layers(model, hidden: torch.Tensor, layers, cache, tree=None, window: in
     rows = hidden.shape[1]
     if tree is not None:
         allow, positions = tree
-        mask = tree_mask(model.config, allow, positions, window, hidden.dtype)
+        mask = tree_mask(model.config, allow, positions, window, hidden.dtype, rows)
         mask = {kind: m[..., -rows:, :] for kind, m in mask.items()} if isinstance(mask, dict) else mask[..., -rows:, :]
         return apply_layers(model, hidden, layers, cache, mask, positions[-rows:].unsqueeze(0))
     first = layers[0].self_attn.layer_idx
@@ -635,12 +656,14 @@ def run_layers(model, hidden: torch.Tensor, layers, cache, tree=None, window: in
         attention_mask=None,
         cache=cache,
         position_ids=position_ids,
-        layer_idx=first,
     )
     if window is None:
-        return apply_layers(model, hidden, layers, cache, create_causal_mask(**masks), position_ids)
+        return apply_layers(model, hidden, layers, cache, create_causal_mask(**masks, layer_idx=first), position_ids)
     made = {"sliding_attention": create_sliding_window_causal_mask, "chunked_attention": create_chunked_causal_mask}
-    mask = {kind: made.get(kind, create_causal_mask)(**masks) for kind in dict.fromkeys(layer_kinds(model.config))}
+    firsts = {}  # each layer type's first layer here, whose cache sizes its mask (a local layer's holds its window)
+    for layer in layers:
+        firsts.setdefault(layer_kind(model.config, layer), layer.self_attn.layer_idx)
+    mask = {kind: made.get(kind, create_causal_mask)(**masks, layer_idx=index) for kind, index in firsts.items()}
     return apply_layers(model, hidden, layers, cache, mask, position_ids)
 
 

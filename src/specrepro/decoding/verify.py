@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import StaticLayer
+from transformers.cache_utils import DynamicSlidingWindowLayer, StaticLayer
 
 from specrepro.decoding.device import upload
 from specrepro.decoding.sampling import Sampling, exponential_noise, probs, sample
@@ -203,7 +203,8 @@ def crop_cache(cache, length: int) -> None:
     Layers are cropped one by one to an absolute length, so caches whose layers hold different lengths
     (layer-skipping drafts write only some layers) are rolled back correctly too. A static layer's write position
     is clamped where it lives, in one launch for all of them: reading each to the host stalls a GPU once a layer
-    (compiled `ar` on the 30-layer embedded model made 32 device-to-host copies a token on an H200).
+    (compiled `ar` on the 30-layer embedded model made 32 device-to-host copies a token on an H200). A sliding layer
+    that records its past (`steps.rollback_cache`) is trimmed to its window too, rejected rows or not.
     """
     positions = [
         layer.cumulative_length for layer in cache.layers if type(layer) is StaticLayer and layer.is_initialized
@@ -213,21 +214,35 @@ def crop_cache(cache, length: int) -> None:
     for layer in cache.layers:
         if type(layer) is not StaticLayer and getattr(layer, "is_initialized", False):
             extra = int(layer.get_seq_length()) - length
-            if extra > 0:
+            trims = getattr(layer, "record_past", False)
+            if extra > 0 or (extra == 0 and trims):
                 layer.crop(-extra)
+            if trims and layer.keys.shape[-2] < min(layer.cumulative_length, layer.sliding_window - 1):
+                raise RuntimeError(f"cropped a sliding layer to {length} positions, behind the keys it had dropped")
+
+
+def held_offset(layer) -> int:
+    """The position of a cache layer's first row: past a sliding layer's window, the keys it dropped; else 0."""
+    if isinstance(layer, DynamicSlidingWindowLayer):
+        return layer.cumulative_length - layer.keys.shape[-2]
+    return 0
 
 
 def keep_tree_path(cache, committed: int, path: list[int]) -> None:
     """After a tree verification appended its n + 1 rows at position `committed` - 1 (the last committed token,
     then the nodes), keep the prefix, that token and the accepted `path` (node indices): the path's rows after the
     nodes it shares with the chain 0, 1, ... move down in place and the rest is cropped, so a round costs a copy of
-    a few rows, not of the whole cache, and no read of the device."""
+    a few rows, not of the whole cache, and no read of the device. Rows are found by position less the layer's
+    `held_offset`."""
     start = next((i for i, node in enumerate(path) if node != i), len(path))  # a chain's path is all prefix
     if start < len(path):
-        source = upload([committed + node for node in path[start:]], cache.layers[0].keys.device)
-        target = slice(committed + start, committed + len(path))
+        sources = {}  # the path's rows, by the row that holds position `committed`
         for layer in cache.layers:
             if getattr(layer, "is_initialized", False):
-                layer.keys[..., target, :] = layer.keys.index_select(-2, source)
-                layer.values[..., target, :] = layer.values.index_select(-2, source)
+                row = committed - held_offset(layer)
+                if row not in sources:
+                    sources[row] = upload([row + node for node in path[start:]], layer.keys.device)
+                target = slice(row + start, row + len(path))
+                layer.keys[..., target, :] = layer.keys.index_select(-2, sources[row])
+                layer.values[..., target, :] = layer.values.index_select(-2, sources[row])
     crop_cache(cache, committed + len(path))
