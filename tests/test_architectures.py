@@ -482,3 +482,100 @@ def test_rest_with_a_datastore_built_for_the_target_decodes_as_ar_does(arch, tmp
     decoder = RestDecoder(model, None, Datastore.from_pretrained(tmp_path, 64), RestConfig(tree_nodes=15))
     for gen in greedy_beside_ar(decoder, ar, prompts, (24,), False):
         assert gen.steps < len(gen.token_ids) / 2  # retrieved trees were accepted
+
+
+def tiny(model_type: str, **options):
+    """A tiny random model of `model_type` (transformers' AutoConfig), SHAPE's sizes where its config takes them."""
+    torch.manual_seed(0)
+    shape = {**SHAPE, "num_key_value_heads": 2, "initializer_range": INIT, "max_position_embeddings": 256}
+    config = transformers.AutoConfig.for_model(model_type, **{**shape, **options})
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def greedy_or_refusal(model, name: str, method: str) -> str:
+    """What `method` does on `model`: "lossless" (greedy 32 tokens as `ar` decodes them), or its one-line refusal."""
+    registry.load()
+    target = types.SimpleNamespace(model=model, tokenizer=None, name=name, identity={"name": name})
+    entry = registry.method(method)
+    try:
+        decoder = entry.decoder.from_config(entry.schema(**METHODS.get(method, {})), target, None)
+        for _ in greedy_beside_ar(decoder, ARDecoder(model), [[5, 9, 13, 5, 9, 13, 21, 30]], (32,), False):
+            pass
+    except SpecReproError as refused:
+        assert "\n" not in str(refused)
+        return str(refused)
+    return "lossless"
+
+
+# models whose forward does not take the harness's steps on transformers' DynamicCache: RWKV keeps its state in an
+# argument of its own and openai-gpt keeps none (both ignore the cache, so `ar` decoded every step without its
+# context, silently), CPM-Ant takes its whole input at every step (a traceback)
+@pytest.mark.parametrize("model_type", ["rwkv", "openai-gpt", "cpmant"])
+def test_a_model_that_does_not_step_on_a_dynamic_cache_is_refused_by_every_method_and_ar(model_type):
+    model = tiny(model_type)
+    with pytest.raises(SpecReproError, match=f"{model_type} does not decode as every method here steps a model"):
+        ARDecoder(model)
+    for method in ("pld", "token_recycling", "jacobi"):
+        assert "does not decode as every method here steps" in greedy_or_refusal(model, model_type, method)
+
+
+# ALiBi models (MPT, BLOOM) place a key by its slot in the cache, not by the position a tree gives it: MPT's
+# token_recycling and lookahead diverged from `ar`, BLOOM's stopped in a ValueError. Chains decode as `ar` does.
+@pytest.mark.parametrize("model_type", ["mpt", "bloom"])
+def test_a_model_that_places_keys_by_cache_slot_refuses_tree_methods_and_runs_chains(model_type):
+    options = {"d_model": 64, "n_heads": 4, "n_layers": 2, "expansion_ratio": 2} if model_type == "mpt" else {}
+    model = tiny(model_type, **options)
+    for method in ("token_recycling", "lookahead"):
+        refusal = greedy_or_refusal(model, model_type, method)
+        assert f"which {model_type} does not take as chains" in refusal
+    for method in ("pld", "jacobi"):
+        assert greedy_or_refusal(model, model_type, method) == "lossless"
+
+
+def test_a_cache_layer_with_state_of_its_own_is_refused_by_methods_that_roll_back():
+    """DeepSeek-V4's cache layers keep compressed keys that a crop leaves: its lookahead and jacobi diverged from `ar`
+    (past its window, crop_cache stopped in a RuntimeError). Methods that roll back refuse it; `ar` decodes it."""
+    model = tiny(
+        "deepseek_v4",
+        head_dim=16,
+        sliding_window=16,
+        num_local_experts=2,
+        n_routed_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=128,
+        n_shared_experts=1,
+        q_lora_rank=32,
+        qk_rope_head_dim=8,
+        layer_types=["heavily_compressed_attention", "compressed_sparse_attention"],
+        mlp_layer_types=["hash_moe", "moe"],
+    )
+    for method in ("pld", "lookahead", "jacobi"):
+        assert "keep state a crop does not roll back" in greedy_or_refusal(model, "deepseek_v4", method)
+    assert len(ARDecoder(model).generate([5, 9, 13, 5, 9, 13], Sampling(), 12).token_ids) == 12
+
+
+MLA = dict(  # a DeepSeek-V3.2-style model: latent attention, experts, and a sparse-attention indexer
+    num_key_value_heads=4,
+    n_routed_experts=2,
+    num_experts_per_tok=1,
+    moe_intermediate_size=128,
+    n_group=1,
+    topk_group=1,
+    n_shared_experts=1,
+    kv_lora_rank=32,
+    q_lora_rank=32,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=16,
+    head_dim=8,
+    mlp_layer_types=["dense", "sparse"],
+)
+
+
+def test_a_sparse_attention_indexer_keeps_the_accepted_tree_path():
+    """DeepSeek-V3.2's indexer picks the `index_topk` keys each row attends by indexer keys cached beside K and V. A
+    tree's accepted path moved down in K and V but not in the indexer's keys, so with fewer keys picked than cached
+    its token_recycling and lookahead diverged from `ar`; `verify.keep_tree_path` moves those rows too."""
+    model = tiny("deepseek_v32", index_topk=4, **MLA)
+    for method in ("token_recycling", "lookahead"):
+        assert greedy_or_refusal(model, "deepseek_v32", method) == "lossless"

@@ -19,9 +19,13 @@ from specrepro.decoding.device import device_sync
 from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.steps import (
     EagerSteps,
+    protocol_problem,
     recurrent_layers,
     refuse_other_logits,
+    stepping_problem,
     target_steps,
+    tree_problem,
+    unknown_layers,
 )
 from specrepro.errors import SpecReproError
 
@@ -134,11 +138,22 @@ class Decoder(ABC):
         self.tokenizer = tokenizer
         self.eos_ids = _eos_ids(model, tokenizer)
         self.steps = steps or target_steps(model)  # how the target's forwards run: eager, or compiled
+        if problem := protocol_problem(model, stepping_problem):
+            raise SpecReproError(
+                f"{model.config.model_type} does not decode as every method here steps a model: {problem}; no "
+                "method runs it, `ar` included"
+            )
         if self.rolls_back and (recurrent := recurrent_layers(model.config)):
             raise SpecReproError(
                 f"method '{self.name}' rolls rejected drafts back in the target's cache, which {recurrent} of "
                 f"{model.config.model_type}'s layers cannot do: their state is recurrent (linear attention or a "
                 "convolution); run method=ar"
+            )
+        if self.rolls_back and (unknown := unknown_layers(model.config)):
+            raise SpecReproError(
+                f"method '{self.name}' rolls rejected drafts back in the target's cache, whose "
+                f"{model.config.model_type} layers ({', '.join(unknown)}) keep state a crop does not roll back; "
+                "run method=ar"
             )
         if self.reads_hidden_states:
             refuse_other_logits(model, self.name)
@@ -187,6 +202,11 @@ class Decoder(ABC):
     def generate(self, prompt_ids, sampling: Sampling, max_new_tokens: int, seed: int = 0) -> Generation:
         if max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+        if self.verifies_trees and (problem := protocol_problem(self.model, tree_problem)):
+            raise SpecReproError(
+                f"method '{self.name}' verifies token trees, which {self.model.config.model_type} does not take as "
+                f"chains: {problem}; run a method that verifies chains (pld, jacobi, or tree_width=1)"
+            )
         ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).view(1, -1)
         rng = torch.Generator(device=self.device).manual_seed(seed)
         out = GenerationBuilder(max_new_tokens, self.eos_ids, self.device)

@@ -34,12 +34,15 @@ from __future__ import annotations
 import logging
 import time
 import types
+import weakref
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import (
+    DynamicIndexedLayer,
+    DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionCacheLayerMixin,
     StaticLayer,
@@ -51,7 +54,7 @@ from transformers.masking_utils import (
 )
 
 from specrepro.decoding.device import device_sync
-from specrepro.decoding.verify import additive_mask, crop_cache
+from specrepro.decoding.verify import additive_mask, crop_cache, tree_attention
 from specrepro.errors import SpecReproError
 
 log = logging.getLogger(__name__)
@@ -593,6 +596,88 @@ def recurrent_layers(config) -> int:
     """How many of the model's layers keep a recurrent state (linear attention or a convolution: LFM2's, Qwen3-Next's),
     which cropping the cache does not roll back: a rejected draft would stay in it."""
     return sum(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in DynamicCache(config=config).layers)
+
+
+ROLLED_BACK_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer, DynamicIndexedLayer)  # what `verify` rolls back
+
+
+def unknown_layers(config) -> list[str]:
+    """The classes of the model's cache layers, other than recurrent ones, that `verify.crop_cache` and
+    `verify.keep_tree_path` do not know how to roll back: a subclass with state of its own (DeepSeek-V4's compressed
+    keys, which kept rejected drafts: its lookahead and jacobi diverged from `ar`)."""
+    layers = DynamicCache(config=config).layers
+    return sorted(
+        {
+            type(layer).__name__
+            for layer in layers
+            if type(layer) not in ROLLED_BACK_LAYERS and not isinstance(layer, LinearAttentionCacheLayerMixin)
+        }
+    )
+
+
+def probe_ids(model) -> torch.Tensor:
+    """Four token ids for a protocol probe, on the model's device."""
+    return (torch.tensor([[3, 7, 11, 5]]) % model.config.vocab_size).to(next(model.parameters()).device)
+
+
+def agree(logits: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Whether two forwards' logits of one row agree within their dtype's rounding (a relative 1e-3 of the largest in
+    float32, 5e-2 in half precision: a row computed beside others rounds otherwise than alone)."""
+    tolerance = 1e-3 if expected.dtype == torch.float32 else 5e-2
+    expected = expected.float()
+    return bool((logits.float() - expected).abs().max() <= tolerance * expected.abs().max().clamp_min(1e-6))
+
+
+@torch.no_grad()
+def stepping_problem(model) -> str | None:
+    """Why `model` does not decode as every decoder steps it, or None: a forward of three tokens on a DynamicCache, then
+    one of the fourth, must give the fourth's logits of one forward of all four. RWKV keeps its state in an argument
+    of its own and ignores the cache (`ar` decoded every step without its context), CPM-Ant takes its whole input at
+    every step, MiniMax and xLSTM need caches of their own."""
+    ids = probe_ids(model)
+    try:
+        expected = model(ids).logits[0, -1]
+        cache = DynamicCache(config=model.config)
+        model(ids[:, :3], cache=cache)
+        stepped = model(ids[:, 3:], cache=cache).logits[0, -1]
+    except Exception as exc:  # any failure here is every decoder's: said in one line by the caller
+        return f"a step on a DynamicCache stopped in {type(exc).__name__}"
+    if not agree(stepped, expected):
+        return "a step on a DynamicCache does not give the logits of one forward over the same tokens"
+    return None
+
+
+@torch.no_grad()
+def tree_problem(model) -> str | None:
+    """Why `model` does not verify a token tree as it would a chain, or None: two sibling rows at one position after
+    the last committed token (`verify.tree_attention`), each seeing the cache and that token, must give the logits
+    the second gets in a chain. MPT and BLOOM place a key by its slot in the cache (ALiBi), not by the position a
+    tree gives it (MPT's trees diverged from `ar`), and openai-gpt takes no 4-D mask."""
+    ids = probe_ids(model)
+    sibling = (ids[:, 3:] + 1) % model.config.vocab_size
+    try:
+        expected = model(ids).logits[0, -1]
+        cache = rollback_cache(model.config)
+        model(ids[:, :2], cache=cache)
+        allow, positions = tree_attention([-1, -1], 2)
+        rows = torch.cat([ids[:, 2:3], sibling, ids[:, 3:]], dim=1)
+        tree = EagerSteps(model)(rows, cache, tree=(allow.to(ids.device), positions.to(ids.device))).logits[0, -1]
+    except Exception as exc:  # any failure here is every tree's: said in one line by the caller
+        return f"a tree step stopped in {type(exc).__name__}"
+    if not agree(tree, expected):
+        return "a tree node's logits differ from a chain's at its position (its keys are placed by cache slot)"
+    return None
+
+
+_PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {probe: its problem or None}
+
+
+def protocol_problem(model, probe) -> str | None:
+    """`probe(model)`, found once per model (`stepping_problem`, `tree_problem`)."""
+    found = _PROBED.setdefault(model, {})
+    if probe.__name__ not in found:
+        found[probe.__name__] = probe(model)
+    return found[probe.__name__]
 
 
 def static_cache(config, length: int) -> StaticCache:

@@ -245,4 +245,9 @@ def keep_tree_path(cache, committed: int, path: list[int]) -> None:
                 target = slice(row + start, row + len(path))
                 layer.keys[..., target, :] = layer.keys.index_select(-2, sources[row])
                 layer.values[..., target, :] = layer.values.index_select(-2, sources[row])
+                if getattr(layer, "is_indexer_initialized", False):  # a sparse-attention indexer's keys (DSA's)
+                    layer.indexer_keys[:, target] = layer.indexer_keys.index_select(1, sources[row])
+                if getattr(layer, "indexer_position_ids", None) is not None:
+                    positions = layer.indexer_position_ids
+                    positions[..., target] = positions.index_select(-1, sources[row])
     crop_cache(cache, committed + len(path))
