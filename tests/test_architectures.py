@@ -237,7 +237,7 @@ def test_eesd_refuses_a_model_whose_forward_is_more_than_its_layers():
     registry.load()
     target = types.SimpleNamespace(model=model.eval(), tokenizer=None, name="granite", identity={"name": "granite"})
     entry = registry.method("eesd")
-    with pytest.raises(SpecReproError, match="granite models' forward computes more") as refused:
+    with pytest.raises(SpecReproError, match="do not make granite models' forward") as refused:
         entry.decoder.from_config(entry.schema(**METHODS["eesd"]), target, None)
     assert "\n" not in str(refused.value)
     pld = registry.method("pld")
@@ -579,3 +579,19 @@ def test_a_sparse_attention_indexer_keeps_the_accepted_tree_path():
     model = tiny("deepseek_v32", index_topk=4, **MLA)
     for method in ("token_recycling", "lookahead"):
         assert greedy_or_refusal(model, "deepseek_v32", method) == "lossless"
+
+
+@pytest.mark.parametrize(
+    ("model_type", "options", "method", "phrase"),
+    [
+        ("glm_moe_dsa", MLA, "self_sd", "glm_moe_dsa's blocks do not"),  # a ValueError in its block
+        ("glm_moe_dsa", MLA, "eesd", "do not make glm_moe_dsa models' forward"),  # a TypeError in its indexer
+        ("granitemoehybrid", {"layer_types": ["linear_attention", "full_attention"]}, "eesd", "have no such layers"),
+        ("biogpt", {}, "sar_draft", "biogpt models do not have"),  # an AttributeError: no lm_head
+    ],
+)
+def test_methods_that_run_a_models_parts_refuse_parts_that_run_otherwise_in_one_line(
+    model_type, options, method, phrase
+):
+    """Each stopped in a traceback before; each refuses in one line now."""
+    assert phrase in greedy_or_refusal(tiny(model_type, **options), model_type, method)

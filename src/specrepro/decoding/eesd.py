@@ -135,7 +135,7 @@ class EarlyExitHead(torch.nn.Module):
     def check_shape(target: torch.nn.Module, num_layers: int, shared_head: bool, reduced_vocab: bool) -> None:
         """Refuse a head this target cannot have (before any training data is made for it)."""
         body = getattr(target, "model", None)  # its layers run as LlamaModel.forward runs them (steps.run_layers)
-        if not all(hasattr(body, part) for part in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        if not all(getattr(body, part, None) is not None for part in ("embed_tokens", "layers", "norm", "rotary_emb")):
             raise SpecReproError(
                 f"eesd runs the target's first layers itself, as a LLaMA's (model.embed_tokens, layers, norm, "
                 f"rotary_emb): {target.config.model_type} models ({type(target).__name__}) have no such layers"
@@ -147,9 +147,10 @@ class EarlyExitHead(torch.nn.Module):
             )
         if not layers_make_the_forward(target):
             raise SpecReproError(
-                f"eesd verifies on the target's layers as it runs them itself (embed_tokens, the layers, norm), but "
-                f"{target.config.model_type} models' forward computes more (Granite's embedding multiplier, for one), "
-                "so its verification would not be the target's: run another method"
+                f"eesd verifies on the target's layers as it runs them itself (embed_tokens, the layers as a "
+                f"LLaMA's, norm), which do not make {target.config.model_type} models' forward (Granite multiplies "
+                "its embeddings; sparse-attention and multi-stream layers take other inputs), so its verification "
+                "would not be the target's: run another method"
             )
         depth = target.config.num_hidden_layers
         if not 1 <= num_layers < depth:
@@ -263,13 +264,19 @@ def first_layers_hidden(
 
 def layers_make_the_forward(target) -> bool:
     """Whether the target's last hidden states are, bit for bit on four tokens, its layers run as `steps.run_layers`
-    runs them on embed_tokens' output, then its final norm: Granite multiplies its embeddings in its forward."""
+    runs them on embed_tokens' output, then its final norm: Granite multiplies its embeddings in its forward; layers
+    that take other inputs (DeepSeek-V3.2's sparse-attention indexer, HunYuan-V4's streams) fail to run so."""
     input_ids = torch.arange(4, device=next(target.parameters()).device)[None] % target.config.vocab_size
     body = target.model
     with torch.inference_mode():
-        ours = body.norm(
-            run_layers(target, body.embed_tokens(input_ids), body.layers, None, None, attention_window(target.config))
-        )
+        try:
+            ours = body.norm(
+                run_layers(
+                    target, body.embed_tokens(input_ids), body.layers, None, None, attention_window(target.config)
+                )
+            )
+        except Exception:  # layers that run otherwise than a LLaMA's: refused by the caller in one line
+            return False
         return torch.equal(ours, decoder_body(target)(input_ids).last_hidden_state)
 
 

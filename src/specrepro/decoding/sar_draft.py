@@ -43,6 +43,7 @@ from specrepro.decoding import draft_vocab
 from specrepro.decoding.controllers import CONTROLLERS, DraftLengthController, build_controller
 from specrepro.decoding.draft_verify import DraftVerifyDecoder, Proposal, TargetOutput
 from specrepro.decoding.sampling import Sampling
+from specrepro.decoding.steps import refuse_other_logits
 from specrepro.errors import SpecReproError
 from specrepro.models.kernels import onednn_available
 from specrepro.registry import MethodConfig, register_method
@@ -346,6 +347,7 @@ class SARDraftDecoder(DraftVerifyDecoder):
 
     @classmethod
     def from_config(cls, cfg: SARDraftConfig, target, ctx) -> "SARDraftDecoder":
+        refuse_other_logits(target.model, cls.name)  # before a head is attached to the target's
         if cfg.head == "none":
             head = head_for(
                 target.model, cfg.variant, cfg.head_k, cfg.proj_size, cfg.transformer_layers, cfg.shared_lm_head

@@ -156,6 +156,19 @@ def skipped_sublayers(model, attn_skip, mlp_skip):
                 module.forward = previous
 
 
+@torch.no_grad()
+def skips_as_llama(model) -> bool:
+    """Whether the model runs with an attention sub-layer and an MLP sub-layer skipped (`skipped_sublayers`): a
+    LLaMA's block takes what `_no_attention` returns; GLM-MoE-DSA's unpacks a third value from its attention."""
+    ids = (torch.arange(4, device=next(model.parameters()).device) % model.config.vocab_size)[None]
+    try:
+        with skipped_sublayers(model, [0], [len(decoder_layers(model)) - 1]):
+            model(ids)
+    except Exception:  # a block that runs otherwise: refused by the caller in one line
+        return False
+    return True
+
+
 def check_skip_set(attn_skip, mlp_skip, num_layers: int) -> None:
     for kind, indices in (("attn_skip", attn_skip), ("mlp_skip", mlp_skip)):
         bad = [i for i in indices if not 0 <= i < num_layers]
@@ -189,6 +202,11 @@ class SelfSDDecoder(DraftVerifyDecoder):
         if model.config._attn_implementation == "eager":
             # with layers holding different lengths, only a kernel that needs no mask for one query works
             raise SpecReproError("self_sd drafting needs sdpa or flash attention, not eager")
+        if not skips_as_llama(model):
+            raise SpecReproError(
+                f"self_sd skips attention and MLP sub-layers as a LLaMA's blocks allow, which "
+                f"{model.config.model_type}'s blocks do not (their attention returns what a LLaMA's does not)"
+            )
         self.tree_width = cfg.tree_width
         if cfg.draft_vocab and vocab_ranking is None:
             if tokenizer is None:

@@ -583,7 +583,13 @@ def logits_are_head_of_hidden(model, input_ids: torch.Tensor | None = None) -> b
 
 def refuse_other_logits(model, method: str) -> None:
     """Refuse `method`, which verifies on the LM head of the target's hidden states, for a model whose logits are
-    computed otherwise: its speculative sampling would keep another distribution than the target's."""
+    computed otherwise: its speculative sampling would keep another distribution than the target's, or that names
+    its head otherwise (BioGPT's `output_projection`)."""
+    if not isinstance(getattr(model, "lm_head", None), torch.nn.Module):
+        raise SpecReproError(
+            f"method '{method}' verifies drafts on the target's `lm_head`, which {model.config.model_type} models "
+            "do not have: run another method"
+        )
     if not logits_are_head_of_hidden(model):
         raise SpecReproError(
             f"method '{method}' verifies drafts on lm_head(the target's last hidden states), but "
