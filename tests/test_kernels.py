@@ -201,3 +201,19 @@ def test_bf16_work_on_a_cpu_without_native_bf16_is_warned_about(monkeypatch, cap
     native = avx512_bf16 or amx
     assert ["without native bfloat16" in r.getMessage() for r in caplog.records] == ([] if native else [True])
     assert provenance.device_description()["cpu_native_bf16"] is native
+
+
+def test_within_torch_linears_a_packed_linear_runs_torchs_kernel_on_its_weights():
+    """`timing.torch_ar` times `ar` on torch's linears on the model packed for oneDNN: within `torch_linears` every
+    PackedLinear computes `F.linear` on its own parameters, bit for bit, and its packed copy is kept for later."""
+    if not kernels.onednn_available():
+        pytest.skip("no oneDNN linear on this CPU")
+    linear = torch.nn.Linear(16, 8)
+    layer = packed(linear)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        layer(x)
+        kept = layer._packed
+        with kernels.torch_linears():
+            assert torch.equal(layer(x), torch.nn.functional.linear(x, linear.weight, linear.bias))
+        assert layer._packed is kept

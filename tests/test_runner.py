@@ -446,3 +446,33 @@ def test_training_minutes_leave_out_a_pause_of_the_process():
     measured, wall = map(float, child.stdout.readline().split())
     child.wait(timeout=30)
     assert wall >= 3.4 and measured <= wall - 2.0, (measured, wall)
+
+
+def test_a_run_on_onednn_linears_also_reports_its_speedup_over_ar_on_torchs(tmp_path):
+    """`timing.torch_ar`: `ar` on torch's own linears is timed beside the paired `ar` on oneDNN's, on the same model
+    (on an Ice Lake Xeon torch's one-token forward is the faster), and the run reports its speedup over each and
+    over the faster of the two, turn by turn (never above either)."""
+    specrepro(
+        "run",
+        *FAST,
+        "method=pld",
+        "dataset=gsm8k",
+        "dataset.limit=2",
+        "timing.paired=true",
+        "timing.torch_ar=true",
+        "hardware.linear_kernel=onednn",
+        "logger=none",
+        cwd=tmp_path,
+    )
+    [run] = [path for key, path in run_dirs(tmp_path).items() if key.startswith("pld:")]
+    pld = json.loads((run / "metrics.json").read_text())
+    rows = [json.loads(line) for line in (run / "generations.jsonl").read_text().splitlines()]
+    turns = [turn for row in rows for turn in row["samples"][0]]
+    assert all(turn["torch_ar_wall_time"] > 0 and turn["ar_wall_time"] > 0 for turn in turns)
+    assert pld["speedup_paired_fastest"] <= min(pld["speedup_paired"], pld["speedup_paired_torch"]) + 1e-12
+    assert 0 <= pld["fastest_ar_share_torch"] <= 1 and 0 <= pld["lossless_torch"] <= 1
+
+
+def test_timing_torch_ar_needs_paired_timing_on_onednn_linears(tmp_path):
+    out = specrepro("run", *FAST, "method=pld", "timing.torch_ar=true", "logger=none", cwd=tmp_path, check=False)
+    assert out.returncode == 2 and "timing.torch_ar" in out.stderr and "Traceback" not in out.stderr

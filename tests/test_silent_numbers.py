@@ -336,3 +336,23 @@ def test_a_model_loaded_from_a_model_config_dataclass_knows_its_target_identity(
     cfg = ModelConfig(name="tiny", source="random")
     loaded = load_model(cfg, torch.device("cpu"), torch.float32)
     assert loaded.identity == target_identity(OmegaConf.structured(cfg)) | {"vocab_size": 49152, "hidden_size": 64}
+
+
+def test_the_speedup_over_the_faster_ar_takes_each_turns_faster_arm():
+    """`speedup_paired_fastest` divides each turn's rate by the faster of its two `ar` arms (oneDNN's linears and
+    torch's), not by either one throughout: a mean of per-turn ratios whichever arm won the turn."""
+    from specrepro.metrics.speed import fastest_ar_speedup
+
+    def turn(ar_rate: float, torch_rate: float) -> dict:
+        return {
+            "token_ids": list(range(10)),
+            "wall_time": 1.0,
+            "ar_tokens": 10,
+            "ar_wall_time": 10 / ar_rate,
+            "torch_ar_tokens": 10,
+            "torch_ar_wall_time": 10 / torch_rate,
+        }
+
+    result = fastest_ar_speedup([turn(5.0, 8.0), turn(4.0, 2.0)])  # 10 tok/s over 8, then over 4
+    assert result["speedup_paired_fastest"] == pytest.approx((10 / 8 + 10 / 4) / 2)
+    assert result["fastest_ar_share_torch"] == 0.5

@@ -276,6 +276,8 @@ class TimingConfig:
     repeats: int = 1  # decode each sample this many times, every arm in turn, and keep each arm's fastest timing
     order: str = "ar_first"  # ar_first: `ar` timed right before the method on every turn; alternate: before it on
     # one turn, after it on the next, so an advantage of being timed second cancels (records order_effect_paired)
+    torch_ar: bool = False  # with `paired` on oneDNN's linears (a CPU): also time `ar` on torch's own linears beside
+    # each turn (speedup_paired_torch), and the speedup over the faster of the two `ar` arms (speedup_paired_fastest)
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
@@ -370,6 +372,11 @@ def check_run_config(cfg) -> None:
     check_model(cfg.model)
     for key in ("logger", "decoding", "timing", "hardware"):
         OmegaConf.to_object(OmegaConf.merge(schemas[key], cfg[key]))
+    if cfg.timing.get("torch_ar") and not (cfg.timing.paired and cfg.hardware.linear_kernel == "onednn"):
+        raise SpecReproError(
+            "timing.torch_ar times `ar` on torch's linears beside the paired `ar` on oneDNN's: it needs "
+            "timing.paired=true and hardware.linear_kernel=onednn"
+        )
 
 
 def hydra_root(results_dir: str) -> str:

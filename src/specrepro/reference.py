@@ -25,7 +25,7 @@ def reference_config(cfg: DictConfig) -> DictConfig:
     this one waited for its lock is reused, not decoded again under the records that job's run already used."""
     content = OmegaConf.to_container(cfg, resolve=True)
     content.update(method={"name": "ar"}, run_name=None, reference=False, resume=True)
-    content["timing"]["paired"] = False
+    content["timing"].update(paired=False, torch_ar=False)
     return OmegaConf.create(content)
 
 

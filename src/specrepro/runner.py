@@ -52,6 +52,7 @@ from specrepro.metrics.speed import impossible_generation, impossible_metrics
 from specrepro.metrics.summary import summarize
 from specrepro.models import LoadedModel, ModelLoader
 from specrepro.models.cache import load_target
+from specrepro.models.kernels import torch_linears
 from specrepro.provenance import now, provenance
 from specrepro.reference import decoded_by_other_code, find_reference, reference_config, reference_samples
 from specrepro.reuse import note_reused
@@ -245,13 +246,26 @@ def ar_reference(cfg: DictConfig, ref_key: str, name: str, group: str | None) ->
     return reference
 
 
+class TorchLinearsAR(ARDecoder):
+    """`ar` on torch's own linears (`kernels.torch_linears`), the arm `timing.torch_ar` times beside the paired one:
+    on some CPUs torch's one-token forward beats oneDNN's, so a speedup over `ar` on oneDNN overstates one over the
+    faster `ar`."""
+
+    def generate(self, *args, **kwargs):
+        with torch_linears():
+            return super().generate(*args, **kwargs)
+
+
 def paired_baselines(cfg: DictConfig, target: LoadedModel, decoder) -> dict:
-    """`ar` timed beside each turn with `timing.paired`: as the run computes, and eager too when that is compiled."""
+    """`ar` timed beside each turn with `timing.paired`: as the run computes, eager too when that is compiled, and on
+    torch's linears too with `timing.torch_ar`."""
     baselines = {}
     if cfg.timing.paired:
         baselines["ar"] = ARDecoder(target.model, target.tokenizer)
         if decoder.steps.compiled:
             baselines["eager_ar"] = ARDecoder(target.model, target.tokenizer, steps=EagerSteps(target.model))
+        if cfg.timing.get("torch_ar"):
+            baselines["torch_ar"] = TorchLinearsAR(target.model, target.tokenizer)
     return baselines
 
 
@@ -296,7 +310,7 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
                 gen["compile_time"] = compiled_s
             if timed_beside:
                 gen["method_timed_first"] = method_first
-            for key, ar_gen in timed_beside.items():  # `ar_*`: the paired reference, `eager_ar_*`: its eager run
+            for key, ar_gen in timed_beside.items():  # `ar_*`: the paired reference, `eager_ar_*`, `torch_ar_*`: more
                 gen[f"{key}_wall_time"], gen[f"{key}_tokens"] = ar_gen.wall_time, len(ar_gen.token_ids)
                 gen[f"{key}_token_ids"], gen[f"{key}_prefill_time"] = ar_gen.token_ids, ar_gen.prefill_time
                 gen[f"{key}_discarded_steps"] = ar_gen.discarded_steps

@@ -130,8 +130,8 @@ def paired_speedup(gens: list[dict], baseline: str = "ar") -> dict[str, float]:
     per-sample throughput ratio with the half-width of its 95% confidence interval over the decoded turns (`ci95`),
     the draft and verify cost per step in units of the paired `ar` decoding step, and with alternating order the
     `order_effect`. `baseline="eager_ar"`: the same against eager `ar` timed beside a
-    compiled run (keys `speedup_paired_eager`, ...)."""
-    suffix = "" if baseline == "ar" else "_eager"
+    compiled run (keys `speedup_paired_eager`, ...); `"torch_ar"`: against `ar` on torch's linears (`_torch`)."""
+    suffix = PAIRED_SUFFIXES[baseline]
     paired = [g for g in gens if g.get(f"{baseline}_wall_time") and g["wall_time"] > 0]
     if not paired:
         return {f"speedup_paired{suffix}": math.nan, f"speedup_paired{suffix}_ci95": math.nan}
@@ -147,6 +147,25 @@ def paired_speedup(gens: list[dict], baseline: str = "ar") -> dict[str, float]:
         f"draft_cost_paired{suffix}": _ratio(_part_ms_per_step(paired, "draft", steps), ar_step_ms),
         f"verify_cost_paired{suffix}": _ratio(_part_ms_per_step(paired, "verify", steps), ar_step_ms),
     } | order_effect(paired, ratios, suffix)
+
+
+PAIRED_SUFFIXES = {"ar": "", "eager_ar": "_eager", "torch_ar": "_torch"}  # a paired baseline's metric-name suffix
+
+
+def fastest_ar_speedup(gens: list[dict], baselines=("ar", "torch_ar")) -> dict[str, float]:
+    """Speedup over the faster of the `ar` arms timed beside each turn (`timing.torch_ar`: oneDNN's linears and
+    torch's), turn by turn: the mean ratio with its 95% interval, and the share of turns the second arm was faster
+    (`fastest_ar_share_torch`)."""
+    paired = [g for g in gens if all(g.get(f"{b}_wall_time") for b in baselines) and g["wall_time"] > 0]
+    if not paired:
+        return {"speedup_paired_fastest": math.nan, "speedup_paired_fastest_ci95": math.nan}
+    rates = [[g[f"{b}_tokens"] / g[f"{b}_wall_time"] for b in baselines] for g in paired]
+    ratios = [_rate(g) / max(r) for g, r in zip(paired, rates)]
+    return {
+        "speedup_paired_fastest": fmean(ratios),
+        "speedup_paired_fastest_ci95": ci95(ratios),
+        "fastest_ar_share_torch": fmean(float(r[1] > r[0]) for r in rates),
+    }
 
 
 def order_effect(paired: list[dict], ratios: list[float], suffix: str = "") -> dict[str, float]:

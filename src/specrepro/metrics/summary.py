@@ -7,7 +7,7 @@ import math
 
 from specrepro.errors import SpecReproError
 from specrepro.metrics.divergence import near_tie_metrics
-from specrepro.metrics.speed import lossless, paired_speedup, speed_metrics, speedups
+from specrepro.metrics.speed import fastest_ar_speedup, lossless, paired_speedup, speed_metrics, speedups
 
 
 def run_level_extras(gens: list[dict]) -> dict[str, float]:
@@ -37,6 +37,10 @@ def summarize(rows: list[dict], reference_rows: list[dict] | None, greedy: bool)
         metrics.update(paired_speedup(gens, "eager_ar"))
         if greedy:
             metrics["lossless_eager"] = lossless(gens, [{"token_ids": g["eager_ar_token_ids"]} for g in gens])
+    if any("torch_ar_wall_time" in g for g in gens):  # timing.torch_ar: `ar` on torch's linears too
+        metrics.update(paired_speedup(gens, "torch_ar") | fastest_ar_speedup(gens))
+        if greedy:
+            metrics["lossless_torch"] = lossless(gens, [{"token_ids": g["torch_ar_token_ids"]} for g in gens])
     if reference_rows is not None:
         by_id = {row["id"]: row for row in reference_rows}
         for row in rows:  # later turns follow each run's own (sampled) answers; the first prompt must match

@@ -21,8 +21,10 @@ comparison run on models loaded with the same setting, so `ar` gets the faster k
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +35,20 @@ log = logging.getLogger(__name__)
 
 KERNELS = ("onednn", "torch")
 _PACKABLE = (torch.float32, torch.bfloat16)
+
+
+_TORCH_LINEARS = contextvars.ContextVar("torch_linears", default=False)
+
+
+@contextmanager
+def torch_linears():
+    """Within it, every `PackedLinear` computes with torch's own `F.linear` on its parameters: `ar` timed on torch's
+    kernels beside `ar` on oneDNN's, on one model (`timing.torch_ar`)."""
+    token = _TORCH_LINEARS.set(True)
+    try:
+        yield
+    finally:
+        _TORCH_LINEARS.reset(token)
 
 
 class PackedLinear(torch.nn.Linear):
@@ -60,6 +76,7 @@ class PackedLinear(torch.nn.Linear):
             and not w.is_inference()  # no version counter, so a packed copy could not tell it went stale
             and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
             and not torch.is_autocast_enabled("cpu")
+            and not _TORCH_LINEARS.get()
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
