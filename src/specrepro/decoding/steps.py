@@ -108,7 +108,7 @@ class EagerSteps:
         compile graphs of their own for. Returns the rows' logits (`StepOutput`)."""
         return StepOutput(
             self.model(
-                input_ids, cache=cache, logits_to_keep=logits_to_keep, **self.mask_inputs(input_ids, tree, past)
+                input_ids, cache=cache, logits_to_keep=logits_to_keep, **self.mask_inputs(input_ids, tree, past, cache)
             ).logits
         )
 
@@ -126,14 +126,14 @@ class EagerSteps:
         one-row step bit for bit under `hardware.row_invariant` (models/attention.py)."""
         rows = {} if exact_rows is None else {"exact_rows": exact_rows}
         return decoder_body(self.model)(
-            input_ids, cache=cache, **self.mask_inputs(input_ids, tree, past), **rows
+            input_ids, cache=cache, **self.mask_inputs(input_ids, tree, past, cache), **rows
         ).last_hidden_state
 
-    def mask_inputs(self, input_ids: torch.Tensor, tree, past: int | None) -> dict:
+    def mask_inputs(self, input_ids: torch.Tensor, tree, past: int | None, cache=None) -> dict:
         """A tree's mask and positions (`tree_inputs`), a chain's positions after `past`, or {} to let the model
         count them."""
         if tree is not None or past is None:
-            return self.tree_inputs(tree)
+            return self.tree_inputs(tree, cache)
         return {"position_ids": torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]}
 
     def with_hidden(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, tree=None, past: int | None = None):
@@ -155,12 +155,12 @@ class EagerSteps:
         these steps: as is here; compiled (a graph per input shape) on compiled steps."""
         return fn
 
-    def tree_inputs(self, tree) -> dict:
-        """The model's attention mask and position ids for a tree verification's `tree`; {} for a chain."""
+    def tree_inputs(self, tree, cache=None) -> dict:
+        """The model's attention mask and position ids for a tree verification's `tree` on `cache`; {} for a chain."""
         if tree is None:
             return {}
         allow, positions = tree
-        mask = tree_mask(self.model.config, allow, positions, self.window, self.model.dtype)
+        mask = tree_mask(self.model.config, allow, positions, self.window, self.model.dtype, cache)
         return {"attention_mask": mask, "position_ids": positions[None]}
 
 
@@ -281,14 +281,14 @@ class CompiledSteps(EagerSteps):
         """Positions a cache keeps past a generation's length: for the spare and for the widest step's rows."""
         return max(self.spare, self.widest)
 
-    def tree_inputs(self, tree) -> dict:
+    def tree_inputs(self, tree, cache=None) -> dict:
         """An uncompiled tree step's mask, widened to the static cache's length (its keys are all of its rows)."""
         if tree is None:
             return {}
         allow, positions = tree
         wide = allow.new_zeros(allow.shape[0], self.cache_len)
         wide[:, : allow.shape[1]] = allow
-        return super().tree_inputs((wide, positions))
+        return super().tree_inputs((wide, positions), cache)
 
     def layers(self, layers, hidden, cache, tree=None, past=None):
         """The slice's compiled graph for the bucket of n rows (hidden states padded with their last row), or, for
@@ -535,28 +535,30 @@ def local_masks(config, allow: torch.Tensor, rows: torch.Tensor, keys: torch.Ten
     return masks if getattr(config, "layer_types", None) else masks[kinds[0]]
 
 
-def tree_mask(config, allow: torch.Tensor, positions: torch.Tensor, window: int | None, dtype, rows: int | None = None):
+def tree_mask(config, allow: torch.Tensor, positions: torch.Tensor, window: int | None, dtype, cache=None, rows=None):
     """transformers' attention_mask for the rows of a tree step: `allow` (rows, keys), the keys each row sees
     (`verify.tree_attention`: the cache's, then the rows'), `positions` (rows,) theirs. On a model with local layers
     (a `window`: sliding or chunked), those layers see only the keys their window leaves (`local_masks`), and their
-    masks only the columns of the keys their cache gives the forward (`held_columns`); `rows`: how many of the last
-    rows the forward runs (default: all)."""
+    masks only the columns of the keys `cache` gives the forward (`held_columns`); `rows`: how many of the last rows
+    the forward runs (default: all)."""
     if window is None:
         return additive_mask(allow, dtype)
     keys = torch.cat([torch.arange(allow.shape[1] - len(positions), device=positions.device), positions])
     masks = local_masks(config, allow, positions, keys, lambda seen: additive_mask(seen, dtype))
-    return held_columns(config, masks, allow.shape[1] - (len(positions) if rows is None else rows))
+    return held_columns(config, masks, allow.shape[1] - (len(positions) if rows is None else rows), cache)
 
 
-def held_columns(config, masks, past: int):
-    """Each local layer type's mask (`local_masks`) cut to the keys a `rollback_cache` layer of that type gives a
-    forward after `past` cached positions: the last window - 1 (as transformers' `get_mask_sizes` counts them), then
-    the forward's own. A row at position p or more sees no key before p - window + 1, in a window or in a chunk."""
-
+def held_columns(config, masks, past: int, cache):
+    """Each local layer type's mask (`local_masks`) cut to the keys its layers of `cache` give a forward after `past`
+    cached positions, where they are transformers' sliding layers (`rollback_cache`'s, not a static cache's full
+    ones): the last window - 1 (as its `get_mask_sizes` counts them), then the forward's own. A row at position p or
+    more sees no key before p - window + 1, in a window or in a chunk."""
     sizes = {"sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
+    layers = cache.layers if cache is not None else ()
+    held = {kind for kind, layer in zip(layer_kinds(config), layers) if isinstance(layer, DynamicSlidingWindowLayer)}
 
     def cut(kind: str, mask: torch.Tensor) -> torch.Tensor:
-        size = getattr(config, sizes[kind]) if kind in sizes else None
+        size = getattr(config, sizes[kind]) if kind in held else None
         return mask[..., max(past - size + 1, 0) :] if size else mask
 
     if isinstance(masks, dict):
@@ -735,7 +737,7 @@ def run_layers(model, hidden: torch.Tensor, layers, cache, tree=None, window: in
     rows = hidden.shape[1]
     if tree is not None:
         allow, positions = tree
-        mask = tree_mask(model.config, allow, positions, window, hidden.dtype, rows)
+        mask = tree_mask(model.config, allow, positions, window, hidden.dtype, cache, rows)
         mask = {kind: m[..., -rows:, :] for kind, m in mask.items()} if isinstance(mask, dict) else mask[..., -rows:, :]
         return apply_layers(model, hidden, layers, cache, mask, positions[-rows:].unsqueeze(0))
     first = layers[0].self_attn.layer_idx
