@@ -11,18 +11,25 @@ With `--min-rows N` it compares oneDNN as is with oneDNN zero-padding every inpu
 
     .venv/bin/python experiments/bench_kernels.py --threads 1 --dtype float32
     .venv/bin/python experiments/bench_kernels.py --threads 1 --min-rows 5
+
+`--json` and `--markdown` also write the figures, with the machine and code that timed them, as a results page
+(`results/cpu/kernels_*`: one per CPU and dtype, for the machines the leaderboard's rows were timed on).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import statistics
+import sys
 import time
 from functools import partial
+from pathlib import Path
 from typing import Callable
 
 import torch
-from common import gsm8k_prompts, positive_int
+from common import gsm8k_prompts, positive_int, provenance_lines
 from transformers import DynamicCache
 
 from specrepro.config import ModelConfig
@@ -30,6 +37,8 @@ from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.models import load_model, resolve_dtype
 from specrepro.models.kernels import KERNELS, set_linear_kernel
+from specrepro.provenance import machine_label, provenance
+from specrepro.tracking import atomic_write
 
 LENGTHS = (1, 2, 3, 5, 8, 16, 36)
 
@@ -58,9 +67,10 @@ def benchmark_args(description: str, dtype: str, configure: Callable | None = No
 
 
 @torch.inference_mode()
-def compare_settings(settings: dict[str, Callable[[torch.nn.Module], None]], args: argparse.Namespace) -> None:
+def compare_settings(settings: dict[str, Callable[[torch.nn.Module], None]], args: argparse.Namespace) -> dict:
     """Time the embedded model under each setting (a callable that switches the model to it), interleaved: T-token
-    forward costs relative to the setting's own 1-token forward, then `ar` throughput on GSM8K prompts."""
+    forward costs relative to the setting's own 1-token forward, then `ar` throughput on GSM8K prompts. Prints
+    them and returns them as figures (`markdown`'s)."""
     names = list(settings)
     target = load_model(
         ModelConfig(name="smollm2_135m", source="embedded"), torch.device("cpu"), resolve_dtype(args.dtype)
@@ -103,22 +113,80 @@ def compare_settings(settings: dict[str, Callable[[torch.nn.Module], None]], arg
         + ", ".join(f"{name} {rate[name]:.1f} tok/s" for name in names)
         + f", {first} / {second} {rate[first] / rate[second]:.2f}x; token-identical outputs {same}/{len(prompts)}"
     )
+    return {
+        "dtype": args.dtype,
+        "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "one_token_ms": {name: median[name, 1] for name in names},
+        "forward_cost": {name: {n: median[name, n] / median[name, 1] for n in LENGTHS[1:]} for name in names},
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "ar_tok_per_s": rate,
+        "identical": same,
+    }
+
+
+def markdown(figures: dict) -> str:
+    """The figures as a results page: a row per setting (its `ar` and its forwards), then the provenance."""
+    names, rate = list(figures["ar_tok_per_s"]), figures["ar_tok_per_s"]
+    fastest = max(names, key=rate.get)
+    lengths = list(figures["forward_cost"][names[0]])
+    lines = [
+        f"# CPU linear kernels: which runs `ar` fastest on {machine_label(figures['provenance']['machine'])}",
+        "",
+        f"The embedded smollm2_135m in {figures['dtype']}, {figures['threads']} thread(s), each setting timed"
+        " interleaved in one process (`hardware.linear_kernel`). `ar` tok/s: greedy on"
+        f" {figures['prompts']} GSM8K prompts x {figures['max_new_tokens']} new tokens, the settings alternating"
+        f" per prompt. A T-token forward (on a 200-token cache) is over the setting's own 1-token forward, the"
+        f" median of {figures['repeats']}: what a verification of T - 1 drafts costs in that setting's `ar` steps."
+        " Written by `experiments/bench_kernels.py`.",
+        "",
+        "| setting | `ar` tok/s | over the fastest `ar` | 1-token forward (ms) | "
+        + " | ".join(f"T={n} forward / 1-token" for n in lengths)
+        + " |",
+        "|---|---|---|---|" + "---|" * len(lengths),
+    ]
+    for name in names:
+        costs = " | ".join(f"{figures['forward_cost'][name][n]:.2f}" for n in lengths)
+        lines.append(
+            f"| `{name}` | {rate[name]:.1f} | {rate[name] / rate[fastest]:.2f}x | "
+            f"{figures['one_token_ms'][name]:.1f} | {costs} |"
+        )
+    lines += [
+        "",
+        f"- The fastest `ar` here: `{fastest}`. The settings' greedy outputs were token-identical on"
+        f" {figures['identical']} of {figures['prompts']} prompts.",
+        "",
+        *provenance_lines(figures["provenance"], figures["date"]),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def use_onednn(min_rows: int, model: torch.nn.Module) -> None:
     set_linear_kernel(model, "onednn", min_rows)
 
 
-if __name__ == "__main__":
-    args = benchmark_args(
-        __doc__.splitlines()[0],
-        "float32",
-        lambda parser: parser.add_argument(
-            "--min-rows", type=int, default=1, help="compare oneDNN with and without zero-padding to this many rows"
-        ),
+def kernel_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--min-rows", type=int, default=1, help="compare oneDNN with and without zero-padding to this many rows"
     )
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--markdown", default=None, help="also write them as a results page")
+
+
+if __name__ == "__main__":
+    args = benchmark_args(__doc__.splitlines()[0], "float32", kernel_options)
     if args.min_rows > 1:
         settings = {"onednn": partial(use_onednn, 1), f"onednn_min{args.min_rows}": partial(use_onednn, args.min_rows)}
     else:
         settings = {kernel: lambda model, kernel=kernel: set_linear_kernel(model, kernel) for kernel in KERNELS}
-    compare_settings(settings, args)
+    figures = compare_settings(settings, args)
+    command = shlex.join(["python", "experiments/bench_kernels.py", *sys.argv[1:]])  # the repo's path, whatever ran it
+    figures |= {
+        "provenance": provenance({"dtype": args.dtype}, "cpu") | {"command": command},
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    if args.json:
+        atomic_write(Path(args.json), json.dumps(figures, indent=1) + "\n")
+    if args.markdown:
+        atomic_write(Path(args.markdown), markdown(figures))

@@ -4,6 +4,8 @@ updates, leaves autograd to torch, and keeps every lossless decoder equal to `ar
 from __future__ import annotations
 
 import copy
+import json
+import runpy
 from argparse import Namespace
 from pathlib import Path
 
@@ -139,6 +141,30 @@ def test_bench_kernels_times_no_weight_packing(monkeypatch):
     settings = {kernel: lambda model, kernel=kernel: set_linear_kernel(model, kernel) for kernel in kernels.KERNELS}
     bench_kernels.compare_settings(settings, Namespace(dtype="float32", repeats=1, prompts=3, max_new_tokens=3))
     assert len(timed_packs) == 6 and not any(timed_packs)
+
+
+def test_bench_kernels_page_names_the_fastest_ar_and_what_timed_it(monkeypatch, tmp_path):
+    """experiments/bench_kernels.py --json --markdown: the figures it printed, a row per kernel with its `ar` over
+    the fastest, the machine and the command that regenerates the page."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "experiments"))
+    import bench_kernels
+
+    model = tiny_llama(vocab_size=20000)
+    monkeypatch.setattr(bench_kernels, "load_model", lambda *args: LoadedModel(model, None, "tiny"))
+    monkeypatch.setattr(bench_kernels, "gsm8k_prompts", lambda tokenizer, limit: [[1, 5, 9, 2]] * limit)
+    page, figures = tmp_path / "kernels.md", tmp_path / "kernels.json"
+    argv = ["bench_kernels.py", "--repeats", "1", "--prompts", "2", "--max-new-tokens", "3"]
+    monkeypatch.setattr("sys.argv", [*argv, "--json", str(figures), "--markdown", str(page)])
+    runpy.run_path(bench_kernels.__file__, run_name="__main__")
+    written = json.loads(figures.read_text())
+    rate = written["ar_tok_per_s"]
+    fastest = max(rate, key=rate.get)
+    assert set(rate) == set(kernels.KERNELS) and written["identical"] == 2
+    assert written["provenance"]["machine"]["cpu"] and written["provenance"]["dtype"] == "float32"
+    text = page.read_text()
+    assert f"The fastest `ar` here: `{fastest}`" in text and f"| `{fastest}` | {rate[fastest]:.1f} | 1.00x |" in text
+    assert all(f"| `{name}` |" in text for name in rate)
+    assert "- Regenerate: `python experiments/bench_kernels.py --repeats 1 --prompts 2" in text
 
 
 def test_bench_attention_settings_differ_in_attention_only(monkeypatch):
