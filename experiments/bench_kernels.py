@@ -131,6 +131,12 @@ def markdown(figures: dict) -> str:
     names, rate = list(figures["ar_tok_per_s"]), figures["ar_tok_per_s"]
     fastest = max(names, key=rate.get)
     lengths = list(figures["forward_cost"][names[0]])
+    native = figures["provenance"]["machine"].get("cpu_native_bf16")
+    native_bf16_line = (
+        [f"- This CPU computes bfloat16 natively: {'yes' if native else 'no (emulated)'}."]
+        if figures["dtype"] == "bfloat16" and native is not None
+        else []
+    )
     lines = [
         f"# CPU linear kernels: which runs `ar` fastest on {machine_label(figures['provenance']['machine'])}",
         "",
@@ -156,6 +162,7 @@ def markdown(figures: dict) -> str:
         "",
         f"- The fastest `ar` here: `{fastest}`. The settings' greedy outputs were token-identical on"
         f" {figures['identical']} of {figures['prompts']} prompts.",
+        *native_bf16_line,
         "",
         *provenance_lines(figures["provenance"], figures["date"]),
     ]
