@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -36,6 +37,7 @@ from specrepro.config import ModelConfig
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.sampling import Sampling
 from specrepro.models import load_model, resolve_dtype
+from specrepro.metrics.speed import ci95
 from specrepro.models.kernels import KERNELS, set_linear_kernel
 from specrepro.provenance import machine_label, provenance
 from specrepro.tracking import atomic_write
@@ -97,6 +99,7 @@ def compare_settings(settings: dict[str, Callable[[torch.nn.Module], None]], arg
     prompts = gsm8k_prompts(target.tokenizer, args.prompts)
     ar, greedy = ARDecoder(model, target.tokenizer), Sampling()
     totals = {name: [0, 0.0] for name in names}
+    per_prompt: dict[str, list[float]] = {name: [] for name in names}  # tok/s
     outputs: dict[str, list] = {name: [] for name in names}
     for i, prompt in enumerate(prompts):
         for name in names if i % 2 == 0 else names[::-1]:
@@ -105,8 +108,10 @@ def compare_settings(settings: dict[str, Callable[[torch.nn.Module], None]], arg
             gen = ar.generate(prompt, greedy, args.max_new_tokens)
             totals[name][0] += len(gen.token_ids)
             totals[name][1] += gen.wall_time
+            per_prompt[name].append(len(gen.token_ids) / gen.wall_time)
             outputs[name].append(gen.token_ids)
     rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
+    ratios = [a / b for a, b in zip(per_prompt[first], per_prompt[second])]
     same = sum(a == b for a, b in zip(outputs[first], outputs[second]))
     print(
         f"ar on {len(prompts)} GSM8K prompts x {args.max_new_tokens} tokens: "
@@ -122,6 +127,7 @@ def compare_settings(settings: dict[str, Callable[[torch.nn.Module], None]], arg
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "ar_tok_per_s": rate,
+        "ar_ratio": {"of": [first, second], "mean": statistics.fmean(ratios), "ci95": ci95(ratios)},
         "identical": same,
     }
 
@@ -131,6 +137,12 @@ def markdown(figures: dict) -> str:
     names, rate = list(figures["ar_tok_per_s"]), figures["ar_tok_per_s"]
     fastest = max(names, key=rate.get)
     lengths = list(figures["forward_cost"][names[0]])
+    ratio, (first, second) = figures["ar_ratio"], figures["ar_ratio"]["of"]
+    if math.isnan(ratio["ci95"]):
+        resolved = "(one prompt: no interval)."
+    else:
+        holds_one = abs(ratio["mean"] - 1) <= ratio["ci95"]
+        resolved = f"±{ratio['ci95']:.2f}x (95% interval){', which holds 1.00x: not resolved' if holds_one else ''}."
     native = figures["provenance"]["machine"].get("cpu_native_bf16")
     native_bf16_line = (
         [f"- This CPU computes bfloat16 natively: {'yes' if native else 'no (emulated)'}."]
@@ -160,7 +172,8 @@ def markdown(figures: dict) -> str:
         )
     lines += [
         "",
-        f"- The fastest `ar` here: `{fastest}`. The settings' greedy outputs were token-identical on"
+        f"- The fastest `ar` here by tok/s: `{fastest}`. `{first}`'s `ar` over `{second}`'s, prompt by prompt:"
+        f" {ratio['mean']:.2f}x {resolved} The settings' greedy outputs were token-identical on"
         f" {figures['identical']} of {figures['prompts']} prompts.",
         *native_bf16_line,
         "",

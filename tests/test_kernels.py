@@ -162,7 +162,10 @@ def test_bench_kernels_page_names_the_fastest_ar_and_what_timed_it(monkeypatch, 
     assert set(rate) == set(kernels.KERNELS) and written["identical"] == 2
     assert written["provenance"]["machine"]["cpu"] and written["provenance"]["dtype"] == "float32"
     text = page.read_text()
-    assert f"The fastest `ar` here: `{fastest}`" in text and f"| `{fastest}` | {rate[fastest]:.1f} | 1.00x |" in text
+    assert f"The fastest `ar` here by tok/s: `{fastest}`" in text
+    assert f"| `{fastest}` | {rate[fastest]:.1f} | 1.00x |" in text
+    ratio = written["ar_ratio"]
+    assert ratio["of"] == list(rate) and f"prompt by prompt: {ratio['mean']:.2f}x ±{ratio['ci95']:.2f}x" in text
     assert all(f"| `{name}` |" in text for name in rate)
     assert "- Regenerate: `python experiments/bench_kernels.py --repeats 1 --prompts 2" in text
 
