@@ -194,7 +194,7 @@ def kernel_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", default=None, help="also write them as a results page")
 
 
-if __name__ == "__main__":
+def main() -> None:
     args = benchmark_args(__doc__.splitlines()[0], "float32", kernel_options)
     if args.min_rows > 1:
         settings = {"onednn": partial(use_onednn, 1), f"onednn_min{args.min_rows}": partial(use_onednn, args.min_rows)}
@@ -210,3 +210,7 @@ if __name__ == "__main__":
         atomic_write(Path(args.json), json.dumps(figures, indent=1) + "\n")
     if args.markdown:
         atomic_write(Path(args.markdown), markdown(figures))
+
+
+if __name__ == "__main__":
+    main()

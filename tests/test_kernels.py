@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import runpy
 from argparse import Namespace
 from pathlib import Path
 
@@ -155,7 +154,7 @@ def test_bench_kernels_page_names_the_fastest_ar_and_what_timed_it(monkeypatch, 
     page, figures = tmp_path / "kernels.md", tmp_path / "kernels.json"
     argv = ["bench_kernels.py", "--repeats", "1", "--prompts", "2", "--max-new-tokens", "3"]
     monkeypatch.setattr("sys.argv", [*argv, "--json", str(figures), "--markdown", str(page)])
-    runpy.run_path(bench_kernels.__file__, run_name="__main__")
+    bench_kernels.main()
     written = json.loads(figures.read_text())
     rate = written["ar_tok_per_s"]
     fastest = max(rate, key=rate.get)
