@@ -1071,3 +1071,22 @@ def test_a_tables_regenerating_command_is_quoted_for_a_shell():
     assert local == "specrepro table t --results-dir 'results/my runs'"
     wandb = table_command("t", [], "wandb", "proj", None, "sweep 1", "out", True)
     assert wandb == "specrepro table t --source wandb --project proj --group 'sweep 1' --out-dir out --keep-rows"
+
+
+def test_a_mean_column_refuses_runs_of_other_settings_in_its_cells():
+    """A mean over categories whose qa run is pld k=2 and whose rag run is an ablation at k=4 (the row leaves k
+    open) is not one setting's mean: refused, as two runs of one cell are."""
+    runs = [
+        RunInfo(
+            f"pld-{c}",
+            {"speedup_paired": s},
+            {"method": {"name": "pld", "num_pred_tokens": k}, "dataset": {"category": c}},
+            0.0,
+        )
+        for c, s, k in (("qa", 1.2, 2), ("rag", 3.0, 4))
+    ]
+    spec = pld_table(Column("Mean", "speedup_paired", mean_over={"dataset.category": ["qa", "rag"]}))
+    with pytest.raises(SpecReproError, match="differ in method.num_pred_tokens"):
+        build_table(spec, runs)
+    spec.rows[0].select["method.num_pred_tokens"] = 2
+    assert build_table(spec, runs)[1][0][1] == "–"

@@ -480,6 +480,9 @@ def cell_runs(spec: TableSpec, row: Row, column: Column, runs: list[RunInfo]) ->
         found.append(max(candidates, key=lambda r: (r.order, r.name)) if candidates else None)
         if found[-1] is not None:
             refuse_other_settings(found[-1], candidates, row, column)
+    if len(found) > 1 and None not in found:  # a mean's runs: one setting but for the key the mean goes over
+        (averaged,) = column.mean_over
+        refuse_other_settings(found[0], found[1:], row, column, averaged)
     return found
 
 
@@ -503,14 +506,21 @@ def setting_of(config: dict) -> dict[str, str]:
     return {k: v for part in SETTING for k, v in flat(config.get(part) or {}, part).items()}
 
 
-def refuse_other_settings(chosen: RunInfo, candidates: list[RunInfo], row: Row, column: Column) -> None:
+def refuse_other_settings(
+    chosen: RunInfo, candidates: list[RunInfo], row: Row, column: Column, averaged: str = ""
+) -> None:
     """A cell shows the newest of its matching runs, so these must be runs of one setting (re-runs): one whose
     method option, model, data, decoding or timing differs (an ablation's run, or another budget, matching a row
-    that leaves the key open) would put another setting's number in the cell without a word."""
+    that leaves the key open) would put another setting's number in the cell without a word. So must a mean's
+    runs, but for the key it averages over (`averaged`, and what lies under it: `dataset` covers `dataset.*`)."""
     mine = setting_of(chosen.config)
     for other in candidates:
         theirs = setting_of(other.config)
-        differ = sorted(k for k in mine.keys() & theirs.keys() if mine[k] != theirs[k])
+        differ = sorted(
+            k
+            for k in mine.keys() & theirs.keys()
+            if mine[k] != theirs[k] and not (averaged and (k == averaged or k.startswith(f"{averaged}.")))
+        )
         if differ:
             raise SpecReproError(
                 f"row {' / '.join(map(str, row.label))}, column {column.label}: runs {chosen.name} and {other.name} "
