@@ -167,3 +167,30 @@ def test_a_comparison_page_that_cannot_be_written_is_one_line(tmp_path):
     page = tmp_path / "a_file" / "page.md"  # unwritable for any user, root too
     with pytest.raises(SpecReproError, match=re.escape(f"cannot write the comparison to {page}: ")):
         write_page(page, [], [], "text", "specrepro compare a b")
+
+
+def test_compare_notes_two_sides_timed_with_other_hardware_settings(tmp_path):
+    """A compiled run's paired speedup is over compiled `ar`, an eager one's over eager `ar`: their ratio is not how
+    much faster one decoded, so the page says the sides differ in hardware.compile."""
+    import yaml
+
+    from specrepro.compare import compare, report
+    from specrepro.tracking import RunRecord
+
+    machine = {"cpu": "x", "gpu": "H100", "gpu_count": 1}
+
+    def made(name: str, compiled: bool, speedup: float) -> RunRecord:
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        metrics = {"complete": True, "speedup_paired": speedup, "provenance": {"machine": machine}}
+        (run / "metrics.json").write_text(json.dumps(metrics))
+        config = {"method": {"name": "pld"}, "decoding": {"max_new_tokens": 64}, "hardware": {"compile": compiled}}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+        turns = [{"id": i, "prompt": "p", "sample": 0, "turn": 0, "speedup": speedup, "tokens": "t"} for i in range(3)]
+        (run / "turns.jsonl").write_text("".join(json.dumps(turn) + "\n" for turn in turns))
+        return RunRecord(run)
+
+    compiled, eager = made("compiled", True, 1.1), made("eager", False, 1.5)
+    assert "note: the two sides differ in hardware.compile" in report([compiled], [eager], compare([compiled], [eager]))
+    again = made("eager_again", False, 1.4)
+    assert "note:" not in report([again], [eager], compare([again], [eager]))

@@ -26,7 +26,9 @@ from specrepro.tables import RunInfo, provenance_footer, setting_of
 from specrepro.tracking import RunRecord, atomic_write, unwritable_in_one_line
 
 
-COMPARED = ("model", "decoding", "timing")  # settings whose difference the ratio carries (the methods differ anyway)
+# settings whose difference the ratio carries (the methods differ anyway); `hardware`: each run's speedup is over
+# the `ar` of its own dtype and compiled or eager steps
+COMPARED = ("model", "decoding", "timing", "hardware")
 
 
 def find_run(name: str, results_dir: str) -> RunRecord:
@@ -120,7 +122,8 @@ def differences(runs: list[RunRecord], others: list[RunRecord]) -> list[str]:
         for record in records:
             path = record.dir / "config.yaml"
             config = yaml.safe_load(path.read_text()) if path.is_file() else {}
-            setting = {k: v for k, v in setting_of(config or {}).items() if k.split(".")[0] in COMPARED}
+            hardware = {f"hardware.{k}": str(v) for k, v in ((config or {}).get("hardware") or {}).items()}
+            setting = {k: v for k, v in (setting_of(config or {}) | hardware).items() if k.split(".")[0] in COMPARED}
             machine = (record.metrics().get("provenance") or {}).get("machine")
             for key, value in (setting | {"machine": machine_label(machine) if machine else None}).items():
                 values.setdefault(key, set()).add(value)
