@@ -614,6 +614,13 @@ def test_summary_and_dry_run_meet_bad_files_in_one_line(tmp_path):
     assert headline_cells(table, ["pld"], "MAT") == ("–", "1.50")
     with pytest.raises(SpecReproError, match="t.csv: no column Speedup"):
         headline_cells(table, ["pld"], "Speedup")
+    two = tmp_path / "two.csv"  # a headline naming fewer labels than the table's rows have is no one cell
+    two.write_text("Method,Dataset,MAT (here),runs\nsps,gsm8k,1.05,a\nsps,xsum,1.62,b\n")
+    assert headline_cells(two, ["sps", "xsum"], "MAT") == ("–", "1.62")
+    with pytest.raises(SpecReproError, match="two.csv: 2 rows start sps: name every label of the row"):
+        headline_cells(two, ["sps"], "MAT")
+    with pytest.raises(SpecReproError, match="two.csv: no row gsm8k"):
+        headline_cells(two, ["gsm8k"], "MAT")
     (tmp_path / "stages.json").write_text("{not json")
     assert read_measured(tmp_path / "stages.json") == {} and read_measured(tmp_path / "none.json") == {}
 

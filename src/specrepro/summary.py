@@ -29,13 +29,14 @@ def headline_cells(table_csv: Path, row: list[str], column: str) -> tuple[str, s
     header, *body = table_rows(table_csv.read_text())
     if f"{column} (here)" not in header:
         raise SpecReproError(f"{table_csv}: no column {column}")
-    for cells in body:
-        if cells[: len(row)] == row:
-            paper = f"{column} (paper)"
-            return (cells[header.index(paper)] if paper in header else MISSING_CELL), cells[
-                header.index(f"{column} (here)")
-            ]
-    raise SpecReproError(f"{table_csv}: no row {' / '.join(row)}")
+    matched = [cells for cells in body if cells[: len(row)] == row]
+    if not matched:
+        raise SpecReproError(f"{table_csv}: no row {' / '.join(row)}")
+    if len(matched) > 1:  # a row named by fewer labels than the table has: not one cell
+        raise SpecReproError(f"{table_csv}: {len(matched)} rows start {' / '.join(row)}: name every label of the row")
+    (cells,) = matched
+    paper = f"{column} (paper)"
+    return (cells[header.index(paper)] if paper in header else MISSING_CELL), cells[header.index(f"{column} (here)")]
 
 
 def origin_text(machines: str, commits: list[str], first: str, last: str) -> str:
