@@ -16,7 +16,6 @@ from specrepro.config import register_configs
 from specrepro.data import (
     BUNDLED_DIR,
     DatasetConfig,
-    completion_for_scoring,
     load_records,
     prompt_format,
     prompt_ids,
@@ -24,6 +23,7 @@ from specrepro.data import (
 )
 from specrepro.data.files import read_rows
 from specrepro.errors import SpecReproError
+from specrepro.metrics.completions import completion_for_scoring
 
 DATA_MD = BUNDLED_DIR.parent / "DATA.md"
 

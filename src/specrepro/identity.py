@@ -244,7 +244,7 @@ def code_fingerprint(method: str) -> str:
 
 # the code that scores a run's recorded answers (task metrics, the code sandbox): not part of a run's identity, so
 # a fixed scorer scores old runs again from their texts instead of decoding them again (`runner.score_again`)
-SCORING_CODE = ("specrepro.metrics.quality", "specrepro.metrics.sandbox")
+SCORING_CODE = ("specrepro.metrics.completions", "specrepro.metrics.quality", "specrepro.metrics.sandbox")
 
 
 def scoring_fingerprint() -> str:

@@ -21,7 +21,6 @@ from tqdm import tqdm
 from specrepro import suspension
 from specrepro.config import check_run_config
 from specrepro.data import (
-    completion_for_scoring,
     load_records,
     prompt_format,
     prompt_ids,
@@ -45,6 +44,7 @@ from specrepro.identity import (
     setting_key,
 )
 from specrepro.locks import run_lock
+from specrepro.metrics.completions import completion_for_scoring
 from specrepro.metrics.divergence import classify_row
 from specrepro.metrics.judge import judge_run
 from specrepro.metrics.quality import reference_nll, score_sample
