@@ -24,6 +24,7 @@ from specrepro.data import (
 from specrepro.data.files import read_rows
 from specrepro.errors import SpecReproError
 from specrepro.metrics.completions import completion_for_scoring
+from specrepro.metrics.quality import score_sample
 
 DATA_MD = BUNDLED_DIR.parent / "DATA.md"
 
@@ -213,6 +214,22 @@ def test_humaneval_completion_stops_like_codex_and_chat_code_blocks_are_used():
     )
     program = completion_for_scoring(record, whole_function, cfg)
     assert program.startswith(record.fields["prompt"]) and program.rstrip().endswith("return True")
+
+
+def test_humaneval_completion_ends_at_a_top_level_comment_or_if_as_codex_cuts_it():
+    """A right body followed by top-level test code the budget cut mid-statement, or by the model's own wrong
+    assert under a comment: Codex's stops (\n#, \nif) cut both off, so the body is scored, and it passes."""
+    cfg = compose_dataset("humaneval", "limit=1")
+    record = load_records(cfg)[0]
+    body = record.fields["canonical_solution"]
+    for tail in (
+        "\n\n# Test cases\nnumbers = [1.0, 2.0, 3.9, 4.0",
+        "\n\n# check\nassert has_close_elements([1.0, 2.0], 0.5) == True\n",
+        "\nif has_close_elements([1.0, 2.0], 0.5):\n    raise SystemExit(1)\n",
+    ):
+        program = completion_for_scoring(record, body + tail, cfg)
+        assert program.rstrip() == (record.fields["prompt"] + body).rstrip()
+        assert score_sample("pass_at_k", record.reference, [program], record.fields)["n_correct"] == 1
 
 
 def test_one_shot_summary_prompt_holds_the_exemplar_not_the_answer():

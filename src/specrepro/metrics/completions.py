@@ -6,7 +6,8 @@ Scoring code (`identity.SCORING_CODE`): a change here scores recorded answers ag
 import re
 from typing import Optional, Sequence
 
-CODEX_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(")  # Codex paper stop sequences (top level only)
+# the Codex paper's stop sequences (Chen et al., 2021): a completion ends at the first top-level statement
+CODEX_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 SCRIPT_STOPS = ("\nif __name__", "\nprint(")  # a whole program may define helpers; drop its demo code
 
 
@@ -26,7 +27,7 @@ def completion_for_scoring(record, text: str, cfg) -> str:
 def humaneval_program(record, completion: str) -> str:
     """The HumanEval program to run (its test and check(entry_point) are appended by the metric).
 
-    A plain completion continues the prompt and stops at the first top-level def/class/if __name__/print(.
+    A plain completion continues the prompt and stops at the first top-level class, def, comment, if or print.
     A chat answer's code block is taken as is when it defines the entry point (after the prompt, so the
     prompt's imports hold), else as the body that continues the prompt.
     """
