@@ -276,6 +276,48 @@ def test_a_newer_download_of_a_hub_model_is_a_new_run_and_a_new_reference(tmp_pa
     assert run_name(pinned, "data") == first[2]  # a pinned commit still names the same weights
 
 
+def test_a_tokenizer_of_its_own_saved_again_is_a_new_run_and_a_new_reference(tmp_path):
+    """`model.tokenizer` naming a directory (or another hub id than `model.id`): its files render and tokenize every
+    prompt, as the weights' files decide every logit."""
+    from specrepro.identity import reference_key, run_name
+
+    target, tokenizer = tmp_path / "target", tmp_path / "tokenizer"
+    for directory in (target, tokenizer):
+        directory.mkdir()
+    (target / "model.safetensors").write_bytes(b"weights")
+    (tokenizer / "tokenizer_config.json").write_text('{"chat_template": "{{ messages[0].content }}"}')
+    cfg = compose_run("method=pld", "model=hf", f"model.id={target}", f"model.tokenizer={tokenizer}")
+    before = run_name(cfg, "data"), reference_key(cfg, "data")
+    (tokenizer / "tokenizer_config.json").write_text('{"chat_template": "User: {{ messages[0].content }}"}')
+    after = run_name(cfg, "data"), reference_key(cfg, "data")
+    assert after[0] != before[0] and after[1] != before[1]
+
+
+def test_a_lora_artifacts_base_saved_again_is_a_new_run_and_a_new_reference(tmp_path):
+    """A LoRA artifact decoded as the model is merged into the base its training config names, as that base is now
+    (loading.merged_adapter): the base's weights are the run's weights too."""
+    import json
+
+    from specrepro.identity import reference_key, run_name
+
+    base, artifacts = tmp_path / "base", tmp_path / "artifacts"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"first")
+    lora = artifacts / "space-base-aaaaaaaa"
+    lora.mkdir(parents=True)
+    (lora / "adapter_config.json").write_text("{}")
+    (lora / "adapter_model.bin").write_bytes(b"adapter")
+    model = {"name": "base", "source": "hf", "id": str(base), "revision": None, "tokenizer": None}
+    (lora / "artifact.json").write_text(json.dumps({"component": "space", "config": {"model": model}}))
+    cfg = compose_run(
+        "method=ar", "model.source=artifact", f"model.id={lora.name}", "model.name=space", f"artifacts_dir={artifacts}"
+    )
+    before = run_name(cfg, "data"), reference_key(cfg, "data")
+    (base / "model.safetensors").write_bytes(b"second")  # the base fine-tuned again at its path
+    after = run_name(cfg, "data"), reference_key(cfg, "data")
+    assert after[0] != before[0] and after[1] != before[1]
+
+
 @pytest.mark.parametrize(
     "override",
     [

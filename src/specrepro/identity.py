@@ -45,7 +45,7 @@ from specrepro.errors import SpecReproError
 from specrepro.models.loading import resolve_artifact
 from specrepro.provenance import RECORD_VERSION, device_description, machine_label
 from specrepro.tracking import config_hash
-from specrepro.training.artifacts import METADATA, target_identity
+from specrepro.training.artifacts import METADATA, read_metadata, target_identity
 
 # where results go and how they are logged: not part of what a run computes
 NOT_IN_IDENTITY = ("logger", "results_dir", "artifacts_dir", "resume", "run_name", "reference")
@@ -86,6 +86,9 @@ def hf_models(cfg: DictConfig) -> dict[str, dict]:
         if isinstance(node, dict):
             if node.get("source") == "hf" and node.get("id"):
                 found[key] = node
+            tokenizer = node.get("tokenizer")
+            if isinstance(tokenizer, str) and tokenizer not in ("embedded", node.get("id")):  # its own files
+                found[f"{key}.tokenizer"] = {"source": "hf", "id": tokenizer}
             for name, value in node.items():
                 visit(value, f"{key}.{name}" if key else str(name))
 
@@ -110,7 +113,8 @@ def hub_snapshots(cfg: DictConfig) -> dict[str, dict[str, str]]:
         if Path(ident).expanduser().is_dir():
             continue
         try:
-            cached = try_to_load_from_cache(ident, "config.json", revision=model.get("revision"))
+            file = "tokenizer_config.json" if role.endswith(".tokenizer") else "config.json"
+            cached = try_to_load_from_cache(ident, file, revision=model.get("revision"))
         except HFValidationError:  # not a hub id: loading it fails in one line of its own
             continue
         if isinstance(cached, str):  # <cache>/models--<org>--<name>/snapshots/<commit>/config.json
@@ -148,7 +152,12 @@ def loaded_weights(cfg: DictConfig, artifacts: dict[str, Path] | None = None) ->
     """The identities of every trained artifact (`artifacts`: `resolved_artifacts(cfg)` when the caller has them),
     local checkpoint and cached hub model a run loads."""
     artifacts = resolved_artifacts(cfg) if artifacts is None else artifacts
-    return artifact_identities(artifacts | local_checkpoints(cfg)) | hub_snapshots(cfg)
+    found = artifact_identities(artifacts | local_checkpoints(cfg)) | hub_snapshots(cfg)
+    model = artifacts.get("model")
+    if model is not None and (model / "adapter_config.json").is_file():  # merged into its base as it is now
+        base = read_metadata(model)["config"]["model"]  # (loading.merged_adapter)
+        found |= {f"model.base.{role}": w for role, w in model_weights(base, cfg.artifacts_dir).items()}
+    return found
 
 
 def model_weights(model, artifacts_dir) -> dict[str, dict[str, str]]:
