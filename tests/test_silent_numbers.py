@@ -80,6 +80,123 @@ def test_a_run_on_another_model_does_not_load_a_draft_trained_for_tiny_random(tm
     assert not (tmp_path / "results" / "runs").is_dir() or not run_dirs(tmp_path)
 
 
+def test_a_draft_the_run_loads_is_the_one_its_name_names_for_a_checkpoint_saved_again(tmp_path):
+    """Two drafts under one prefix, trained for two checkpoints saved in turn at one local path: the run's name
+    resolves the one for the weights there now (`identity.run_target`), and so must the decoder, whose loaded target
+    names those weights too."""
+    import time
+
+    from specrepro.identity import resolved_artifacts, run_target
+    from specrepro.models import ModelLoader
+    from specrepro.models.cache import load_target
+    from specrepro.models.loading import trained_for_target
+    from tests.test_config import compose_run
+
+    target_dir, artifacts = tmp_path / "target", tmp_path / "artifacts"
+    shape = {"num_layers": 1, "vocab_size": 128}
+    random_llama(RandomArchConfig(**shape)).save_pretrained(target_dir)
+    cfg = compose_run(
+        "method=sps",
+        "method.draft.id=sps_draft",
+        "model=hf",
+        f"model.id={target_dir}",
+        "model.name=mine",
+        "model.tokenizer=embedded",
+        f"artifacts_dir={artifacts}",
+    )
+
+    def publish(name: str, seed: int) -> Path:
+        path = artifacts / name
+        random_llama(RandomArchConfig(**shape, seed=seed)).save_pretrained(path)
+        meta = {"component": "sps_draft", "metrics": {}, "target": run_target(cfg) | {"vocab_size": 128}}
+        (path / METADATA).write_text(json.dumps(meta))
+        return path
+
+    for_these = publish("sps_draft-mine-aaaaaaaa", 1)
+    random_llama(RandomArchConfig(**shape, seed=5)).save_pretrained(target_dir)  # a fine-tune saved at its path
+    time.sleep(0.05)
+    publish("sps_draft-mine-bbbbbbbb", 2)  # the newer draft, for those weights
+    random_llama(RandomArchConfig(**shape)).save_pretrained(target_dir)  # the first weights put back
+    assert resolved_artifacts(cfg)["draft"] == for_these
+    loaded = load_target(cfg, ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir))
+    assert Path(trained_for_target(cfg.method.draft, artifacts, loaded.identity).id) == for_these  # sps.from_config
+
+
+def test_a_sweep_process_loads_the_newer_artifact_its_next_run_is_named_for(tmp_path):
+    """A `model.source=artifact` prefix that resolves to a newer artifact between two jobs of one process: the kept
+    target (models/cache.py) is loaded again, not decoded under the newer one's name."""
+    import time
+
+    import torch
+
+    from specrepro.identity import model_weights
+    from specrepro.models import ModelLoader
+    from specrepro.models.cache import load_target
+    from tests.test_config import compose_run
+
+    artifacts = tmp_path / "artifacts"
+
+    def publish(name: str, seed: int) -> Path:
+        path = artifacts / name
+        random_llama(RandomArchConfig(num_layers=1, seed=seed)).save_pretrained(path)
+        (path / METADATA).write_text(json.dumps({"component": "space", "metrics": {}}))
+        return path
+
+    publish("space-tiny_random-aaaaaaaa", 0)
+    cfg = compose_run(
+        "model=tiny_random", "model.source=artifact", "model.id=space-tiny_random", f"artifacts_dir={artifacts}"
+    )
+    loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
+    load_target(cfg, loader)  # sweep job 1
+    time.sleep(0.05)
+    newer = publish("space-tiny_random-bbbbbbbb", 1)  # a lane beside it publishes the next checkpoint
+    assert model_weights(cfg.model, artifacts)["model"]["name"] == newer.name  # job 2's name
+    second = load_target(cfg, loader)  # sweep job 2
+    expected = random_llama(RandomArchConfig(num_layers=1, seed=1)).model.embed_tokens.weight
+    assert torch.equal(second.model.model.embed_tokens.weight, expected)
+
+
+def test_an_artifact_published_while_a_run_loads_is_refused_not_decoded_under_the_older_ones_name(
+    tmp_path, monkeypatch
+):
+    """The run is named for the artifacts that resolve first; its decoder resolves them again as it loads. A matching
+    artifact published in between (a lane training beside a sweep) would be decoded under the older one's name."""
+    import time
+
+    from specrepro import runner
+    from tests.test_config import compose_run
+
+    artifacts = tmp_path / "artifacts"
+    trained_draft(artifacts, "sps_draft-tiny_random-aaaaaaaa", TINY, recorded_target=True)
+    cfg = compose_run(
+        "model=tiny_random",
+        "method=sps",
+        "dataset.limit=1",
+        "decoding.max_new_tokens=4",
+        "timing.warmup=0",
+        "hardware.threads=1",
+        "logger=none",
+        "reference=false",
+        f"results_dir={tmp_path / 'results'}",
+        f"artifacts_dir={artifacts}",
+    )
+    load_target = runner.load_target
+
+    def load_then_publish(cfg, loader):
+        target = load_target(cfg, loader)
+        time.sleep(0.05)
+        trained_draft(artifacts, "sps_draft-tiny_random-bbbbbbbb", TINY, recorded_target=True)  # training finished
+        return target
+
+    monkeypatch.setattr(runner, "load_target", load_then_publish)
+    with pytest.raises(SpecReproError, match="the weights of its draft changed while it loaded"):
+        runner.run(cfg)
+    assert not any((tmp_path / "results").rglob("metrics.json"))
+    hub = {"name": "org/tiny", "content_digest": "a" * 16}
+    assert runner.changed_weights({}, {"model": hub}) == []  # a hub model the load downloaded: named by revision
+    assert runner.changed_weights({"model": hub}, {"model": {**hub, "content_digest": "b" * 16}}) == ["model"]
+
+
 # 2. a finished run whose generations.jsonl was damaged
 
 

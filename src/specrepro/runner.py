@@ -88,6 +88,13 @@ def check_same_identity(cfg: DictConfig, record: RunRecord, identity: str) -> No
         )
 
 
+def changed_weights(named: dict[str, dict], now: dict[str, dict]) -> list[str]:
+    """The roles whose weights resolve otherwise now (`identity.loaded_weights`, after the models loaded) than when
+    the run was named: the decoder may have loaded the newer ones under the older ones' name. A hub model the load
+    itself downloaded was named by its revision alone, and stays so."""
+    return sorted(role for role, weights in named.items() if now.get(role) != weights)
+
+
 def lacks_reference(cfg: DictConfig, record: RunRecord) -> bool:
     """A complete method run made with `reference=false` that is now wanted with its `ar` reference."""
     return cfg.reference and cfg.method.name != "ar" and record.metrics().get("reference_run") is None
@@ -122,6 +129,11 @@ def _run_locked(
     loader = ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir)
     target = load_target(cfg, loader)
     decoder = build_decoder(cfg.method, target, loader)  # before the reference run: a bad method fails fast
+    if changed := changed_weights(identities, loaded_weights(cfg, resolved_artifacts(cfg))):
+        raise SpecReproError(
+            f"run {name}: the weights of its {', '.join(changed)} changed while it loaded (an artifact published or "
+            "a checkpoint saved beside it): run it again, or name the artifacts in full"
+        )
     check_repeatable(cfg, decoder)
     longest = longest_prompt(records, cfg, target)  # every first turn fits, checked before anything is decoded
     written_as = prompt_format(target.tokenizer, cfg.dataset)

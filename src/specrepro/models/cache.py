@@ -15,9 +15,13 @@ _loaded_models: dict[str, LoadedModel] = {}  # its model, device, dtype and hard
 
 def load_target(cfg: DictConfig, loader: ModelLoader) -> LoadedModel:
     """The run's target model with its hardware's kernels, loaded once while a process uses it (one at a time)."""
+    from specrepro.identity import model_weights
+
+    weights = model_weights(cfg.model, loader.artifacts_dir)  # what it names now: a newer artifact, a new save
     key = json.dumps(
         [
             OmegaConf.to_container(cfg.model, resolve=True),
+            weights,
             str(loader.device),
             str(loader.dtype),
             OmegaConf.to_container(cfg.hardware, resolve=True),
@@ -25,7 +29,10 @@ def load_target(cfg: DictConfig, loader: ModelLoader) -> LoadedModel:
     )  # the kernels live on the model
     if key not in _loaded_models:
         _loaded_models.clear()  # keep one target in memory
-        _loaded_models[key] = loader.load_model(cfg.model)
+        target = loader.load_model(cfg.model)
+        if weights:  # the decoders look their artifacts up for these weights, as the run's name does (run_target)
+            target.config = (target.config or {}) | {"weights": weights}
+        _loaded_models[key] = target
     target = _loaded_models[key]
     if target.tokenizer is None:
         raise SpecReproError(f"model '{cfg.model.name}' has no tokenizer; set model.tokenizer (e.g. embedded)")
