@@ -122,8 +122,7 @@ def differences(runs: list[RunRecord], others: list[RunRecord]) -> list[str]:
         for record in records:
             path = record.dir / "config.yaml"
             config = yaml.safe_load(path.read_text()) if path.is_file() else {}
-            hardware = {f"hardware.{k}": str(v) for k, v in ((config or {}).get("hardware") or {}).items()}
-            setting = {k: v for k, v in (setting_of(config or {}) | hardware).items() if k.split(".")[0] in COMPARED}
+            setting = setting_of(config or {}, COMPARED)
             machine = (record.metrics().get("provenance") or {}).get("machine")
             for key, value in (setting | {"machine": machine_label(machine) if machine else None}).items():
                 values.setdefault(key, set()).add(value)

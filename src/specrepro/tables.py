@@ -495,15 +495,15 @@ def timed_on(run: RunInfo) -> str | None:
 SETTING = ("method", "model", "dataset", "decoding", "timing")  # what a cell's candidate runs must share
 
 
-def setting_of(config: dict) -> dict[str, str]:
-    """A run's config as dotted keys, of the parts that make its setting (`SETTING`)."""
+def setting_of(config: dict, parts: tuple[str, ...] = SETTING) -> dict[str, str]:
+    """A run's config as dotted keys, of the parts that make its setting (`SETTING`, or `parts`)."""
 
     def flat(value, prefix: str) -> dict[str, str]:
         if isinstance(value, dict):
             return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}.{key}").items()}
         return {prefix: str(value)}
 
-    return {k: v for part in SETTING for k, v in flat(config.get(part) or {}, part).items()}
+    return {k: v for part in parts for k, v in flat(config.get(part) or {}, part).items()}
 
 
 def refuse_other_settings(

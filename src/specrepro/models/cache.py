@@ -8,6 +8,7 @@ import json
 from omegaconf import DictConfig, OmegaConf
 
 from specrepro.errors import SpecReproError
+from specrepro.identity import model_weights
 from specrepro.models import LoadedModel, ModelLoader
 
 _loaded_models: dict[str, LoadedModel] = {}  # its model, device, dtype and hardware config -> the loaded target
@@ -15,8 +16,6 @@ _loaded_models: dict[str, LoadedModel] = {}  # its model, device, dtype and hard
 
 def load_target(cfg: DictConfig, loader: ModelLoader) -> LoadedModel:
     """The run's target model with its hardware's kernels, loaded once while a process uses it (one at a time)."""
-    from specrepro.identity import model_weights
-
     weights = model_weights(cfg.model, loader.artifacts_dir)  # what it names now: a newer artifact, a new save
     key = json.dumps(
         [
