@@ -154,6 +154,18 @@ def test_gamma_carries_across_generations_when_asked(sharp_model):
         assert decoder.new_controller().gamma == (end_gamma if carry else 0.6)
 
 
+def test_restoring_the_carried_gamma_starts_the_next_generation_from_it(sharp_model):
+    prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
+    decoder = SelfSDDecoder(sharp_model, None, [1], [2], SelfSDConfig(k=5))
+    carried = decoder.carried()
+    first = decoder.generate(prompt, GREEDY, 30)
+    assert decoder.carried() == decoder.controller.gamma != carried == 0.6
+    decoder.restore(carried)
+    again = decoder.generate(prompt, GREEDY, 30)
+    assert (again.steps, again.accepted) == (first.steps, first.accepted)
+    assert SelfSDDecoder(sharp_model, None, [1], [2], SelfSDConfig(k=5, carry_gamma=False)).carried() is None
+
+
 def test_skip_context_restores_the_model_exactly(sharp_model):
     ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():

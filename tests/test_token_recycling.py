@@ -112,6 +112,21 @@ def test_a_persistent_matrix_carries_over_and_a_fresh_one_does_not(target):
     assert fresh.generate(prompt, GREEDY, 30).steps == fresh.generate(prompt, GREEDY, 30).steps == first.steps
 
 
+def test_restoring_the_carried_matrix_forgets_what_later_generations_taught(target):
+    prompt = prompts()[0]
+    decoder = TokenRecyclingDecoder(target, None, TokenRecyclingConfig(persist=True))
+    decoder.eos_ids = set()
+    carried = decoder.carried()
+    first = decoder.generate(prompt, GREEDY, 30)
+    after_first = decoder.carried()
+    decoder.generate(prompt, GREEDY, 30)
+    decoder.restore(carried)
+    again = decoder.generate(prompt, GREEDY, 30)
+    assert (again.steps, again.accepted) == (first.steps, first.accepted)
+    assert torch.equal(decoder.carried(), after_first)
+    assert TokenRecyclingDecoder(target, None, TokenRecyclingConfig(persist=False)).carried() is None
+
+
 def test_the_config_builds_the_decoder_with_the_papers_tree(target):
     cfg = decoding.validate_method_config({"name": "token_recycling"})
     assert cfg.tree == PAPER_TREE and cfg.candidates == 8 and cfg.persist

@@ -134,7 +134,6 @@ def _run_locked(
             f"run {name}: the weights of its {', '.join(changed)} changed while it loaded (an artifact published or "
             "a checkpoint saved beside it): run it again, or name the artifacts in full"
         )
-    check_repeatable(cfg, decoder)
     longest = longest_prompt(records, cfg, target)  # every first turn fits, checked before anything is decoded
     written_as = prompt_format(target.tokenizer, cfg.dataset)
     if written_as == "plain transcript":
@@ -221,17 +220,6 @@ def _run_locked(
     record.finish(metrics)
     log_to_wandb(cfg, record, name, group, metrics, rows)
     return metrics
-
-
-def check_repeatable(cfg: DictConfig, decoder) -> None:
-    """Refuse timing.repeats > 1 for a method whose generations change what later ones draft: each repeat would
-    decode a turn with what the one before learnt from it, and the fastest kept would be the best informed."""
-    if cfg.timing.repeats > 1 and decoder.carries_state:
-        raise SpecReproError(
-            f"timing.repeats={cfg.timing.repeats} decodes each turn again after method '{cfg.method.name}' learnt "
-            "from it (state carried across generations): use timing.repeats=1, or turn the carry off "
-            "(token_recycling: method.persist=false; self_sd: method.carry_gamma=false)"
-        )
 
 
 def longest_prompt(records: list, cfg: DictConfig, target: LoadedModel) -> int:
@@ -415,15 +403,19 @@ def decode_turn(
     """One turn decoded by the method, and by the baselines timed beside it: (its Generation, theirs by key).
     The baselines are timed right before the method, or right after it with `method_first`.
     With `repeats` R > 1 every arm decodes the turn R times, in turn, and keeps its fastest timing, the one least
-    disturbed by other work on the machine (timeit's rule); its R decodings must agree token for token. A turn
+    disturbed by other work on the machine (timeit's rule); its R decodings must agree token for token (a method
+    that carries state from one generation to the next decodes each from what the turns before left). A turn
     during which the process was suspended is decoded again, so that no timing includes the pause; a process
     suspended during SUSPENDED_TIMINGS timings of one turn in a row is stopped in one line (it would never finish)."""
     arms = {METHOD: decoder, **baselines} if method_first else {**baselines, METHOD: decoder}
+    carried = decoder.carried()
     for _ in range(SUSPENDED_TIMINGS):
         resumes_before = suspension.resumes()
         fastest = {}
         for _ in range(repeats):
             for key, arm in arms.items():
+                if arm is decoder:  # every timing of the turn drafts from what the turns before it left
+                    decoder.restore(carried)
                 gen = arm.generate(ids, sampling, max_new_tokens, seed)
                 best = fastest.setdefault(key, gen)
                 if gen.token_ids != best.token_ids:
@@ -476,6 +468,9 @@ def compile_steps_for(length: int, decoders) -> float:
 def warm_up(cfg, target, decoders, record, sampling) -> None:
     """Untimed generations on the first prompt, so one-off costs do not land on the first sample."""
     ids = prompt_ids(record, target.tokenizer, cfg.dataset, [])
+    carried = [decoder.carried() for decoder in decoders]
     for _ in range(cfg.timing.warmup):
         for decoder in decoders:
             decoder.generate(ids, sampling, cfg.timing.warmup_tokens, seed=cfg.decoding.seed)
+    for decoder, state in zip(decoders, carried):  # the first record's prompt: what it taught them of its answer
+        decoder.restore(state)

@@ -130,7 +130,6 @@ class Decoder(ABC):
     draft_model_steps: list = []
     drafter_calls: list = []  # (drafter step, inputs) of each input shape its `steps.drafter_step`s take: warmed up too
     code_modules: tuple = ()  # other modules whose code shapes its tokens or timings (identity.py)
-    carries_state = False  # a generation changes what later ones draft (a hot-start matrix, a carried draft length)
     rolls_back = True  # rejected drafts are cropped from the target's cache (`steps.rollback_cache`)
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, steps: EagerSteps | None = None):
@@ -190,6 +189,15 @@ class Decoder(ABC):
             "extra_parameters": extra,
             "extra_memory_pct": 100.0 * extra / sum(p.numel() for p in self.model.parameters()),
         }
+
+    def carried(self):
+        """A copy of what a generation leaves for the next to draft from (token_recycling's hot-start matrix,
+        self_sd's carried gamma), for `restore`; None for a decoder whose generations are independent."""
+        return None
+
+    def restore(self, carried) -> None:
+        """Draft the next generation from `carried` (what `carried()` copied) again: the runner forgets what an
+        untimed warm-up, or a turn it times again, taught the decoder of an answer."""
 
     @classmethod
     def resolve_artifacts(cls, cfg, target, artifacts_dir) -> dict[str, Path]:

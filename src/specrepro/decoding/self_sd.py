@@ -259,9 +259,15 @@ class SelfSDDecoder(DraftVerifyDecoder):
             attn_skip, mlp_skip = skip_set.attn_skip, skip_set.mlp_skip
         return cls(target.model, target.tokenizer, attn_skip, mlp_skip, cfg)
 
-    @property
-    def carries_state(self) -> bool:
-        return self.cfg.control == "adaptive" and self.cfg.carry_gamma
+    def carried(self) -> float | None:
+        """The gamma the next generation starts from, with carry_gamma."""
+        if not (self.cfg.control == "adaptive" and self.cfg.carry_gamma):
+            return None
+        return self.controller.gamma if isinstance(self.controller, AdaptiveDraftExit) else self.gamma
+
+    def restore(self, carried: float | None) -> None:
+        if carried is not None:
+            self.gamma, self.controller = carried, None
 
     def new_controller(self) -> DraftLengthController:
         if isinstance(self.controller, AdaptiveDraftExit) and self.cfg.carry_gamma:

@@ -169,9 +169,12 @@ class TokenRecyclingDecoder(DraftVerifyDecoder):
     def new_controller(self) -> DraftLengthController:
         return FixedLength(max(self.template.depths))  # the tree's depth; the loop caps it at the budget
 
-    @property
-    def carries_state(self) -> bool:
-        return self.cfg.persist
+    def carried(self) -> torch.Tensor | None:
+        return self.shared_matrix.clone() if self.cfg.persist else None
+
+    def restore(self, carried: torch.Tensor | None) -> None:
+        if carried is not None:
+            self.shared_matrix.copy_(carried)
 
     @property
     def verifies_trees(self) -> bool:
