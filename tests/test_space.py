@@ -16,6 +16,7 @@ from specrepro.decoding.sampling import Sampling
 from specrepro.decoding.space import SpaceConfig, SpaceDecoder, block_layout
 from specrepro.decoding.verify import additive_mask
 from specrepro.errors import SpecReproError
+from specrepro.metrics.speed import speed_metrics
 from specrepro.models.loading import LoadedModel, load_model
 from specrepro.training.space_sft import IGNORE, add_mask_token, grouped_sample, pad_batch, sar_sample, sar_sft_loss
 from tests.conftest import tiny_llama
@@ -111,6 +112,21 @@ def test_accepted_per_position_counts_no_candidate_past_an_eos(eos_at):
     assert gen.token_ids == ar[: ar.index(ar[eos_at]) + 1]
     committed_drafts = sum(gen.accepted) - gen.steps + gen.last_step_cut  # a cut step kept drafts only
     assert sum(gen.extra["accepted_per_position"]) == committed_drafts
+
+
+@pytest.mark.parametrize("budget", [13, 14, 16, 20])
+def test_right_candidates_cut_by_the_budget_are_not_counted_as_rejected(budget):
+    """With every candidate right, the acceptance rate is 1 at any budget: the last step drafts only what the
+    budget can still commit, as the shared loop does (at 14 tokens, k = 5 counted 5 drafted of which 3 fit)."""
+    model, prompt = tiny_llama(seed=2, logit_scale=3.0), list(range(3, 20))
+    ar = ARDecoder(model)
+    ar.eos_ids = set()
+    continuation = ar.generate(prompt, GREEDY, budget).token_ids
+    decoder = OracleSpace(model, continuation, 1000, 5)
+    decoder.eos_ids = set()
+    gen = decoder.generate(prompt, GREEDY, budget)
+    assert gen.token_ids == continuation
+    assert speed_metrics([gen.to_dict()])["accept_rate"] == 1.0
 
 
 @pytest.mark.parametrize("seed", range(3))

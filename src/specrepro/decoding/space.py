@@ -150,13 +150,19 @@ class SpaceDecoder(Decoder):
                 )[0]
                 # the head only where it is needed: the real slots, and every mask slot if one pass is cheaper
                 logits = self.model.lm_head(hidden if self.head_on_block else hidden[: k + 1])
-                target_logits = logits[: k + 1]
+                # only the candidates the budget can still commit count as drafted (the shared loop's cap)
+                usable = min(k, out.remaining - 1)
                 tokens, n_accepted = speculative_verify(
-                    candidates, q, target_logits, sampling, rng, self.residual_resample
+                    candidates[:usable],
+                    None if q is None else q[:usable],
+                    logits[: usable + 1],
+                    sampling,
+                    rng,
+                    self.residual_resample,
                 )
             n_cached += n_accepted + 1
             crop_cache(cache, n_cached)  # the anchor and accepted candidates; rejects and masks dropped
-            kept = out.commit(tokens, drafted=k)
+            kept = out.commit(tokens, drafted=usable)
             accepted_per_position[: min(n_accepted, len(kept))] += 1  # none past an EOS or the budget
             if out.done:
                 break
