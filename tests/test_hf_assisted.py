@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from specrepro.decoding.ar import ARDecoder
 from specrepro.decoding.hf_assisted import HFAssistedConfig, HFAssistedDecoder
 from specrepro.decoding.sampling import Sampling
+from specrepro.metrics.speed import speed_metrics
 from tests.conftest import tiny_llama
 
 GREEDY = Sampling()
@@ -65,6 +68,23 @@ def test_assistant_and_sampled_steps_keep_the_invariants(target, draft):
     for decoder, sampling in ((assistant, GREEDY), (assistant, sampled), (lookup, sampled)):
         for ids in PROMPTS.values():
             assert_step_invariants(*generate_counting_forwards(decoder, ids, sampling))
+
+
+def test_a_step_cut_at_a_drafted_eos_counts_its_tokens_as_drafts(target):
+    """An assistant that drafts the target's own tokens has all its drafts accepted, in the step that ends at a drafted
+    EOS too: transformers keeps no token of its own after it, so that step committed drafts only (the acceptance
+    rate read 0.75 for 1.00 before the step was counted as cut)."""
+    ar = ARDecoder(target)
+    ar.eos_ids = set()
+    prompt = PROMPTS["random"]
+    free = ar.generate(prompt, GREEDY, 40).token_ids
+    eos = next(t for i, t in enumerate(free) if i > 9 and i % 9 and t not in free[:i])  # mid-step, not a bonus token
+    assistant = HFAssistedConfig(mode="assistant", num_assistant_tokens=8)
+    decoder = HFAssistedDecoder(target, None, assistant, assistant=copy.deepcopy(target))
+    decoder.eos_ids = {eos}
+    gen = decoder.generate(prompt, GREEDY, 40)
+    assert gen.token_ids == free[: free.index(eos) + 1] and gen.last_step_cut
+    assert speed_metrics([gen.to_dict()])["accept_rate"] == 1.0
 
 
 @pytest.mark.parametrize("mode", ["plain", "prompt_lookup", "assistant"])

@@ -116,9 +116,12 @@ class HFAssistedDecoder(Decoder):
         # token is the prefill token (as for every method), and the tokens it committed after that one count as a
         # step that drafted the candidates after the first (no step when the first is rejected)
         committed = len(prompt) + 1
-        for tokens, fed_end in zip([first[1:], *steps], recorder.fed_ends[1:]):
+        for tokens, (cached, fed) in zip([first[1:], *steps], recorder.fed[1:]):
+            drafts = fed[0, committed - cached :].tolist()  # what the step fed past the committed tokens
             if tokens and not out.done:
-                out.commit(tokens, drafted=max(fed_end - committed, 0))
+                out.commit(tokens, drafted=len(drafts))
+                # cut at a drafted EOS: transformers drops the step's own token after it, so it committed drafts only
+                out.gen.last_step_cut |= len(tokens) <= len(drafts) and tokens == drafts[: len(tokens)]
             committed += len(tokens)
         out.gen.extra["phase_times"] = "not separable: HF interleaves drafting and verification"
 
@@ -143,22 +146,22 @@ def run_settings_only(model):
 
 class StepRecorder(BaseStreamer):
     """`generate`'s steps: it streams the prompt, then the tokens each step commits, and `record_forward` (a
-    forward pre-hook on the target) sees where each step's input ended. The tokens the target was fed beyond
-    the committed sequence were that step's drafts."""
+    forward pre-hook on the target) sees what each step's last forward was fed after which cached positions. The
+    tokens the target was fed beyond the committed sequence were that step's drafts."""
 
     def __init__(self):
         self.chunks: list[list[int]] = []  # the prompt, then each step's committed tokens
-        self.fed_ends: list[int] = []  # per chunk: cached + fed positions of the target's last forward before it
-        self.fed_end = 0
+        self.fed: list[tuple[int, torch.Tensor | None]] = []  # per chunk: (cached positions, input ids) of the
+        self.last_fed: tuple[int, torch.Tensor | None] = (0, None)  # target's last forward before it
 
     def record_forward(self, module, args, kwargs) -> None:
         inputs = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
         cache = kwargs.get("cache")
-        self.fed_end = (cache.get_seq_length() if cache is not None else 0) + inputs.shape[1]
+        self.last_fed = (cache.get_seq_length() if cache is not None else 0, inputs)  # read once generate is done
 
     def put(self, value: torch.Tensor) -> None:
         self.chunks.append(value.reshape(-1).tolist())  # batch size 1: (1, n) or (1,)
-        self.fed_ends.append(self.fed_end)
+        self.fed.append(self.last_fed)
 
     def end(self) -> None:
         pass
