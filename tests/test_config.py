@@ -377,6 +377,10 @@ def test_the_data_a_run_decodes_is_part_of_its_name_and_reference():
         ("+model.random.hiden_size=8", "model.random.hiden_size is not a setting of model.random, and would be"),
         ("+method.window=3", "method.window is not a setting of method, and would be ignored (method has: name)"),
         ("method=lookahead ++method.window=3", None),
+        # at the top level and in the judge too: decoding.max_new_tokens=16 decoded, under another name
+        ("++max_new_tokens=4", "max_new_tokens is not a setting of the top level, and would be ignored (the top"),
+        ("++judge.temprature=0", "judge.temprature is not a setting of judge, and would be ignored (did you mean"),
+        ("dataset=mt_bench judge=local", None),
         ("model.id=/ckpt", "model.id=/ckpt is not read by model smollm2_135m (model.source=embedded): load a hub"),
         ("model=tiny_random model.id=x", "model.id=x is not read by model tiny_random (model.source=random): load"),
         ("model.max_memory={0:1GiB}", "model.max_memory caps what model.device_map spreads: set model.device_map=auto"),
@@ -410,6 +414,7 @@ def test_the_schemas_refuse_bad_values_in_one_line(override, message):
             "training.loop.stepz is not a setting of training.loop, and would be ignored (did you mean "
             "training.loop.steps?)",
         ),
+        ("++resum=false", "resum is not a setting of the top level, and would be ignored (did you mean resume?)"),
         (
             "model.id=/ckpt",
             "model.id=/ckpt is not read by model tiny_random (model.source=random): load a hub id or local directory "

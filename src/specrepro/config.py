@@ -326,12 +326,13 @@ def check_known_keys(node, schema: type, where: str) -> None:
     hints = typing.get_type_hints(schema)
     content = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node  # unresolved: only its keys count
     for key, value in content.items():
+        path, scope = (f"{where}.{key}", where) if where else (key, "the top level")  # where="": the root
         if key not in hints:
             close = difflib.get_close_matches(str(key), list(hints), n=1)
-            hint = f"did you mean {where}.{close[0]}?" if close else f"{where} has: {', '.join(hints)}"
-            raise SpecReproError(f"{where}.{key} is not a setting of {where}, and would be ignored ({hint})")
+            hint = f"did you mean {path.removesuffix(key)}{close[0]}?" if close else f"{scope} has: {', '.join(hints)}"
+            raise SpecReproError(f"{path} is not a setting of {scope}, and would be ignored ({hint})")
         if dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
-            check_known_keys(value, hints[key], f"{where}.{key}")
+            check_known_keys(value, hints[key], path)
 
 
 BALANCING = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's device_map strategies
@@ -362,11 +363,14 @@ def check_run_config(cfg) -> None:
     schema has, and what the logger, decoding, timing and hardware schemas refuse (their `__post_init__`), each in
     one line."""
     from specrepro.data.config import DatasetConfig
+    from specrepro.metrics.judge import JudgeConfig
 
     check_names(cfg)
     registry.load()
+    check_known_keys(cfg, RunConfig, "")
     schemas = {"model": ModelConfig, "method": registry.method(cfg.method.name).schema, "dataset": DatasetConfig}
     schemas |= {"decoding": DecodingConfig, "logger": LoggerConfig, "timing": TimingConfig, "hardware": HardwareConfig}
+    schemas |= {"judge": JudgeConfig}
     for key, schema in schemas.items():
         check_known_keys(cfg[key], schema, key)
     check_model(cfg.model)

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from specrepro import registry
 from specrepro.config import (
     ModelConfig,
+    TrainRunConfig,
     check_device,
     check_known_keys,
     check_logger,
@@ -81,6 +82,7 @@ def train(cfg) -> Path:
     check_threads(cfg.hardware.threads)
     check_logger(cfg.logger)
     registry.load()
+    check_known_keys(cfg, TrainRunConfig, "")
     check_known_keys(cfg.model, ModelConfig, "model")
     check_model(cfg.model)
     check_known_keys(cfg.training, registry.component(cfg.training.component).schema, "training")
