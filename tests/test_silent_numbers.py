@@ -5,6 +5,7 @@ and a resumed run's timings."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,27 @@ def test_a_draft_the_run_loads_is_the_one_its_name_names_for_a_checkpoint_saved_
     assert resolved_artifacts(cfg)["draft"] == for_these
     loaded = load_target(cfg, ModelLoader.for_hardware(cfg.hardware, cfg.artifacts_dir))
     assert Path(trained_for_target(cfg.method.draft, artifacts, loaded.identity).id) == for_these  # sps.from_config
+
+
+def test_a_draft_vocabulary_corpus_edited_in_place_is_a_new_run_and_ranked_again(tmp_path, smollm2_tokenizer):
+    """`method.draft_vocab_corpus` is a path: a run decoded with one corpus was reused (mat 1.21) after the file was
+    replaced by another (mat 1.00 in a fresh directory), and one process kept the old ranking."""
+    from specrepro import registry
+    from specrepro.decoding.draft_vocab import corpus_ranking
+    from specrepro.identity import identity_name
+    from tests.test_config import compose_run
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "the of and to in the of"}\n')
+    options = ["method=self_sd", "method.attn_skip=[1]", "method.draft_vocab=4", f"method.draft_vocab_corpus={corpus}"]
+    name = identity_name(compose_run(*options), "data")
+    before = corpus_ranking(smollm2_tokenizer, str(corpus)).tolist()
+    corpus.write_text('{"text": "Natalia sold clips in April and May, Natalia"}\n')
+    os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 10**9))  # a later write, same second
+    assert identity_name(compose_run(*options), "data") != name
+    assert corpus_ranking(smollm2_tokenizer, str(corpus)).tolist() != before
+    sps = compose_run("method=sps", "method.draft_vocab=4", f"method.draft_vocab_corpus={corpus}").method
+    assert registry.METHODS["sps"].decoder.read_files(sps) == {"draft_vocab_corpus": str(corpus)}
 
 
 def test_a_sweep_process_loads_the_newer_artifact_its_next_run_is_named_for(tmp_path):

@@ -41,6 +41,7 @@ from huggingface_hub.errors import HFValidationError
 from omegaconf import DictConfig, OmegaConf
 
 from specrepro import registry
+from specrepro.data.files import HF_PREFIX, resolve_path
 from specrepro.errors import SpecReproError
 from specrepro.models.loading import resolve_artifact
 from specrepro.provenance import RECORD_VERSION, device_description, machine_label
@@ -66,6 +67,11 @@ def content_digest(directory: Path) -> str:
     Read once per process while no file's size or time changes (a sweep names the same weights in every job)."""
     files = sorted(p for p in Path(directory).iterdir() if p.is_file() and p.name != METADATA)
     return _digest(tuple((str(f), f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+
+
+def file_digest(file: Path) -> str:
+    """A hash of one file's content (read again only once its size or time changes)."""
+    return _digest(((str(file), file.name, file.stat().st_size, file.stat().st_mtime_ns),))
 
 
 @lru_cache(maxsize=64)
@@ -134,6 +140,18 @@ def resolved_artifacts(cfg: DictConfig) -> dict[str, Path]:
     method = registry.METHODS.get(cfg.method.name)
     found = method.decoder.resolve_artifacts(cfg.method, run_target(cfg), cfg.artifacts_dir) if method else {}
     return model_artifact(cfg) | found
+
+
+def read_files(cfg: DictConfig) -> dict[str, str]:
+    """The content of each file beside the dataset that the run's method reads (`Decoder.read_files`: option ->
+    digest; a hub set by its name alone)."""
+    registry.load()
+    method = registry.METHODS.get(cfg.method.name)
+    files = method.decoder.read_files(cfg.method) if method else {}
+    return {
+        option: path if path.startswith(HF_PREFIX) else file_digest(resolve_path(path))
+        for option, path in files.items()
+    }
 
 
 def run_target(cfg: DictConfig) -> dict:
@@ -362,17 +380,22 @@ def timing_threads(cfg: DictConfig) -> int:
 
 
 def _setting(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None) -> dict:
-    """What a run computes but the code: its config (less where results go), weights, data, the machine and
-    threads that time it and the record version."""
+    """What a run computes but the code: its config (less where results go), weights, data (and the files its
+    method reads beside it), the machine and threads that time it and the record version."""
     content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_IDENTITY}
     artifacts = loaded_weights(cfg) if artifacts is None else artifacts
-    return content | {
-        "artifacts": artifacts,
-        "data": data_fingerprint,
-        "machine": timing_machine(cfg),
-        "threads": timing_threads(cfg),
-        "record_version": RECORD_VERSION,
-    }
+    files = read_files(cfg)
+    return (
+        content
+        | {
+            "artifacts": artifacts,
+            "data": data_fingerprint,
+            "machine": timing_machine(cfg),
+            "threads": timing_threads(cfg),
+            "record_version": RECORD_VERSION,
+        }
+        | ({"files": files} if files else {})
+    )  # only where a method reads one: other runs keep their names
 
 
 def run_name(cfg: DictConfig, data_fingerprint: str, artifacts: dict[str, dict] | None = None) -> str:

@@ -200,6 +200,12 @@ class Decoder(ABC):
         untimed warm-up, or a turn it times again, taught the decoder of an answer."""
 
     @classmethod
+    def read_files(cls, cfg) -> dict[str, str]:
+        """Files beside the dataset that a method config reads (its option -> path): part of a run's identity by
+        content, so an edited corpus is a new run."""
+        return {}
+
+    @classmethod
     def resolve_artifacts(cls, cfg, target, artifacts_dir) -> dict[str, Path]:
         """The trained artifacts (role -> directory) a method config resolves to now for `target` (the run's model:
         its name or identity, training/artifacts.py), none trained for another; a reference by prefix names the

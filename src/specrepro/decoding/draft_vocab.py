@@ -88,10 +88,19 @@ def _strings(value):
             yield from _strings(item)
 
 
-@functools.lru_cache(maxsize=4)
 def corpus_ranking(tokenizer, path: str) -> torch.Tensor:
     """Token ids by their count in a text corpus (every string of every row of a bundled or local file), most
     frequent first, then by id; tokens the corpus lacks are left out. FR-Spec ranks by a general corpus too."""
+    from specrepro.data.files import HF_PREFIX, resolve_path
+
+    if path.startswith(HF_PREFIX):
+        return _ranking(tokenizer, path, 0, 0)
+    file = resolve_path(path)
+    return _ranking(tokenizer, path, file.stat().st_size, file.stat().st_mtime_ns)  # ranked again once edited
+
+
+@functools.lru_cache(maxsize=4)
+def _ranking(tokenizer, path: str, size: int, mtime_ns: int) -> torch.Tensor:
     from specrepro.data.files import read_rows
 
     texts = [text for row in read_rows(path) for text in _strings(row)]

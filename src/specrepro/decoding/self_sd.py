@@ -240,6 +240,10 @@ class SelfSDDecoder(DraftVerifyDecoder):
         return {"skip_set": resolve_artifact(cfg.skip_set, artifacts_dir, target)}
 
     @classmethod
+    def read_files(cls, cfg: SelfSDConfig) -> dict[str, str]:
+        return {"draft_vocab_corpus": cfg.draft_vocab_corpus} if cfg.draft_vocab else {}
+
+    @classmethod
     def from_config(cls, cfg: SelfSDConfig, target, ctx) -> "SelfSDDecoder":
         attn_skip, mlp_skip = list(cfg.attn_skip), list(cfg.mlp_skip)
         if not attn_skip and not mlp_skip:

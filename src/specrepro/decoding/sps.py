@@ -106,6 +106,10 @@ class SPSDecoder(DraftVerifyDecoder):
         return {"draft": resolve_artifact(cfg.draft.id, artifacts_dir, target)} if trained else {}
 
     @classmethod
+    def read_files(cls, cfg: SPSConfig) -> dict[str, str]:
+        return {"draft_vocab_corpus": cfg.draft_vocab_corpus} if cfg.draft_vocab else {}
+
+    @classmethod
     def from_config(cls, cfg: SPSConfig, target, ctx) -> "SPSDecoder":
         from specrepro.models.loading import trained_for_target
 
