@@ -172,6 +172,8 @@ def _run_locked(
     with suspension.watching():
         for index, rec in tqdm(todo, desc=name, unit="sample"):
             row = decode_record(rec, index, cfg, target, decoder, baselines, sampling) | {"session": record.session}
+            if compile_time:  # this process's up-front compile, recorded with the first sample it decodes
+                row["up_front_compile_time"], compile_time = compile_time, 0.0
             if sampling.greedy and rec.id in diverging_from:
                 prompt_after = partial(prompt_ids, rec, target.tokenizer, cfg.dataset)
                 classify_row(
@@ -205,9 +207,9 @@ def _run_locked(
         reference_key=ref_key,
         reference_run=reference.dir.name if reference else None,
         lossless_method=decoder.lossless,
-        # seconds compiling the target's steps (hardware.compile), untimed: up front and for later turns outgrowing
-        # them
-        compile_time=compile_time
+        # seconds compiling the target's steps (hardware.compile), untimed: up front in every process that decoded
+        # samples of it, and for later turns outgrowing them
+        compile_time=sum(row.get("up_front_compile_time", 0.0) for row in rows)
         + sum(gen.get("compile_time", 0.0) for row in rows for turns in row["samples"] for gen in turns),
         artifacts=identities,  # the trained components and local checkpoints it loaded: names, content digests
         training_minutes=training_minutes(artifacts.values(), decoder),
