@@ -88,8 +88,9 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     assert not (tmp_path / "results" / "tiny" / "tiny_table.md").exists()
 
     trained = json.loads(stages.read_text())
-    assert list(trained) == [f"train {' '.join(TRAIN)}"]
-    first = trained[f"train {' '.join(TRAIN)}"]
+    key = f"train {' '.join(TRAIN)} [model=tiny_random]"  # a call on another model keeps its minutes apart
+    assert list(trained) == [key]
+    first = trained[key]
     assert (
         first["reused"] == [] and first["minutes"] > 0 and first["command"].endswith("--stages 1 " + " ".join(args[2:]))
     )
@@ -98,7 +99,7 @@ def test_a_pipeline_killed_between_stages_resumes_and_a_second_call_reuses_every
     out = specrepro(*args, cwd=tmp_path)
     assert "[3/3] table" in out.stdout and "done in" in out.stdout
     measured = json.loads(stages.read_text())  # the train stage reused its artifact: its first measurement stays
-    assert measured[f"train {' '.join(TRAIN)}"] == first and len(measured) == 2
+    assert measured[key] == first and len(measured) == 2
     table = (tmp_path / "results" / "tiny" / "tiny_table.md").read_text()
     assert "| AR |" in table and "| SPS |" in table and "Provenance:" in table
     assert f"Regenerate: `specrepro reproduce {pipeline} model=tiny_random" in table
@@ -623,6 +624,26 @@ def test_summary_and_dry_run_meet_bad_files_in_one_line(tmp_path):
         headline_cells(two, ["gsm8k"], "MAT")
     (tmp_path / "stages.json").write_text("{not json")
     assert read_measured(tmp_path / "stages.json") == {} and read_measured(tmp_path / "none.json") == {}
+
+
+def test_a_smoke_call_keeps_its_minutes_apart_from_the_full_calls(tmp_path):
+    """A call with overrides that size the work (`training.loop.steps=2`, `dataset.limit=1`) replaced the full call's
+    minutes in stages.json, and --dry-run then estimated the full pipeline from the smoke call (1.24 min to 0.22);
+    the threads and the logger change no work, so a call with them reads and writes the full call's figure."""
+    from specrepro.reproduce import measured_as, record_minutes, total_time
+
+    train, run = {"train": ["method=sps"]}, {"run": ["method=ar"]}
+    path, plain = tmp_path / "stages.json", ["hardware.threads=1", "logger=none"]
+    smoke = ["training.loop.steps=2", "dataset.limit=1", *plain]
+    assert measured_as(train, plain) == "train method=sps" == measured_as(train, [])
+    assert measured_as(train, smoke) == "train method=sps [training.loop.steps=2]"  # what reaches the stage
+    assert measured_as(run, smoke) == "run method=ar [dataset.limit=1]"
+    record_minutes(path, measured_as(train, plain), {"minutes": 1.24, "reused": []})
+    record_minutes(path, measured_as(train, smoke), {"minutes": 0.22, "reused": []})
+    measured = json.loads(path.read_text())
+    assert total_time([train], measured).startswith("total over all 1 stages: about 1 min")
+    assert measured[measured_as(train, smoke)]["minutes"] == 0.22
+    assert "1 not timed yet" in total_time([train], measured, overrides=["training.loop.steps=3"])
 
 
 def test_a_dry_runs_total_counts_every_stage_and_names_the_untimed():

@@ -156,6 +156,17 @@ def describe(stage: dict) -> str:
     return f"{kind} {' '.join(map(str, stage[kind]))}"
 
 
+UNSIZED = ("hardware.threads", "logger")  # overrides that leave a stage's work as it is
+
+
+def measured_as(stage: dict, overrides: list[str]) -> str:
+    """The `stages.json` key of a train or run stage's minutes: its description and the overrides it takes that
+    change its work (`dataset.limit=2`, `training.loop.steps=2`), so that a smoke call keeps the full one's figure."""
+    kind = "train" if "train" in stage else "run"
+    sized = [o for o in stage_overrides(kind, overrides) if not o.lstrip("+~").startswith(UNSIZED)]
+    return f"{describe(stage)} [{' '.join(sized)}]" if sized else describe(stage)
+
+
 def stage_command(stage: dict, work_dir: Path, out_dir: Path, overrides: list[str], paper_command: str) -> list[str]:
     """The `specrepro ...` command line of one stage, run in a process of its own: its runs in `work_dir`, the
     artifacts it trains or loads in the pipelines' shared folder beside it."""
@@ -266,11 +277,12 @@ def expected_time(measurement: dict | None) -> str:
     )
 
 
-def total_time(stages: list[dict], measured: dict, pipeline_stages: int | None = None) -> str:
+def total_time(stages: list[dict], measured: dict, pipeline_stages: int | None = None, overrides=()) -> str:
     """One total over every stage of a pipeline (or the `stages` chosen of its `pipeline_stages`): the minutes each
-    train and run stage took where it was measured (those measured while finding things already made took less than
-    they would from nothing cached), and how many stages are not timed yet or are tables (under a minute each)."""
-    timed = [measured.get(describe(stage)) for stage in stages if "table" not in stage]
+    train and run stage took where it was measured with these `overrides` (those measured while finding things
+    already made took less than they would from nothing cached), and how many stages are not timed yet or are
+    tables (under a minute each)."""
+    timed = [measured.get(measured_as(stage, list(overrides))) for stage in stages if "table" not in stage]
     minutes = [m["minutes"] for m in timed if is_measured(m)]
     reused = sum(1 for m in timed if is_measured(m) and m.get("reused"))
     untimed = len(timed) - len(minutes)
@@ -441,7 +453,7 @@ def reproduce(
     measured = read_measured(measured_path)
     print(f"{paper}: {len(stages)} stages; runs in {work_dir}, artifacts in {shared}, tables in {out_dir}")
     print(
-        f"{total_time([stage for i, stage in enumerate(stages, 1) if i in chosen], measured, len(stages))} "
+        f"{total_time([stage for i, stage in enumerate(stages, 1) if i in chosen], measured, len(stages), overrides)} "
         f"({measured_path})"
     )
     if not dry_run:
@@ -449,7 +461,8 @@ def reproduce(
     for i, stage in enumerate(stages, 1):
         if i not in chosen:
             continue
-        expected = "under a minute" if "table" in stage else expected_time(measured.get(describe(stage)))
+        key = None if "table" in stage else measured_as(stage, list(overrides))
+        expected = "under a minute" if key is None else expected_time(measured.get(key))
         if check_done and "train" in stage and (made := made_already(stage, work_dir, list(overrides))):
             expected += f"; made already: {made}"
         if check_done and "run" in stage:
@@ -471,9 +484,9 @@ def reproduce(
                 f"{paper}: stage {i} ({describe(stage)}): no run in {work_dir} fills a cell of its table (the runs "
                 "there have other settings than it selects: an override of one, such as dataset.limit?)"
             )
-        kept_earlier = "table" not in stage and not record_minutes(
+        kept_earlier = key is not None and not record_minutes(
             measured_path,
-            describe(stage),
+            key,
             {
                 "minutes": minutes,
                 "reused": reused,
