@@ -3,6 +3,7 @@ end to end."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -248,6 +249,46 @@ def test_a_finished_artifact_is_reused_without_taking_its_lock(tmp_path, monkeyp
 
     monkeypatch.setattr(training, "exclusive", no_lock)
     assert training.train(cfg) == final
+
+
+def test_records_replaced_at_their_path_train_the_artifact_again_from_fresh_targets_outputs(tmp_path, monkeypatch):
+    """The artifact and the cached target continuations were named by the dataset settings alone: GSM8K prompts
+    replaced in the file a recipe names kept the artifact ("already trained; skipping"), and even resume=false
+    trained it again on the continuations of the old prompts."""
+    from specrepro import registry, training
+    from specrepro.training.loop import LATEST
+    from tests.test_config import compose_run
+
+    prompts = tmp_path / "prompts.jsonl"
+    question = {"question": "Natalia sold 48 clips in April. How many in all?", "answer": "48\n#### 48"}
+    prompts.write_text(json.dumps(question) + "\n")
+    read_from = f"training.prompts.gsm8k.path={prompts}"
+    cfg = compose_run(*TINY_TRAINING, f"artifacts_dir={tmp_path}", read_from, config="train")
+    final, spec, made_from = training.artifact_path(cfg), cfg.training, training.training_data(cfg)
+    continuations = distill_cache_dir(cfg, "continuations", spec.prompts, spec.continuation_tokens, 256)
+    final.mkdir()
+    (final / "artifact.json").write_text(json.dumps({"training_data": made_from}))
+    work_dir = tmp_path / ".work" / final.name
+    work_dir.mkdir(parents=True)
+    (work_dir / "training_data.json").write_text(json.dumps(made_from))
+    (work_dir / LATEST).write_text("checkpoint-2")  # a checkpoint trained on these records
+
+    class Trained(Exception):
+        pass
+
+    def trainer(cfg, target, work_dir, log_metrics, device):  # what training would start from
+        raise Trained(f"resumes a checkpoint: {(work_dir / LATEST).exists()}")
+
+    monkeypatch.setitem(
+        registry.COMPONENTS, "sps_draft", dataclasses.replace(registry.COMPONENTS["sps_draft"], trainer=trainer)
+    )
+    assert training.train(cfg) == final  # the same records: reused
+    question["question"] = "Weng earns $12 an hour. How much for 3 hours?"
+    prompts.write_text(json.dumps(question) + "\n")
+    with pytest.raises(Trained, match="resumes a checkpoint: False"):  # trained again, not from the old checkpoint
+        training.train(cfg)
+    assert training.training_data(cfg)["training.prompts.gsm8k"] != made_from["training.prompts.gsm8k"]
+    assert distill_cache_dir(cfg, "continuations", spec.prompts, spec.continuation_tokens, 256) != continuations
 
 
 def test_a_draft_wider_than_the_target_is_one_line_not_a_traceback(tmp_path):

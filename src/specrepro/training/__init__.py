@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import typing
 from pathlib import Path
 
 from accelerate import PartialState
@@ -24,8 +27,8 @@ from specrepro.models import ModelLoader
 from specrepro.models.loading import resolve_device
 from specrepro.provenance import now, provenance
 from specrepro.reuse import note_reused
-from specrepro.tracking import config_hash, wandb_init
-from specrepro.training.artifacts import artifact_damage, is_complete, publish, staging_dir
+from specrepro.tracking import atomic_write, config_hash, wandb_init
+from specrepro.training.artifacts import artifact_damage, is_complete, publish, read_metadata, staging_dir
 from specrepro.training.loop import clear_checkpoints, validate_loop
 from specrepro.locks import lock_file
 from specrepro.training.shards import exclusive
@@ -50,6 +53,32 @@ def artifact_path(cfg, inputs: bool = True) -> Path:
         | ({"inputs": trained_from} if trained_from else {})
     )
     return Path(cfg.artifacts_dir) / f"{cfg.training.component}-{cfg.model.name}-{key}"
+
+
+def training_data(cfg) -> dict[str, str]:
+    """The content of every record set the training config reads (the recipe's dataset settings, by its schema):
+    {setting: `identity.records_fingerprint`}. Recorded with the artifact: one its config would now train on other
+    records (a file replaced at its path, a loader that reads it otherwise) is trained again."""
+    from specrepro.data import load_records
+    from specrepro.data.config import DatasetConfig
+    from specrepro.identity import records_fingerprint
+
+    def datasets(node, schema, where: str):
+        for key, hint in typing.get_type_hints(schema).items():
+            value = node.get(key)
+            if value is None:
+                continue
+            args = typing.get_args(hint)  # Optional[DatasetConfig]: (DatasetConfig, None); Dict[str, X]: (str, X)
+            if hint is DatasetConfig or (typing.get_origin(hint) is typing.Union and DatasetConfig in args):
+                yield f"{where}{key}", value
+            elif typing.get_origin(hint) is dict and args[-1] is DatasetConfig:
+                for name, each in value.items():
+                    yield f"{where}{key}.{name}", each
+            elif dataclasses.is_dataclass(hint):
+                yield from datasets(value, hint, f"{where}{key}.")
+
+    schema = registry.component(cfg.training.component).schema
+    return {name: records_fingerprint(load_records(node)) for name, node in datasets(cfg.training, schema, "training.")}
 
 
 def trained_target(cfg, target) -> dict:
@@ -86,28 +115,34 @@ def train(cfg) -> Path:
     check_known_keys(cfg.model, ModelConfig, "model")
     check_model(cfg.model)
     check_known_keys(cfg.training, registry.component(cfg.training.component).schema, "training")
-    final = artifact_path(cfg)
-    if trained_already(cfg, final, say_damage=False):  # before the lock: one on read-only storage is reused too
+    final, data = artifact_path(cfg), training_data(cfg)
+    if trained_already(cfg, final, data, say_damage=False):  # before the lock: one on read-only storage is reused too
         return final
     with exclusive(lock_file(final), f"training {final.name}"):  # a second job training it waits, then re-uses it
-        return final if trained_already(cfg, final) else _train(cfg, state, final)
+        return final if trained_already(cfg, final, data) else _train(cfg, state, final, data)
 
 
-def trained_already(cfg, final: Path, say_damage: bool = True) -> bool:
-    """Whether the artifact is made and whole (`resume=true`): reused, said so; a damaged one is trained again."""
+def trained_already(cfg, final: Path, data: dict[str, str], say_damage: bool = True) -> bool:
+    """Whether the artifact is made and whole (`resume=true`) from the records its config reads now (`data`, as
+    `training_data` gives it; an artifact made before they were recorded is taken as is): reused, said so; a
+    damaged one, or one made from other records, is trained again."""
     if not (cfg.resume and is_complete(final)):
         return False
     damage = artifact_damage(final)
-    if damage is None:
+    made_from = read_metadata(final).get("training_data", data) if damage is None else data
+    if damage is None and made_from == data:
         log.info("artifact %s is already trained; skipping (resume=false to retrain)", final)
         note_reused(f"artifact {final.name}")
         return True
-    if say_damage:
+    if say_damage and damage:
         log.warning("artifact %s is damaged (%s): training it again", final, damage)
+    elif say_damage:
+        changed = sorted(name for name in data.keys() | made_from.keys() if data.get(name) != made_from.get(name))
+        log.warning("artifact %s was trained on other records of %s: training it again", final, ", ".join(changed))
     return False
 
 
-def _train(cfg, state: PartialState, final: Path) -> Path:
+def _train(cfg, state: PartialState, final: Path, data: dict[str, str]) -> Path:
     registry.load()
     trainer = registry.component(cfg.training.component).trainer
     validate_loops(cfg.training)
@@ -116,8 +151,11 @@ def _train(cfg, state: PartialState, final: Path) -> Path:
     target = loader.load_model(cfg.model)
     work_dir = Path(cfg.artifacts_dir) / ".work" / final.name
     work_dir.mkdir(parents=True, exist_ok=True)
-    if not cfg.resume and state.is_main_process:
-        clear_checkpoints(work_dir)
+    trained_on = work_dir / "training_data.json"  # what its checkpoints were trained on
+    if state.is_main_process:
+        if not cfg.resume or (trained_on.is_file() and json.loads(trained_on.read_text()) != data):
+            clear_checkpoints(work_dir)
+        atomic_write(trained_on, json.dumps(data, sort_keys=True))
     state.wait_for_everyone()
     started_at = now()
     run = wandb_init(cfg, final.name, work_dir, job_type="train") if state.is_main_process else None
@@ -146,6 +184,7 @@ def _train(cfg, state: PartialState, final: Path) -> Path:
             "metrics": metrics,
             "history": history,
             "config": OmegaConf.to_container(cfg, resolve=True),
+            "training_data": data,
             "provenance": origin,
         },
     )

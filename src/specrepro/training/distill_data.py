@@ -131,15 +131,18 @@ def heldout_count(n_rows: int, fraction: float) -> int:
 
 def distill_cache_dir(cfg, kind: str, prompt_sets, tokens: int, max_prompt_tokens, dtype: str = "") -> Path:
     """`<artifacts_dir>/.work/<kind>-<hash>`: cached target outputs (`continuations`, `labels`) depend on the
-    target (its config, and its weights where they are an artifact or a checkpoint), the prompt sets, the lengths
-    and the dtype that computed them (`dtype`, default the run's) only, so every trainer asking for the same ones
-    shares them."""
+    target (its config, and its weights where they are an artifact or a checkpoint), the prompt sets (their
+    settings and their records' content), the lengths and the dtype that computed them (`dtype`, default the
+    run's) only, so every trainer asking for the same ones shares them."""
+    from specrepro.identity import records_fingerprint
+
     key = config_hash(
         OmegaConf.to_container(
             OmegaConf.create(
                 {
                     "model": weights_identity(cfg.model),
                     "prompts": prompt_sets,
+                    "records": {name: records_fingerprint(load_records(each)) for name, each in prompt_sets.items()},
                     "tokens": tokens,
                     "max_prompt_tokens": max_prompt_tokens,
                     "dtype": dtype or cfg.hardware.dtype,
