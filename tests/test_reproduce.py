@@ -380,15 +380,16 @@ def test_a_component_two_pipelines_train_is_trained_alike():
     same artifact, or one paper's table could decode a component another pipeline trained differently."""
     from omegaconf import OmegaConf
 
-    from specrepro.reproduce import describe
+    from specrepro.reproduce import describe, with_trained
     from specrepro.training import artifact_path
     from tests.test_config import compose_run
 
     made: dict[tuple, dict[str, list[str]]] = {}
-    runs = []  # every run stage's arguments
+    runs = []  # every run stage's arguments, an artifact named by its train stage (`@stageN`) in full
     for paper in sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")):
-        for stage in load_pipeline(paper)[1]:
-            runs += [stage["run"]] if "run" in stage else []
+        stages = load_pipeline(paper)[1]
+        for stage in stages:
+            runs += [with_trained(stage, stages, Path("results"), [])["run"]] if "run" in stage else []
             if "train" in stage:
                 cfg = compose_run(*stage["train"], config="train")
                 method = json.dumps(OmegaConf.to_container(cfg.method, resolve=True), sort_keys=True)
@@ -417,6 +418,26 @@ def test_a_component_two_pipelines_train_is_trained_alike():
     assert len(shared) >= 5, "the pipelines' common components (sps, self_sd, the EESD and SAR heads, ...) differ"
 
 
+def test_a_run_stage_decodes_the_artifact_its_train_stage_makes_under_the_calls_overrides(tmp_path):
+    """Run stages pinned the scaling heads' names in full: a call with `training.loop.bf16_autocast=false` trained
+    other heads than its run stages then decoded (the pinned ones, where an earlier call had made them).
+    `method.head=@stageN` names what train stage N makes under the call's overrides."""
+    from specrepro.reproduce import stage_command, with_trained
+    from specrepro.training import artifact_path
+    from tests.test_config import compose_run
+
+    _, stages = load_pipeline("eagle_scaling")
+    run = next(stage for stage in stages if "method.head=@stage6" in stage.get("run", []))
+    assert "training=eagle_2000" in stages[5]["train"]
+    for overrides in ([], ["training.loop.bf16_autocast=false", "hardware.threads=1"]):
+        trains = stage_command(stages[5], tmp_path, tmp_path, overrides, "")
+        made = artifact_path(compose_run(*trains[trains.index("train") + 1 :], config="train")).name
+        resolved = with_trained(run, stages, tmp_path, overrides)["run"]
+        assert f"method.head={made}" in resolved and "method.head=@stage6" not in resolved
+        if not overrides:
+            assert made == "eagle_head-smollm2_135m-2e89ec14"  # what the committed tables' runs decoded
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -427,6 +448,8 @@ def test_a_component_two_pipelines_train_is_trained_alike():
         ("paper: [\n", "not valid YAML"),
         ("paper: x\nstages: [{run: [a=1], committed_inputs: true}]\n", "but a table's committed_inputs"),
         ("paper: x\nstages: [{table: t, committed_inputs: yes please}]\n", "committed_inputs takes true or false"),
+        ("paper: x\nstages: [{run: [a=1]}, {run: [m.head=@stage1]}]\n", "stage 2: @stage1 names no train stage before"),
+        ("paper: x\nstages: [{run: [m.head=@stage2]}, {train: [a=1]}]\n", "stage 1: @stage2 names no train stage"),
         (
             "paper: x\nstages: [{table: t}]\nheadline: [{table: t, row: [a], column: c, claim: x, status: maybe}]\n",
             "bad.yaml: headline\\[0\\].status: expected one of reproduced, not reproduced, not testable here, "

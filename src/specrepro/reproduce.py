@@ -27,13 +27,15 @@ only where no measurement of that stage exists yet. `--stages 2-3,9` runs only t
 overrides. A table stage with `committed_inputs: true` also reads the inputs committed beside the table
 (`results/<paper>/runs/`): a pipeline that adds rows to another pipeline's table (cllm_long to cllm's) then writes the
 whole table on a machine that did not run the other one; where both hold a run of one name, the one that finished later
-takes its cell."""
+takes its cell. A run stage names an artifact its pipeline trains by the train stage (`method.head=@stage6`): the
+stage decodes the artifact that stage makes under the call's overrides, named in full."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -95,6 +97,9 @@ def load_pipeline(name: str, pipelines_dir: Path = PIPELINES_DIR) -> tuple[str, 
             )
         if not isinstance(stage.get("committed_inputs", False), bool):
             raise SpecReproError(f"{path}: stage {i + 1}: committed_inputs takes true or false")
+        for source in trained_in(stage):
+            if not (1 <= source <= i and "train" in spec["stages"][source - 1]):
+                raise SpecReproError(f"{path}: stage {i + 1}: @stage{source} names no train stage before it")
     read_headlines(path, spec)
     return spec["paper"], spec["stages"]
 
@@ -154,6 +159,33 @@ def describe(stage: dict) -> str:
     if kind == "table":
         return f"table {stage['table']}{' (with its committed inputs)' if stage.get('committed_inputs') else ''}"
     return f"{kind} {' '.join(map(str, stage[kind]))}"
+
+
+TRAINED_BY = re.compile(r"@stage(\d+)")  # a run stage's `key=@stageN`: the artifact train stage N makes
+
+
+def trained_in(stage: dict) -> list[int]:
+    """The train stages (1-based) whose artifacts a run stage's arguments name by `key=@stageN`."""
+    found = (TRAINED_BY.fullmatch(str(arg).partition("=")[2]) for arg in stage.get("run", []))
+    return [int(match.group(1)) for match in found if match]
+
+
+def with_trained(stage: dict, stages: list[dict], work_dir: Path, overrides: list[str]) -> dict:
+    """The run stage with each `key=@stageN` made `key=<name in full of the artifact train stage N makes>` under this
+    call's overrides: a run decodes what its pipeline just trained, where a name pinned in the file names what its
+    own settings train (not what `training.loop.bf16_autocast=false` given to the call trains)."""
+    from specrepro.training import artifact_path
+
+    def resolved(arg):
+        key, _, value = str(arg).partition("=")
+        if not (match := TRAINED_BY.fullmatch(value)):
+            return arg
+        source = stages[int(match.group(1)) - 1]
+        command = stage_command(source, work_dir, work_dir, overrides, "")
+        [cfg] = composed(source, "train", [command[command.index("train") + 1 :]])
+        return f"{key}={artifact_path(cfg).name}"
+
+    return {"run": [resolved(arg) for arg in stage["run"]]} if trained_in(stage) else stage
 
 
 UNSIZED = ("hardware.threads", "logger")  # overrides that leave a stage's work as it is
@@ -465,14 +497,17 @@ def reproduce(
         expected = "under a minute" if key is None else expected_time(measured.get(key))
         if check_done and "train" in stage and (made := made_already(stage, work_dir, list(overrides))):
             expected += f"; made already: {made}"
+        # a run stage's `@stageN` arguments named as this call trains them (not in a plain dry run: that needs torch)
+        resolving = "run" in stage and (check_done or not dry_run)
+        resolved = with_trained(stage, stages, work_dir, list(overrides)) if resolving else stage
         if check_done and "run" in stage:
-            expected += f"; {runs_done(stage, work_dir, list(overrides))}"
+            expected += f"; {runs_done(resolved, work_dir, list(overrides))}"
         print(f"[{i}/{len(stages)}] {describe(stage)} ({expected})", flush=True)
         if dry_run:
             continue
         version = checkout_version()  # as the stage starts: a lane outlives a `git pull` beside it
         returncode, minutes, reused = run_stage(
-            stage_command(stage, work_dir, out_dir, list(overrides), paper_command), work_dir
+            stage_command(resolved, work_dir, out_dir, list(overrides), paper_command), work_dir
         )
         if returncode != 0:
             raise SpecReproError(
