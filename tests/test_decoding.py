@@ -359,8 +359,8 @@ def test_warpers_keep_top_k_and_nucleus():
 def test_no_decoder_attribute_is_set_outside_its_constructor():
     """A decoder holds its configuration; what one generation carries from hook to hook lives in the state
     object its `start` returns (draft_verify's contract). self_sd's controller carries gamma across
-    generations by design (the official code's `carry_gamma`)."""
-    carried = {("SelfSDDecoder", "new_controller")}
+    generations by design (the official code's `carry_gamma`), which `restore` puts back."""
+    carried = {("SelfSDDecoder", "new_controller"), ("SelfSDDecoder", "restore")}
     found = []
     for path in sorted((Path(decoding.__file__).parent).glob("*.py")):
         for cls in ast.parse(path.read_text()).body:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -312,14 +313,20 @@ def learning_curve_heads(curve: str) -> tuple[list[str], list[str], list[str]]:
 
     _, stages = load_pipeline(curve)
     trained = [artifact_path(compose_run(*stage["train"], config="train")).name for stage in stages if "train" in stage]
-    decoded = [
+    return trained, decoded_heads(stages), [row.select["method.head"] for row in TableSpec.load(curve).rows]
+
+
+def decoded_heads(stages: list[dict]) -> list[str]:
+    """The heads a pipeline's run stages decode, named in full (`method.head=@stageN`: what train stage N makes)."""
+    from specrepro.reproduce import with_trained
+
+    return [
         arg.removeprefix("method.head=")
         for stage in stages
         if "run" in stage
-        for arg in stage["run"]
+        for arg in with_trained(stage, stages, Path("results"), [])["run"]
         if arg.startswith("method.head=")
     ]
-    return trained, decoded, [row.select["method.head"] for row in TableSpec.load(curve).rows]
 
 
 @pytest.mark.parametrize("curve", ["eagle_scaling", "sar_scaling"])
@@ -335,13 +342,7 @@ def test_the_leaderboard_decodes_the_largest_eagle_budget():
 
     trained, _, _ = learning_curve_heads("eagle_scaling")
     _, leaderboard = load_pipeline("spec_bench")
-    largest = [
-        arg.removeprefix("method.head=")
-        for stage in leaderboard
-        if "run" in stage
-        for arg in stage["run"]
-        if arg.startswith("method.head=eagle")
-    ]
+    largest = [head for head in decoded_heads(leaderboard) if head.startswith("eagle")]
     assert largest == [trained[-1]] * 2
 
 
