@@ -122,6 +122,47 @@ def test_table_cli(tiny_sweep, tmp_path):
     assert offline.returncode == 2 and len(errors) == 1 and "W&B online" in errors[0]
 
 
+def test_a_table_from_wandb_equals_the_one_from_the_same_local_records(tmp_path, monkeypatch):
+    """`--source wandb` took `dict(run.summary)`, whose nested values stay W&B's own summary objects: every
+    `trained.*` cell went empty, `provenance.*` selectors matched nothing (so a `[AMD EPYC, null]` row took the
+    Xeon's runs: pld's mean 1.87x for 1.74x), and writing the table's inputs raised a KeyError. The runs here hold
+    what `tracking.log_to_wandb` logs, in wandb's own public-API summary class."""
+    import wandb
+    from omegaconf import OmegaConf
+    from wandb.apis.public.summary import HTTPSummary
+
+    committed = Path(__file__).parent.parent / "results" / "scaling"
+
+    class LoggedRun:
+        def __init__(self, run_dir: Path):
+            metrics = json.loads((run_dir / "metrics.json").read_text())
+            self.name, self.dir = run_dir.name, str(tmp_path)
+            logged = {key: value for key, value in metrics.items() if value is not None and key != "complete"}
+            self._attrs = {"summaryMetrics": logged}
+            self.summary = HTTPSummary(self, None, summary=logged)
+            self.config = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
+
+        @property
+        def summary_metrics(self):  # wandb.apis.public.Run's: the summary as the API's JSON gives it
+            return self._attrs["summaryMetrics"]
+
+    class Api:
+        default_entity = "me"
+
+        def runs(self, path, filters=None):
+            return [LoggedRun(p.parent) for p in sorted(committed.glob("runs/*/metrics.json"))]
+
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setattr(wandb, "Api", Api)
+    local = write_table("eagle_scaling", committed, out_dir=tmp_path / "local")
+    remote = write_table("eagle_scaling", source="wandb", out_dir=tmp_path / "wandb")
+
+    def cells(path: Path) -> list[str]:
+        return [line for line in path.with_suffix(".csv").read_text().splitlines() if not line.startswith("#")]
+
+    assert cells(remote) == cells(local) and ",49," in cells(remote)[1]  # Training conversations, a trained.* cell
+
+
 def test_pass_at_10_from_sampling_with_recorded_seeds(tmp_path):
     specrepro(
         "run",

@@ -380,9 +380,9 @@ def wandb_runs(project: str, entity: str | None, group: str | None) -> list[RunI
         found = api.runs(path, filters={"group": group} if group else {})
         runs = []
         for run in found:
-            summary = dict(run.summary)
+            summary = run.summary_metrics  # plain nested dicts (`dict(run.summary)` kept W&B's own below the top)
             if summary.get("complete", True) and "run_name" in summary:
-                runs.append(RunInfo(run.name, summary, dict(run.config), float(run.summary.get("_timestamp", 0))))
+                runs.append(RunInfo(run.name, summary, dict(run.config), float(summary.get("_timestamp", 0))))
     except Exception as exc:  # the API raises many types; the user needs one line
         raise SpecReproError(f"W&B API: {type(exc).__name__}: {exc}".splitlines()[0]) from None
     return runs
