@@ -418,6 +418,40 @@ def test_a_file_of_the_wrong_shape_is_one_line_naming_it(tmp_path, setting, cont
         load_records(config(**settings))
 
 
+def test_a_conversations_reference_is_the_reply_to_its_first_turn(tmp_path):
+    """A ShareGPT conversation split into chunks may open with the reply that ended the chunk before: the record's
+    reference was that reply (376 of the 981 `sharegpt` records answered another question), which SPACE's SAR-SFT,
+    the EESD, SAR and sps drafts trained on as the first turn's answer."""
+    rows = [
+        {
+            "id": "a",
+            "conversations": [
+                {"from": "gpt", "value": "Lo and behold!"},
+                {"from": "human", "value": "More"},
+                {"from": "gpt", "value": "Behold, more."},
+            ],
+        },
+        {
+            "id": "b",
+            "conversations": [
+                {"from": "human", "value": " "},
+                {"from": "gpt", "value": "To a blank turn."},
+                {"from": "human", "value": "Hi"},
+                {"from": "gpt", "value": "Hello."},
+            ],
+        },
+        {"id": "c", "conversations": [{"from": "human", "value": "Unanswered"}]},
+    ]
+    given = tmp_path / "conversations.json"
+    given.write_text(json.dumps(rows))
+    records = load_records(config(path=str(given), task="sharegpt"))
+    assert [(r.turns, r.reference) for r in records] == [
+        (["More"], "Behold, more."),
+        (["Hi"], "Hello."),
+        (["Unanswered"], None),
+    ]
+
+
 def test_the_prompt_format_says_when_a_chat_dataset_falls_back_to_a_plain_transcript():
     """A run records how its prompts were written: a tokenizer without a chat template gets a User/Assistant
     transcript for a chat dataset, which the run's metrics say (`prompt_format`) instead of leaving it silent."""

@@ -175,20 +175,28 @@ ASSISTANT_ROLES = {"gpt", "assistant", "chatgpt", "bard"}
 
 def _conversation(row: dict, index: int) -> Optional[Record]:
     """ShareGPT ({from, value}) or CLLM ({role, content}) conversations. A blank user turn is no prompt: it is left
-    out of the turns (the whole conversation stays in `messages`), and rows without a user turn are skipped."""
+    out of the turns (the whole conversation stays in `messages`), and rows without a user turn are skipped. The
+    reference is the reply to the first turn: a conversation split into chunks may open with the reply that ended
+    the chunk before."""
     key = "conversations" if "conversations" in row else "conversation"
     messages = row[key]
     if not isinstance(messages, list):
         raise NotText(f"field '{key}' is {'null' if messages is None else repr(messages)[:40]}, not a list of messages")
     speakers = [(m.get("from", m.get("role")), m.get("value", m.get("content"))) for m in messages]
-    user_turns = [turn for who, text in speakers if who in USER_ROLES if (turn := _text(row, key, text)).strip()]
+    asked = [
+        (i, turn)
+        for i, (who, text) in enumerate(speakers)
+        if who in USER_ROLES
+        if (turn := _text(row, key, text)).strip()
+    ]
     replies = [text for who, text in speakers if who in ASSISTANT_ROLES]
-    if not user_turns:
+    if not asked:
         return None
+    answer = next((text for who, text in speakers[asked[0][0] + 1 :] if who in ASSISTANT_ROLES), None)
     roles = {**dict.fromkeys(USER_ROLES, "user"), **dict.fromkeys(ASSISTANT_ROLES, "assistant"), "system": "system"}
     messages = [{"role": roles[who], "content": text} for who, text in speakers if who in roles]
     fields = {"conversation_id": row.get("id"), "replies": replies, "messages": messages}
-    return Record(str(index), user_turns, replies[0] if replies else None, fields)
+    return Record(str(index), [turn for _, turn in asked], answer, fields)
 
 
 def _alpaca(row: dict, index: int) -> Record:
