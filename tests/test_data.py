@@ -452,6 +452,17 @@ def test_a_conversations_reference_is_the_reply_to_its_first_turn(tmp_path):
     ]
 
 
+def test_a_file_of_its_own_in_the_working_directory_is_read_not_the_bundled_gz_of_its_name(tmp_path, monkeypatch):
+    """`path: gsm8k/test.jsonl` with that file in the working directory loaded the bundled gsm8k/test.jsonl.gz (1,319
+    records) without a word, as the bundled name with ".gz" was tried before the name as given in the cwd."""
+    (tmp_path / "gsm8k").mkdir()
+    question = {"question": "Natalia sold 48 clips. How many?", "answer": "48\n#### 48"}
+    (tmp_path / "gsm8k" / "test.jsonl").write_text(json.dumps(question) + "\n")
+    monkeypatch.chdir(tmp_path)
+    assert len(load_records(config(path="gsm8k/test.jsonl", task="gsm8k"))) == 1
+    assert len(load_records(config(path="gsm8k/test.jsonl.gz", task="gsm8k"))) == 1319  # the bundled file by its name
+
+
 def test_the_prompt_format_says_when_a_chat_dataset_falls_back_to_a_plain_transcript():
     """A run records how its prompts were written: a tokenizer without a chat template gets a User/Assistant
     transcript for a chat dataset, which the run's metrics say (`prompt_format`) instead of leaving it silent."""

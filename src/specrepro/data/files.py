@@ -26,15 +26,15 @@ log = logging.getLogger(__name__)
 
 def resolve_path(path: str) -> Path:
     """The local file for `path`: absolute, bundled-relative, cwd-relative, or `pkg:<module>:<path in it>`; a missing
-    ".gz" suffix is allowed."""
+    ".gz" suffix is allowed, where no file has the name as given (a user's `gsm8k/test.jsonl` in the working
+    directory is read, not the bundled `gsm8k/test.jsonl.gz`)."""
     if path.startswith(PACKAGE_PREFIX):
         return package_file(path)
     given = Path(path).expanduser()
     bases = [given] if given.is_absolute() else [BUNDLED_DIR / given, Path.cwd() / given]
-    for base in bases:
-        for candidate in (base, base.with_name(base.name + ".gz")):
-            if candidate.is_file():
-                return candidate
+    for candidate in [*bases, *(base.with_name(base.name + ".gz") for base in bases)]:  # the name as given first
+        if candidate.is_file():
+            return candidate
     looked_in = " or ".join(str(base) for base in bases)
     raise SpecReproError(f"dataset file not found: {path} (looked for {looked_in}, with or without .gz)")
 
