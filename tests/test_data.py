@@ -25,6 +25,7 @@ from specrepro.data.files import read_rows
 from specrepro.errors import SpecReproError
 from specrepro.metrics.completions import completion_for_scoring
 from specrepro.metrics.quality import score_sample
+from tests.test_silent_numbers import smollm2_tokenizer  # noqa: F401  (fixture)
 
 DATA_MD = BUNDLED_DIR.parent / "DATA.md"
 
@@ -461,6 +462,32 @@ def test_a_file_of_its_own_in_the_working_directory_is_read_not_the_bundled_gz_o
     monkeypatch.chdir(tmp_path)
     assert len(load_records(config(path="gsm8k/test.jsonl", task="gsm8k"))) == 1
     assert len(load_records(config(path="gsm8k/test.jsonl.gz", task="gsm8k"))) == 1319  # the bundled file by its name
+
+
+def test_a_reference_answer_is_the_answer_as_it_reads_after_its_prompt(smollm2_tokenizer):  # noqa: F811
+    """reference_nll scored XSum's summary tokenized alone after "Summary:" (its first word without the space the
+    exemplar's has: 0.28 nats a token too many), Spec-Bench's GSM8K solutions with their calculator notes, and
+    MT-Bench's hints to the judge ("Area is 3") as answers."""
+    from specrepro.data import reference_response, render_prompt
+    from specrepro.runner import reference_after
+
+    xsum = compose_dataset("xsum", "limit=1")
+    [article] = load_records(xsum)
+    answer = reference_after(render_prompt(article, smollm2_tokenizer, xsum, []), article)
+    assert answer == " " + article.reference and smollm2_tokenizer.tokenize(answer)[0].startswith("Ġ")
+    gsm8k = compose_dataset("gsm8k", "limit=1")
+    [question] = load_records(gsm8k)
+    assert reference_after(render_prompt(question, smollm2_tokenizer, gsm8k, []), question) == reference_response(
+        question
+    )
+    math = load_records(compose_dataset("spec_bench", "category=math_reasoning", "limit=3"))
+    assert all("<<" in r.reference and "<<" not in reference_response(r) for r in math)
+    mt_bench = load_records(compose_dataset("mt_bench"))
+    by_id = {r.id: r for r in mt_bench}
+    assert reference_response(by_id["111"]) == by_id["111"].fields["reference_turns"][0]  # GPT-4's, not "Area is 3"
+    assert by_id["111"].reference == "Area is 3"
+    writing = load_records(compose_dataset("spec_bench", "category=multi_turn", "limit=10"))
+    assert all(reference_response(r) is None for r in writing)
 
 
 def test_the_prompt_format_says_when_a_chat_dataset_falls_back_to_a_plain_transcript():

@@ -235,6 +235,8 @@ DECODING_CODE = (
     "specrepro.runner:method_timed_first",
     "specrepro.runner:decode_turn",
     "specrepro.runner:decode_record",
+    "specrepro.runner:reference_after",
+    "specrepro.data.records:reference_response",
     "specrepro.runner:holds",
     "specrepro.runner:compile_steps_for",
     "specrepro.runner:warm_up",

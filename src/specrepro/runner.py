@@ -281,6 +281,14 @@ def training_minutes(artifacts, decoder) -> float | None:
     return None if None in spent else sum(spent)
 
 
+def reference_after(prompt: str, record) -> str | None:
+    """A record's reference answer (`reference_response`) as it reads after its first prompt's text: a completion
+    prompt that ends in a word ("Summary:") reads on with a space, as its exemplars' answers do (tokenized alone, an
+    answer's first word lost the space: 0.28 nats a token more on XSum)."""
+    answer = reference_response(record)
+    return " " + answer if answer and prompt and not prompt[-1].isspace() else answer
+
+
 def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling) -> dict:
     """All samples (each with all turns) of one dataset record, scored."""
     samples, prompts, first_prompt = [], [], []
@@ -323,7 +331,7 @@ def decode_record(record, index, cfg, target, decoder, baselines: dict, sampling
                 first_prompt = first_prompt or ids  # the first turn's: what the reference answer follows
         samples.append(turns)
     scores = task_scores(record, samples, cfg)
-    answer = reference_response(record) if cfg.reference_nll else None
+    answer = reference_after(prompts[0], record) if cfg.reference_nll else None
     if answer:  # after the prompt as decoded; the answer's special-token text is text too
         answer_ids = target.tokenizer(answer, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         scores["reference_nll"] = reference_nll(target.model, first_prompt, answer_ids)
