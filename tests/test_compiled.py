@@ -753,6 +753,26 @@ def test_compiled_steps_refuse_a_cache_longer_than_attention_chunks_in_one_line(
     assert "\n" not in str(refused.value)
 
 
+def test_caches_that_grow_compile_every_default_width_again_and_step_as_before():
+    """A later turn that outgrows the static cache needs a second graph for each width: on the same code objects the
+    default seven widths' fourteen graphs broke dynamo's limit of eight a code object (a hard failure under
+    fullgraph, mid-run, for any method whose widest step is over 8). Grown caches compile on fresh code objects."""
+    from specrepro.decoding.steps import DEFAULT_WIDTHS
+    from specrepro.models.kernels import set_linear_kernel
+
+    model = set_linear_kernel(tiny_llama(seed=1), "torch")
+    steps = CompiledSteps(model, backend="eager", widths=DEFAULT_WIDTHS)
+    steps.warm_up(max_width=64, length=40)
+    steps.warm_up(max_width=64, length=200)  # raised FailOnRecompileLimitHit
+    prompt = torch.randint(3, 64, (1, 141), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():  # a prefill past the first caches' 128 positions, then a one-token compiled step
+        cache = steps.new_cache(200)
+        steps(prompt[:, :140], cache, logits_to_keep=1)
+        compiled = steps(prompt[:, 140:], cache, logits_to_keep=1).logits[0, -1]
+        eager = EagerSteps(model)(prompt, EagerSteps(model).new_cache(200), logits_to_keep=1).logits[0, -1]
+    assert torch.allclose(compiled, eager, atol=1e-5)
+
+
 def test_a_compiled_two_turn_run_compiles_for_a_second_turn_that_outgrows_its_caches_untimed(tmp_path):
     """The tiny random model's first answer re-tokenizes longer than it was decoded, so the second turn outgrows the
     caches sized up front: the reference `ar` run compiles for it before timing it and adds that to compile_time;

@@ -263,6 +263,11 @@ class CompiledSteps(EagerSteps):
                 log.warning("the static cache grows past %d positions: its graphs are compiled again", self.cache_len)
             self.cache_len, self.caches = self.cache_multiple * -(-needed // self.cache_multiple), {}
             self.warmed = False
+            # graphs on fresh code objects: dynamo's recompile limit (8 graphs) counts per code object, and a second
+            # graph for each of the 7 default widths on the old ones broke it (a hard failure under fullgraph)
+            self.forward, self.forward_hidden = self.new_graphs()
+            self.variant_graphs.clear()
+            self.layer_graphs.clear()
             p = next(self.model.parameters())
             self.key_positions = torch.arange(self.cache_len, device=p.device)  # what a step's mask compares against
             dtype = self.model.dtype  # the mask's values where allowed and where masked, as `additive_mask` makes them
