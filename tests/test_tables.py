@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import shutil
 import types
@@ -488,6 +489,19 @@ def test_a_plot_names_rows_by_the_label_cells_it_asks_for():
             .get_title()
             .endswith("(no number yet: " + ("sps_tree)" if label_cells else "sps_tree / best here / general mix)"))
         )
+
+
+def test_a_bar_charts_empty_cell_draws_no_bar_and_is_named():
+    """A row with a number in one column and none in another drew a bar of height 0 there (a 0x speedup) and named
+    only rows with no number at all."""
+    from specrepro.plots import draw
+
+    here = {"Math speedup": [1.5, 1.2], "RAG speedup": [1.3, None]}
+    plot = Plot("b", "bars", columns=["Math speedup", "RAG speedup"], label_cells=1)
+    axes = draw(plot, [("pld",), ("eagle",)], here, "title").axes[0]
+    heights = {bars.get_label(): [bar.get_height() for bar in bars.patches] for bars in axes.containers}
+    assert heights["pld"] == [1.5, 1.3] and heights["eagle"][0] == 1.2 and math.isnan(heights["eagle"][1])
+    assert axes.get_title().endswith("(no number yet: eagle / RAG)")
 
 
 SMALL_TABLE = """\

@@ -83,7 +83,7 @@ def draw(plot, label_cells: list[tuple[str, ...]], here: dict[str, list], title:
         figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(columns) + 0.15 * len(columns) * len(shown)) + 3, 4.5))
         width = 0.8 / max(1, len(shown))
         for slot, (i, colour) in enumerate(zip(shown, row_colours(len(shown)))):
-            values = [here[c][i] if here[c][i] is not None else 0.0 for c in columns]
+            values = [here[c][i] if here[c][i] is not None else math.nan for c in columns]  # no bar, not one at 0
             axes.bar(
                 [k + slot * width - 0.4 + width / 2 for k in range(len(columns))],
                 values,
@@ -107,6 +107,10 @@ def draw(plot, label_cells: list[tuple[str, ...]], here: dict[str, list], title:
             axes.axhline(plot.reference, color="black", linewidth=0.8, linestyle="--")
     axes.set_ylabel(plot.ylabel if plot.ylabel is not None else plot.y or "")
     left_out = [labels[i] for i in range(len(labels)) if i not in shown]
+    if plot.kind == "bars":  # a row shown with some cells empty: which
+        left_out += [
+            f"{labels[i]} / {c.removesuffix(' speedup')}" for i in shown for c in plot.columns if here[c][i] is None
+        ]
     line_chars = int(13 * (figure.get_figwidth() - 3))  # what a 9-point line holds across the axes (legend beside)
     caption = textwrap.fill(f"(no number yet: {', '.join(left_out)})", line_chars) if left_out else ""
     axes.set_title(f"{textwrap.fill(title, line_chars)}\n{caption}".strip(), fontsize=9)
