@@ -437,6 +437,9 @@ def test_the_notebook_run_as_the_readme_says_plots_the_leaderboards_paired_speed
                 compared += 1
     assert compared >= 6 * 14
     assert round(plotted.loc["spec_bench: jacobi / paper", "spec_bench/multi_turn"], 2) == 0.89
+    # a row's runs of two settings (sar_table2's fp32 and bf16 columns) are two bars, not the newer of them
+    redraft = plotted[plotted.index.str.startswith("sar_table2: redraft (ReDrafter) / RNN [")]["gsm8k"]
+    assert sorted(redraft.dropna().round(2)) == [0.80, 1.39]
 
 
 # 7. a resumed run's timings come from several processes
