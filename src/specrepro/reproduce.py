@@ -174,16 +174,12 @@ def with_trained(stage: dict, stages: list[dict], work_dir: Path, overrides: lis
     """The run stage with each `key=@stageN` made `key=<name in full of the artifact train stage N makes>` under this
     call's overrides: a run decodes what its pipeline just trained, where a name pinned in the file names what its
     own settings train (not what `training.loop.bf16_autocast=false` given to the call trains)."""
-    from specrepro.training import artifact_path
 
     def resolved(arg):
         key, _, value = str(arg).partition("=")
         if not (match := TRAINED_BY.fullmatch(value)):
             return arg
-        source = stages[int(match.group(1)) - 1]
-        command = stage_command(source, work_dir, work_dir, overrides, "")
-        [cfg] = composed(source, "train", [command[command.index("train") + 1 :]])
-        return f"{key}={artifact_path(cfg).name}"
+        return f"{key}={trained_artifact(stages[int(match.group(1)) - 1], work_dir, overrides).name}"
 
     return {"run": [resolved(arg) for arg in stage["run"]]} if trained_in(stage) else stage
 
@@ -395,15 +391,21 @@ def composed(stage: dict, config_name: str, overrides: list[list[str]], hydra_no
         raise SpecReproError(f"{describe(stage)}: {one_line(exc)}") from None
 
 
-def made_already(stage: dict, work_dir: Path, overrides: list[str]) -> str | None:
-    """The artifact a train stage makes, when a complete one is in the shared folder (its stage will reuse it)."""
+def trained_artifact(stage: dict, work_dir: Path, overrides: list[str]) -> Path:
+    """Where a train stage publishes its artifact under these overrides (`training.artifact_path`)."""
     from specrepro.training import artifact_path
-    from specrepro.training.artifacts import is_complete
 
     command = stage_command(stage, work_dir, work_dir, overrides, "")
     [cfg] = composed(stage, "train", [command[command.index("train") + 1 :]])
+    return artifact_path(cfg)
+
+
+def made_already(stage: dict, work_dir: Path, overrides: list[str]) -> str | None:
+    """The artifact a train stage makes, when a complete one is in the shared folder (its stage will reuse it)."""
+    from specrepro.training.artifacts import is_complete
+
     try:
-        path = artifact_path(cfg)
+        path = trained_artifact(stage, work_dir, overrides)
     except SpecReproError:  # what it trains from is not made yet (an earlier stage collects it): nor is it
         return None
     return path.name if is_complete(path) else None

@@ -29,11 +29,9 @@ def reference_response(record: Record) -> Optional[str]:
     """The human-written answer of a record as plain text: GSM8K's worked solution without calculator notes (also
     as Spec-Bench's math_reasoning holds it); for an MT-Bench question, GPT-4's reference answer where the dataset
     attaches one (`reference_turns`), not the hints its file gives the judge."""
-    if "answer" in record.fields:
-        return re.sub(r"<<[^>]*>>", "", record.fields["answer"])
     category = record.fields.get("category")
-    if category == "math_reasoning" and record.reference:
-        return re.sub(r"<<[^>]*>>", "", record.reference)
+    if "answer" in record.fields or (category == "math_reasoning" and record.reference):
+        return re.sub(r"<<[^>]*>>", "", record.fields.get("answer", record.reference))
     if category in MT_BENCH_CATEGORIES:
         return (record.fields.get("reference_turns") or [None])[0]
     return record.reference

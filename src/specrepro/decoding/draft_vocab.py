@@ -88,6 +88,12 @@ def _strings(value):
             yield from _strings(item)
 
 
+def corpus_file(cfg) -> dict[str, str]:
+    """The corpus a method config's draft vocabulary is ranked from (`draft_vocab_corpus`), as `Decoder.read_files`
+    names it; none without a draft vocabulary."""
+    return {"draft_vocab_corpus": cfg.draft_vocab_corpus} if cfg.draft_vocab else {}
+
+
 def corpus_ranking(tokenizer, path: str) -> torch.Tensor:
     """Token ids by their count in a text corpus (every string of every row of a bundled or local file), most
     frequent first, then by id; tokens the corpus lacks are left out. FR-Spec ranks by a general corpus too."""

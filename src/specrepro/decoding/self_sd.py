@@ -241,7 +241,7 @@ class SelfSDDecoder(DraftVerifyDecoder):
 
     @classmethod
     def read_files(cls, cfg: SelfSDConfig) -> dict[str, str]:
-        return {"draft_vocab_corpus": cfg.draft_vocab_corpus} if cfg.draft_vocab else {}
+        return draft_vocab.corpus_file(cfg)
 
     @classmethod
     def from_config(cls, cfg: SelfSDConfig, target, ctx) -> "SelfSDDecoder":

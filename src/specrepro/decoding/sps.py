@@ -107,7 +107,7 @@ class SPSDecoder(DraftVerifyDecoder):
 
     @classmethod
     def read_files(cls, cfg: SPSConfig) -> dict[str, str]:
-        return {"draft_vocab_corpus": cfg.draft_vocab_corpus} if cfg.draft_vocab else {}
+        return draft_vocab.corpus_file(cfg)
 
     @classmethod
     def from_config(cls, cfg: SPSConfig, target, ctx) -> "SPSDecoder":
