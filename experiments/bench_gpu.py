@@ -126,6 +126,16 @@ def copy_bandwidth(device: torch.device, gib: float = 1.0) -> float:
     return 2 * x.numel() / best
 
 
+def bytes_read_per_token(model: torch.nn.Module) -> int:
+    """Bytes of weights one decoding step reads: every parameter once, but an input embedding that is not also the
+    output head, of which a step reads only its tokens' rows."""
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    unread = {id(embedding)} - {id(head.weight)} if head is not None else {id(embedding)}
+    unique = {id(p): p for p in model.parameters() if id(p) not in unread}
+    return sum(p.numel() * p.element_size() for p in unique.values())
+
+
 def method_arms(
     presets: str, target, eager: LoadedModel, loader, if_trained: bool = False, taken=()
 ) -> tuple[dict, dict, dict]:
@@ -461,7 +471,7 @@ def main() -> None:
             decoders[arm].restore(carried)
     arms = [*decoders, *GENERATE_ARMS]
     speculative = [arm for arm in decoders if not arm.startswith("ar_")]
-    weight_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    weight_bytes = bytes_read_per_token(model)
     bandwidth = copy_bandwidth(loader.device)
     results = {arm: [] for arm in arms}
 

@@ -503,3 +503,19 @@ def test_gpu_leaderboards_default_rows_leave_out_the_trained_rows_whose_artifact
     assert skipped[-1] == "method=eagle_tree_small method.head=eagle_head-smollm2_135m-2e89ec14"
     assert skipped[0] == "method=pld" and len(skipped) == 6  # the training-free rows, then the carried one
     assert "not carried" in (tmp_path / "out" / "gpu_leaderboard.log").read_text()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_weight_reading_bound_counts_an_untied_input_embedding_as_unread(monkeypatch, tied):
+    from specrepro.config import RandomArchConfig
+    from specrepro.models.loading import random_llama
+
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    from bench_gpu import bytes_read_per_token
+
+    model = random_llama(RandomArchConfig(vocab_size=64, num_layers=1))
+    if tied:
+        model.lm_head.weight = model.get_input_embeddings().weight
+    every = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    embedding = model.get_input_embeddings().weight
+    assert bytes_read_per_token(model) == (every if tied else every - embedding.numel() * embedding.element_size())
