@@ -440,6 +440,13 @@ def test_the_notebook_run_as_the_readme_says_plots_the_leaderboards_paired_speed
     # a row's runs of two settings (sar_table2's fp32 and bf16 columns) are two bars, not the newer of them
     redraft = plotted[plotted.index.str.startswith("sar_table2: redraft (ReDrafter) / RNN [")]["gsm8k"]
     assert sorted(redraft.dropna().round(2)) == [0.80, 1.39]
+    # an HM-vs-K line joins runs that differ in K alone: eesd_table1's fixed-K rows, not the controllers' runs at K=6
+    lines = pd.read_csv(tmp_path / "plots" / "hm_vs_k.csv", index_col="line", comment="#")
+    lines.columns = [float(k) for k in lines.columns]
+    assert (lines.notna().sum(axis=1) >= 2).all()
+    for dataset, chain, tree in (("gsm8k", 35.88, 25.33), ("xsum", 16.62, 11.95)):
+        assert round(lines.loc[f"eesd / {dataset} [method.tree_width=1]", 1.0], 2) == chain
+        assert round(lines.loc[f"eesd / {dataset} [method.tree_width=4]", 2.0], 2) == tree
 
 
 # 7. a resumed run's timings come from several processes
