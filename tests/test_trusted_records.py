@@ -486,6 +486,33 @@ def test_a_record_summarised_again_updates_its_wandb_run_instead_of_adding_one(m
     assert len(inits) == 3
 
 
+def test_a_metric_a_record_summarised_again_no_longer_has_leaves_its_resumed_wandb_run(monkeypatch, tmp_path):
+    """A resumed W&B run keeps the summary it was logged with: a metric that the record summarised again has as None
+    was left at its earlier value there (and in a `--source wandb` table). It is removed, so W&B holds what the record
+    holds."""
+    import types
+
+    from specrepro import tracking
+    from tests.test_config import compose_run
+
+    class Summary(dict):
+        def __delitem__(self, key):  # W&B's summary sends a removal whether it holds the key here or not
+            self.pop(key, None)
+
+    summary = Summary()
+    run = types.SimpleNamespace(summary=summary, log=lambda data: None, finish=lambda: None)
+    table = types.SimpleNamespace(add_data=lambda *row: None)
+    wandb = types.SimpleNamespace(init=lambda mode, **kwargs: run, Table=lambda columns: table)
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    cfg = compose_run(*FAST, "logger=wandb", "logger.mode=offline")
+    record = tracking.RunRecord(tmp_path / "runs" / "a-run")
+    record.dir.mkdir(parents=True)
+    record.provenance_path.write_text(json.dumps({"started_at": "2026-12-06T10:00:00+00:00"}))
+    tracking.log_to_wandb(cfg, record, "a-run", None, {"mat": 1.5, "judge_score": 7.0}, [])
+    tracking.log_to_wandb(cfg, record, "a-run", None, {"mat": 1.5, "judge_score": None}, [])
+    assert summary == {"mat": 1.5}
+
+
 def test_a_footer_tells_cpus_of_one_model_name_apart_by_their_vector_instructions():
     """One EPYC model name covers CPUs with and without AVX-512, whose kernels (and so draft and verify costs)
     differ: the footer names what torch ran on; records made before it say only the model."""

@@ -371,7 +371,10 @@ def log_to_wandb(cfg, record: RunRecord, run_name: str, group: str | None, metri
     try:
         import wandb
 
-        run.summary.update({k: v for k, v in _json_safe(metrics).items() if v is not None})
+        summary = _json_safe(metrics)
+        run.summary.update({k: v for k, v in summary.items() if v is not None})
+        for key in (k for k, v in summary.items() if v is None):  # what a run resumed had of it goes
+            del run.summary[key]
         table = wandb.Table(columns=SAMPLE_COLUMNS)
         for row in rows:
             for gen in (g for sample in row["samples"] for g in sample):
