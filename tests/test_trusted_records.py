@@ -638,6 +638,15 @@ def test_ar_steps_decoded_past_eos_and_thrown_away_count_in_its_step_time():
     )
 
 
+def test_the_paired_step_cost_of_a_run_that_discards_steps_divides_by_the_forwards_it_ran():
+    """`ar` on a GPU timed beside itself: both arms ran 8 forwards for 1 kept step, so its paired verify cost is
+    1.00, as its unpaired one, not 8.00 (its own time over its kept steps against the paired `ar`'s over all 8)."""
+    arm = {**_gen([1], [0]), "verify_time": 0.8, "discarded_steps": 7}
+    turn = arm | {"ar_wall_time": 1.0, "ar_prefill_time": 0.2, "ar_tokens": 2, "ar_discarded_steps": 7}
+    assert speed_metrics([turn])["verify_ms_per_step"] == pytest.approx(100.0)
+    assert paired_speedup([turn])["verify_cost_paired"] == pytest.approx(1.0)
+
+
 def test_a_run_scored_by_other_scoring_code_is_scored_again_without_decoding(tmp_path):
     """Scoring is not part of a run's identity: a complete run whose answers another version of the scorer scored
     (a fixed GSM8K answer rule) is scored again from its recorded texts, its tokens kept, not decoded again."""

@@ -140,12 +140,12 @@ def paired_speedup(gens: list[dict], baseline: str = "ar") -> dict[str, float]:
         sum(g[f"{baseline}_wall_time"] - g.get(f"{baseline}_prefill_time", 0.0) for g in paired),
         sum(g[f"{baseline}_tokens"] - 1 + g.get(f"{baseline}_discarded_steps", 0) for g in paired),
     )
-    steps = sum(g["steps"] for g in paired)
+    forwards = sum(g["steps"] + g.get("discarded_steps", 0) for g in paired)  # what its timed parts ran, as ar's
     return {
         f"speedup_paired{suffix}": fmean(ratios),
         f"speedup_paired{suffix}_ci95": ci95(ratios),
-        f"draft_cost_paired{suffix}": _ratio(_part_ms_per_step(paired, "draft", steps), ar_step_ms),
-        f"verify_cost_paired{suffix}": _ratio(_part_ms_per_step(paired, "verify", steps), ar_step_ms),
+        f"draft_cost_paired{suffix}": _ratio(_part_ms_per_step(paired, "draft", forwards), ar_step_ms),
+        f"verify_cost_paired{suffix}": _ratio(_part_ms_per_step(paired, "verify", forwards), ar_step_ms),
     } | order_effect(paired, ratios, suffix)
 
 
