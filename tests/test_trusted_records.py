@@ -97,6 +97,16 @@ def test_a_mean_over_runs_carries_the_interval_of_the_mean_from_the_runs_own_int
     assert math.isnan(mean_ci95([{**r, "order_effect_paired_ci95": 0.1} for r in runs], "order_effect_paired"))
 
 
+def test_a_mean_over_runs_of_the_speedup_over_the_faster_ar_carries_its_interval_too():
+    """`timing.torch_ar` runs record `speedup_paired_torch_ci95` and `speedup_paired_fastest_ci95`, Student's t over
+    their turns as `speedup_paired_ci95` is: a table's mean of such runs shows the interval of that mean as well."""
+    a, b = [1.0, 1.2, 1.4, 1.8], [1.5, 1.6, 1.4, 1.7, 1.9, 1.3]
+    runs = [{"speedup_paired_ci95": ci95(x), "n_generations": len(x)} for x in (a, b)]
+    for key in ("speedup_paired_torch", "speedup_paired_fastest"):
+        renamed = [{f"{key}_ci95": r["speedup_paired_ci95"], "n_generations": r["n_generations"]} for r in runs]
+        assert mean_ci95(renamed, key) == pytest.approx(mean_ci95(runs, "speedup_paired"))
+
+
 def test_a_run_timed_in_alternating_order_measures_the_advantage_of_the_arm_timed_second():
     """`order_effect_paired`: half the difference of the mean log speedups of the turns that timed the method second
     and first (Welch's t interval, halved); an arm 10% faster when timed second reads 1.10. Runs that always timed

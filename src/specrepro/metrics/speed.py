@@ -36,7 +36,7 @@ def ci95(values: list[float]) -> float:
 
 
 # keys whose `<key>_ci95` is `ci95` over each of a run's `n_generations` turns
-STUDENT_T_KEYS = ("speedup_paired", "speedup_paired_eager")
+STUDENT_T_KEYS = ("speedup_paired", "speedup_paired_eager", "speedup_paired_torch", "speedup_paired_fastest")
 
 
 def mean_ci95(runs: list[dict], key: str) -> float:
