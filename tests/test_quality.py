@@ -62,6 +62,15 @@ def test_gsm8k_answer(text, answer):
     assert gsm8k_answer(text) == answer
 
 
+def test_a_numbered_markdown_heading_is_not_the_marked_answer():
+    """A chat answer's "#### 2. Total" heading was read as GSM8K's "#### 2": this answer scored as 2, not 60."""
+    answer = "#### 1. **One box**\n3 * 4 = 12 dollars\n#### 2. Five boxes\n12 * 5 = 60 dollars"
+    assert gsm8k_answer(answer) == "60"
+    assert gsm8k_correct(answer, "60") and not gsm8k_correct(answer, "2")
+    assert gsm8k_answer("##### 3) Final answer\nShe has 72 clips.") == "72"
+    assert gsm8k_answer("#### 1. Cost\n3 * 4 = 12\n#### 12.") == "12"  # the marked answer, its trailing '.' dropped
+
+
 def test_gsm8k_correct_compares_numbers():
     solution = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 72"
     assert gsm8k_correct("So she sold 72 clips in total.", solution)
