@@ -43,6 +43,17 @@ def test_parse_rating(text, rating):
     assert parse_rating(text) == rating
 
 
+def test_a_number_off_the_1_to_10_scale_is_no_rating():
+    """ "[[80]]" was a rating of 80 (a mean of 8 and 80 scored 44), and a cited "[2023]" one of 2023."""
+    assert parse_rating("I rate it [[80]] percent") is None
+    assert parse_rating("Rating: [[0]]") is None
+    assert parse_rating("Per the [2023] report it is fine. [7]") == 7.0
+    assert parse_rating("[[85]], I mean [[8.5]]") == 8.5
+    records, rows = _records_and_rows()
+    metrics, _ = grade(records, rows, lambda messages: "[[8]]" if "answer 1" in messages[1]["content"] else "[[80]]")
+    assert metrics["mt_bench_score"] == 8.0 and metrics["mt_bench_unparsed"] == 0.5
+
+
 def test_reference_guided_prompts_for_math_reasoning_and_coding():
     prompts = judge_prompts()
     questions, answers, refs = ["Q1?", "Q2?"], ["A1", "A2"], ["R1", "R2"]

@@ -3,7 +3,8 @@
 Protocol (FastChat gen_judgment.py, mode "single"): turn 1 is judged with `single-v1`, turn 2 with
 `single-v1-multi-turn` (the whole conversation, rating the second answer); math, reasoning and coding are
 reference-guided (`single-math-v1`, `single-math-v1-multi-turn`, GPT-4 reference answers). The rating is
-the number in "[[x]]" (else "[x]"); a judgment with neither counts in `mt_bench_unparsed` and in no score.
+the first number from 1 to 10 in "[[x]]" (else "[x]"); a judgment with none counts in `mt_bench_unparsed`
+and in no score.
 A weak local judge may be given the cue "Rating: [[" after its free judgment (`judge.force_rating`);
 ratings obtained that way are counted in `mt_bench_forced`.
 
@@ -61,9 +62,13 @@ class JudgeConfig:
 
 
 def parse_rating(judgment: str) -> Optional[float]:
-    """The rating in "[[x]]" (FastChat's pattern), else in "[x]"; None when there is neither."""
-    match = _RATING.search(judgment) or _RATING_BACKUP.search(judgment)
-    return float(match.group(1)) if match else None
+    """The first rating on MT-Bench's 1-10 scale in "[[x]]" (FastChat's pattern), else in "[x]"; None when there is
+    none (a "[[85]]" or a cited "[2023]" is no rating)."""
+    for pattern in (_RATING, _RATING_BACKUP):
+        ratings = [float(number) for number in pattern.findall(judgment) if 1 <= float(number) <= 10]
+        if ratings:
+            return ratings[0]
+    return None
 
 
 def judge_prompts() -> dict[str, dict]:
