@@ -71,6 +71,14 @@ def test_a_numbered_markdown_heading_is_not_the_marked_answer():
     assert gsm8k_answer("#### 1. Cost\n3 * 4 = 12\n#### 12.") == "12"  # the marked answer, its trailing '.' dropped
 
 
+def test_a_decimal_without_its_leading_zero_keeps_its_point():
+    """ ".5" was read as 5 and "$.50" as 50: "each costs $.50" was a right answer to 50 and a wrong one to 0.5."""
+    assert gsm8k_answer("Half an hour is .5") == ".5"
+    assert gsm8k_correct("each costs $.50", "0.5") and not gsm8k_correct("each costs $.50", "50")
+    assert gsm8k_answer("#### -.25") == "-.25"
+    assert gsm8k_answer("so the answer is...72") == "72" and gsm8k_answer("version 3.14.15") == "15"
+
+
 def test_gsm8k_correct_compares_numbers():
     solution = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 72"
     assert gsm8k_correct("So she sold 72 clips in total.", solution)

@@ -16,7 +16,8 @@ from specrepro.metrics.sandbox import run_program
 METRICS = ("rouge", "gsm8k_acc", "pass_at_k", "mt_bench", "spec_bench", "none")
 # Spec-Bench's categories with a gold answer, each scored by the metric of the benchmark it comes from
 SPEC_BENCH_METRICS = {"math_reasoning": "gsm8k_acc", "summarization": "rouge", "translation": "rouge"}
-_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+# "-$1,234.5", "72", and a decimal without its 0, "$.50" (not the ".72" of "...72" or the ".15" of "3.14.15")
+_NUMBER = re.compile(r"-?\$?(?:\d[\d,]*(?:\.\d+)?|(?<![\d.])\.\d+)")
 # GSM8K's "#### 72"; not a markdown heading, "#### Step 2" or a numbered "#### 2. Total" (a whole number followed
 # by "." or ")" and more text on its line)
 _MARKED_NUMBER = re.compile(rf"####\s*({_NUMBER.pattern})(?![\d,]|\.\d|[.)][ \t]+\S)")
