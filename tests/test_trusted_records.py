@@ -678,6 +678,18 @@ def test_a_run_scored_by_other_scoring_code_is_scored_again_without_decoding(tmp
     assert {row["scored_with"] for row in again} == {truth["scoring_code"]}
 
 
+def test_a_fix_to_a_judges_rating_or_a_summary_scores_complete_runs_again(monkeypatch):
+    """A complete run is reused as it is unless other scoring code scored it: a fixed MT-Bench rating parser or a
+    fixed speed or summary figure left every complete run's old numbers in place. Those modules are scoring code."""
+    from specrepro import identity
+
+    before, real = identity.scoring_fingerprint(), identity.module_source
+    for module in ("specrepro.metrics.judge", "specrepro.metrics.speed", "specrepro.metrics.summary"):
+        edited = lambda name, module=module: real(name) + ("\nFIXED = 1\n" if name == module else "")  # noqa: E731
+        monkeypatch.setattr(identity, "module_source", edited)
+        assert identity.scoring_fingerprint() != before, module
+
+
 def test_every_speed_figure_of_a_run_and_its_speedups_over_ar_are_computed_as_named():
     """Two turns with hand-counted steps against an `ar` reference: each figure a table reports, by its definition."""
     from specrepro.metrics.speed import speedups

@@ -16,10 +16,11 @@ classes (its module, a method it extends), the Decoder contract, the draft-verif
 the forward steps, draft-length controllers, draft vocabularies, how models are loaded (weights, dtype,
 attention implementation, linear kernels) and how a prompt is rendered. What determines its timings besides:
 `ar` (timed beside every method), the suspension check and the runner's functions that warm up, compile, decode
-and time a turn (`DECODING_CODE`). What does not: input checks and their messages, scoring and summaries
-(computed from the recorded generations: a run scored by other scoring code, `SCORING_CODE`, is scored again from
-its recorded answers), the judge, tables, W&B logging, training loops (their artifacts count
-by content), and other methods. A decoder that relies on another module says so in `Decoder.code_modules`."""
+and time a turn (`DECODING_CODE`). What does not: input checks and their messages, scoring, the judge's
+reading of its judgments and summaries (computed from the recorded generations: a run scored or summarised by
+other code, `SCORING_CODE`, is scored and summarised again from its records), tables, W&B logging, training
+loops (their artifacts count by content), and other methods. A decoder that relies on another module says so in
+`Decoder.code_modules`."""
 
 from __future__ import annotations
 
@@ -271,9 +272,17 @@ def code_fingerprint(method: str) -> str:
     return digest.hexdigest()[:16]
 
 
-# the code that scores a run's recorded answers (task metrics, the code sandbox): not part of a run's identity, so
-# a fixed scorer scores old runs again from their texts instead of decoding them again (`runner.score_again`)
-SCORING_CODE = ("specrepro.metrics.completions", "specrepro.metrics.quality", "specrepro.metrics.sandbox")
+# the code that scores and summarises a run's recorded answers and timings (task metrics, the code sandbox, the
+# reading of a judge's judgments, the speed and summary metrics): not part of a run's identity, so a fixed scorer or
+# summary scores old runs again from their records instead of decoding them again (`runner.score_again`)
+SCORING_CODE = (
+    "specrepro.metrics.completions",
+    "specrepro.metrics.quality",
+    "specrepro.metrics.sandbox",
+    "specrepro.metrics.judge",
+    "specrepro.metrics.speed",
+    "specrepro.metrics.summary",
+)
 
 
 def scoring_fingerprint() -> str:
