@@ -319,6 +319,45 @@ def test_a_private_use_character_beside_special_token_text_stays_text(smollm2_to
         assert tok.decode(prompt_ids(record, tok, cfg)) == render_prompt(record, tok, cfg)
 
 
+def sentencepiece_like_tokenizer(corpus: list[str], chat_template: str):
+    """A small LLaMA-like fast tokenizer: BPE under a Metaspace pre-tokenizer ("▁" before a text's first word),
+    `<s>` and `</s>` special, trained on `corpus`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"]))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def test_special_token_text_reads_as_text_in_context_under_a_sentencepiece_like_tokenizer(tmp_path):
+    """Tokenizing the pieces around the data's `</s>` one by one gave each its own "▁" under a Metaspace
+    tokenizer (LLaMA's): "Say </s> here" became "Say  </s> here". The prompt is now one encoding in which the
+    data's `</s>` is text and the template's stays the special token."""
+    from specrepro.data import load_records, prompt_ids, render_prompt
+
+    questions = ["Say </s> here", "Say</s>here and </s>", "Say here"]
+    cfg = dataset("gsm8k", path=str(gsm8k_file(tmp_path / "q.jsonl", questions)), few_shot=0)
+    chat_cfg, history = dataset("mt_bench", limit=1), ["An answer with </s> in it"]
+    records, [chat] = load_records(cfg), load_records(chat_cfg)
+    template = "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
+    plain = sentencepiece_like_tokenizer([], template)
+    corpus = [render_prompt(r, plain, cfg) for r in records] + [render_prompt(chat, plain, chat_cfg, history)]
+    tok = sentencepiece_like_tokenizer(corpus * 20, template)
+    for record in records:  # a template without special tokens: the whole prompt read as text
+        whole = tok(render_prompt(record, tok, cfg), add_special_tokens=False, split_special_tokens=True)
+        assert prompt_ids(record, tok, cfg) == whole["input_ids"], record.turns[0]
+    tok.chat_template = "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] }}</s>{% else %}"
+    tok.chat_template += "[INST] {{ m['content'] }} [/INST]{% endif %}{% endfor %}"
+    ids = prompt_ids(chat, tok, chat_cfg, history)
+    assert ids.count(tok.eos_token_id) == 1  # the template's end of the first answer, not the answer's text
+    assert tok.decode(ids) == render_prompt(chat, tok, chat_cfg, history)
+
+
 def test_a_run_decodes_special_token_text_as_text_and_ar_and_the_method_see_the_same_ids(smollm2_tokenizer, tmp_path):
     from specrepro.data import load_records, prompt_ids
 

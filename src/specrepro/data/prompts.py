@@ -5,8 +5,11 @@ later turns (MT-Bench's second question) go to the model as they are. render_pro
 in the tokenizer's chat template ("chat") or returns the text itself ("completion").
 """
 
+import json
 import re
 from typing import Callable, Optional, Sequence
+
+from tokenizers import Tokenizer
 
 from specrepro.errors import SpecReproError
 
@@ -168,8 +171,10 @@ LITERAL = "\ue000"  # a private-use character: brackets the index of a special t
 def prompt_ids(record, tokenizer, cfg, history: Sequence[str] = ()) -> list[int]:
     """The token ids of `render_prompt`'s text, the data's text tokenized as text: a special token's string in a
     record or an answer (`<|im_end|>`, `<|im_start|>system`) stays those characters, never a template's turn. Text
-    without one tokenizes exactly as the whole rendered prompt does. A tokenizer that begins every text with its BOS
-    (LLaMA's) begins the prompt with it once: a chat template that writes it is not given a second."""
+    without one tokenizes exactly as the whole rendered prompt does; text with one as the whole prompt would with
+    those strings read as text where the data has them (`split_special_tokens`, for the data's alone). A tokenizer
+    that begins every text with its BOS (LLaMA's) begins the prompt with it once: a chat template that writes it is
+    not given a second."""
     specials = sorted(
         {token.content for token in getattr(tokenizer, "added_tokens_decoder", {}).values() if token.special},
         key=len,
@@ -185,13 +190,39 @@ def prompt_ids(record, tokenizer, cfg, history: Sequence[str] = ()) -> list[int]
     text = _render(record, tokenizer, cfg, history, lambda content: pattern.sub(bracket, content))
     if not literals:
         return with_bos(tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer)
+    pieces = text.split(LITERAL)  # template text, a literal's index, template text, ...
+    if getattr(tokenizer, "is_fast", False):
+        return with_bos(_as_text_where_the_data_has_them(tokenizer, pieces, literals), tokenizer)
     ids = []
-    for index, piece in enumerate(text.split(LITERAL)):  # template text, a literal's index, template text, ...
+    for index, piece in enumerate(pieces):  # a slow tokenizer: each piece alone
         literal = index % 2 == 1
         ids += tokenizer(
             literals[int(piece)] if literal else piece, add_special_tokens=False, split_special_tokens=literal
         )["input_ids"]
     return with_bos(ids, tokenizer)
+
+
+def _as_text_where_the_data_has_them(tokenizer, pieces: list[str], literals: list[str]) -> list[int]:
+    """One encoding of the whole prompt by a copy of a fast tokenizer in which each special token the data writes is
+    renamed to a character the text lacks: the template's use of it (renamed in the text too) keeps its id, the
+    data's reads as text, and every other piece tokenizes as in the whole prompt (no piece tokenized alone, which
+    gave a SentencePiece tokenizer a "▁" at each cut)."""
+    whole = "".join(literals[int(p)] if i % 2 else p for i, p in enumerate(pieces))
+    if not (written := sorted(set(literals) - {LITERAL})):  # only the data's own LITERAL: no special token to read
+        return tokenizer(whole, add_special_tokens=False)["input_ids"]
+    unused = (chr(c) for c in range(0xE001, 0xF900) if chr(c) not in whole)  # private-use characters
+    renamed = {special: next(unused) for special in written}
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    for token in state["added_tokens"]:
+        token["content"] = renamed.get(token["content"], token["content"])
+    template = re.compile("|".join(map(re.escape, sorted(renamed, key=len, reverse=True))))
+    text = "".join(
+        literals[int(piece)] if index % 2 else template.sub(lambda m: renamed[m[0]], piece)
+        for index, piece in enumerate(pieces)
+    )
+    copy = Tokenizer.from_str(json.dumps(state))
+    ids = {copy.token_to_id(x): tokenizer.convert_tokens_to_ids(special) for special, x in renamed.items()}
+    return [ids.get(i, i) for i in copy.encode(text, add_special_tokens=False).ids]  # a renamed token's own id
 
 
 def with_bos(ids: list[int], tokenizer) -> list[int]:
