@@ -3,9 +3,9 @@
 Section 4.1: L_reg = Smooth L1(f_{i+1}, f^_{i+1}) (Eq. 3), p_{i+2} = Softmax(LM_Head(f_{i+1})),
 p^_{i+2} = Softmax(LM_Head(f^_{i+1})), L_cls = Cross_Entropy(p_{i+2}, p^_{i+2}) (Eq. 4), L = L_reg + w_cls L_cls
 with w_cls = 0.1 (Eq. 5). The draft reads (f_i, e(t_{i+1})) and predicts f^_{i+1}; the target's LM head is frozen
-and shared. Data augmentation (section 4.1): uniform noise U(-0.1, 0.1) on the input features (their code,
-train/main.py AddUniformNoise, scales it by 512 / the conversation's length: wider on shorter ones).
-"""
+and shared. Data augmentation (section 4.1): uniform noise U(-0.1, 0.1) on the input features, as the paper states
+it (their code, train/main.py AddUniformNoise, scales it by 512 / the conversation's length: wider on shorter ones;
+not done here)."""
 
 from __future__ import annotations
 
