@@ -322,13 +322,38 @@ def test_an_upload_keeps_its_values_and_their_type():
 
 def test_lookup_ngram_finds_the_continuation():
     tokens = [1, 2, 3, 4, 9, 1, 2, 3, 5, 7, 1, 2, 3]
-    assert lookup_ngram(tokens, 3, 1, 2, latest=True) == [5, 7]
-    assert lookup_ngram(tokens, 3, 1, 2, latest=False) == [4, 9]
-    assert lookup_ngram([1, 2, 3], 3, 1, 5, latest=True) == []
+    assert lookup_ngram(tokens, 3, 1, 2, "latest") == [5, 7]
+    assert lookup_ngram(tokens, 3, 1, 2, "earliest") == lookup_ngram(tokens, 3, 1, 2, "saxena") == [4, 9]
+    assert lookup_ngram([1, 2, 3], 3, 1, 5, "latest") == []
     # the longest n-gram wins over a later shorter one: (1, 2, 3) -> 4, not (2, 3) -> 5
-    assert lookup_ngram([1, 2, 3, 4, 9, 2, 3, 5, 1, 2, 3], 3, 1, 1, latest=True) == [4]
-    assert lookup_ngram([5, 1, 7, 1], 3, 1, 1, latest=True) == [7]  # down to min_ngram itself
-    assert lookup_ngram([5, 1, 7, 1], 3, 2, 1, latest=True) == []
+    assert lookup_ngram([1, 2, 3, 4, 9, 2, 3, 5, 1, 2, 3], 3, 1, 1, "latest") == [4]
+    assert lookup_ngram([5, 1, 7, 1], 3, 1, 1, "latest") == [7]  # down to min_ngram itself
+    assert lookup_ngram([5, 1, 7, 1], 3, 2, 1, "latest") == []
+    # Saxena's rule skips an occurrence overlapping the last n-gram: (7, 7) at 1-2 overlaps the last (7, 7) at 2-3
+    assert lookup_ngram([4, 7, 7, 7], 2, 1, 3, "earliest") == [7]
+    assert lookup_ngram([4, 7, 7, 7], 2, 1, 3, "saxena") == [7, 7]  # so the 1-gram (7) at 1 drafts
+
+
+def saxena_lookup(tokens: list[int], max_ngram: int, k: int) -> list[int]:
+    """The rule of Saxena's find_candidate_pred_tokens, written plainly: for n from max_ngram down to 1, the first
+    occurrence of the last n tokens whose continuation starts before those last n tokens."""
+    for n in range(max_ngram, 0, -1):
+        for start in range(n, len(tokens) - n):
+            if tokens[start - n : start] == tokens[-n:]:
+                return tokens[start : start + k]
+    return []
+
+
+def test_pld_drafts_as_saxenas_code_by_default():
+    """The paper's PLD (Saxena's code, as Spec-Bench runs it) drafts from the earliest occurrence whose continuation
+    starts before the last n-gram; the default drafted from the latest (MAT 1.90 against his rule's 1.82 over the
+    leaderboard's `ar` outputs), a setting beyond the paper that is now `match: latest`."""
+    assert PLDConfig().match == "saxena"
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        tokens = torch.randint(0, 4, (int(torch.randint(2, 40, (1,), generator=generator)),), generator=generator)
+        tokens = tokens.tolist()
+        assert lookup_ngram(tokens, 3, 1, 10) == saxena_lookup(tokens, 3, 10), tokens
 
 
 def test_controllers():

@@ -293,7 +293,7 @@ class RestDecoder(DraftVerifyDecoder):
             drafts, parents = frequent_trie(rows, self.cfg.tree_nodes)  # Sec. 3.3
         if self.cfg.prompt_lookup:  # beyond the paper: the prompt and the output so far first (pld, SAM-Decoding)
             chain = lookup_ngram(
-                history, self.cfg.max_ngram, self.cfg.min_ngram, min(k, self.cfg.continuation), latest=True
+                history, self.cfg.max_ngram, self.cfg.min_ngram, min(k, self.cfg.continuation), "latest"
             )
             drafts, parents = merge_into_trie(chain, drafts, parents, self.cfg.tree_nodes)
         if not drafts:
