@@ -129,11 +129,10 @@ def copy_bandwidth(device: torch.device, gib: float = 1.0) -> float:
 def bytes_read_per_token(model: torch.nn.Module) -> int:
     """Bytes of weights one decoding step reads: every parameter once, but an input embedding that is not also the
     output head, of which a step reads only its tokens' rows."""
-    embedding = model.get_input_embeddings().weight
-    head = model.get_output_embeddings()
-    unread = {id(embedding)} - {id(head.weight)} if head is not None else {id(embedding)}
-    unique = {id(p): p for p in model.parameters() if id(p) not in unread}
-    return sum(p.numel() * p.element_size() for p in unique.values())
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings()
+    tied = head is not None and head.weight is embedding
+    read = {id(p): p for p in model.parameters() if tied or p is not embedding}
+    return sum(p.numel() * p.element_size() for p in read.values())
 
 
 def method_arms(

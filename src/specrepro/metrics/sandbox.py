@@ -7,12 +7,11 @@ builtins, as in one interpreter, except that a builtin is always the tests' own 
 the program's function (`task_builtins`: MBPP 126 asks for a `sum(a, b)`), so a program that redefines
 `abs` cannot change what the tests' `abs` computes. Only plain data crosses (None, bool, int, float, complex,
 str, bytes, and tuples, lists, sets, dicts of them; a numpy scalar as its value); other objects stay in the
-program process, and the tests get a handle that forwards calls, public
-attribute reads and writes, and item reads and writes; a handle the tests pass back (also inside plain
-data) arrives as the program's object. The verdict is the tests process's exit status. The program can
-make it fail, but cannot make it pass other than by answering the tests' requests correctly, whatever
-it does to its own interpreter (ctypes, gc, frames, patched builtins, objects equal to anything): the
-tests' interpreter and exit status are out of its reach.
+program process, and the tests get a handle that forwards calls, public attribute reads and writes, and item
+reads and writes; a handle the tests pass back (also inside plain data) arrives as the program's object.
+The verdict is the tests process's exit status. The program can make it fail, but cannot make it pass other
+than by answering the tests' requests correctly, whatever it does to its own interpreter (ctypes, gc, frames,
+patched builtins, objects equal to anything): the tests' interpreter and exit status are out of its reach.
 
 Layers, each a backstop for the others:
 
